@@ -1,0 +1,489 @@
+package stsemu
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"log"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Defaults applied by New to zero Config fields. The key pair is AWS's own
+// documentation example, so nobody mistakes it for a real secret.
+const (
+	DefaultAccount     = "123456789012"
+	DefaultAccessKey   = "AKIAIOSFODNN7EXAMPLE"
+	DefaultSecretKey   = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+	DefaultMaxLifetime = 12 * time.Hour
+)
+
+// stsVersion is the only API version STS has ever had; requests naming
+// another one are rejected like AWS does.
+const stsVersion = "2011-06-15"
+
+// controlPrefix is the reserved path of the JSON control API. STS itself only
+// serves "/", so nothing a real client sends can collide with it.
+const controlPrefix = "/_emulator/"
+
+// maxBodyBytes bounds a request body. STS requests are small (a policy is at
+// most 2048 characters, 50 tags of 384); 1 MiB leaves room for mistakes while
+// keeping a misbehaving client from exhausting memory.
+const maxBodyBytes = 1 << 20
+
+// Config configures an Emulator. Zero values select the documented defaults.
+type Config struct {
+	Account     string        // default "123456789012"
+	AccessKey   string        // root key id; default "AKIAIOSFODNN7EXAMPLE"
+	SecretKey   string        // default "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+	MaxLifetime time.Duration // cap on issued lifetime; default 12h (tests use seconds)
+	Rate        float64       // token bucket req/s; 0 = unlimited
+	Burst       int           // token bucket size; <= 0 means max(1, ceil(Rate))
+
+	LatencyMin, LatencyMax time.Duration // uniform response latency; 0 = none
+
+	Deny   []string    // path.Match-style patterns on role ARN or role name -> AccessDenied
+	Logger *log.Logger // one line per call; nil = silent
+
+	// Now replaces time.Now for everything time-dependent in the STS
+	// semantics: signature clock skew, credential issue and expiry,
+	// throttling and the stats timeline. Tests inject a fake clock here so
+	// expiry and throttling are exact. Latency and hangs use real time.
+	Now func() time.Time
+
+	// Seed seeds the random source behind probabilistic faults and latency;
+	// 0 picks a random seed.
+	Seed uint64
+}
+
+// Emulator is an STS endpoint. It is an http.Handler; Start also serves it on
+// a loopback port. All methods are safe for concurrent use.
+type Emulator struct {
+	// Immutable after New.
+	account   string
+	accessKey string
+	secretKey string
+	rootArn   string // ARN of the IAM user the root key pair belongs to
+	rootID    string // its unique id (AIDA...)
+	now       func() time.Time
+	logger    *log.Logger
+	sealKey   []byte // HMAC key that seals issued session tokens and derives their secrets
+
+	done      chan struct{} // closed by Close; releases hanging and delayed requests
+	closeOnce sync.Once
+
+	mu          sync.Mutex // guards every field below up to stats
+	maxLifetime time.Duration
+	latencyMin  time.Duration
+	latencyMax  time.Duration
+	deny        []string
+	rateLimit   float64
+	burst       int
+	limiter     *rate.Limiter // nil when Rate is 0 (unlimited)
+	faults      faultState
+	rng         *mrand.Rand // not goroutine-safe, hence under mu
+
+	stats recorder // has its own lock: recorded on every call, read rarely
+
+	// Set only by Start.
+	srv      *http.Server
+	url      string
+	serveErr chan error
+}
+
+// New returns an Emulator configured by cfg. It does not listen; serve it
+// with any http.Server, or use Start.
+func New(cfg Config) *Emulator {
+	if cfg.Account == "" {
+		cfg.Account = DefaultAccount
+	}
+	if cfg.AccessKey == "" {
+		cfg.AccessKey = DefaultAccessKey
+	}
+	if cfg.SecretKey == "" {
+		cfg.SecretKey = DefaultSecretKey
+	}
+	if cfg.MaxLifetime <= 0 {
+		cfg.MaxLifetime = DefaultMaxLifetime
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = mrand.Uint64()
+	}
+	sealKey := make([]byte, 32)
+	if _, err := rand.Read(sealKey); err != nil {
+		panic("stsemu: reading random seal key: " + err.Error()) // crypto/rand never fails on Linux
+	}
+	e := &Emulator{
+		account:   cfg.Account,
+		accessKey: cfg.AccessKey,
+		secretKey: cfg.SecretKey,
+		rootArn:   "arn:aws:iam::" + cfg.Account + ":user/sts-emulator",
+		rootID:    stableID("AIDA", cfg.Account+"/"+cfg.AccessKey),
+		now:       cfg.Now,
+		logger:    cfg.Logger,
+		sealKey:   sealKey,
+		done:      make(chan struct{}),
+		rng:       mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+	}
+	e.maxLifetime = cfg.MaxLifetime
+	e.deny = append([]string(nil), cfg.Deny...)
+	e.setRateLocked(cfg.Rate, cfg.Burst)
+	e.setLatencyLocked(cfg.LatencyMin, cfg.LatencyMax)
+	e.stats.reset()
+	return e
+}
+
+// Start returns an Emulator serving on a random port of 127.0.0.1, like
+// httptest.NewServer. Call Close when done.
+func Start(cfg Config) (*Emulator, error) {
+	e := New(cfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	e.url = "http://" + ln.Addr().String()
+	e.srv = &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	e.serveErr = make(chan error, 1)
+	go func() { e.serveErr <- e.srv.Serve(ln) }()
+	return e, nil
+}
+
+// URL returns the base URL ("http://127.0.0.1:PORT") of an Emulator started
+// with Start, and "" for one made with New.
+func (e *Emulator) URL() string { return e.url }
+
+// Close releases requests held by the hang fault or latency and, for an
+// Emulator made by Start, stops the server and closes its connections.
+func (e *Emulator) Close() {
+	e.closeOnce.Do(func() {
+		close(e.done)
+		if e.srv != nil {
+			_ = e.srv.Close()
+			<-e.serveErr
+		}
+	})
+}
+
+// SetFaults replaces the fault plan; its Sequence starts from the beginning.
+func (e *Emulator) SetFaults(p FaultPlan) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.faults.set(p)
+}
+
+// ClearFaults removes every fault.
+func (e *Emulator) ClearFaults() { e.SetFaults(FaultPlan{}) }
+
+// Faults returns the current plan, with Sequence reduced to the steps (and
+// counts) not yet used.
+func (e *Emulator) Faults() FaultPlan {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.faults.remaining()
+}
+
+// SetRate sets the token bucket: rate requests per second with bursts of
+// burst; rate 0 disables throttling. A burst <= 0 means max(1, ceil(rate)).
+func (e *Emulator) SetRate(rate float64, burst int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.setRateLocked(rate, burst)
+}
+
+func (e *Emulator) setRateLocked(r float64, burst int) {
+	if r <= 0 {
+		e.rateLimit, e.burst, e.limiter = 0, 0, nil
+		return
+	}
+	if burst <= 0 {
+		burst = max(1, int(r+0.999999))
+	}
+	e.rateLimit, e.burst = r, burst
+	// A fresh, full bucket: callers change the rate between test phases and
+	// expect the new burst to be available at once.
+	e.limiter = rate.NewLimiter(rate.Limit(r), burst)
+}
+
+// SetLatency sets the response latency, uniform in [min, max]; a max below
+// min means a fixed min. Zero disables it.
+func (e *Emulator) SetLatency(min, max time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.setLatencyLocked(min, max)
+}
+
+func (e *Emulator) setLatencyLocked(lo, hi time.Duration) {
+	lo = max(lo, 0)
+	if hi < lo {
+		hi = lo
+	}
+	e.latencyMin, e.latencyMax = lo, hi
+}
+
+// SetMaxLifetime caps the lifetime of credentials issued from now on; d <= 0
+// restores the 12h default.
+func (e *Emulator) SetMaxLifetime(d time.Duration) {
+	if d <= 0 {
+		d = DefaultMaxLifetime
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.maxLifetime = d
+}
+
+// SetDeny replaces the deny patterns (see Config.Deny).
+func (e *Emulator) SetDeny(patterns []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.deny = append([]string(nil), patterns...)
+}
+
+// Stats returns counts per action and outcome and the per-second timeline.
+func (e *Emulator) Stats() Stats { return e.stats.snapshot() }
+
+// Calls returns every recorded call, oldest first.
+func (e *Emulator) Calls() []Call { return e.stats.calls() }
+
+// ResetStats clears counters, timeline and recorded calls.
+func (e *Emulator) ResetStats() { e.stats.reset() }
+
+// settings is a consistent copy of the runtime-adjustable knobs one call needs.
+type settings struct {
+	maxLifetime time.Duration
+	deny        []string
+	latency     time.Duration
+	throttled   bool
+	fault       Fault
+	hang        time.Duration
+}
+
+// ServeHTTP serves the STS Query API on every path except the control API.
+func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, controlPrefix) {
+		e.serveControl(w, r)
+		return
+	}
+	e.serveSTS(w, r)
+}
+
+// reply is a finished STS response waiting for the latency to pass.
+type reply struct {
+	status  int
+	body    []byte
+	outcome string
+	reset   bool // answer with a TCP RST instead of a response
+}
+
+func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
+	started := time.Now() // real time: the logged latency is what the client saw
+	now := e.now()
+	reqID := newRequestID()
+
+	body, readErr := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	params, parseErr := requestParams(r, body)
+	action := params.Get("Action")
+	roleArn := params.Get("RoleArn")
+	akid := credentialKeyID(r.Header.Get("Authorization"))
+
+	var rep reply
+	var s settings
+	switch {
+	case readErr != nil:
+		rep = errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedInput", "request body could not be read: "+readErr.Error()))
+	case parseErr != nil:
+		rep = errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedQueryString", parseErr.Error()))
+	default:
+		s = e.callSettings(now, action, roleArn)
+		rep = e.process(r, body, params, action, reqID, now, s)
+	}
+
+	if rep.outcome == "hang-gone" || (s.latency > 0 && !e.wait(r.Context(), s.latency)) {
+		// The client gave up or the emulator is closing. Returning normally
+		// would make net/http send an empty 200, which a client could take
+		// for success, so drop the connection instead.
+		if rep.outcome == "hang-gone" {
+			rep.outcome = string(FaultHang)
+		}
+		e.finish(now, started, action, rep.outcome, roleArn, akid, 0)
+		resetConnection(w)
+		return
+	}
+	if rep.reset {
+		resetConnection(w)
+	} else {
+		h := w.Header()
+		h.Set("Content-Type", "text/xml")
+		h.Set("x-amzn-RequestId", reqID)
+		w.WriteHeader(rep.status)
+		_, _ = w.Write(rep.body)
+	}
+	e.finish(now, started, action, rep.outcome, roleArn, akid, rep.status)
+}
+
+// callSettings takes the throttling decision, picks a fault and copies the
+// knobs this call needs, all under one short critical section.
+func (e *Emulator) callSettings(now time.Time, action, roleArn string) settings {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := settings{maxLifetime: e.maxLifetime, deny: e.deny}
+	if e.latencyMax > 0 {
+		s.latency = e.latencyMin
+		if span := e.latencyMax - e.latencyMin; span > 0 {
+			s.latency += time.Duration(e.rng.Int64N(int64(span) + 1))
+		}
+	}
+	if _, ok := actions[action]; !ok {
+		return s // unknown actions are neither throttled nor faulted
+	}
+	if e.limiter != nil && !e.limiter.AllowN(now, 1) {
+		s.throttled = true
+		return s // a throttled call never reached STS, so it consumes no fault
+	}
+	s.fault, s.hang = e.faults.pick(roleArn, e.rng)
+	return s
+}
+
+// process computes the reply for one STS call.
+func (e *Emulator) process(r *http.Request, body []byte, params url.Values, action, reqID string, now time.Time, s settings) reply {
+	handler, ok := actions[action]
+	if !ok {
+		if action == "" {
+			return errorReply(reqID, apiErr(http.StatusBadRequest, "MissingAction", "Missing Action"))
+		}
+		return errorReply(reqID, apiErr(http.StatusBadRequest, "InvalidAction",
+			"Could not find operation "+action+" for version "+params.Get("Version")))
+	}
+	if v := params.Get("Version"); v != stsVersion {
+		return errorReply(reqID, apiErr(http.StatusBadRequest, "InvalidAction",
+			"Could not find operation "+action+" for version "+v))
+	}
+	if s.throttled {
+		return errorReply(reqID, apiErr(http.StatusBadRequest, "Throttling", "Rate exceeded"))
+	}
+
+	switch s.fault {
+	case "":
+	case FaultReset:
+		return reply{reset: true, outcome: string(FaultReset)}
+	case FaultMalformed:
+		return reply{status: http.StatusOK, body: malformedBody(action), outcome: string(FaultMalformed)}
+	case FaultHang:
+		if !e.wait(r.Context(), s.hang) {
+			return reply{outcome: "hang-gone"}
+		}
+		// Once the hang is over the call proceeds normally: a very slow STS.
+		rep := e.serveAction(r, body, params, action, reqID, now, s, handler)
+		if rep.outcome == "ok" {
+			rep.outcome = string(FaultHang)
+		}
+		return rep
+	case FaultExpired, FaultEmptyKey:
+		// Applied by the action handler to an otherwise successful answer.
+	default:
+		if ae := faultError(s.fault, action, e.rootArn, params.Get("RoleArn")); ae != nil {
+			rep := errorReply(reqID, ae)
+			rep.outcome = string(s.fault)
+			return rep
+		}
+		// An unknown fault in a plan set from Go: fail loudly rather than
+		// silently succeed, so the test author notices.
+		return errorReply(reqID, apiErr(http.StatusInternalServerError, "InternalFailure",
+			"stsemu: unknown fault "+string(s.fault)))
+	}
+	return e.serveAction(r, body, params, action, reqID, now, s, handler)
+}
+
+// serveAction authenticates the caller and runs the action.
+func (e *Emulator) serveAction(r *http.Request, body []byte, params url.Values, action, reqID string, now time.Time, s settings, handler actionFunc) reply {
+	caller, ae := e.authenticate(r, body, now)
+	if ae != nil {
+		return errorReply(reqID, ae)
+	}
+	out, ae := handler(e, &call{params: params, caller: caller, now: now, set: s})
+	if ae != nil {
+		return errorReply(reqID, ae)
+	}
+	outcome := "ok"
+	if s.fault == FaultExpired || s.fault == FaultEmptyKey {
+		outcome = string(s.fault)
+	}
+	return reply{status: http.StatusOK, body: marshalResponse(action, out, reqID), outcome: outcome}
+}
+
+// wait blocks for d, and reports false if the client went away or the
+// emulator closed first.
+func (e *Emulator) wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-e.done:
+		return false
+	}
+}
+
+// finish records the call and logs one line about it.
+func (e *Emulator) finish(now, started time.Time, action, outcome, roleArn, akid string, status int) {
+	e.stats.record(Call{Time: now, Action: action, Outcome: outcome, RoleArn: roleArn, AccessKeyID: akid})
+	if e.logger != nil {
+		// Only ids and ARNs: a secret key, session token or signature never
+		// reaches the log.
+		e.logger.Printf("action=%s outcome=%s status=%d latency=%s role_arn=%q access_key_id=%s",
+			orDash(action), outcome, status, time.Since(started).Round(time.Microsecond), roleArn, orDash(akid))
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// requestParams merges the query string and, for a form POST, the body, as
+// AWS does for the Query protocol.
+func requestParams(r *http.Request, body []byte) (url.Values, error) {
+	params, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return url.Values{}, err
+	}
+	if r.Method == http.MethodPost && len(body) > 0 {
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return params, err
+		}
+		for k, v := range form {
+			params[k] = append(params[k], v...)
+		}
+	}
+	return params, nil
+}
+
+// resetConnection aborts the connection with a TCP RST: SO_LINGER 0 makes
+// close() discard unsent data and reset, which is what a crashing load
+// balancer looks like to the client ("connection reset by peer").
+func resetConnection(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		// Not hijackable (HTTP/2 or a recorder): abort the response instead.
+		panic(http.ErrAbortHandler)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
+}

@@ -1,0 +1,90 @@
+package stsemu
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"github.com/aws/smithy-go"
+)
+
+// fakeClock is an injectable Config.Now that moves only when told to.
+type fakeClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// startEmulator starts an emulator for the test and closes it afterwards.
+func startEmulator(tb testing.TB, cfg Config) *Emulator {
+	tb.Helper()
+	e, err := Start(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(e.Close)
+	return e
+}
+
+// newClient is the real aws-sdk-go-v2 STS client pointed at e with static
+// credentials and SDK retries off, so every call is exactly one request.
+func newClient(e *Emulator, akid, secret, token string) *sts.Client {
+	return sts.New(sts.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(e.URL()),
+		Credentials:  credentials.NewStaticCredentialsProvider(akid, secret, token),
+		Retryer:      aws.NopRetryer{},
+	})
+}
+
+// rootClient signs with the emulator's default root key pair.
+func rootClient(e *Emulator) *sts.Client {
+	return newClient(e, DefaultAccessKey, DefaultSecretKey, "")
+}
+
+// errorCode returns the AWS error code the SDK surfaced, or "" for none.
+func errorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// httpStatus returns the HTTP status the SDK saw, or 0 without a response.
+func httpStatus(err error) int {
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
+// assumeInput is a valid AssumeRole request for role in the default account.
+func assumeInput(role string) *sts.AssumeRoleInput {
+	return &sts.AssumeRoleInput{
+		RoleArn:         aws.String("arn:aws:iam::" + DefaultAccount + ":role/" + role),
+		RoleSessionName: aws.String("test-session"),
+	}
+}
+
+var ctx = context.Background()
