@@ -1,0 +1,176 @@
+package vaulttest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"testing"
+	"time"
+)
+
+// Emulator is a running cmd/sts-emulator process driven through its
+// /_emulator/ control API.
+type Emulator struct {
+	// URL is the emulator's base URL, http://127.0.0.1:PORT; use it as the
+	// plugin's sts_endpoint.
+	URL string
+	// AccessKey and SecretKey are the root pair the emulator accepts.
+	AccessKey, SecretKey string
+	// Process is the emulator process (its log holds one line per call).
+	Process *Process
+
+	client *http.Client
+}
+
+// EmulatorStats is GET /_emulator/stats.
+type EmulatorStats struct {
+	Total     int                       `json:"total"`
+	ByAction  map[string]map[string]int `json:"by_action"`
+	ByOutcome map[string]int            `json:"by_outcome"`
+	Timeline  []struct {
+		Second   int64          `json:"second"`
+		Outcomes map[string]int `json:"outcomes"`
+	} `json:"timeline"`
+}
+
+// Count returns the calls of action with outcome ("" = any outcome).
+func (s EmulatorStats) Count(action, outcome string) int {
+	n := 0
+	for o, c := range s.ByAction[action] {
+		if outcome == "" || o == outcome {
+			n += c
+		}
+	}
+	return n
+}
+
+// EmulatorCall is one entry of GET /_emulator/calls.
+type EmulatorCall struct {
+	Seq         int       `json:"seq"`
+	Time        time.Time `json:"time"`
+	Action      string    `json:"action"`
+	Outcome     string    `json:"outcome"`
+	RoleArn     string    `json:"role_arn"`
+	AccessKeyID string    `json:"access_key_id"`
+}
+
+// FaultPlan is the body of POST /_emulator/faults.
+type FaultPlan struct {
+	Sequence    []FaultStep        `json:"sequence,omitempty"`
+	Probability map[string]float64 `json:"probability,omitempty"`
+	Hang        string             `json:"hang,omitempty"`
+	Match       string             `json:"match,omitempty"`
+}
+
+// FaultStep makes the next Count calls fail with Fault.
+type FaultStep struct {
+	Fault string `json:"fault"`
+	Count int    `json:"count"`
+}
+
+var emulatorListening = regexp.MustCompile(`sts-emulator listening on (http://127\.0\.0\.1:\d+)`)
+
+// StartEmulator starts cmd/sts-emulator on a free loopback port with the
+// given extra flags (for example "-max-lifetime", "40s") and waits until it
+// listens. It is stopped in tb.Cleanup.
+func StartEmulator(tb testing.TB, flags ...string) *Emulator {
+	tb.Helper()
+	bin := EmulatorBin(tb)
+	dir := tb.TempDir()
+	args := append([]string{"-listen", fmt.Sprintf("127.0.0.1:%d", FreePort(tb))}, flags...)
+	p := StartProcess(tb, "sts-emulator", dir, cleanEnv(), bin, args...)
+	url := p.WaitLog(tb, emulatorListening, 30*time.Second)
+	e := &Emulator{
+		URL:       url,
+		AccessKey: EmulatorAccessKey,
+		SecretKey: EmulatorSecretKey,
+		Process:   p,
+		client:    &http.Client{Timeout: 10 * time.Second},
+	}
+	for i := 0; i+1 < len(flags); i++ {
+		switch flags[i] {
+		case "-access-key", "--access-key":
+			e.AccessKey = flags[i+1]
+		case "-secret-key", "--secret-key":
+			e.SecretKey = flags[i+1]
+		}
+	}
+	return e
+}
+
+func (e *Emulator) control(tb testing.TB, method, path string, body, out any) {
+	tb.Helper()
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, e.URL+"/_emulator/"+path, r)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		tb.Fatalf("emulator %s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		tb.Fatalf("emulator %s %s: HTTP %d: %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			tb.Fatalf("emulator %s %s: decoding %q: %v", method, path, b, err)
+		}
+	}
+}
+
+// Stats returns the emulator's call counts.
+func (e *Emulator) Stats(tb testing.TB) EmulatorStats {
+	tb.Helper()
+	var s EmulatorStats
+	e.control(tb, http.MethodGet, "stats", nil, &s)
+	return s
+}
+
+// Calls returns every STS call the emulator has answered since the last reset.
+func (e *Emulator) Calls(tb testing.TB) []EmulatorCall {
+	tb.Helper()
+	var c []EmulatorCall
+	e.control(tb, http.MethodGet, "calls", nil, &c)
+	return c
+}
+
+// Reset clears stats and calls.
+func (e *Emulator) Reset(tb testing.TB) {
+	tb.Helper()
+	e.control(tb, http.MethodPost, "reset", nil, nil)
+}
+
+// SetFaults replaces the fault plan.
+func (e *Emulator) SetFaults(tb testing.TB, plan FaultPlan) {
+	tb.Helper()
+	e.control(tb, http.MethodPost, "faults", plan, nil)
+}
+
+// ClearFaults removes every fault.
+func (e *Emulator) ClearFaults(tb testing.TB) {
+	tb.Helper()
+	e.control(tb, http.MethodDelete, "faults", nil, nil)
+}
+
+// SetConfig applies the fields sent (rate, burst, latency_min, latency_max,
+// max_lifetime, deny), for example map[string]any{"max_lifetime": "40s"}.
+func (e *Emulator) SetConfig(tb testing.TB, fields map[string]any) {
+	tb.Helper()
+	e.control(tb, http.MethodPost, "config", fields, nil)
+}

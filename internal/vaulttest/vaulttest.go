@@ -1,0 +1,275 @@
+// Package vaulttest runs the real stack for acceptance tests, the benchmark
+// driver and the HA test: the STS emulator as a process, Vault servers (dev
+// and non-dev with raft or file storage), the plugin registered by sha256 and
+// version, the real `vault` CLI, the HTTP API and Vault Agent.
+//
+// Everything it starts is a process in its own process group, logs to a file
+// under the test's temporary directory and is stopped by t.Cleanup; when the
+// test failed, the tail of every log is printed (with Vault's root token and
+// unseal keys blanked out).
+//
+// It talks to Vault with plain net/http and the CLI rather than
+// github.com/hashicorp/vault/api, so the plugin module does not grow the
+// Vault server's dependency tree.
+package vaulttest
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const (
+	// PluginName is the name the plugin is registered under in Vault's catalog.
+	PluginName = "aws-resilient"
+	// PluginBinaryName is the plugin executable's name; registered copies are
+	// named PluginBinaryName or PluginBinaryName_<version>.
+	PluginBinaryName = "vault-plugin-secrets-aws-resilient"
+	// MountPath is where tests mount the plugin.
+	MountPath = "aws-resilient"
+	// VersionLDFlag is the variable set with -ldflags -X to give the plugin
+	// binary its version (see cmd/vault-plugin-secrets-aws-resilient/main.go).
+	VersionLDFlag = "main.version"
+	// DefaultPluginVersion is what tests register unless they ask for another.
+	DefaultPluginVersion = "v0.1.0-dev"
+
+	// EmulatorAccessKey and EmulatorSecretKey are the emulator's default root
+	// pair: AWS's published documentation example keys, not a secret.
+	EmulatorAccessKey = "AKIAIOSFODNN7EXAMPLE"
+	EmulatorSecretKey = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+	// EmulatorAccount is the emulator's default account id.
+	EmulatorAccount = "123456789012"
+)
+
+// Enabled reports whether acceptance tests should run (VAULT_ACC=1).
+func Enabled() bool { return os.Getenv("VAULT_ACC") == "1" }
+
+// SkipUnlessEnabled skips the test unless VAULT_ACC=1.
+func SkipUnlessEnabled(tb testing.TB) {
+	tb.Helper()
+	if !Enabled() {
+		tb.Skip("acceptance test: set VAULT_ACC=1 (scripts/test.sh does)")
+	}
+}
+
+// Main runs the tests and then removes the binaries built for them. Use it
+// from TestMain: func TestMain(m *testing.M) { os.Exit(vaulttest.Main(m)) }.
+func Main(m *testing.M) int {
+	code := m.Run()
+	binMu.Lock()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	binMu.Unlock()
+	return code
+}
+
+var (
+	rootOnce sync.Once
+	rootDir  string
+	rootErr  error
+)
+
+// RepoRoot returns the repository root: the nearest directory above the
+// working directory whose go.mod declares the plugin module.
+func RepoRoot(tb testing.TB) string {
+	tb.Helper()
+	rootOnce.Do(func() {
+		dir, err := os.Getwd()
+		if err != nil {
+			rootErr = err
+			return
+		}
+		for {
+			b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+			if err == nil && bytes.HasPrefix(b, []byte("module github.com/aws-resilient/vault-plugin-secrets-aws-resilient\n")) {
+				rootDir = dir
+				return
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				rootErr = errors.New("repository root (go.mod of the plugin module) not found above the working directory")
+				return
+			}
+			dir = parent
+		}
+	})
+	if rootErr != nil {
+		tb.Fatal(rootErr)
+	}
+	return rootDir
+}
+
+var (
+	binMu    sync.Mutex
+	binDir   string            // temp dir holding binaries built by this test process
+	binBuilt = map[string]*build{} // key -> build, so parallel tests build each binary once
+)
+
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func builtBinary(tb testing.TB, key string, fn func(dir string) (string, error)) string {
+	tb.Helper()
+	binMu.Lock()
+	if binDir == "" {
+		d, err := os.MkdirTemp("", "vaulttest-bin-")
+		if err != nil {
+			binMu.Unlock()
+			tb.Fatal(err)
+		}
+		binDir = d
+	}
+	b := binBuilt[key]
+	if b == nil {
+		b = &build{}
+		binBuilt[key] = b
+	}
+	dir := binDir
+	binMu.Unlock()
+	b.once.Do(func() { b.path, b.err = fn(dir) })
+	if b.err != nil {
+		tb.Fatal(b.err)
+	}
+	return b.path
+}
+
+// VaultBin returns the Vault binary: $VAULT_BIN, or the one scripts/vault.sh
+// builds once into the user's cache directory.
+func VaultBin(tb testing.TB) string {
+	tb.Helper()
+	root := RepoRoot(tb)
+	return builtBinary(tb, "vault", func(string) (string, error) {
+		if p := os.Getenv("VAULT_BIN"); p != "" {
+			return p, nil
+		}
+		cmd := exec.Command(filepath.Join(root, "scripts", "vault.sh"))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("scripts/vault.sh: %v\n%s", err, stderr.String())
+		}
+		return strings.TrimSpace(string(out)), nil
+	})
+}
+
+// PluginBin builds the plugin with the given version injected through
+// -ldflags -X and returns the binary's path. $PLUGIN_BIN, when set, is used
+// for DefaultPluginVersion instead of building.
+func PluginBin(tb testing.TB, version string) string {
+	tb.Helper()
+	root := RepoRoot(tb)
+	return builtBinary(tb, "plugin "+version, func(dir string) (string, error) {
+		if p := os.Getenv("PLUGIN_BIN"); p != "" && version == DefaultPluginVersion {
+			return p, nil
+		}
+		out := filepath.Join(dir, PluginBinaryName+"_"+version)
+		return out, goBuild(root, out, "-ldflags", "-X "+VersionLDFlag+"="+version, "./cmd/"+PluginBinaryName)
+	})
+}
+
+// EmulatorBin builds cmd/sts-emulator (or returns $STS_EMULATOR_BIN).
+func EmulatorBin(tb testing.TB) string {
+	tb.Helper()
+	root := RepoRoot(tb)
+	return builtBinary(tb, "sts-emulator", func(dir string) (string, error) {
+		if p := os.Getenv("STS_EMULATOR_BIN"); p != "" {
+			return p, nil
+		}
+		out := filepath.Join(dir, "sts-emulator")
+		return out, goBuild(root, out, "./cmd/sts-emulator")
+	})
+}
+
+func goBuild(root, out string, args ...string) error {
+	cmd := exec.Command("go", append([]string{"build", "-o", out}, args...)...)
+	cmd.Dir = root
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+	return nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago. Another
+// process can take it before it is used; callers that bind it themselves
+// retry, and the servers here fail loudly when it is taken.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// freePortPair returns a port p such that p and p+1 are both free: a Vault
+// dev server puts its cluster listener on the API port + 1.
+func freePortPair(tb testing.TB) int {
+	tb.Helper()
+	for i := 0; i < 50; i++ {
+		p := FreePort(tb)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
+		if err == nil {
+			l.Close()
+			return p
+		}
+	}
+	tb.Fatal("no two adjacent free loopback ports")
+	return 0
+}
+
+// randomToken returns a token-like random string used as a dev root token id.
+func randomToken(tb testing.TB) string {
+	tb.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		tb.Fatal(err)
+	}
+	// Vault refuses custom token ids with its own "hvs." prefix.
+	return "dev-" + hex.EncodeToString(b)
+}
+
+// cleanEnv returns the test process's environment without VAULT_* variables,
+// so a developer's own Vault settings (address, token, namespace, format)
+// never leak into the processes under test.
+func cleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "VAULT_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// redactArgs blanks the value of key=value arguments whose key looks secret,
+// so a failing command can be reported without leaking what it wrote.
+func redactArgs(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		k, _, ok := strings.Cut(a, "=")
+		lk := strings.ToLower(k)
+		if ok && (strings.Contains(lk, "secret") || strings.Contains(lk, "token") || strings.Contains(lk, "key") || strings.Contains(lk, "password")) && !strings.HasPrefix(k, "-") {
+			a = k + "=<redacted>"
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
+}

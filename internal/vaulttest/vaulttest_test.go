@@ -1,0 +1,67 @@
+package vaulttest
+
+import (
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
+
+// TestDevServer checks the harness itself on a dev server without the
+// plugin: CLI, HTTP API and Vault Agent against a KV v1 mount.
+func TestDevServer(t *testing.T) {
+	SkipUnlessEnabled(t)
+	t.Parallel()
+	s := StartDev(t)
+	s.CLI(t, "secrets", "enable", "-version=1", "-path=kv", "kv")
+	s.CLI(t, "write", "kv/demo", "value=hello")
+
+	sec := s.Read(t, "kv/demo")
+	if got := sec.Str("value"); got != "hello" {
+		t.Fatalf("vault read kv/demo: value = %q, want hello", got)
+	}
+	var api Secret
+	if code := s.API(t, http.MethodGet, "kv/demo", nil, &api); code != 200 || api.Str("value") != "hello" {
+		t.Fatalf("GET kv/demo: HTTP %d, value %q", code, api.Str("value"))
+	}
+	if r := s.Exec(t, "", "", "read", "kv/demo"); r.Code != 2 {
+		t.Fatalf("read without a token: exit %d, want 2", r.Code)
+	}
+
+	a := s.StartAgent(t, s.RootToken(), []AgentTemplate{{Contents: `v={{ with secret "kv/demo" }}{{ .Data.value }}{{ end }}`}}, "")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(a.Destinations[0])
+		if string(b) == "v=hello" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not render the template; file holds %q", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRestartKeepsData checks init, unseal and restart of non-dev servers
+// for both storage kinds.
+func TestRestartKeepsData(t *testing.T) {
+	SkipUnlessEnabled(t)
+	for _, storage := range []string{"raft", "file"} {
+		t.Run(storage, func(t *testing.T) {
+			t.Parallel()
+			s := StartServer(t, ServerOptions{Storage: storage})
+			s.CLI(t, "secrets", "enable", "-version=1", "-path=kv", "kv")
+			s.CLI(t, "write", "kv/demo", "value=kept")
+			s.Restart(t)
+			if got := s.Read(t, "kv/demo").Str("value"); got != "kept" {
+				t.Fatalf("after restart: value = %q, want kept", got)
+			}
+			if out := s.CLI(t, "status"); !strings.Contains(out, "Sealed") {
+				t.Fatalf("vault status output unexpected")
+			}
+		})
+	}
+}
