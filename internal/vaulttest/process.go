@@ -267,4 +267,3 @@ func ExeName(pid int) (string, error) {
 	}
 	return filepath.Base(strings.TrimSuffix(p, " (deleted)")), nil
 }
-

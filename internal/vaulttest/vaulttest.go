@@ -112,7 +112,7 @@ func RepoRoot(tb testing.TB) string {
 
 var (
 	binMu    sync.Mutex
-	binDir   string            // temp dir holding binaries built by this test process
+	binDir   string                // temp dir holding binaries built by this test process
 	binBuilt = map[string]*build{} // key -> build, so parallel tests build each binary once
 )
 
