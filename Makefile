@@ -1,0 +1,32 @@
+# Targets wrap the scripts under scripts/, which hold the real logic.
+VERSION ?= v0.1.0-dev
+
+.PHONY: dev build test testacc fmt fmtcheck vault
+
+# The main job: plugin + STS emulator + Vault dev server, until Ctrl-C.
+dev:
+	./scripts/dev.sh
+
+# Plugin (with its version compiled in) and STS emulator into bin/.
+build:
+	go build -ldflags "-X main.version=$(VERSION)" -o bin/vault-plugin-secrets-aws-resilient ./cmd/vault-plugin-secrets-aws-resilient
+	go build -o bin/sts-emulator ./cmd/sts-emulator
+
+# Everything CI runs: set-up, gofmt, vet, unit, fuzz, Vault build, acceptance.
+test:
+	./scripts/test.sh
+
+# Acceptance tests only (real Vault, CLI, Vault Agent).
+testacc:
+	./scripts/testacc.sh
+
+# The pinned Vault binary, built once into the cache; prints its path.
+vault:
+	./scripts/vault.sh
+
+fmt:
+	gofmt -w $$(git ls-files --cached --others --exclude-standard '*.go')
+
+fmtcheck:
+	@out=$$(git ls-files -z --cached --others --exclude-standard '*.go' | xargs -0 -r gofmt -l); \
+	if [ -n "$$out" ]; then echo "not gofmt-formatted (run make fmt):"; echo "$$out"; exit 1; fi

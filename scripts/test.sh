@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# test.sh: every test, from a fresh clone (`make test`; .ci/run calls it).
+#
+#  1. tools      awscli (apt-get, only when `aws` is missing) and python3 botocore,
+#                the independent STS clients the emulator is checked against
+#  2. gofmt      formatting check
+#  3. vet        go vet ./...
+#  4. unit       go test -race -count=1 ./... (acceptance tests skip here)
+#  5. fuzz       every FuzzXxx target for 5s each
+#  6. vault      the pinned Vault, built once into the cache (~11 min cold)
+#  7. build      plugin and STS emulator binaries
+#  8. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator
+#
+# Exits non-zero at the first failing section.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# A login shell may not have Go on PATH yet on a fresh machine.
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+	export PATH="$PATH:/usr/local/go/bin"
+fi
+
+t0=$(date +%s)
+sec_start=$t0
+sec_name=
+summary=()
+section() {
+	local now
+	now=$(date +%s)
+	if [[ -n "$sec_name" ]]; then
+		summary+=("$(printf '%-11s %5ss' "$sec_name" $((now - sec_start)))")
+	fi
+	sec_name=$1
+	sec_start=$now
+	printf '\n==================== %s: %s ====================\n' "$1" "$2"
+}
+finish() {
+	local rc=$? now
+	now=$(date +%s)
+	[[ -n "$sec_name" ]] && summary+=("$(printf '%-11s %5ss' "$sec_name" $((now - sec_start)))")
+	printf '\n==================== summary ====================\n'
+	printf '%s\n' "${summary[@]}"
+	if ((rc == 0)); then
+		printf 'ALL PASSED in %ss\n' $((now - t0))
+	else
+		printf 'FAILED in section "%s" (exit %s) after %ss\n' "$sec_name" "$rc" $((now - t0))
+	fi
+	rm -rf "${bindir:-}"
+	exit "$rc"
+}
+trap finish EXIT
+
+as_root() {
+	if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
+}
+
+section tools "awscli and botocore for the emulator's independent-client tests"
+if ! command -v aws >/dev/null; then
+	echo "aws not found: installing Debian's awscli"
+	as_root apt-get update
+	DEBIAN_FRONTEND=noninteractive as_root apt-get install -y --no-install-recommends awscli
+fi
+aws --version
+if ! python3 -c 'import botocore' 2>/dev/null; then
+	echo "python3 cannot import botocore: installing Debian's python3-botocore"
+	as_root apt-get update
+	DEBIAN_FRONTEND=noninteractive as_root apt-get install -y --no-install-recommends python3-botocore
+fi
+python3 -c 'import botocore; print("botocore", botocore.__version__)'
+go version
+
+section gofmt "gofmt -l"
+unformatted=$(git ls-files -z --cached --others --exclude-standard '*.go' | xargs -0 -r gofmt -l)
+if [[ -n "$unformatted" ]]; then
+	echo "not gofmt-formatted (run make fmt):"
+	echo "$unformatted"
+	exit 1
+fi
+echo ok
+
+section vet "go vet ./..."
+go vet ./...
+echo ok
+
+section unit "go test -race -count=1 ./..."
+env -u VAULT_ACC go test -race -count=1 ./...
+
+section fuzz "each fuzz target for 5s"
+fuzzed=0
+for pkg in $(go list ./...); do
+	for name in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+		echo "--- $pkg $name"
+		go test -run '^$' -fuzz "^${name}\$" -fuzztime=5s "$pkg"
+		fuzzed=$((fuzzed + 1))
+	done
+done
+echo "$fuzzed fuzz targets run"
+
+section vault "Vault binary (scripts/vault.sh)"
+VAULT_BIN=$(./scripts/vault.sh)
+export VAULT_BIN
+"$VAULT_BIN" version
+
+section build "plugin and STS emulator"
+bindir=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-test.XXXXXX")
+# The acceptance harness registers this binary as version v0.1.0-dev, so the
+# version compiled in must match (Vault checks).
+go build -ldflags "-X main.version=v0.1.0-dev" -o "$bindir/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient
+go build -o "$bindir/sts-emulator" ./cmd/sts-emulator
+export PLUGIN_BIN="$bindir/vault-plugin-secrets-aws-resilient"
+export STS_EMULATOR_BIN="$bindir/sts-emulator"
+ls -la "$bindir"
+
+section acceptance "VAULT_ACC=1 go test ./acceptance/..."
+./scripts/testacc.sh
