@@ -319,16 +319,18 @@ func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
 		resetConnection(w)
 		return
 	}
+	// Record before answering: a test that reads Stats right after its
+	// call returns must find the call counted.
+	e.finish(now, started, action, rep.outcome, roleArn, akid, rep.status)
 	if rep.reset {
 		resetConnection(w)
-	} else {
-		h := w.Header()
-		h.Set("Content-Type", "text/xml")
-		h.Set("x-amzn-RequestId", reqID)
-		w.WriteHeader(rep.status)
-		_, _ = w.Write(rep.body)
+		return
 	}
-	e.finish(now, started, action, rep.outcome, roleArn, akid, rep.status)
+	h := w.Header()
+	h.Set("Content-Type", "text/xml")
+	h.Set("x-amzn-RequestId", reqID)
+	w.WriteHeader(rep.status)
+	_, _ = w.Write(rep.body)
 }
 
 // callSettings takes the throttling decision, picks a fault and copies the

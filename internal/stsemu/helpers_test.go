@@ -1,8 +1,12 @@
 package stsemu
 
 import (
+	"bufio"
 	"context"
+	"encoding/xml"
 	"errors"
+	"io"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -88,3 +92,10 @@ func assumeInput(role string) *sts.AssumeRoleInput {
 }
 
 var ctx = context.Background()
+
+func bufioReader(r io.Reader) *bufio.Reader { return bufio.NewReader(r) }
+
+// decodeXML reads an XML response body into v.
+func decodeXML(resp *http.Response, v any) error {
+	return xml.NewDecoder(resp.Body).Decode(v)
+}
