@@ -1,0 +1,213 @@
+// Command sts-emulator serves the AWS STS emulator of internal/stsemu on a
+// loopback port, for the dev server, acceptance tests and benchmarks.
+//
+// Once it listens it prints exactly one line to stdout,
+//
+//	sts-emulator listening on http://127.0.0.1:8599
+//
+// which scripts wait for; the per-call log goes to stderr. SIGINT or SIGTERM
+// stops it cleanly. Run `sts-emulator -h` for the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "sts-emulator:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "sts-emulator:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError marks a bad command line (exit status 2, like flag's own).
+type usageError struct{ error }
+
+// options is the parsed command line.
+type options struct {
+	listen string
+	cfg    stsemu.Config
+	faults stsemu.FaultPlan
+	quiet  bool
+}
+
+const usageHeader = `Usage: sts-emulator [flags]
+
+An AWS STS stand-in for tests: the STS Query API (AssumeRole, GetSessionToken,
+GetFederationToken, GetCallerIdentity) with SigV4 verification against the root
+key pair below and every credential it issues, plus throttling, faults and
+latency on demand. It never talks to AWS.
+
+On start it prints "sts-emulator listening on http://ADDR" to stdout; each STS
+call is logged to stderr (action, outcome, status, latency; never a secret).
+
+Flags:
+`
+
+const usageFooter = `
+Fault plans (-faults), comma-separated items:
+  FAULT:N     the next N calls get FAULT, in order of appearance (":N" defaults to 1)
+  FAULT=P     after the sequence, each call gets FAULT with probability P (sum <= 1)
+  hang=DUR    how long the hang fault holds a request (default 30s)
+  match=STR   only fault calls whose RoleArn contains STR
+  or a JSON object as the control API takes (see below).
+  Faults: Throttling, RequestLimitExceeded, InternalFailure (500),
+  ServiceUnavailable (503), AccessDenied (403), reset (TCP RST), hang,
+  malformed (truncated XML), expired (credentials already expired),
+  empty_key (empty AccessKeyId).
+  Example: -faults 'Throttling:3,reset,InternalFailure=0.2,hang=5s,match=app'
+
+Control API (JSON, unsigned, loopback clients only):
+  GET  /_emulator/stats               counts per action and outcome, per-second timeline
+  GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id
+  POST /_emulator/reset               clear stats and calls
+  GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny"};
+                                      POST applies only the fields sent
+  GET|POST|DELETE /_emulator/faults   {"sequence":[{"fault":"Throttling","count":3}],
+                                       "probability":{"InternalFailure":0.2},"hang":"20s","match":"app"}
+
+Example:
+  sts-emulator -listen 127.0.0.1:8599 -rate 50 -burst 10 -latency 5ms-20ms
+  AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY \
+    aws sts assume-role --endpoint-url http://127.0.0.1:8599 --region us-east-1 \
+    --role-arn arn:aws:iam::123456789012:role/app --role-session-name dev
+`
+
+// parseFlags parses args into options; -h returns flag.ErrHelp after
+// printing the usage to stderr.
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	var latency, faults, deny string
+	fs := flag.NewFlagSet("sts-emulator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageHeader)
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, usageFooter)
+	}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8599", "`address` to listen on (host:port; port 0 picks a free one)")
+	fs.StringVar(&o.cfg.Account, "account", stsemu.DefaultAccount, "AWS account `id` the emulator plays; roles in other accounts get AccessDenied")
+	fs.StringVar(&o.cfg.AccessKey, "access-key", stsemu.DefaultAccessKey, "root access key `id` accepted in signatures (AWS's documentation example)")
+	fs.StringVar(&o.cfg.SecretKey, "secret-key", stsemu.DefaultSecretKey, "root secret `key` paired with -access-key (AWS's documentation example)")
+	fs.DurationVar(&o.cfg.MaxLifetime, "max-lifetime", stsemu.DefaultMaxLifetime, "cap on the lifetime of issued credentials; they expire at min(DurationSeconds, this)")
+	fs.Float64Var(&o.cfg.Rate, "rate", 0, "token-bucket throttling in `requests/s`; over it calls get 400 Throttling \"Rate exceeded\" (0 = unlimited)")
+	fs.IntVar(&o.cfg.Burst, "burst", 0, "token-bucket `size` (0 = max(1, ceil(rate)))")
+	fs.StringVar(&latency, "latency", "", "response latency: a fixed `duration` like 50ms, or a uniform range like 10ms-50ms")
+	fs.StringVar(&faults, "faults", "", "fault `plan` applied from the start (syntax below)")
+	fs.StringVar(&deny, "deny", "", "comma-separated path.Match `patterns` on role ARN or role name that get AccessDenied")
+	fs.BoolVar(&o.quiet, "quiet", false, "do not log one line per call to stderr")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return o, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	var err error
+	if o.cfg.LatencyMin, o.cfg.LatencyMax, err = parseLatency(latency); err != nil {
+		return o, usageError{err}
+	}
+	if o.faults, err = stsemu.ParseFaultPlan(faults); err != nil {
+		return o, usageError{err}
+	}
+	for _, p := range strings.Split(deny, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			o.cfg.Deny = append(o.cfg.Deny, p)
+		}
+	}
+	switch {
+	case o.cfg.Rate < 0:
+		return o, usageError{fmt.Errorf("-rate: negative %v", o.cfg.Rate)}
+	case o.cfg.Burst < 0:
+		return o, usageError{fmt.Errorf("-burst: negative %d", o.cfg.Burst)}
+	case o.cfg.MaxLifetime <= 0:
+		return o, usageError{fmt.Errorf("-max-lifetime: must be positive, got %s", o.cfg.MaxLifetime)}
+	}
+	return o, nil
+}
+
+// parseLatency parses "", "50ms" or "10ms-50ms".
+func parseLatency(s string) (lo, hi time.Duration, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	a, b, isRange := strings.Cut(s, "-")
+	if lo, err = time.ParseDuration(strings.TrimSpace(a)); err != nil {
+		return 0, 0, fmt.Errorf("-latency: %w", err)
+	}
+	hi = lo
+	if isRange {
+		if hi, err = time.ParseDuration(strings.TrimSpace(b)); err != nil {
+			return 0, 0, fmt.Errorf("-latency: %w", err)
+		}
+	}
+	if lo < 0 || hi < lo {
+		return 0, 0, fmt.Errorf("-latency: want MIN-MAX with 0 <= MIN <= MAX, got %q", s)
+	}
+	return lo, hi, nil
+}
+
+// run starts the emulator and serves until ctx is cancelled.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	if !o.quiet {
+		o.cfg.Logger = log.New(stderr, "sts-emulator: ", log.LstdFlags|log.Lmicroseconds)
+	}
+	e := stsemu.New(o.cfg)
+	e.SetFaults(o.faults)
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "sts-emulator listening on http://%s\n", ln.Addr())
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	// Release hung and delayed requests first so Shutdown need not wait
+	// for a 30s hang fault.
+	e.Close()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
