@@ -1,0 +1,80 @@
+package vaulttest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+)
+
+// TestEmulatorControl checks the harness's view of the emulator's control
+// API (stats, calls, faults, config, reset) with real SDK calls.
+func TestEmulatorControl(t *testing.T) {
+	SkipUnlessEnabled(t)
+	t.Parallel()
+	e := StartEmulator(t, "-max-lifetime", "30s")
+	client := sts.New(sts.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(e.URL),
+		Credentials:  credentials.NewStaticCredentialsProvider(e.AccessKey, e.SecretKey, ""),
+		Retryer:      aws.NopRetryer{},
+	})
+	assume := func() (*sts.AssumeRoleOutput, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return client.AssumeRole(ctx, &sts.AssumeRoleInput{
+			RoleArn:         aws.String("arn:aws:iam::" + EmulatorAccount + ":role/app"),
+			RoleSessionName: aws.String("harness"),
+			DurationSeconds: aws.Int32(3600),
+		})
+	}
+
+	out, err := assume()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if life := time.Until(*out.Credentials.Expiration); life > 31*time.Second {
+		t.Fatalf("-max-lifetime 30s not applied: credential valid for %s", life)
+	}
+	// access_key_id is the key that signed the call, not the one issued.
+	calls := e.Calls(t)
+	if len(calls) != 1 || calls[0].Action != "AssumeRole" || calls[0].Outcome != "ok" || calls[0].AccessKeyID != e.AccessKey {
+		t.Fatalf("calls: %+v", calls)
+	}
+
+	e.SetFaults(t, FaultPlan{Sequence: []FaultStep{{Fault: "Throttling", Count: 1}}})
+	if _, err := assume(); err == nil {
+		t.Fatal("a scripted Throttling fault did not fail the call")
+	}
+	if _, err := assume(); err != nil {
+		t.Fatalf("the call after the scripted fault: %v", err)
+	}
+	st := e.Stats(t)
+	if st.Total != 3 || st.Count("AssumeRole", "ok") != 2 || st.Count("AssumeRole", "Throttling") != 1 || st.Count("AssumeRole", "") != 3 {
+		t.Fatalf("stats: %+v", st)
+	}
+	if len(st.Timeline) == 0 {
+		t.Fatal("stats timeline empty")
+	}
+
+	e.SetFaults(t, FaultPlan{Probability: map[string]float64{"InternalFailure": 1}})
+	if _, err := assume(); err == nil {
+		t.Fatal("probability 1 fault did not fail the call")
+	}
+	e.ClearFaults(t)
+	e.SetConfig(t, map[string]any{"max_lifetime": "20s"})
+	out, err = assume()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if life := time.Until(*out.Credentials.Expiration); life > 21*time.Second {
+		t.Fatalf("max_lifetime 20s not applied: credential valid for %s", life)
+	}
+	e.Reset(t)
+	if st := e.Stats(t); st.Total != 0 {
+		t.Fatalf("stats after reset: %+v", st)
+	}
+}
