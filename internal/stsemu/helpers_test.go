@@ -3,10 +3,12 @@ package stsemu
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/xml"
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,3 +101,7 @@ func bufioReader(r io.Reader) *bufio.Reader { return bufio.NewReader(r) }
 func decodeXML(resp *http.Response, v any) error {
 	return xml.NewDecoder(resp.Body).Decode(v)
 }
+
+func sha256Sum(b []byte) [32]byte { return sha256.Sum256(b) }
+
+func newBody(s string) io.ReadCloser { return io.NopCloser(strings.NewReader(s)) }
