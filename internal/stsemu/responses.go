@@ -1,7 +1,6 @@
 package stsemu
 
 import (
-	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
@@ -136,12 +135,11 @@ func formatExpiration(t time.Time) string {
 // malformedBody is what the "malformed" fault returns: the start of a
 // plausible response, cut off mid-element, as a truncated proxy reply looks.
 func malformedBody(action string) []byte {
-	full := marshalResponse(action, getCallerIdentityResult{XMLName: xml.Name{Local: action + "Result"}}, "truncated")
-	cut := bytes.Index(full, []byte("<Arn>"))
-	if cut < 0 {
-		cut = len(full) / 2
+	first := "<Credentials><AccessKeyId>ASIA"
+	if action == "GetCallerIdentity" {
+		first = "<Arn>arn:aws:sts::"
 	}
-	return append(full[:cut:cut], "<Arn>arn:aws:sts::"...)
+	return []byte(`<` + action + `Response xmlns="` + stsNamespace + `"><` + action + `Result>` + first)
 }
 
 // faultError maps an error-shaped fault to the response AWS gives for it.
