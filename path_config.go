@@ -1,0 +1,591 @@
+package awsresilient
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/framework"
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+const defaultRegion = "us-east-1"
+
+// Ranges of config/refresh, named in every 400 a bad value gets.
+const (
+	defaultMaxRetries      = 6
+	minMaxRetries          = 1
+	maxMaxRetries          = 20
+	defaultRetryWindow     = 30 * time.Second
+	minRetryWindow         = time.Second
+	maxRetryWindow         = 10 * time.Minute
+	defaultRefreshFraction = 0.33
+	minRefreshFraction     = 0.05
+	maxRefreshFraction     = 0.9
+	defaultSTSRateLimit    = 10.0
+	maxSTSRateLimit        = 10000.0
+	defaultSTSBurst        = 10
+	maxSTSBurst            = 10000
+	maxFallbackEndpoints   = 10
+)
+
+// regionRegex matches AWS region names: us-east-1, us-gov-west-1, cn-north-1,
+// us-isob-east-1, ...
+var regionRegex = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$`)
+
+func pathConfigRoot(b *backend) *framework.Path {
+	return &framework.Path{
+		Pattern: "config/root",
+		DisplayAttrs: &framework.DisplayAttributes{
+			OperationPrefix: operationPrefixAWSResilient,
+		},
+		Fields: map[string]*framework.FieldSchema{
+			"access_key": {
+				Type:        framework.TypeString,
+				Description: "AWS access key id used to call STS. Leave unset (with secret_key) to use the default AWS credential chain.",
+			},
+			"secret_key": {
+				Type:         framework.TypeString,
+				Description:  "AWS secret access key paired with access_key. Never returned by a read.",
+				DisplayAttrs: &framework.DisplayAttributes{Sensitive: true},
+			},
+			"region": {
+				Type:        framework.TypeString,
+				Description: "AWS region for STS calls and request signing.",
+				Default:     defaultRegion,
+			},
+			"sts_endpoint": {
+				Type:        framework.TypeString,
+				Description: "STS endpoint URL; empty means the SDK's default for the region. Must be https, except on a loopback address (127.0.0.0/8, ::1, localhost).",
+			},
+			"sts_region": {
+				Type:        framework.TypeString,
+				Description: "Region used to sign calls to sts_endpoint; defaults to region.",
+			},
+			"sts_fallback_endpoints": {
+				Type:        framework.TypeCommaStringSlice,
+				Description: "STS endpoints tried in order after a retryable failure of sts_endpoint, within the same attempt.",
+			},
+			"sts_fallback_regions": {
+				Type:        framework.TypeCommaStringSlice,
+				Description: "Signing regions of sts_fallback_endpoints, in the same order; empty means sts_region for all of them.",
+			},
+		},
+		ExistenceCheck: b.pathConfigRootExistenceCheck,
+		Operations: map[logical.Operation]framework.OperationHandler{
+			logical.ReadOperation: &framework.PathOperation{
+				Callback: b.pathConfigRootRead,
+				Summary:  "Read the STS connection configuration; the secret key is never returned.",
+				DisplayAttrs: &framework.DisplayAttributes{
+					OperationVerb:   "read",
+					OperationSuffix: "root-configuration",
+				},
+				Responses: map[int][]framework.Response{
+					http.StatusOK: {{
+						Description: "OK",
+						Fields:      configRootResponseFields,
+					}},
+				},
+			},
+			logical.CreateOperation: &framework.PathOperation{
+				Callback:                    b.pathConfigRootWrite,
+				Summary:                     "Configure how the plugin reaches STS.",
+				ForwardPerformanceStandby:   true,
+				ForwardPerformanceSecondary: true,
+				DisplayAttrs: &framework.DisplayAttributes{
+					OperationVerb:   "configure",
+					OperationSuffix: "root",
+				},
+				Responses: map[int][]framework.Response{
+					http.StatusNoContent: {{Description: "No Content"}},
+				},
+			},
+			logical.UpdateOperation: &framework.PathOperation{
+				Callback:                    b.pathConfigRootWrite,
+				Summary:                     "Configure how the plugin reaches STS.",
+				ForwardPerformanceStandby:   true,
+				ForwardPerformanceSecondary: true,
+				DisplayAttrs: &framework.DisplayAttributes{
+					OperationVerb:   "configure",
+					OperationSuffix: "root",
+				},
+				Responses: map[int][]framework.Response{
+					http.StatusNoContent: {{Description: "No Content"}},
+				},
+			},
+			logical.DeleteOperation: &framework.PathOperation{
+				Callback:                    b.pathConfigRootDelete,
+				Summary:                     "Delete the STS connection configuration; the default credential chain is used afterwards.",
+				ForwardPerformanceStandby:   true,
+				ForwardPerformanceSecondary: true,
+				DisplayAttrs: &framework.DisplayAttributes{
+					OperationVerb:   "delete",
+					OperationSuffix: "root-configuration",
+				},
+				Responses: map[int][]framework.Response{
+					http.StatusNoContent: {{Description: "No Content"}},
+				},
+			},
+		},
+		HelpSynopsis:    pathConfigRootHelpSyn,
+		HelpDescription: pathConfigRootHelpDesc,
+	}
+}
+
+var configRootResponseFields = map[string]*framework.FieldSchema{
+	"access_key":             {Type: framework.TypeString, Description: "AWS access key id; empty when the default credential chain is used.", Required: true},
+	"secret_key_set":         {Type: framework.TypeBool, Description: "Whether a secret key is stored.", Required: true},
+	"region":                 {Type: framework.TypeString, Description: "AWS region.", Required: true},
+	"sts_endpoint":           {Type: framework.TypeString, Description: "STS endpoint URL.", Required: true},
+	"sts_region":             {Type: framework.TypeString, Description: "Signing region of sts_endpoint.", Required: true},
+	"sts_fallback_endpoints": {Type: framework.TypeCommaStringSlice, Description: "Fallback STS endpoints, in order.", Required: true},
+	"sts_fallback_regions":   {Type: framework.TypeCommaStringSlice, Description: "Signing regions of the fallback endpoints.", Required: true},
+}
+
+func pathConfigRefresh(b *backend) *framework.Path {
+	return &framework.Path{
+		Pattern: "config/refresh",
+		DisplayAttrs: &framework.DisplayAttributes{
+			OperationPrefix: operationPrefixAWSResilient,
+		},
+		Fields: map[string]*framework.FieldSchema{
+			"max_retries": {
+				Type:        framework.TypeInt,
+				Description: fmt.Sprintf("Attempts per refresh cycle, %d to %d.", minMaxRetries, maxMaxRetries),
+				Default:     defaultMaxRetries,
+			},
+			"retry_window": {
+				Type:        framework.TypeDurationSecond,
+				Description: "Length of one refresh cycle, split into max_retries equal blocks with one attempt at a random time in each; 1s to 10m.",
+				Default:     int(defaultRetryWindow / time.Second),
+			},
+			"refresh_fraction": {
+				Type:        framework.TypeFloat,
+				Description: fmt.Sprintf("Refresh when the remaining validity falls below this fraction of the issued lifetime, %g to %g.", minRefreshFraction, maxRefreshFraction),
+				Default:     defaultRefreshFraction,
+			},
+			"sts_rate_limit": {
+				Type:        framework.TypeFloat,
+				Description: fmt.Sprintf("Cap on STS calls per second across all roles, 0 to %g; 0 means no cap.", maxSTSRateLimit),
+				Default:     defaultSTSRateLimit,
+			},
+			"sts_burst": {
+				Type:        framework.TypeInt,
+				Description: fmt.Sprintf("STS calls allowed at once above sts_rate_limit after a quiet period, 1 to %d (0 only without a rate limit).", maxSTSBurst),
+				Default:     defaultSTSBurst,
+			},
+		},
+		Operations: map[logical.Operation]framework.OperationHandler{
+			logical.ReadOperation: &framework.PathOperation{
+				Callback: b.pathConfigRefreshRead,
+				Summary:  "Read the refresh and retry policy.",
+				DisplayAttrs: &framework.DisplayAttributes{
+					OperationVerb:   "read",
+					OperationSuffix: "refresh-configuration",
+				},
+				Responses: map[int][]framework.Response{
+					http.StatusOK: {{
+						Description: "OK",
+						Fields:      configRefreshResponseFields,
+					}},
+				},
+			},
+			logical.UpdateOperation: &framework.PathOperation{
+				Callback:                    b.pathConfigRefreshWrite,
+				Summary:                     "Change the refresh and retry policy; cycles that start afterwards use it.",
+				ForwardPerformanceStandby:   true,
+				ForwardPerformanceSecondary: true,
+				DisplayAttrs: &framework.DisplayAttributes{
+					OperationVerb:   "configure",
+					OperationSuffix: "refresh",
+				},
+				Responses: map[int][]framework.Response{
+					http.StatusNoContent: {{Description: "No Content"}},
+				},
+			},
+		},
+		HelpSynopsis:    pathConfigRefreshHelpSyn,
+		HelpDescription: pathConfigRefreshHelpDesc,
+	}
+}
+
+var configRefreshResponseFields = map[string]*framework.FieldSchema{
+	"max_retries":      {Type: framework.TypeInt, Description: "Attempts per refresh cycle.", Required: true},
+	"retry_window":     {Type: framework.TypeDurationSecond, Description: "Length of one refresh cycle, in seconds.", Required: true},
+	"retry_block":      {Type: framework.TypeFloat, Description: "retry_window / max_retries, in seconds (may be fractional).", Required: true},
+	"refresh_fraction": {Type: framework.TypeFloat, Description: "Fraction of the issued lifetime left when a refresh starts.", Required: true},
+	"sts_rate_limit":   {Type: framework.TypeFloat, Description: "Cap on STS calls per second; 0 means no cap.", Required: true},
+	"sts_burst":        {Type: framework.TypeInt, Description: "Burst above sts_rate_limit.", Required: true},
+}
+
+func (b *backend) pathConfigRootExistenceCheck(ctx context.Context, req *logical.Request, _ *framework.FieldData) (bool, error) {
+	cfg, err := getRootConfig(ctx, req.Storage)
+	if err != nil {
+		return false, err
+	}
+	return cfg != nil, nil
+}
+
+func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
+	cfg, err := getRootConfig(ctx, req.Storage)
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	return &logical.Response{Data: map[string]interface{}{
+		"access_key":             cfg.AccessKey,
+		"secret_key_set":         cfg.SecretKey != "",
+		"region":                 cfg.Region,
+		"sts_endpoint":           cfg.STSEndpoint,
+		"sts_region":             cfg.STSRegion,
+		"sts_fallback_endpoints": nonNil(cfg.STSFallbackEndpoints),
+		"sts_fallback_regions":   nonNil(cfg.STSFallbackRegions),
+	}}, nil
+}
+
+func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	cfg, err := getRootConfig(ctx, req.Storage)
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	if v, ok := data.GetOk("access_key"); ok {
+		cfg.AccessKey = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("secret_key"); ok {
+		cfg.SecretKey = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("region"); ok {
+		cfg.Region = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("sts_endpoint"); ok {
+		cfg.STSEndpoint = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("sts_region"); ok {
+		cfg.STSRegion = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("sts_fallback_endpoints"); ok {
+		cfg.STSFallbackEndpoints = trimAll(v.([]string))
+	}
+	if v, ok := data.GetOk("sts_fallback_regions"); ok {
+		cfg.STSFallbackRegions = trimAll(v.([]string))
+	}
+	if msg := cfg.validate(); msg != "" {
+		return logical.ErrorResponse(msg), nil
+	}
+
+	entry, err := logical.StorageEntryJSON(configRootPath, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := req.Storage.Put(ctx, entry); err != nil {
+		return nil, fmt.Errorf("writing config/root: %w", err)
+	}
+	// After the write, so a client built concurrently cannot keep the old keys.
+	b.resetClients()
+	return nil, nil
+}
+
+func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
+	if err := req.Storage.Delete(ctx, configRootPath); err != nil {
+		return nil, fmt.Errorf("deleting config/root: %w", err)
+	}
+	b.resetClients()
+	return nil, nil
+}
+
+func (b *backend) pathConfigRefreshRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
+	cfg, err := getRefreshConfig(ctx, req.Storage)
+	if err != nil {
+		return nil, err
+	}
+	return &logical.Response{Data: map[string]interface{}{
+		"max_retries":      cfg.MaxRetries,
+		"retry_window":     int64(cfg.RetryWindow / time.Second),
+		"retry_block":      cfg.block().Seconds(),
+		"refresh_fraction": cfg.RefreshFraction,
+		"sts_rate_limit":   cfg.STSRateLimit,
+		"sts_burst":        cfg.STSBurst,
+	}}, nil
+}
+
+func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	cfg, err := getRefreshConfig(ctx, req.Storage)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := data.GetOk("max_retries"); ok {
+		cfg.MaxRetries = v.(int)
+	}
+	if v, ok := data.GetOk("retry_window"); ok {
+		cfg.RetryWindow = time.Duration(v.(int)) * time.Second
+	}
+	if v, ok := data.GetOk("refresh_fraction"); ok {
+		cfg.RefreshFraction = v.(float64)
+	}
+	if v, ok := data.GetOk("sts_rate_limit"); ok {
+		cfg.STSRateLimit = v.(float64)
+	}
+	if v, ok := data.GetOk("sts_burst"); ok {
+		cfg.STSBurst = v.(int)
+	}
+	if msg := cfg.validate(); msg != "" {
+		return logical.ErrorResponse(msg), nil
+	}
+	entry, err := logical.StorageEntryJSON(configRefreshPath, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := req.Storage.Put(ctx, entry); err != nil {
+		return nil, fmt.Errorf("writing config/refresh: %w", err)
+	}
+	b.setRefreshConfig(cfg)
+	return nil, nil
+}
+
+// rootConfig is the stored config/root.
+type rootConfig struct {
+	AccessKey            string   `json:"access_key"`
+	SecretKey            string   `json:"secret_key"`
+	Region               string   `json:"region"`
+	STSEndpoint          string   `json:"sts_endpoint"`
+	STSRegion            string   `json:"sts_region"`
+	STSFallbackEndpoints []string `json:"sts_fallback_endpoints"`
+	STSFallbackRegions   []string `json:"sts_fallback_regions"`
+}
+
+func defaultRootConfig() *rootConfig {
+	return &rootConfig{Region: defaultRegion}
+}
+
+// validate returns a message for the caller, or "" when cfg is valid.
+func (c *rootConfig) validate() string {
+	if (c.AccessKey == "") != (c.SecretKey == "") {
+		return "access_key and secret_key must be set together (or both left empty to use the default AWS credential chain)"
+	}
+	if c.AccessKey != "" && !accessKeyRegex.MatchString(c.AccessKey) {
+		return "access_key must be 16 to 128 upper-case letters and digits, such as AKIAIOSFODNN7EXAMPLE"
+	}
+	if strings.ContainsAny(c.SecretKey, " \t\r\n") || len(c.SecretKey) > 256 {
+		return "secret_key must be at most 256 characters without whitespace"
+	}
+	if !regionRegex.MatchString(c.Region) {
+		return fmt.Sprintf("region must be an AWS region name such as %s", defaultRegion)
+	}
+	if c.STSRegion != "" && !regionRegex.MatchString(c.STSRegion) {
+		return fmt.Sprintf("sts_region must be an AWS region name such as %s", defaultRegion)
+	}
+	if c.STSEndpoint != "" {
+		if msg := validateEndpoint("sts_endpoint", c.STSEndpoint); msg != "" {
+			return msg
+		}
+	}
+	if len(c.STSFallbackEndpoints) > maxFallbackEndpoints {
+		return fmt.Sprintf("sts_fallback_endpoints takes at most %d endpoints", maxFallbackEndpoints)
+	}
+	for _, e := range c.STSFallbackEndpoints {
+		if msg := validateEndpoint("sts_fallback_endpoints", e); msg != "" {
+			return msg
+		}
+	}
+	if len(c.STSFallbackRegions) != 0 && len(c.STSFallbackRegions) != len(c.STSFallbackEndpoints) {
+		return fmt.Sprintf("sts_fallback_regions must have one region per fallback endpoint (%d), or be empty", len(c.STSFallbackEndpoints))
+	}
+	for _, r := range c.STSFallbackRegions {
+		if !regionRegex.MatchString(r) {
+			return fmt.Sprintf("sts_fallback_regions must be AWS region names such as %s", defaultRegion)
+		}
+	}
+	return ""
+}
+
+var accessKeyRegex = regexp.MustCompile(`^[A-Z0-9]{16,128}$`)
+
+// validateEndpoint allows https anywhere and plain http only on loopback,
+// where the traffic never leaves the machine (the emulator, a local proxy).
+func validateEndpoint(field, raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.Opaque != "" {
+		return fmt.Sprintf("%s must be an absolute URL such as https://sts.us-east-1.amazonaws.com; got %q", field, raw)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Sprintf("%s must not contain credentials, a query or a fragment", field)
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !isLoopbackHost(u.Hostname()) {
+			return fmt.Sprintf("%s must use https; http is allowed only on a loopback address (127.0.0.0/8, ::1, localhost)", field)
+		}
+	default:
+		return fmt.Sprintf("%s must use https (or http on a loopback address); got scheme %q", field, u.Scheme)
+	}
+	if u.Port() != "" {
+		if _, err := net.LookupPort("tcp", u.Port()); err != nil {
+			return fmt.Sprintf("%s has an invalid port %q", field, u.Port())
+		}
+	}
+	return ""
+}
+
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func getRootConfig(ctx context.Context, s logical.Storage) (*rootConfig, error) {
+	entry, err := s.Get(ctx, configRootPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading config/root: %w", err)
+	}
+	if entry == nil {
+		return nil, nil
+	}
+	cfg := new(rootConfig)
+	if err := entry.DecodeJSON(cfg); err != nil {
+		return nil, fmt.Errorf("decoding config/root: %w", err)
+	}
+	return cfg, nil
+}
+
+// refreshConfig is the stored config/refresh.
+type refreshConfig struct {
+	MaxRetries      int           `json:"max_retries"`
+	RetryWindow     time.Duration `json:"retry_window"`
+	RefreshFraction float64       `json:"refresh_fraction"`
+	STSRateLimit    float64       `json:"sts_rate_limit"`
+	STSBurst        int           `json:"sts_burst"`
+}
+
+func defaultRefreshConfig() refreshConfig {
+	return refreshConfig{
+		MaxRetries:      defaultMaxRetries,
+		RetryWindow:     defaultRetryWindow,
+		RefreshFraction: defaultRefreshFraction,
+		STSRateLimit:    defaultSTSRateLimit,
+		STSBurst:        defaultSTSBurst,
+	}
+}
+
+// block is the length of one retry block.
+func (c refreshConfig) block() time.Duration {
+	return c.RetryWindow / time.Duration(c.MaxRetries)
+}
+
+// validate returns a message naming the valid range, or "" when c is valid.
+func (c refreshConfig) validate() string {
+	switch {
+	case c.MaxRetries < minMaxRetries || c.MaxRetries > maxMaxRetries:
+		return fmt.Sprintf("max_retries must be between %d and %d; got %d", minMaxRetries, maxMaxRetries, c.MaxRetries)
+	case c.RetryWindow < minRetryWindow || c.RetryWindow > maxRetryWindow:
+		return fmt.Sprintf("retry_window must be between %s and %s; got %s", minRetryWindow, maxRetryWindow, c.RetryWindow)
+	case math.IsNaN(c.RefreshFraction) || c.RefreshFraction < minRefreshFraction || c.RefreshFraction > maxRefreshFraction:
+		return fmt.Sprintf("refresh_fraction must be between %g and %g; got %g", minRefreshFraction, maxRefreshFraction, c.RefreshFraction)
+	case math.IsNaN(c.STSRateLimit) || c.STSRateLimit < 0 || c.STSRateLimit > maxSTSRateLimit:
+		return fmt.Sprintf("sts_rate_limit must be between 0 and %g (0 means no cap); got %g", maxSTSRateLimit, c.STSRateLimit)
+	case c.STSBurst < 0 || c.STSBurst > maxSTSBurst:
+		return fmt.Sprintf("sts_burst must be between 0 and %d; got %d", maxSTSBurst, c.STSBurst)
+	case c.STSRateLimit > 0 && c.STSBurst < 1:
+		return fmt.Sprintf("sts_burst must be between 1 and %d when sts_rate_limit is set; got %d", maxSTSBurst, c.STSBurst)
+	}
+	return ""
+}
+
+// getRefreshConfig returns the stored config/refresh, or the defaults.
+func getRefreshConfig(ctx context.Context, s logical.Storage) (refreshConfig, error) {
+	cfg := defaultRefreshConfig()
+	entry, err := s.Get(ctx, configRefreshPath)
+	if err != nil {
+		return cfg, fmt.Errorf("reading config/refresh: %w", err)
+	}
+	if entry == nil {
+		return cfg, nil
+	}
+	if err := entry.DecodeJSON(&cfg); err != nil {
+		return cfg, fmt.Errorf("decoding config/refresh: %w", err)
+	}
+	return cfg, nil
+}
+
+func (b *backend) setRefreshConfig(cfg refreshConfig) {
+	b.cfgMu.Lock()
+	b.refreshCfg = cfg
+	b.cfgMu.Unlock()
+	b.limiter.setLimit(cfg.STSRateLimit, cfg.STSBurst)
+}
+
+func (b *backend) getRefreshCfg() refreshConfig {
+	b.cfgMu.RLock()
+	defer b.cfgMu.RUnlock()
+	return b.refreshCfg
+}
+
+func trimAll(in []string) []string {
+	out := make([]string, 0, len(in))
+	for _, s := range in {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+const pathConfigRootHelpSyn = `Configure how the plugin reaches AWS STS.`
+
+const pathConfigRootHelpDesc = `
+The keys the plugin signs STS calls with, and where it sends them.
+
+Without access_key and secret_key, the default AWS credential chain is used
+(environment, shared files, web identity, ECS/EC2 instance metadata) through
+the AWS SDK's own cached provider.
+
+sts_endpoint overrides the SDK's default endpoint for the region. When a call
+to it fails with a retryable error (throttling, 5xx, timeout, connection
+error), sts_fallback_endpoints are tried in order within the same attempt,
+signed for sts_fallback_regions. An endpoint must use https, except on a
+loopback address (127.0.0.0/8, ::1, localhost), where http is allowed.
+
+A read never returns the secret key; secret_key_set says whether one is stored.
+`
+
+const pathConfigRefreshHelpSyn = `Configure the refresh schedule and retry policy.`
+
+const pathConfigRefreshHelpDesc = `
+A role's credential is refreshed once its remaining validity falls below
+refresh_fraction of its issued lifetime (default 0.33), after a random start
+delay of up to 10% of that margin.
+
+A refresh cycle makes up to max_retries attempts (default 6, range 1-20) over
+retry_window (default 30s, range 1s-10m): the window is split into equal
+blocks (retry_block = retry_window / max_retries, returned by a read) and
+attempt i runs at a uniformly random time inside block i. An error that
+cannot succeed on retry (AccessDenied, a bad signature, an invalid policy)
+ends the cycle at once. A failed cycle never replaces the cached credential;
+the next cycle starts after a growing, jittered pause (retry_window, 2x, 4x,
+up to 5 minutes) that always leaves room for one more cycle before the
+credential expires.
+
+sts_rate_limit (default 10 per second, 0 for no cap) and sts_burst (default
+10) cap STS calls across all roles; an attempt waits for a slot inside its
+block. A read before any write returns the defaults.
+`

@@ -1,0 +1,79 @@
+package awsresilient
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/hashicorp/vault/sdk/framework"
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+func pathRefresh(b *backend) *framework.Path {
+	return &framework.Path{
+		Pattern: "refresh/" + framework.GenericNameRegex("name"),
+		DisplayAttrs: &framework.DisplayAttributes{
+			OperationPrefix: operationPrefixAWSResilient,
+			OperationSuffix: "refresh",
+		},
+		Fields: map[string]*framework.FieldSchema{
+			"name": {
+				Type:        framework.TypeString,
+				Description: "Name of the role.",
+				Required:    true,
+			},
+		},
+		Operations: map[logical.Operation]framework.OperationHandler{
+			logical.UpdateOperation: &framework.PathOperation{
+				Callback: b.pathRefreshWrite,
+				Summary:  "Run one refresh cycle for the role now and return its status.",
+				// It calls STS and writes the cache: only the active node may.
+				ForwardPerformanceStandby:   true,
+				ForwardPerformanceSecondary: true,
+				DisplayAttrs:                &framework.DisplayAttributes{OperationVerb: "refresh"},
+				Responses: map[int][]framework.Response{
+					http.StatusOK: {{Description: "OK", Fields: statusResponseFields}},
+				},
+			},
+		},
+		HelpSynopsis:    pathRefreshHelpSyn,
+		HelpDescription: pathRefreshHelpDesc,
+	}
+}
+
+func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	name := data.Get("name").(string)
+	role, _, _, err := b.lookupOrLoad(ctx, req.Storage, name)
+	if err != nil {
+		return nil, err
+	}
+	if role == nil {
+		return logical.ErrorResponse("role %q not found", name), nil
+	}
+	f := b.startFlight(name)
+	f.waiters.Add(1)
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return nil, logical.CodedError(http.StatusServiceUnavailable, "the request ended before the refresh cycle finished")
+	}
+	// A failed cycle is not an error of this request: its outcome is in the
+	// status (last_error, failed_cycles), and the cached credential, if any,
+	// is still served.
+	d, err := b.statusData(ctx, req.Storage, name)
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return logical.ErrorResponse("role %q not found", name), nil
+	}
+	return &logical.Response{Data: d}, nil
+}
+
+const pathRefreshHelpSyn = `Run one refresh cycle for a role now.`
+
+const pathRefreshHelpDesc = `
+Runs one refresh cycle for the role (or joins the one already running) and
+returns the resulting status, as status/<name> does. A failed cycle is
+reported in the status (last_error, failed_cycles) and leaves the cached
+credential in place.
+`

@@ -1,0 +1,521 @@
+package awsresilient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hashicorp/vault/sdk/framework"
+	"github.com/hashicorp/vault/sdk/helper/locksutil"
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+const (
+	credentialTypeAssumedRole     = "assumed_role"
+	credentialTypeSessionToken    = "session_token"
+	credentialTypeFederationToken = "federation_token"
+
+	defaultRoleTTL = time.Hour
+	// STS's own bounds: 15 minutes is its minimum duration, 12 hours the
+	// longest session a role can be configured for.
+	minRoleTTL = 15 * time.Minute
+	maxRoleTTL = 12 * time.Hour
+
+	maxPolicyLength      = 2048 // AWS's limit on a session policy's plaintext
+	maxPolicyARNs        = 10
+	maxSessionTags       = 50
+	maxSessionNameLength = 64
+	maxFederationName    = 32
+)
+
+var (
+	// roleARNRegex: an IAM role ARN in any partition, with an optional path.
+	roleARNRegex = regexp.MustCompile(`^arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/([\x21-\x7e]{1,510}/)?[\w+=,.@-]{1,64}$`)
+	// policyARNRegex: an IAM managed policy ARN, customer or AWS managed.
+	policyARNRegex = regexp.MustCompile(`^arn:aws(-[a-z]+)*:iam::([0-9]{12}|aws):policy/[\x21-\x7e]+$`)
+	// sessionNameRegex is AWS's pattern for RoleSessionName and the
+	// federated user Name.
+	sessionNameRegex = regexp.MustCompile(`^[\w+=,.@-]*$`)
+	externalIDRegex  = regexp.MustCompile(`^[\w+=,.@:/-]*$`)
+	tagRegex         = regexp.MustCompile(`^[\p{L}\p{Z}\p{N}_.:/=+\-@]*$`)
+)
+
+func pathsRoles(b *backend) []*framework.Path {
+	return []*framework.Path{
+		{
+			Pattern: "roles/?$",
+			DisplayAttrs: &framework.DisplayAttributes{
+				OperationPrefix: operationPrefixAWSResilient,
+				OperationSuffix: "roles",
+			},
+			Operations: map[logical.Operation]framework.OperationHandler{
+				logical.ListOperation: &framework.PathOperation{
+					Callback: b.pathRolesList,
+					Summary:  "List the roles.",
+					Responses: map[int][]framework.Response{
+						http.StatusOK: {{
+							Description: "OK",
+							Fields: map[string]*framework.FieldSchema{
+								"keys": {Type: framework.TypeStringSlice, Description: "Role names."},
+							},
+						}},
+					},
+				},
+			},
+			HelpSynopsis:    pathRolesListHelpSyn,
+			HelpDescription: pathRolesListHelpDesc,
+		},
+		{
+			Pattern: "roles/" + framework.GenericNameRegex("name"),
+			DisplayAttrs: &framework.DisplayAttributes{
+				OperationPrefix: operationPrefixAWSResilient,
+				OperationSuffix: "role",
+			},
+			Fields: map[string]*framework.FieldSchema{
+				"name": {
+					Type:        framework.TypeString,
+					Description: "Name of the role.",
+					Required:    true,
+				},
+				"credential_type": {
+					Type:          framework.TypeString,
+					Description:   "What STS issues: assumed_role (AssumeRole), session_token (GetSessionToken) or federation_token (GetFederationToken).",
+					Default:       credentialTypeAssumedRole,
+					AllowedValues: []interface{}{credentialTypeAssumedRole, credentialTypeSessionToken, credentialTypeFederationToken},
+				},
+				"role_arn": {
+					Type:        framework.TypeString,
+					Description: "ARN of the IAM role to assume; required for assumed_role, not allowed otherwise.",
+				},
+				"external_id": {
+					Type:        framework.TypeString,
+					Description: "External ID passed to AssumeRole (assumed_role only), 2 to 1224 characters.",
+				},
+				"role_session_name": {
+					Type:        framework.TypeString,
+					Description: "RoleSessionName for assumed_role (2-64 characters) or the federated user Name for federation_token (2-32 characters), matching [\\w+=,.@-]; default vault-<role name>.",
+				},
+				"policy_document": {
+					Type:        framework.TypeString,
+					Description: "Inline session policy, a JSON object of at most 2048 characters (assumed_role and federation_token).",
+				},
+				"policy_arns": {
+					Type:        framework.TypeCommaStringSlice,
+					Description: "ARNs of up to 10 managed session policies (assumed_role and federation_token).",
+				},
+				"session_tags": {
+					Type:        framework.TypeKVPairs,
+					Description: "Session tags as key=value pairs, up to 50 (assumed_role and federation_token).",
+				},
+				"ttl": {
+					Type:        framework.TypeDurationSecond,
+					Description: "Requested credential lifetime, 900s to 12h. STS may issue a shorter one.",
+					Default:     int(defaultRoleTTL / time.Second),
+				},
+			},
+			ExistenceCheck: b.pathRolesExistenceCheck,
+			Operations: map[logical.Operation]framework.OperationHandler{
+				logical.ReadOperation: &framework.PathOperation{
+					Callback: b.pathRolesRead,
+					Summary:  "Read a role.",
+					Responses: map[int][]framework.Response{
+						http.StatusOK: {{Description: "OK", Fields: roleResponseFields}},
+					},
+				},
+				logical.CreateOperation: &framework.PathOperation{
+					Callback:                    b.pathRolesWrite,
+					Summary:                     "Create a role.",
+					ForwardPerformanceStandby:   true,
+					ForwardPerformanceSecondary: true,
+					DisplayAttrs:                &framework.DisplayAttributes{OperationVerb: "write"},
+					Responses: map[int][]framework.Response{
+						http.StatusNoContent: {{Description: "No Content"}},
+					},
+				},
+				logical.UpdateOperation: &framework.PathOperation{
+					Callback:                    b.pathRolesWrite,
+					Summary:                     "Update a role; fields not sent keep their values. A change drops the cached credential.",
+					ForwardPerformanceStandby:   true,
+					ForwardPerformanceSecondary: true,
+					DisplayAttrs:                &framework.DisplayAttributes{OperationVerb: "write"},
+					Responses: map[int][]framework.Response{
+						http.StatusNoContent: {{Description: "No Content"}},
+					},
+				},
+				logical.DeleteOperation: &framework.PathOperation{
+					Callback:                    b.pathRolesDelete,
+					Summary:                     "Delete a role with its cached credential and status.",
+					ForwardPerformanceStandby:   true,
+					ForwardPerformanceSecondary: true,
+					Responses: map[int][]framework.Response{
+						http.StatusNoContent: {{Description: "No Content"}},
+					},
+				},
+			},
+			HelpSynopsis:    pathRolesHelpSyn,
+			HelpDescription: pathRolesHelpDesc,
+		},
+	}
+}
+
+var roleResponseFields = map[string]*framework.FieldSchema{
+	"credential_type":   {Type: framework.TypeString, Description: "assumed_role, session_token or federation_token.", Required: true},
+	"role_arn":          {Type: framework.TypeString, Description: "ARN of the IAM role to assume.", Required: true},
+	"external_id":       {Type: framework.TypeString, Description: "External ID passed to AssumeRole.", Required: true},
+	"role_session_name": {Type: framework.TypeString, Description: "Session (or federated user) name sent to STS.", Required: true},
+	"policy_document":   {Type: framework.TypeString, Description: "Inline session policy.", Required: true},
+	"policy_arns":       {Type: framework.TypeCommaStringSlice, Description: "Managed session policy ARNs.", Required: true},
+	"session_tags":      {Type: framework.TypeKVPairs, Description: "Session tags.", Required: true},
+	"ttl":               {Type: framework.TypeDurationSecond, Description: "Requested credential lifetime in seconds.", Required: true},
+}
+
+func (b *backend) pathRolesExistenceCheck(ctx context.Context, req *logical.Request, data *framework.FieldData) (bool, error) {
+	role, err := getRole(ctx, req.Storage, data.Get("name").(string))
+	if err != nil {
+		return false, err
+	}
+	return role != nil, nil
+}
+
+func (b *backend) pathRolesList(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
+	names, err := req.Storage.List(ctx, rolePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing roles: %w", err)
+	}
+	return logical.ListResponse(names), nil
+}
+
+func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	name := data.Get("name").(string)
+	role, err := getRole(ctx, req.Storage, name)
+	if err != nil {
+		return nil, err
+	}
+	if role == nil {
+		return nil, nil
+	}
+	tags := role.SessionTags
+	if tags == nil {
+		tags = map[string]string{}
+	}
+	return &logical.Response{Data: map[string]interface{}{
+		"credential_type":   role.CredentialType,
+		"role_arn":          role.RoleARN,
+		"external_id":       role.ExternalID,
+		"role_session_name": role.sessionName(name),
+		"policy_document":   role.PolicyDocument,
+		"policy_arns":       nonNil(role.PolicyARNs),
+		"session_tags":      tags,
+		"ttl":               int64(role.TTL / time.Second),
+	}}, nil
+}
+
+func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	name := data.Get("name").(string)
+
+	// The store lock makes "load, change, store, drop the cache" one step
+	// against a cycle that is about to store a credential for this role.
+	lock := locksutil.LockForKey(b.storeLocks, name)
+	lock.Lock()
+	defer lock.Unlock()
+
+	old, err := getRole(ctx, req.Storage, name)
+	if err != nil {
+		return nil, err
+	}
+	role := &roleEntry{CredentialType: credentialTypeAssumedRole, TTL: defaultRoleTTL}
+	if old != nil {
+		copied := *old
+		role = &copied
+	}
+	if v, ok := data.GetOk("credential_type"); ok {
+		role.CredentialType = v.(string)
+	}
+	if v, ok := data.GetOk("role_arn"); ok {
+		role.RoleARN = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("external_id"); ok {
+		role.ExternalID = v.(string)
+	}
+	if v, ok := data.GetOk("role_session_name"); ok {
+		role.RoleSessionName = v.(string)
+	}
+	if v, ok := data.GetOk("policy_document"); ok {
+		role.PolicyDocument = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("policy_arns"); ok {
+		role.PolicyARNs = trimAll(v.([]string))
+	}
+	if v, ok := data.GetOk("session_tags"); ok {
+		role.SessionTags = v.(map[string]string)
+	}
+	if v, ok := data.GetOk("ttl"); ok {
+		role.TTL = time.Duration(v.(int)) * time.Second
+	}
+	if msg := role.validate(name); msg != "" {
+		return logical.ErrorResponse(msg), nil
+	}
+	role.normalize()
+
+	if old != nil && old.equal(role) {
+		return nil, nil
+	}
+	entry, err := logical.StorageEntryJSON(rolePrefix+name, role)
+	if err != nil {
+		return nil, err
+	}
+	if err := req.Storage.Put(ctx, entry); err != nil {
+		return nil, fmt.Errorf("writing role %q: %w", name, err)
+	}
+	// What the role issues changed (or the role is new): whatever is cached
+	// under this name was issued for another definition.
+	if err := b.dropCache(ctx, req.Storage, name); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.roles[name] = &roleState{role: role, gen: b.gens.Add(1)}
+	b.mu.Unlock()
+	return nil, nil
+}
+
+func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	name := data.Get("name").(string)
+	lock := locksutil.LockForKey(b.storeLocks, name)
+	lock.Lock()
+	defer lock.Unlock()
+
+	// Cache and status first: a role entry without a cache is a cold role,
+	// whereas a cache without a role would be an orphan nobody cleans up.
+	if err := b.dropCache(ctx, req.Storage, name); err != nil {
+		return nil, err
+	}
+	if err := req.Storage.Delete(ctx, rolePrefix+name); err != nil {
+		return nil, fmt.Errorf("deleting role %q: %w", name, err)
+	}
+	b.mu.Lock()
+	delete(b.roles, name)
+	b.mu.Unlock()
+	return nil, nil
+}
+
+// dropCache deletes the role's cached credential and status, in storage and
+// in memory, and cancels its scheduled refresh. Callers hold the store lock.
+func (b *backend) dropCache(ctx context.Context, s logical.Storage, name string) error {
+	if err := s.Delete(ctx, cachePrefix+name); err != nil {
+		return fmt.Errorf("deleting cached credential of role %q: %w", name, err)
+	}
+	if err := s.Delete(ctx, statusPrefix+name); err != nil {
+		return fmt.Errorf("deleting status of role %q: %w", name, err)
+	}
+	b.mu.Lock()
+	if rs := b.roles[name]; rs != nil {
+		rs.cred = nil
+		// A new generation stops a cycle already running for this name from
+		// storing what it fetches.
+		rs.gen = b.gens.Add(1)
+	}
+	b.mu.Unlock()
+	b.unschedule(name)
+	return nil
+}
+
+// roleEntry is the stored roles/<name>.
+type roleEntry struct {
+	CredentialType  string            `json:"credential_type"`
+	RoleARN         string            `json:"role_arn,omitempty"`
+	ExternalID      string            `json:"external_id,omitempty"`
+	RoleSessionName string            `json:"role_session_name,omitempty"`
+	PolicyDocument  string            `json:"policy_document,omitempty"`
+	PolicyARNs      []string          `json:"policy_arns,omitempty"`
+	SessionTags     map[string]string `json:"session_tags,omitempty"`
+	TTL             time.Duration     `json:"ttl"`
+}
+
+// validate returns a message naming what is wrong and what is allowed, or ""
+// when the role can be sent to STS as written.
+func (r *roleEntry) validate(name string) string {
+	switch r.CredentialType {
+	case credentialTypeAssumedRole:
+		if r.RoleARN == "" {
+			return "role_arn is required for credential_type assumed_role"
+		}
+		if !roleARNRegex.MatchString(r.RoleARN) {
+			return fmt.Sprintf("role_arn must be an IAM role ARN such as arn:aws:iam::123456789012:role/app; got %q", r.RoleARN)
+		}
+		if r.ExternalID != "" {
+			if n := utf8.RuneCountInString(r.ExternalID); n < 2 || n > 1224 || !externalIDRegex.MatchString(r.ExternalID) {
+				return `external_id must be 2 to 1224 characters matching [\w+=,.@:/-]`
+			}
+		}
+	case credentialTypeSessionToken, credentialTypeFederationToken:
+		if r.RoleARN != "" {
+			return fmt.Sprintf("role_arn is only valid for credential_type assumed_role, not %s", r.CredentialType)
+		}
+		if r.ExternalID != "" {
+			return fmt.Sprintf("external_id is only valid for credential_type assumed_role, not %s", r.CredentialType)
+		}
+	default:
+		return fmt.Sprintf("credential_type must be one of assumed_role, session_token, federation_token; got %q", r.CredentialType)
+	}
+
+	if r.CredentialType == credentialTypeSessionToken {
+		// GetSessionToken takes no name, policy or tags.
+		if r.RoleSessionName != "" {
+			return "role_session_name is not valid for credential_type session_token"
+		}
+		if r.PolicyDocument != "" || len(r.PolicyARNs) != 0 {
+			return "policy_document and policy_arns are not valid for credential_type session_token"
+		}
+		if len(r.SessionTags) != 0 {
+			return "session_tags are not valid for credential_type session_token"
+		}
+	} else {
+		maxLen := maxSessionNameLength
+		if r.CredentialType == credentialTypeFederationToken {
+			maxLen = maxFederationName
+		}
+		sn := r.sessionName(name)
+		if len(sn) < 2 || len(sn) > maxLen || !sessionNameRegex.MatchString(sn) {
+			return fmt.Sprintf(`role_session_name must be 2 to %d characters matching [\w+=,.@-] for %s; got %q`, maxLen, r.CredentialType, sn)
+		}
+	}
+
+	if r.PolicyDocument != "" {
+		var obj map[string]interface{}
+		if err := json.Unmarshal([]byte(r.PolicyDocument), &obj); err != nil || obj == nil {
+			return "policy_document must be a JSON object"
+		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, []byte(r.PolicyDocument)); err != nil {
+			return "policy_document must be a JSON object"
+		}
+		if compact.Len() > maxPolicyLength {
+			return fmt.Sprintf("policy_document must be at most %d characters without whitespace; got %d", maxPolicyLength, compact.Len())
+		}
+	}
+	if len(r.PolicyARNs) > maxPolicyARNs {
+		return fmt.Sprintf("policy_arns takes at most %d ARNs; got %d", maxPolicyARNs, len(r.PolicyARNs))
+	}
+	for _, a := range r.PolicyARNs {
+		if len(a) > 2048 || !policyARNRegex.MatchString(a) {
+			return fmt.Sprintf("policy_arns must be IAM policy ARNs such as arn:aws:iam::aws:policy/ReadOnlyAccess; got %q", a)
+		}
+	}
+	if len(r.SessionTags) > maxSessionTags {
+		return fmt.Sprintf("session_tags takes at most %d tags; got %d", maxSessionTags, len(r.SessionTags))
+	}
+	for k, v := range r.SessionTags {
+		if n := utf8.RuneCountInString(k); n < 1 || n > 128 || !tagRegex.MatchString(k) {
+			return `session_tags keys must be 1 to 128 characters of letters, digits, spaces and _.:/=+-@`
+		}
+		if utf8.RuneCountInString(v) > 256 || !tagRegex.MatchString(v) {
+			return `session_tags values must be at most 256 characters of letters, digits, spaces and _.:/=+-@`
+		}
+	}
+	if r.TTL < minRoleTTL || r.TTL > maxRoleTTL {
+		return fmt.Sprintf("ttl must be between %s and %s; got %s", minRoleTTL, maxRoleTTL, r.TTL)
+	}
+	return ""
+}
+
+// normalize stores the policy compacted and empty collections as nil, so
+// that equal definitions compare equal. Call only after validate.
+func (r *roleEntry) normalize() {
+	if r.PolicyDocument != "" {
+		var compact bytes.Buffer
+		if json.Compact(&compact, []byte(r.PolicyDocument)) == nil {
+			r.PolicyDocument = compact.String()
+		}
+	}
+	if len(r.PolicyARNs) == 0 {
+		r.PolicyARNs = nil
+	}
+	if len(r.SessionTags) == 0 {
+		r.SessionTags = nil
+	}
+}
+
+// equal reports whether two definitions issue the same credentials.
+func (r *roleEntry) equal(o *roleEntry) bool {
+	if r == nil || o == nil {
+		return r == o
+	}
+	return reflect.DeepEqual(r, o)
+}
+
+// sessionName is the RoleSessionName (or federated user Name) sent to STS:
+// the configured one, or vault-<role name> cut to the length STS allows.
+func (r *roleEntry) sessionName(name string) string {
+	if r.RoleSessionName != "" {
+		return r.RoleSessionName
+	}
+	if r.CredentialType == credentialTypeSessionToken {
+		return ""
+	}
+	sn := "vault-" + name
+	maxLen := maxSessionNameLength
+	if r.CredentialType == credentialTypeFederationToken {
+		maxLen = maxFederationName
+	}
+	if len(sn) > maxLen {
+		sn = sn[:maxLen]
+	}
+	return sn
+}
+
+// getRole returns the stored role, or nil, nil when there is none.
+func getRole(ctx context.Context, s logical.Storage, name string) (*roleEntry, error) {
+	entry, err := s.Get(ctx, rolePrefix+name)
+	if err != nil {
+		return nil, fmt.Errorf("reading role %q: %w", name, err)
+	}
+	if entry == nil {
+		return nil, nil
+	}
+	role := new(roleEntry)
+	if err := entry.DecodeJSON(role); err != nil {
+		return nil, fmt.Errorf("decoding role %q: %w", name, err)
+	}
+	return role, nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+const pathRolesListHelpSyn = `List the roles.`
+
+const pathRolesListHelpDesc = `Lists the names of all roles defined on this mount.`
+
+const pathRolesHelpSyn = `Manage the roles whose credentials the plugin caches and refreshes.`
+
+const pathRolesHelpDesc = `
+A role says what STS call issues its credential:
+
+  credential_type=assumed_role      AssumeRole on role_arn (with external_id,
+                                    role_session_name, policy_document,
+                                    policy_arns, session_tags)
+  credential_type=session_token     GetSessionToken for the configured keys
+  credential_type=federation_token  GetFederationToken, named by
+                                    role_session_name (2-32 characters)
+
+ttl is the requested lifetime, 900s to 12h (default 1h); STS may cap it.
+role_session_name defaults to vault-<role name>.
+
+Any change to what a role issues drops its cached credential, so the next
+read fetches one for the new definition. Deleting a role deletes its cached
+credential and status.
+`

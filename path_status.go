@@ -1,0 +1,236 @@
+package awsresilient
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/framework"
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// States reported by status/<name>.
+const (
+	stateFresh      = "fresh"      // valid, not yet due for refresh, last cycle succeeded
+	stateRefreshing = "refreshing" // a cycle is running on this node
+	stateStale      = "stale"      // valid, but due or the last cycle failed
+	stateExpired    = "expired"    // a credential is cached but expired
+	stateEmpty      = "empty"      // nothing cached
+)
+
+func pathsStatus(b *backend) []*framework.Path {
+	return []*framework.Path{
+		{
+			Pattern: "status/?$",
+			DisplayAttrs: &framework.DisplayAttributes{
+				OperationPrefix: operationPrefixAWSResilient,
+				OperationSuffix: "statuses",
+			},
+			Operations: map[logical.Operation]framework.OperationHandler{
+				logical.ListOperation: &framework.PathOperation{
+					Callback: b.pathStatusList,
+					Summary:  "List every role with its refresh state.",
+					Responses: map[int][]framework.Response{
+						http.StatusOK: {{
+							Description: "OK",
+							Fields: map[string]*framework.FieldSchema{
+								"keys":     {Type: framework.TypeStringSlice, Description: "Role names."},
+								"key_info": {Type: framework.TypeMap, Description: "Per role: state, expiration and next_refresh."},
+							},
+						}},
+					},
+				},
+			},
+			HelpSynopsis:    pathStatusListHelpSyn,
+			HelpDescription: pathStatusListHelpDesc,
+		},
+		{
+			Pattern: "status/" + framework.GenericNameRegex("name"),
+			DisplayAttrs: &framework.DisplayAttributes{
+				OperationPrefix: operationPrefixAWSResilient,
+				OperationSuffix: "status",
+			},
+			Fields: map[string]*framework.FieldSchema{
+				"name": {
+					Type:        framework.TypeString,
+					Description: "Name of the role.",
+					Required:    true,
+				},
+			},
+			Operations: map[logical.Operation]framework.OperationHandler{
+				logical.ReadOperation: &framework.PathOperation{
+					Callback: b.pathStatusRead,
+					Summary:  "Read the role's refresh state.",
+					Responses: map[int][]framework.Response{
+						http.StatusOK: {{Description: "OK", Fields: statusResponseFields}},
+					},
+				},
+			},
+			HelpSynopsis:    pathStatusHelpSyn,
+			HelpDescription: pathStatusHelpDesc,
+		},
+	}
+}
+
+var statusResponseFields = map[string]*framework.FieldSchema{
+	"state":               {Type: framework.TypeString, Description: "fresh, refreshing, stale, expired or empty.", Required: true},
+	"expiration":          {Type: framework.TypeString, Description: "When the cached credential expires (RFC 3339); empty when nothing is cached.", Required: true},
+	"issued_at":           {Type: framework.TypeString, Description: "When the cached credential was fetched (RFC 3339).", Required: true},
+	"next_refresh":        {Type: framework.TypeString, Description: "When the next refresh cycle starts (RFC 3339); empty when none is scheduled.", Required: true},
+	"last_attempt":        {Type: framework.TypeString, Description: "Time of the last STS attempt (RFC 3339).", Required: true},
+	"last_success":        {Type: framework.TypeString, Description: "Time of the last successful refresh (RFC 3339).", Required: true},
+	"attempts_last_cycle": {Type: framework.TypeInt, Description: "Attempts made in the last refresh cycle.", Required: true},
+	"failed_cycles":       {Type: framework.TypeInt, Description: "Consecutive failed cycles since the last success.", Required: true},
+	"last_error":          {Type: framework.TypeString, Description: "AWS error code and message of the last failed cycle; empty after a success.", Required: true},
+}
+
+func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
+	names, err := req.Storage.List(ctx, rolePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing roles: %w", err)
+	}
+	sort.Strings(names)
+	info := make(map[string]interface{}, len(names))
+	for _, name := range names {
+		data, err := b.statusData(ctx, req.Storage, name)
+		if err != nil {
+			return nil, err
+		}
+		if data == nil {
+			continue
+		}
+		info[name] = map[string]interface{}{
+			"state":        data["state"],
+			"expiration":   data["expiration"],
+			"next_refresh": data["next_refresh"],
+		}
+	}
+	return logical.ListResponseWithInfo(names, info), nil
+}
+
+func (b *backend) pathStatusRead(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	name := data.Get("name").(string)
+	d, err := b.statusData(ctx, req.Storage, name)
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return logical.ErrorResponse("role %q not found", name), nil
+	}
+	return &logical.Response{Data: d}, nil
+}
+
+// statusData assembles status/<name>: the credential from the mirror, the
+// refresher's record from storage, the schedule and state from this node.
+func (b *backend) statusData(ctx context.Context, s logical.Storage, name string) (map[string]interface{}, error) {
+	role, cred, _, err := b.lookupOrLoad(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	if role == nil {
+		return nil, nil
+	}
+	st, err := getStatus(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		st = &statusEntry{}
+	}
+	now := b.clock.Now()
+	next := st.NextRefresh
+	if at, ok := b.scheduledAt(name); ok {
+		next = at
+	}
+
+	state := stateFresh
+	switch {
+	case b.inFlight(name):
+		state = stateRefreshing
+	case cred == nil:
+		state = stateEmpty
+	case !cred.validAt(now):
+		state = stateExpired
+	case st.FailedCycles > 0 || (!next.IsZero() && !now.Before(next)):
+		state = stateStale
+	}
+
+	d := map[string]interface{}{
+		"state":               state,
+		"expiration":          "",
+		"issued_at":           "",
+		"next_refresh":        formatTime(next),
+		"last_attempt":        formatTime(st.LastAttempt),
+		"last_success":        formatTime(st.LastSuccess),
+		"attempts_last_cycle": st.AttemptsLastCycle,
+		"failed_cycles":       st.FailedCycles,
+		"last_error":          st.LastError,
+	}
+	if cred != nil {
+		d["expiration"] = formatTime(cred.Expiration)
+		d["issued_at"] = formatTime(cred.IssuedAt)
+	}
+	return d, nil
+}
+
+// formatTime is RFC 3339 with nanoseconds, so that a status read shows the
+// refresher's times exactly; "" for the zero time.
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// statusEntry is the stored status/<name>, written only by the refresher.
+type statusEntry struct {
+	NextRefresh       time.Time `json:"next_refresh"`
+	LastAttempt       time.Time `json:"last_attempt"`
+	LastSuccess       time.Time `json:"last_success"`
+	AttemptsLastCycle int       `json:"attempts_last_cycle"`
+	FailedCycles      int       `json:"failed_cycles"`
+	LastError         string    `json:"last_error"`
+}
+
+// getStatus returns the stored status, or nil, nil when there is none.
+func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntry, error) {
+	entry, err := s.Get(ctx, statusPrefix+name)
+	if err != nil {
+		return nil, fmt.Errorf("reading status of role %q: %w", name, err)
+	}
+	if entry == nil {
+		return nil, nil
+	}
+	st := new(statusEntry)
+	if err := entry.DecodeJSON(st); err != nil {
+		return nil, fmt.Errorf("decoding status of role %q: %w", name, err)
+	}
+	return st, nil
+}
+
+const pathStatusListHelpSyn = `List every role with its refresh state.`
+
+const pathStatusListHelpDesc = `
+Lists role names; key_info gives each role's state, expiration and
+next_refresh. See status/<name> for the meaning of each state.
+`
+
+const pathStatusHelpSyn = `Read how the refresher is doing for a role.`
+
+const pathStatusHelpDesc = `
+state is one of:
+  fresh       a valid credential is cached and not yet due for refresh
+  refreshing  a refresh cycle is running now (on this node)
+  stale       a valid credential is cached, but it is due for refresh or the
+              last cycle failed; it is still served
+  expired     the cached credential has expired; reads answer 503 until a
+              refresh succeeds
+  empty       nothing is cached yet (first read pending, or a role change)
+
+expiration and issued_at describe the cached credential; next_refresh is when
+the next cycle starts; last_attempt, last_success, attempts_last_cycle,
+failed_cycles (consecutive, since the last success) and last_error (AWS error
+code and message, never a secret) describe the refresher's recent work.
+`

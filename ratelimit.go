@@ -1,0 +1,81 @@
+package awsresilient
+
+import (
+	"sync"
+	"time"
+)
+
+// rateLimiter is the one cap on STS calls per second across every role of the
+// mount. It is a token bucket written as GCRA (generic cell rate algorithm)
+// on the backend's clock, in whole nanoseconds: a float bucket drifts, and the
+// tests check slot times exactly. In any interval of length t it grants at
+// most burst + t/interval calls.
+//
+// Callers reserve a slot and then wait for it on the clock. A reservation that
+// would land after the caller's deadline (the end of its retry block) is
+// refused and consumes nothing, so a herd of roles queues inside its blocks
+// instead of failing, and a refused role simply tries again in its next block.
+type rateLimiter struct {
+	// mu guards interval, burst and tat.
+	mu sync.Mutex
+	// interval is the time one call costs (1/rate); 0 means no cap.
+	interval time.Duration
+	// burst is how many calls may go at once after a quiet period.
+	burst int64
+	// tat is the theoretical arrival time: when the bucket will be empty
+	// again if nobody else reserves a slot.
+	tat time.Time
+}
+
+func newRateLimiter(rate float64, burst int) *rateLimiter {
+	l := &rateLimiter{}
+	l.setLimit(rate, burst)
+	return l
+}
+
+// setLimit changes the rate (calls per second; 0 means no cap) and burst.
+// Slots already granted stay granted.
+func (l *rateLimiter) setLimit(rate float64, burst int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rate <= 0 {
+		l.interval = 0
+	} else {
+		l.interval = time.Duration(float64(time.Second) / rate)
+		if l.interval <= 0 {
+			l.interval = 1
+		}
+	}
+	if burst < 1 {
+		// Config validation requires a burst of at least 1 with a rate; this
+		// only guards against a zero-value limiter.
+		burst = 1
+	}
+	l.burst = int64(burst)
+}
+
+// reserve returns the time at which the caller may make one STS call, at or
+// after now. ok is false, and nothing is consumed, when that time would be
+// after deadline.
+func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.interval == 0 {
+		return now, true
+	}
+	tat := l.tat
+	if tat.Before(now) {
+		tat = now
+	}
+	// The call may go once the bucket holds no more than burst-1 earlier
+	// calls, i.e. (burst-1) intervals before the theoretical arrival time.
+	at = tat.Add(-time.Duration(l.burst-1) * l.interval)
+	if at.Before(now) {
+		at = now
+	}
+	if at.After(deadline) {
+		return time.Time{}, false
+	}
+	l.tat = tat.Add(l.interval)
+	return at, true
+}
