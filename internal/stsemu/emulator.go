@@ -279,10 +279,11 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // reply is a finished STS response waiting for the latency to pass.
 type reply struct {
-	status  int
-	body    []byte
-	outcome string
-	reset   bool // answer with a TCP RST instead of a response
+	status    int
+	body      []byte
+	outcome   string
+	reset     bool // answer with a TCP RST instead of a response
+	abandoned bool // the client left (or the emulator closed) during a hang
 }
 
 func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
@@ -308,13 +309,10 @@ func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
 		rep = e.process(r, body, params, action, reqID, now, s)
 	}
 
-	if rep.outcome == "hang-gone" || (s.latency > 0 && !e.wait(r.Context(), s.latency)) {
+	if rep.abandoned || (s.latency > 0 && !e.wait(r.Context(), s.latency)) {
 		// The client gave up or the emulator is closing. Returning normally
 		// would make net/http send an empty 200, which a client could take
 		// for success, so drop the connection instead.
-		if rep.outcome == "hang-gone" {
-			rep.outcome = string(FaultHang)
-		}
 		e.finish(now, started, action, rep.outcome, roleArn, akid, 0)
 		resetConnection(w)
 		return
@@ -382,10 +380,11 @@ func (e *Emulator) process(r *http.Request, body []byte, params url.Values, acti
 		return reply{status: http.StatusOK, body: malformedBody(action), outcome: string(FaultMalformed)}
 	case FaultHang:
 		if !e.wait(r.Context(), s.hang) {
-			return reply{outcome: "hang-gone"}
+			return reply{outcome: string(FaultHang), abandoned: true}
 		}
-		// Once the hang is over the call proceeds normally: a very slow STS.
-		rep := e.serveAction(r, body, params, action, reqID, now, s, handler)
+		// Once the hang is over the call proceeds normally, as a very slow
+		// STS would: signature time and expiry count from the answer.
+		rep := e.serveAction(r, body, params, action, reqID, e.now(), s, handler)
 		if rep.outcome == "ok" {
 			rep.outcome = string(FaultHang)
 		}
