@@ -1,0 +1,331 @@
+package vaulttest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ClusterOptions configures StartCluster.
+type ClusterOptions struct {
+	// Nodes is the number of Vault servers (default 3: the smallest cluster
+	// that keeps quorum when one node dies).
+	Nodes int
+	// LogLevel is every node's -log-level (default $VAULTTEST_LOG_LEVEL, else
+	// "info": three servers at debug cost a 2-core machine noticeable CPU).
+	LogLevel string
+	// Env is extra environment for every server.
+	Env []string
+}
+
+// Cluster is a set of Vault servers sharing integrated Raft storage: node 1
+// is initialised, the others join it with retry_join, and every node is
+// unsealed with the same keys.
+type Cluster struct {
+	// Nodes are the servers in node-id order (node1, node2, ...).
+	Nodes []*Server
+}
+
+// StartCluster starts opts.Nodes Vault servers on loopback with raft
+// storage, initialises node 1, joins and unseals the others, and returns
+// once every node is a healthy raft voter, so that losing any one node
+// keeps quorum.
+//
+// Raft runs with performance_multiplier = 1 (Vault's default of 5 is meant
+// for busy WAN links; on loopback it only makes an election take 5 times as
+// long) and autopilot checks every second, so a failover and a rejoin take
+// seconds, not tens of seconds.
+func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
+	tb.Helper()
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = os.Getenv("VAULTTEST_LOG_LEVEL")
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "info"
+	}
+	bin := VaultBin(tb)
+	ports := freePorts(tb, 2*opts.Nodes)
+	c := &Cluster{}
+	for i := 0; i < opts.Nodes; i++ {
+		dir := tb.TempDir()
+		s := &Server{
+			Addr:        fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
+			ClusterAddr: fmt.Sprintf("https://127.0.0.1:%d", ports[2*i+1]),
+			Dir:         dir,
+			PluginDir:   filepath.Join(dir, "plugins"),
+			opts:        ServerOptions{Storage: "raft", NodeID: fmt.Sprintf("node%d", i+1), LogLevel: opts.LogLevel, Env: opts.Env, Dir: dir},
+			bin:         bin,
+			client:      &http.Client{Timeout: 90 * time.Second},
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	for i, s := range c.Nodes {
+		var join []string
+		if i > 0 {
+			// Every other node, not just node 1: a node restarted after
+			// node 1 died must still find a leader if it has to join anew.
+			for j, o := range c.Nodes {
+				if j != i {
+					join = append(join, o.Addr)
+				}
+			}
+		}
+		cfg := filepath.Join(s.Dir, "vault.hcl")
+		if err := os.MkdirAll(s.PluginDir, 0o700); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(s.Dir, "raft"), 0o700); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(cfg, []byte(clusterNodeHCL(s, join)), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+		// All processes start at once: the joiners retry until node 1 is
+		// initialised, which saves their start-up time.
+		s.Process = StartProcess(tb, "vault-"+s.opts.NodeID, s.Dir, cleanEnv(opts.Env...), bin,
+			"server", "-config="+cfg, "-log-level="+opts.LogLevel)
+	}
+
+	first := c.Nodes[0]
+	if code := first.waitHealth(tb, 60*time.Second, func(code int) bool { return code != 0 }); code != 501 {
+		tb.Fatalf("vault at %s: expected an uninitialised server (501), sys/health says %d", first.Addr, code)
+	}
+	first.initialize(tb)
+	first.Unseal(tb)
+	first.WaitActive(tb, 90*time.Second)
+	// Autopilot promotes a joined node to voter only after it has been
+	// healthy for server_stabilization_time (10s by default). A few seconds
+	// are plenty on loopback and save most of that wait.
+	first.CLI(tb, "operator", "raft", "autopilot", "set-config", "-server-stabilization-time=2s")
+
+	for _, s := range c.Nodes[1:] {
+		s.token, s.unsealKeys = first.token, first.unsealKeys
+		// Unseal retries while retry_join is still reaching the leader.
+		s.Unseal(tb)
+	}
+	for _, s := range c.Nodes[1:] {
+		s.waitHealth(tb, 90*time.Second, func(code int) bool { return code == 429 || code == 473 })
+	}
+	c.WaitVoters(tb, 90*time.Second)
+	return c
+}
+
+// clusterNodeHCL is a node's server configuration. The plugin directory is
+// per node: the catalog is replicated, binaries are not.
+func clusterNodeHCL(s *Server, join []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "plugin_directory = %q\n", s.PluginDir)
+	fmt.Fprintf(&b, "disable_mlock = true\nui = false\napi_addr = %q\ncluster_addr = %q\n", s.Addr, s.ClusterAddr)
+	fmt.Fprintf(&b, "listener \"tcp\" {\n  address = %q\n  cluster_address = %q\n  tls_disable = true\n}\n",
+		strings.TrimPrefix(s.Addr, "http://"), strings.TrimPrefix(s.ClusterAddr, "https://"))
+	fmt.Fprintf(&b, "storage \"raft\" {\n  path = %q\n  node_id = %q\n", filepath.Join(s.Dir, "raft"), s.opts.NodeID)
+	b.WriteString("  performance_multiplier = 1\n")
+	// Autopilot's health view (used by WaitVoters and for promotions)
+	// updates every second instead of every 2s/10s.
+	b.WriteString("  autopilot_update_interval = \"1s\"\n  autopilot_reconcile_interval = \"1s\"\n")
+	for _, addr := range join {
+		fmt.Fprintf(&b, "  retry_join {\n    leader_api_addr = %q\n  }\n", addr)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago;
+// all listeners are held until every port is chosen, so none repeats.
+func freePorts(tb testing.TB, n int) []int {
+	tb.Helper()
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+// Active returns the node that reports itself active in sys/health, or nil
+// when none does (an election in progress).
+func (c *Cluster) Active() *Server {
+	for _, s := range c.Nodes {
+		if s.Process.Running() && s.Health() == 200 {
+			return s
+		}
+	}
+	return nil
+}
+
+// WaitActive waits until a running node is active and returns it.
+func (c *Cluster) WaitActive(tb testing.TB, timeout time.Duration) *Server {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if s := c.Active(); s != nil {
+			return s
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("no active Vault node within %s", timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Standbys returns the running nodes other than active.
+func (c *Cluster) Standbys(active *Server) []*Server {
+	var out []*Server
+	for _, s := range c.Nodes {
+		if s != active && s.Process.Running() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// AutopilotServer is one server of GET sys/storage/raft/autopilot/state.
+type AutopilotServer struct {
+	ID          string `json:"id"`
+	Status      string `json:"status"` // "leader", "voter", "non-voter"
+	Healthy     bool   `json:"healthy"`
+	LastIndex   uint64 `json:"last_index"`
+	LastContact string `json:"last_contact"`
+}
+
+// AutopilotState is GET sys/storage/raft/autopilot/state.
+type AutopilotState struct {
+	Healthy          bool                       `json:"healthy"`
+	FailureTolerance int                        `json:"failure_tolerance"`
+	Leader           string                     `json:"leader"`
+	Servers          map[string]AutopilotServer `json:"servers"`
+}
+
+// Autopilot returns autopilot's view of the cluster from the active node.
+func (c *Cluster) Autopilot(tb testing.TB) AutopilotState {
+	tb.Helper()
+	var out struct {
+		Data AutopilotState `json:"data"`
+	}
+	a := c.WaitActive(tb, 60*time.Second)
+	if code := a.API(tb, http.MethodGet, "sys/storage/raft/autopilot/state", nil, &out); code != 200 {
+		tb.Fatalf("sys/storage/raft/autopilot/state: HTTP %d", code)
+	}
+	return out.Data
+}
+
+// WaitVoters waits until autopilot reports every node healthy and a voter
+// (or the leader), with the same raft index as the leader: the cluster
+// tolerates the loss of one node and no node is behind.
+func (c *Cluster) WaitVoters(tb testing.TB, timeout time.Duration) AutopilotState {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st := c.Autopilot(tb)
+		ok, why := st.Healthy, "autopilot reports the cluster unhealthy"
+		if ok && len(st.Servers) != len(c.Nodes) {
+			ok, why = false, fmt.Sprintf("autopilot knows %d servers, want %d", len(st.Servers), len(c.Nodes))
+		}
+		if ok {
+			var leaderIndex uint64
+			for _, s := range st.Servers {
+				if s.Status == "leader" {
+					leaderIndex = s.LastIndex
+				}
+			}
+			for id, s := range st.Servers {
+				switch {
+				case !s.Healthy:
+					ok, why = false, id+" is not healthy"
+				case s.Status != "leader" && s.Status != "voter":
+					ok, why = false, id+" is "+s.Status
+				case leaderIndex > s.LastIndex+1:
+					// One entry of slack: the leader may have appended an
+					// entry the follower acknowledges a heartbeat later.
+					ok, why = false, fmt.Sprintf("%s is at raft index %d, the leader at %d", id, s.LastIndex, leaderIndex)
+				}
+			}
+		}
+		if ok {
+			return st
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("raft cluster not fully healthy within %s: %s", timeout, why)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// RestartNode starts a stopped or killed node again with its configuration
+// and raft data, unseals it and waits until it serves as a standby: it
+// rejoins from the raft membership it persisted.
+func (c *Cluster) RestartNode(tb testing.TB, s *Server) {
+	tb.Helper()
+	s.Process.Restart(tb)
+	s.waitHealth(tb, 60*time.Second, func(code int) bool { return code != 0 })
+	s.Unseal(tb)
+	s.waitHealth(tb, 90*time.Second, func(code int) bool { return code == 429 || code == 473 || code == 200 })
+}
+
+// SetupPlugin copies the plugin built for version into every node's plugin
+// directory (the catalog is replicated, binaries are not), registers it by
+// sha256 and version through the active node and mounts it at MountPath.
+func (c *Cluster) SetupPlugin(tb testing.TB, version string, env ...string) {
+	tb.Helper()
+	if version == "" {
+		version = DefaultPluginVersion
+	}
+	bin := PluginBin(tb, version)
+	command := PluginBinaryName + "_" + version
+	for _, s := range c.Nodes[1:] {
+		s.InstallPlugin(tb, bin, command)
+	}
+	a := c.WaitActive(tb, 60*time.Second)
+	a.RegisterPlugin(tb, bin, PluginOptions{Version: version, Command: command, Env: env})
+	for _, s := range c.Nodes {
+		if _, err := os.Stat(filepath.Join(s.PluginDir, command)); err != nil {
+			tb.Fatalf("plugin not installed on %s: %v", s.opts.NodeID, err)
+		}
+	}
+	a.EnablePlugin(tb, MountPath, version)
+}
+
+// NodeID returns the server's raft node id.
+func (s *Server) NodeID() string { return s.opts.NodeID }
+
+// Get sends GET /v1/<path> with the root token through the given client and
+// returns the status code and body; a transport error is returned, not
+// fatal, so that callers can poll through an election. The body may hold
+// secrets: never log it.
+func (s *Server) Get(client *http.Client, path string) (int, []byte, error) {
+	req, err := http.NewRequest(http.MethodGet, s.Addr+"/v1/"+strings.TrimPrefix(path, "/"), nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("X-Vault-Token", s.token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// ErrorMessages returns Vault's {"errors":[...]} from a response body, and
+// nothing else of it (the rest may hold secrets).
+func ErrorMessages(body []byte) string { return errorsOf(body) }
