@@ -71,6 +71,8 @@ type backendOptions struct {
 	// wrapSTS, when set, wraps each STS client as it is built; endpoint is
 	// the configured URL ("" for the SDK default).
 	wrapSTS func(endpoint string, api stsAPI) stsAPI
+	// onFlight, when set, is told of every refresh cycle as it starts.
+	onFlight func(name string, f *flight)
 }
 
 type backend struct {
@@ -83,6 +85,7 @@ type backend struct {
 	rand      randSource
 	testHooks bool
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
+	onFlight  func(name string, f *flight)
 
 	// mu guards roles: the in-memory mirror of roles/ and cache/ that lets a
 	// cached creds read cost one map lookup and no storage call.
@@ -145,6 +148,7 @@ func newBackend(opts backendOptions) *backend {
 		rand:       opts.rand,
 		testHooks:  opts.testHooks,
 		wrapSTS:    opts.wrapSTS,
+		onFlight:   opts.onFlight,
 		roles:      make(map[string]*roleState),
 		refreshCfg: defaultRefreshConfig(),
 		storeLocks: locksutil.CreateLocks(),

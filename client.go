@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"syscall"
 	"time"
@@ -96,15 +97,20 @@ func (b *backend) stsEndpoints(ctx context.Context) ([]*stsEndpoint, error) {
 		if err != nil {
 			return nil, &refreshError{Code: "ClientConfigError", Message: sanitizeMessage(err.Error(), cfg.SecretKey), cause: err}
 		}
-		// The SDK's own HTTP client honours AWS_CA_BUNDLE and proxy settings;
-		// freezing it yields a plain *http.Client whose idle connections
-		// resetClients can close.
+		// Start from the SDK's own transport, which honours AWS_CA_BUNDLE and
+		// the proxy settings, but own the *http.Transport so that
+		// resetClients can close its idle connections (the SDK's client
+		// wraps its transport in a type that cannot).
+		tr := awshttp.NewBuildableClient().GetTransport()
 		if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
-			awsCfg.HTTPClient = bc.Freeze()
+			tr = bc.GetTransport()
 		}
-		if c, ok := awsCfg.HTTPClient.(idleCloser); ok {
-			closers = append(closers, c)
+		awsCfg.HTTPClient = &http.Client{
+			Transport: tr,
+			// STS never redirects; following one could leak a signed request.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
+		closers = append(closers, tr)
 		endpoint := u
 		var api stsAPI = sts.NewFromConfig(awsCfg, func(o *sts.Options) {
 			if endpoint != "" {

@@ -56,6 +56,9 @@ func (b *backend) startFlight(name string) *flight {
 		return f
 	}
 	b.flights[name] = f
+	if b.onFlight != nil {
+		b.onFlight(name, f)
+	}
 	return f
 }
 

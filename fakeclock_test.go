@@ -1,0 +1,256 @@
+package awsresilient
+
+import (
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// waitLimit bounds how long (in real time) a test waits for goroutines to
+// reach a state before it fails. It is a deadlock guard, never a way to let
+// behaviour happen: every wait below returns as soon as its condition holds.
+const waitLimit = 20 * time.Second
+
+// fakeClock is a clock that moves only when the test says so. Timers fire in
+// deadline order as it advances; a test waits with BlockUntil until the
+// goroutines under test have reached their timers, so schedules are driven
+// exactly and without real sleeps.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	seq     int
+	timers  []*fakeTimer
+	changed chan struct{} // closed and replaced whenever timers change
+}
+
+type fakeTimer struct {
+	c        *fakeClock
+	deadline time.Time
+	seq      int
+	ch       chan time.Time
+	fn       func()
+}
+
+func newFakeClock(start time.Time) *fakeClock {
+	return &fakeClock{now: start, changed: make(chan struct{})}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTimer(d time.Duration) timer {
+	return c.add(d, nil)
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) timer {
+	return c.add(d, f)
+}
+
+func (c *fakeClock) add(d time.Duration, fn func()) *fakeTimer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{c: c, deadline: c.now.Add(d), fn: fn}
+	if fn == nil {
+		t.ch = make(chan time.Time, 1)
+	}
+	if d <= 0 {
+		t.fire(c.now)
+		return t
+	}
+	c.seq++
+	t.seq = c.seq
+	c.timers = append(c.timers, t)
+	c.notifyLocked()
+	return t
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.ch }
+
+func (t *fakeTimer) Stop() bool {
+	c := t.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, x := range c.timers {
+		if x == t {
+			c.timers = append(c.timers[:i], c.timers[i+1:]...)
+			c.notifyLocked()
+			return true
+		}
+	}
+	return false
+}
+
+func (t *fakeTimer) fire(now time.Time) {
+	if t.fn != nil {
+		go t.fn()
+		return
+	}
+	t.ch <- now
+}
+
+func (c *fakeClock) notifyLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// Pending returns the number of timers waiting to fire.
+func (c *fakeClock) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
+// Next returns the earliest pending deadline.
+func (c *fakeClock) Next() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.timers) == 0 {
+		return time.Time{}, false
+	}
+	return c.earliestLocked().deadline, true
+}
+
+func (c *fakeClock) earliestLocked() *fakeTimer {
+	sort.Slice(c.timers, func(i, j int) bool {
+		if !c.timers[i].deadline.Equal(c.timers[j].deadline) {
+			return c.timers[i].deadline.Before(c.timers[j].deadline)
+		}
+		return c.timers[i].seq < c.timers[j].seq
+	})
+	return c.timers[0]
+}
+
+// AdvanceTo moves the clock to t, firing every timer due by then in
+// deadline order, with the clock at each timer's deadline as it fires.
+func (c *fakeClock) AdvanceTo(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.timers) > 0 {
+		next := c.earliestLocked()
+		if next.deadline.After(t) {
+			break
+		}
+		c.timers = c.timers[1:]
+		if next.deadline.After(c.now) {
+			c.now = next.deadline
+		}
+		next.fire(c.now)
+	}
+	if t.After(c.now) {
+		c.now = t
+	}
+	c.notifyLocked()
+}
+
+// Advance moves the clock forward by d.
+func (c *fakeClock) Advance(d time.Duration) { c.AdvanceTo(c.Now().Add(d)) }
+
+// AdvanceToNext moves the clock to the earliest pending deadline and fires
+// the timers due then. It returns that deadline.
+func (c *fakeClock) AdvanceToNext(tb testing.TB) time.Time {
+	tb.Helper()
+	next, ok := c.Next()
+	if !ok {
+		tb.Fatal("fake clock: no pending timer to advance to")
+	}
+	c.AdvanceTo(next)
+	return next
+}
+
+// BlockUntil waits until at least n timers are pending.
+func (c *fakeClock) BlockUntil(tb testing.TB, n int) {
+	tb.Helper()
+	c.waitFor(tb, func() bool { return len(c.timers) >= n }, func() string {
+		return "timers pending: " + strconv.Itoa(len(c.timers)) + ", want " + strconv.Itoa(n)
+	})
+}
+
+// BlockUntilAfter waits until a timer is pending with a deadline after t.
+func (c *fakeClock) BlockUntilAfter(tb testing.TB, t time.Time) {
+	tb.Helper()
+	c.waitFor(tb, func() bool {
+		for _, x := range c.timers {
+			if x.deadline.After(t) {
+				return true
+			}
+		}
+		return false
+	}, func() string { return "no timer after " + t.String() })
+}
+
+// waitFor waits, without polling, until cond (called with c.mu held) holds.
+func (c *fakeClock) waitFor(tb testing.TB, cond func() bool, describe func() string) {
+	tb.Helper()
+	deadline := time.NewTimer(waitLimit)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		if cond() {
+			c.mu.Unlock()
+			return
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			c.mu.Lock()
+			msg := describe()
+			c.mu.Unlock()
+			tb.Fatalf("fake clock: gave up waiting: %s", msg)
+		}
+	}
+}
+
+// DriveUntil advances the clock from one sleeping goroutine's timer to the
+// next until done is closed. It only ever fires timers that a goroutine is
+// blocked on (NewTimer: attempt times, rate-limit slots), never a scheduled
+// refresh (AfterFunc): the test keeps control of when background cycles run,
+// and fails if reaching the next sleeper would fire one.
+func (c *fakeClock) DriveUntil(tb testing.TB, done <-chan struct{}) {
+	tb.Helper()
+	deadline := time.NewTimer(waitLimit)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		c.mu.Lock()
+		var sleeper, scheduled *fakeTimer
+		if len(c.timers) > 0 {
+			c.earliestLocked()
+			for _, x := range c.timers {
+				if x.fn == nil {
+					sleeper = x
+					break
+				}
+				if scheduled == nil {
+					scheduled = x
+				}
+			}
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		if sleeper != nil {
+			if scheduled != nil && !scheduled.deadline.After(sleeper.deadline) {
+				tb.Fatalf("fake clock: advancing to %s would fire the refresh scheduled at %s", sleeper.deadline, scheduled.deadline)
+			}
+			c.AdvanceTo(sleeper.deadline)
+			continue
+		}
+		select {
+		case <-done:
+			return
+		case <-ch:
+		case <-deadline.C:
+			tb.Fatal("fake clock: gave up driving: the goroutine under test neither finished nor slept")
+		}
+	}
+}
