@@ -2,7 +2,6 @@ package vaulttest
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -307,25 +306,5 @@ func (c *Cluster) SetupPlugin(tb testing.TB, version string, env ...string) {
 // NodeID returns the server's raft node id.
 func (s *Server) NodeID() string { return s.opts.NodeID }
 
-// Get sends GET /v1/<path> with the root token through the given client and
-// returns the status code and body; a transport error is returned, not
-// fatal, so that callers can poll through an election. The body may hold
-// secrets: never log it.
-func (s *Server) Get(client *http.Client, path string) (int, []byte, error) {
-	req, err := http.NewRequest(http.MethodGet, s.Addr+"/v1/"+strings.TrimPrefix(path, "/"), nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("X-Vault-Token", s.token)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
-}
-
-// ErrorMessages returns Vault's {"errors":[...]} from a response body, and
-// nothing else of it (the rest may hold secrets).
-func ErrorMessages(body []byte) string { return errorsOf(body) }
+// Running returns the nodes whose process is running.
+func (c *Cluster) Running() []*Server { return c.Standbys(nil) }

@@ -65,3 +65,56 @@ func TestRestartKeepsData(t *testing.T) {
 		})
 	}
 }
+
+// TestRaftCluster checks the harness's cluster support that the HA test
+// builds on: three raft nodes join, standbys answer, and after the active
+// node is killed another one takes over.
+func TestRaftCluster(t *testing.T) {
+	SkipUnlessEnabled(t)
+	t.Parallel()
+	n1 := StartServer(t, ServerOptions{NodeID: "node1"})
+	n2 := StartServer(t, ServerOptions{NodeID: "node2", Join: n1})
+	n3 := StartServer(t, ServerOptions{NodeID: "node3", Join: n1})
+	n1.WaitRaftVoters(t, 3, 60*time.Second)
+	out := n1.CLI(t, "operator", "raft", "list-peers")
+	for _, id := range []string{"node1", "node2", "node3"} {
+		if !strings.Contains(out, id) {
+			t.Fatalf("raft peers lack %s:\n%s", id, out)
+		}
+	}
+	n1.CLI(t, "secrets", "enable", "-version=1", "-path=kv", "kv")
+	n1.CLI(t, "write", "kv/demo", "value=replicated")
+	// A standby forwards the read to the active node.
+	if got := n2.Read(t, "kv/demo").Str("value"); got != "replicated" {
+		t.Fatalf("read through a standby: %q", got)
+	}
+
+	n1.Kill(t)
+	start := time.Now()
+	deadline := start.Add(60 * time.Second)
+	for n2.Health() != 200 && n3.Health() != 200 {
+		if time.Now().After(deadline) {
+			t.Fatal("no new active node within 60s of killing the leader")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("new active node after %s", time.Since(start).Round(time.Millisecond))
+	// Every surviving node serves reads once it knows the new active node.
+	for _, n := range []*Server{n2, n3} {
+		for {
+			r := n.Exec(t, n.RootToken(), "", "read", "-field=value", "kv/demo")
+			if r.Code == 0 && r.Stdout == "replicated" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("read through %s after failover: exit %d %q: %s", n.Addr, r.Code, r.Stdout, r.Stderr)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	t.Logf("reads through both nodes succeed %s after the kill", time.Since(start).Round(time.Millisecond))
+	n1.Start(t)
+	if got := n1.Read(t, "kv/demo").Str("value"); got != "replicated" {
+		t.Fatalf("read through the restarted node: %q", got)
+	}
+}
