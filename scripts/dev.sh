@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# dev.sh: the main job in one command (`make dev`).
+#
+# Builds the plugin and the STS emulator, starts the emulator and a Vault dev
+# server on loopback, registers the plugin by sha256 and version, mounts it at
+# aws-resilient/, points config/root at the emulator, creates the role "demo",
+# prints `vault read aws-resilient/creds/demo` and what to try next, then stays
+# up until Ctrl-C and stops everything it started.
+#
+# Usage: scripts/dev.sh [--once]
+#   --once (or DEV_ONCE=1)  exit after the demo read (used by the acceptance test)
+# Environment (all optional):
+#   DEV_VAULT_PORT   Vault API port (default 8200; the dev cluster listener takes the next port)
+#   DEV_STS_PORT     STS emulator port (default 8599)
+#   PLUGIN_VERSION   version compiled into and registered for the plugin (default v0.1.0-dev)
+#   VAULT_BIN        a Vault v1.19.0 binary to use instead of building one
+#   DEV_DIR          work directory (default: a new temporary directory, removed on exit)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+once=${DEV_ONCE:-0}
+for arg in "$@"; do
+	case "$arg" in
+	--once) once=1 ;;
+	-h | --help)
+		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+		exit 0
+		;;
+	*)
+		echo "dev.sh: unknown argument $arg (try --help)" >&2
+		exit 2
+		;;
+	esac
+done
+
+vault_port=${DEV_VAULT_PORT:-8200}
+sts_port=${DEV_STS_PORT:-8599}
+version=${PLUGIN_VERSION:-v0.1.0-dev}
+plugin_name=aws-resilient
+plugin_bin=vault-plugin-secrets-aws-resilient
+# A dev server, on loopback, torn down on exit: a fixed root token is harmless
+# here and lets the hint below be copied as is.
+dev_token=root
+# The emulator's default root pair: AWS's published documentation example
+# keys. They are passed to Vault but never printed.
+sts_access_key=AKIAIOSFODNN7EXAMPLE
+sts_secret_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY
+
+say() { printf '\n==> %s\n' "$*" >&2; }
+die() {
+	printf 'dev.sh: %s\n' "$*" >&2
+	exit 1
+}
+
+port_busy() {
+	# Connecting succeeds only if something listens there.
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+for p in "$vault_port" "$((vault_port + 1))" "$sts_port"; do
+	if port_busy "$p"; then
+		die "port 127.0.0.1:$p is already in use (Vault uses DEV_VAULT_PORT=$vault_port and $((vault_port + 1)), the emulator DEV_STS_PORT=$sts_port); stop what listens there or choose other ports, e.g. DEV_VAULT_PORT=18200 DEV_STS_PORT=18599 make dev"
+	fi
+done
+
+if [[ -n "${DEV_DIR:-}" ]]; then
+	work=$DEV_DIR
+	mkdir -p "$work"
+	keep_work=1
+else
+	work=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-dev.XXXXXX")
+	keep_work=0
+fi
+mkdir -p "$work/plugins"
+
+pids=()
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	if ((${#pids[@]})); then
+		say "stopping (Vault, then the emulator)"
+		# Vault first: it stops its plugin process itself on SIGTERM.
+		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+			kill -TERM "${pids[i]}" 2>/dev/null || true
+			for _ in $(seq 1 100); do
+				kill -0 "${pids[i]}" 2>/dev/null || break
+				sleep 0.1
+			done
+			kill -KILL "${pids[i]}" 2>/dev/null || true
+			wait "${pids[i]}" 2>/dev/null || true
+		done
+	fi
+	# Ctrl-C (130) and SIGTERM (143) are the normal way out: no log dump then.
+	if ((rc != 0 && rc != 130 && rc != 143)); then
+		for log in "$work"/*.log; do
+			[[ -f "$log" ]] || continue
+			printf '\n--- last lines of %s ---\n' "$log" >&2
+			# The dev banner prints the root token and unseal key; leave them out.
+			tail -n 40 "$log" | grep -viE 'root token|unseal key' >&2 || true
+		done
+	fi
+	if ((keep_work == 0)); then
+		rm -rf "$work"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+say "Vault binary (built once into your cache directory; about 11 minutes the first time)"
+vault=$("$root/scripts/vault.sh")
+echo "$vault" >&2
+
+say "building the plugin ($version) and the STS emulator"
+go build -ldflags "-X main.version=$version" -o "$work/plugins/$plugin_bin" "./cmd/$plugin_bin"
+go build -o "$work/sts-emulator" ./cmd/sts-emulator
+
+say "starting the STS emulator on 127.0.0.1:$sts_port"
+"$work/sts-emulator" -listen "127.0.0.1:$sts_port" >"$work/sts-emulator.log" 2>&1 &
+pids+=($!)
+sts_url=
+for _ in $(seq 1 100); do
+	sts_url=$(sed -n 's/^sts-emulator listening on \(http:[^ ]*\).*/\1/p' "$work/sts-emulator.log" | head -n 1)
+	[[ -n "$sts_url" ]] && break
+	kill -0 "${pids[0]}" 2>/dev/null || die "the STS emulator exited; see above"
+	sleep 0.1
+done
+[[ -n "$sts_url" ]] || die "the STS emulator did not start within 10s"
+echo "$sts_url" >&2
+
+say "starting Vault (dev server) on 127.0.0.1:$vault_port"
+# plugin_directory in a config file rather than -dev-plugin-dir: the latter
+# registers every binary found there without a version; here the plugin is
+# registered explicitly by sha256 and version, the way an operator does it.
+cat >"$work/vault.hcl" <<HCL
+plugin_directory = "$work/plugins"
+HCL
+env -u VAULT_TOKEN -u VAULT_ADDR "$vault" server -dev \
+	-dev-listen-address="127.0.0.1:$vault_port" \
+	-dev-root-token-id="$dev_token" \
+	-dev-no-store-token \
+	-config="$work/vault.hcl" >"$work/vault.log" 2>&1 &
+pids+=($!)
+
+export VAULT_ADDR="http://127.0.0.1:$vault_port"
+export VAULT_TOKEN="$dev_token"
+unset VAULT_NAMESPACE VAULT_FORMAT
+for _ in $(seq 1 300); do
+	"$vault" status >/dev/null 2>&1 && break
+	kill -0 "${pids[1]}" 2>/dev/null || die "Vault exited; see above"
+	sleep 0.1
+done
+"$vault" status >/dev/null 2>&1 || die "Vault did not come up within 30s"
+
+say "registering the plugin by sha256 and version, mounting it at $plugin_name/"
+sha=$(sha256sum "$work/plugins/$plugin_bin" | cut -d' ' -f1)
+"$vault" plugin register -sha256="$sha" -version="$version" -command="$plugin_bin" secret "$plugin_name"
+"$vault" secrets enable -path="$plugin_name" -plugin-version="$version" "$plugin_name"
+
+say "pointing config/root at the emulator, creating role demo"
+"$vault" write "$plugin_name/config/root" \
+	access_key="$sts_access_key" secret_key="$sts_secret_key" \
+	region=us-east-1 sts_endpoint="$sts_url"
+"$vault" write "$plugin_name/roles/demo" \
+	credential_type=assumed_role role_arn=arn:aws:iam::123456789012:role/demo
+
+say "vault read $plugin_name/creds/demo"
+"$vault" read "$plugin_name/creds/demo"
+
+cat <<HINT
+
+Vault is running at $VAULT_ADDR with the plugin mounted at $plugin_name/,
+talking to the STS emulator at $sts_url. In another shell:
+
+  export VAULT_ADDR=$VAULT_ADDR
+  export VAULT_TOKEN=$dev_token     # dev server root token, local only
+  export PATH="$(dirname "$vault"):\$PATH"
+
+  vault read $plugin_name/creds/demo            # served from the cache: no STS call
+  vault read $plugin_name/status/demo           # state, expiration, next_refresh, last_error
+  vault write -f $plugin_name/refresh/demo      # run one refresh cycle now
+  vault read $plugin_name/config/refresh        # retry window, attempts, refresh fraction, rate limit
+  vault write $plugin_name/roles/other credential_type=session_token
+  vault path-help $plugin_name/creds/demo
+  curl -s $sts_url/_emulator/stats   # STS calls the plugin made
+
+Logs: $work/vault.log and $work/sts-emulator.log
+HINT
+
+if ((once)); then
+	say "one-shot mode: done"
+	exit 0
+fi
+say "press Ctrl-C to stop"
+# Wait for either child: if one dies, stop the other and say so.
+wait -n "${pids[@]}" || true
+die "a process exited unexpectedly; see the logs above"
