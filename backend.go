@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,6 +194,32 @@ func newBackend(opts backendOptions) *backend {
 		RunningVersion: opts.version,
 	}
 	return b
+}
+
+// fieldErrorRegex finds the field in the framework's own 400 for a value that
+// does not convert to the field's type.
+var fieldErrorRegex = regexp.MustCompile(`error converting input for field "([^"]+)"`)
+
+// HandleRequest is framework.Backend's, except that the framework's 400 for a
+// value that does not even convert to its field's type (max_retries=six,
+// ttl=-5) gets the field's description appended. Every description names the
+// valid range, so every bad input says what is allowed, whichever layer
+// caught it.
+func (b *backend) HandleRequest(ctx context.Context, req *logical.Request) (*logical.Response, error) {
+	resp, err := b.Backend.HandleRequest(ctx, req)
+	if err != nil || !resp.IsError() {
+		return resp, err
+	}
+	msg := resp.Error().Error()
+	m := fieldErrorRegex.FindStringSubmatch(msg)
+	if m == nil {
+		return resp, nil
+	}
+	p := b.Route(req.Path)
+	if p == nil || p.Fields[m[1]] == nil {
+		return resp, nil
+	}
+	return logical.ErrorResponse("%s (%s: %s)", msg, m[1], p.Fields[m[1]].Description), nil
 }
 
 // initialize loads config/refresh, every role and every cached credential

@@ -95,7 +95,8 @@ func do(t *testing.T, b *backend, s logical.Storage, op logical.Operation, path 
 func doCtx(ctx context.Context, t *testing.T, b *backend, s logical.Storage, op logical.Operation, path string, data map[string]interface{}) (*logical.Response, error) {
 	t.Helper()
 	resp, err := b.HandleRequest(ctx, &logical.Request{Operation: op, Path: path, Storage: s, Data: data})
-	if err == nil && !resp.IsError() && op != logical.HelpOperation {
+	// A nil response is a 204, or a 404 for a read; only bodies have a schema.
+	if err == nil && resp != nil && !resp.IsError() && op != logical.HelpOperation {
 		if p := b.Route(path); p != nil {
 			schema.ValidateResponse(t, schema.GetResponseSchema(t, p, op), resp, true)
 		}
