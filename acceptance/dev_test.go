@@ -1,0 +1,79 @@
+package acceptance
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
+)
+
+// TestDevScriptOnce runs the README's first command in one-shot mode on free
+// ports: it must get to a successful demo read and leave nothing running.
+func TestDevScriptOnce(t *testing.T) {
+	vaulttest.SkipUnlessEnabled(t)
+	t.Parallel()
+	root := vaulttest.RepoRoot(t)
+	vaultBin := vaulttest.VaultBin(t)
+	vaultPort := vaulttest.FreePort(t)
+	for isListening(vaultPort+1) || isListening(vaultPort) {
+		vaultPort = vaulttest.FreePort(t)
+	}
+	stsPort := vaulttest.FreePort(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "dev.sh"), "--once")
+	cmd.Dir = root
+	env := []string{}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "VAULT_") && !strings.HasPrefix(kv, "DEV_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env,
+		"VAULT_BIN="+vaultBin,
+		"DEV_VAULT_PORT="+strconv.Itoa(vaultPort),
+		"DEV_STS_PORT="+strconv.Itoa(stsPort),
+	)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	// The output holds the demo credential: only redacted copies go into
+	// failure messages.
+	if err != nil {
+		t.Fatalf("scripts/dev.sh --once: %v\nstdout:\n%s\nstderr:\n%s", err, redact(stdout.String()), redact(stderr.String()))
+	}
+	out := stdout.String()
+	for _, want := range []string{"access_key", "ASIA", "secret_key", "security_token", "expiration",
+		"export VAULT_ADDR=http://127.0.0.1:" + strconv.Itoa(vaultPort), "export VAULT_TOKEN="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dev.sh output lacks %q:\n%s", want, redact(out))
+		}
+	}
+	if strings.Contains(out+stderr.String(), vaulttest.EmulatorSecretKey) {
+		t.Error("dev.sh printed the emulator's root secret key")
+	}
+	for _, p := range []int{vaultPort, vaultPort + 1, stsPort} {
+		if isListening(p) {
+			t.Errorf("port %d still listening after dev.sh --once exited", p)
+		}
+	}
+}
+
+func isListening(port int) bool {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
