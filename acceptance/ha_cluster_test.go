@@ -33,7 +33,7 @@ func TestHAClusterBringUp(t *testing.T) {
 	t.Logf("killed %s; %s active after %s", active.NodeID(), next.NodeID(), gap.Round(time.Millisecond))
 	client := &http.Client{Timeout: 5 * time.Second}
 	for _, s := range c.Standbys(next) {
-		code, _, err := s.Get(client, "kv/demo")
+		code, _, err := vaultDo(client, s, http.MethodGet, "kv/demo", nil)
 		t.Logf("read through %s right after election: %d %v", s.NodeID(), code, err)
 	}
 
