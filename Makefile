@@ -30,3 +30,9 @@ fmt:
 fmtcheck:
 	@out=$$(git ls-files -z --cached --others --exclude-standard '*.go' | xargs -0 -r gofmt -l); \
 	if [ -n "$$out" ]; then echo "not gofmt-formatted (run make fmt):"; echo "$$out"; exit 1; fi
+
+# The plugin in a 3-node Vault HA cluster (raft): set-up, SIGKILL of the
+# active node, rejoin; prints the election gap and STS calls around it.
+.PHONY: ha
+ha:
+	./scripts/ha.sh

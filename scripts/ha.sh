@@ -1,0 +1,447 @@
+#!/usr/bin/env bash
+# ha.sh: the plugin in a 3-node Vault HA cluster with integrated Raft storage
+# (`make ha`), on loopback, against the STS emulator, step by step the way an
+# operator sets it up, then a failover:
+#
+#  1. three `vault server`s, each with its own raft storage, API and cluster
+#     ports and plugin directory (performance_multiplier = 1 for quick
+#     elections); node 1 is initialised and unsealed, nodes 2 and 3 join it
+#     with `vault operator raft join` and are unsealed;
+#  2. the plugin binary is copied into every node's plugin directory (the
+#     catalog is replicated, binaries are not), registered by sha256 and
+#     version, mounted, pointed at the emulator (credentials live 60s);
+#  3. 100 roles are created and read once; every role is read through every
+#     node (standbys forward to the active node);
+#  4. after one refresh wave, the active node is killed with SIGKILL while
+#     the next wave is due; one reader per surviving node polls throughout;
+#  5. the killed node is restarted, unsealed, rejoins, and serves the same
+#     credentials.
+# It prints the figures: election gap, reader errors, STS calls around the
+# failover, rejoin time. The acceptance test TestHA (acceptance/ha_test.go)
+# checks the same scenario with exact assertions; this script is the
+# walk-through, and exits non-zero only on a clear failure.
+#
+# Usage: scripts/ha.sh [--keep]
+#   --keep (or HA_KEEP=1)  leave the cluster up after the demo, until Ctrl-C
+# Environment (all optional):
+#   HA_PORT         first port (default 8300): node N listens on HA_PORT+2(N-1)
+#                   for the API and the next port for cluster traffic
+#   HA_ROLES        number of roles (default 100)
+#   HA_LIFETIME     emulator credential lifetime in seconds (default 60)
+#   PLUGIN_VERSION  version compiled into and registered for the plugin (default v0.1.0-dev)
+#   VAULT_BIN       a Vault v1.19.0 binary to use instead of building one
+#   HA_DIR          work directory (default: a new temporary directory, removed on exit)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+keep=${HA_KEEP:-0}
+for arg in "$@"; do
+	case "$arg" in
+	--keep) keep=1 ;;
+	-h | --help)
+		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+		exit 0
+		;;
+	*)
+		echo "ha.sh: unknown argument $arg (try --help)" >&2
+		exit 2
+		;;
+	esac
+done
+
+base_port=${HA_PORT:-8300}
+roles=${HA_ROLES:-100}
+lifetime=${HA_LIFETIME:-60}
+version=${PLUGIN_VERSION:-v0.1.0-dev}
+plugin_name=aws-resilient
+plugin_bin=vault-plugin-secrets-aws-resilient
+nodes=(1 2 3)
+# Refresh when a third of the lifetime is left; 2s retry blocks. With 60s
+# credentials a role is refreshed every ~40s and has ~20s of margin: room
+# for an election and the refreshes that fell due during it.
+refresh_fraction=0.33
+# The emulator's default root pair: AWS's published documentation example
+# keys, not a secret. Passed to Vault, never printed.
+sts_access_key=AKIAIOSFODNN7EXAMPLE
+sts_secret_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY
+
+say() { printf '\n==> %s\n' "$*" >&2; }
+die() {
+	printf 'ha.sh: %s\n' "$*" >&2
+	exit 1
+}
+now() { echo "$EPOCHREALTIME"; }
+# secs A B: B - A in seconds with one decimal.
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+api_port() { echo $((base_port + 2 * ($1 - 1))); }
+addr() { echo "http://127.0.0.1:$(api_port "$1")"; }
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for n in "${nodes[@]}"; do
+	for p in "$(api_port "$n")" "$(($(api_port "$n") + 1))"; do
+		if port_busy "$p"; then
+			die "port 127.0.0.1:$p is in use (the cluster uses HA_PORT=$base_port to $((base_port + 5))); stop what listens there or choose another, e.g. HA_PORT=18300 make ha"
+		fi
+	done
+done
+
+if [[ -n "${HA_DIR:-}" ]]; then
+	work=$HA_DIR
+	mkdir -p "$work"
+	keep_work=1
+else
+	work=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-ha.XXXXXX")
+	keep_work=0
+fi
+umask 077
+
+declare -A vpid # node -> vault pid (its own process group: plugins die with it)
+emu_pid=
+readers=()
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	((${#readers[@]})) && kill "${readers[@]}" 2>/dev/null || true
+	for n in "${!vpid[@]}"; do
+		kill -TERM -- "-${vpid[$n]}" 2>/dev/null || true
+	done
+	for n in "${!vpid[@]}"; do
+		for _ in $(seq 1 100); do
+			kill -0 "${vpid[$n]}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL -- "-${vpid[$n]}" 2>/dev/null || true
+		wait "${vpid[$n]}" 2>/dev/null || true
+	done
+	if [[ -n "$emu_pid" ]]; then
+		kill "$emu_pid" 2>/dev/null || true
+		wait "$emu_pid" 2>/dev/null || true
+	fi
+	if ((rc != 0)); then
+		for log in "$work"/*.log; do
+			[[ -f "$log" ]] || continue
+			printf '\n--- last lines of %s ---\n' "$log" >&2
+			tail -n 30 "$log" | grep -viE 'root token|unseal key' >&2 || true
+		done
+	fi
+	((keep_work == 0)) && rm -rf "$work"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+say "Vault binary (built once into your cache directory; about 11 minutes the first time)"
+vault=$("$root/scripts/vault.sh")
+echo "$vault" >&2
+unset VAULT_TOKEN VAULT_ADDR VAULT_NAMESPACE VAULT_FORMAT
+v() { # v NODE vault-args...: the vault CLI against node NODE
+	local n=$1
+	shift
+	VAULT_ADDR=$(addr "$n") VAULT_TOKEN=$(cat "$work/token" 2>/dev/null || true) "$vault" "$@"
+}
+health() { curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$(addr "$1")/v1/sys/health" || true; }
+# get NODE PATH: GET /v1/PATH with the root token (from a header file, so it
+# never shows in the process list); prints the body, which may hold secrets:
+# callers keep it in a variable and extract non-secret fields only.
+get() { curl -s --max-time 5 -H @"$work/token.hdr" "$(addr "$1")/v1/$2"; }
+json_field() { sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
+# Conditions for wait_for.
+answers() { [[ $(health "$1") != 000 ]]; }
+is_active() { [[ $(health "$1") == 200 ]]; }
+is_standby() { [[ $(health "$1") == 429 ]]; }
+unsealed() { [[ $(curl -s -o /dev/null -w '%{http_code}' -X PUT --data @"$work/unseal.json" "$(addr "$1")/v1/sys/unseal") == 200 ]]; }
+voters_are() { [[ $(v 1 operator raft list-peers -format=json 2>/dev/null | grep -c '"voter": true') == "$1" ]]; }
+healthy_via() { v "$1" operator raft autopilot state 2>/dev/null | grep -q '^Healthy: *true'; }
+calls_at_least() { (($(ok_calls) >= $1)); }
+wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...: poll until COMMAND succeeds
+	local limit=$1 what=$2
+	shift 2
+	local deadline=$((SECONDS + limit))
+	until "$@"; do
+		((SECONDS < deadline)) || die "timed out after ${limit}s waiting for $what"
+		sleep 0.2
+	done
+}
+
+say "building the plugin ($version) and the STS emulator"
+go build -ldflags "-X main.version=$version" -o "$work/$plugin_bin" "./cmd/$plugin_bin"
+go build -o "$work/sts-emulator" ./cmd/sts-emulator
+
+say "starting the STS emulator (credentials live ${lifetime}s)"
+"$work/sts-emulator" -listen 127.0.0.1:0 -max-lifetime "${lifetime}s" >"$work/sts-emulator.log" 2>&1 &
+emu_pid=$!
+sts_url=
+for _ in $(seq 1 100); do
+	sts_url=$(sed -n 's/^sts-emulator listening on \(http:[^ ]*\).*/\1/p' "$work/sts-emulator.log" | head -n 1)
+	[[ -n "$sts_url" ]] && break
+	kill -0 "$emu_pid" 2>/dev/null || die "the STS emulator exited"
+	sleep 0.1
+done
+[[ -n "$sts_url" ]] || die "the STS emulator did not start within 10s"
+echo "$sts_url" >&2
+# ok_calls: successful STS calls so far (the stats JSON is one field a line).
+ok_calls() { curl -s "$sts_url/_emulator/stats" | awk '/"by_outcome"/ { f = 1 } f && /"ok":/ { gsub(/[^0-9]/, "", $2); print $2; exit } END { if (!f) print 0 }'; }
+# ok_calls_between FROM TO: successful calls in whole seconds [FROM, TO).
+ok_calls_between() {
+	curl -s "$sts_url/_emulator/stats" | awk -v from="$1" -v to="$2" '
+		/"second":/ { s = $2; gsub(/[^0-9]/, "", s) }
+		s && /"ok":/ { c = $2; gsub(/[^0-9]/, "", c); if (s >= from && s < to) n += c }
+		END { print n + 0 }'
+}
+
+start_node() {
+	local n=$1
+	setsid "$vault" server -config="$work/node$n/vault.hcl" -log-level=info >>"$work/vault-node$n.log" 2>&1 &
+	vpid[$n]=$!
+}
+
+say "starting three Vault servers with raft storage"
+for n in "${nodes[@]}"; do
+	p=$(api_port "$n")
+	mkdir -p "$work/node$n/raft" "$work/node$n/plugins"
+	cat >"$work/node$n/vault.hcl" <<HCL
+# node $n of 3: its own raft data, ports and plugin directory
+plugin_directory = "$work/node$n/plugins"
+api_addr         = "http://127.0.0.1:$p"
+cluster_addr     = "https://127.0.0.1:$((p + 1))"
+disable_mlock    = true
+ui               = false
+
+listener "tcp" {
+  address         = "127.0.0.1:$p"
+  cluster_address = "127.0.0.1:$((p + 1))"
+  tls_disable     = true # loopback demo; use TLS everywhere else
+}
+
+storage "raft" {
+  path    = "$work/node$n/raft"
+  node_id = "node$n"
+  # Vault's default of 5 suits busy WAN links; 1 makes an election take
+  # about a second instead of five.
+  performance_multiplier = 1
+}
+HCL
+	start_node "$n"
+	echo "node$n: API $(addr "$n"), cluster https://127.0.0.1:$((p + 1)), config $work/node$n/vault.hcl" >&2
+done
+for n in "${nodes[@]}"; do
+	wait_for 60 "node$n to answer" answers "$n"
+done
+
+say "initialising node1 (one key share: a demo), unsealing it"
+v 1 operator init -key-shares=1 -key-threshold=1 -format=json >"$work/init.json"
+awk '/"unseal_keys_b64"/ { getline; gsub(/[ ",]/, ""); print; exit }' "$work/init.json" >"$work/unseal.key"
+sed -n 's/.*"root_token": "\([^"]*\)".*/\1/p' "$work/init.json" >"$work/token"
+rm -f "$work/init.json"
+[[ -s "$work/unseal.key" && -s "$work/token" ]] || die "could not read the unseal key and root token from vault operator init"
+printf 'X-Vault-Token: %s\n' "$(cat "$work/token")" >"$work/token.hdr"
+printf '{"key":"%s"}' "$(cat "$work/unseal.key")" >"$work/unseal.json"
+wait_for 60 "node1 to unseal" unsealed 1
+wait_for 60 "node1 to become active" is_active 1
+# Autopilot makes a joined node a voter after it has been healthy for
+# server_stabilization_time (10s by default); until then losing the leader
+# loses quorum. 2s is plenty on loopback.
+v 1 operator raft autopilot set-config -server-stabilization-time=2s >/dev/null
+
+say "joining node2 and node3 to node1 (vault operator raft join), unsealing them"
+for n in 2 3; do
+	v "$n" operator raft join "$(addr 1)"
+	# Until the join has reached the leader the key is not accepted.
+	wait_for 60 "node$n to unseal" unsealed "$n"
+done
+wait_for 90 "three raft voters" voters_are 3
+v 1 operator raft list-peers
+
+say "installing the plugin on every node, registering it once (the catalog is replicated)"
+sha=$(sha256sum "$work/$plugin_bin" | cut -d' ' -f1)
+for n in "${nodes[@]}"; do
+	cp "$work/$plugin_bin" "$work/node$n/plugins/$plugin_bin"
+done
+v 1 plugin register -sha256="$sha" -version="$version" -command="$plugin_bin" secret "$plugin_name"
+v 1 secrets enable -path="$plugin_name" -plugin-version="$version" "$plugin_name"
+v 1 write "$plugin_name/config/root" access_key="$sts_access_key" secret_key="$sts_secret_key" \
+	region=us-east-1 sts_endpoint="$sts_url" >/dev/null
+v 1 write "$plugin_name/config/refresh" refresh_fraction="$refresh_fraction" retry_window=6s max_retries=3
+v 1 read "$plugin_name/config/refresh"
+
+say "creating $roles roles, reading each once (round robin through the three nodes)"
+role_name() { printf 'ha-%03d' "$1"; }
+for i in $(seq 0 $((roles - 1))); do
+	printf '{"credential_type":"assumed_role","role_arn":"arn:aws:iam::123456789012:role/%s"}' "$(role_name "$i")" |
+		curl -s -f -o /dev/null -H @"$work/token.hdr" -X POST --data @- "$(addr 1)/v1/$plugin_name/roles/$(role_name "$i")" ||
+		die "creating role $(role_name "$i") failed"
+done
+fill_start=$(now)
+export work plugin_name base_port
+seq 0 $((roles - 1)) | xargs -P 10 -I{} bash -c '
+	i={}; n=$((i % 3 + 1)); role=$(printf "ha-%03d" "$i")
+	code=$(curl -s -o /dev/null -w "%{http_code}" --max-time 30 -H @"$work/token.hdr" "http://127.0.0.1:$((base_port + 2 * (n - 1)))/v1/$plugin_name/creds/$role")
+	[[ $code == 200 ]] || { echo "reading $role through node$n: HTTP $code" >&2; exit 255; }
+' || die "a first read failed"
+fill_end=$(now)
+fill_calls=$(ok_calls)
+echo "filled $roles roles in $(secs "$fill_start" "$fill_end")s with $fill_calls STS calls" >&2
+
+say "reading every role through every node (standbys forward; no STS call)"
+for n in "${nodes[@]}"; do
+	fails=0
+	for i in $(seq 0 $((roles - 1))); do
+		code=$(curl -s -o /dev/null -w '%{http_code}' -H @"$work/token.hdr" "$(addr "$n")/v1/$plugin_name/creds/$(role_name "$i")")
+		[[ $code == 200 ]] || fails=$((fails + 1))
+	done
+	echo "node$n ($( (($(health "$n") == 200)) && echo active || echo standby)): $((roles - fails))/$roles reads ok" >&2
+	((fails == 0)) || die "reads through node$n failed"
+done
+echo "STS calls after reading through all nodes: $(ok_calls) (was $fill_calls)" >&2
+echo "vault read through node2 (a standby):" >&2
+v 2 read -field=expiration "$plugin_name/creds/$(role_name 0)" >&2
+echo >&2
+
+say "waiting for one refresh wave (~$(awk -v l="$lifetime" -v f="$refresh_fraction" 'BEGIN { printf "%d", l * (1 - f) }')s after the fill), then for 30% of the next"
+wait_for $((2 * lifetime + 30)) "the first refresh wave" calls_at_least $((2 * roles))
+active=
+for n in "${nodes[@]}"; do
+	[[ $(health "$n") == 200 ]] && active=$n
+done
+[[ -n "$active" ]] || die "no active node"
+survivors=()
+for n in "${nodes[@]}"; do
+	[[ $n == "$active" ]] || survivors+=("$n")
+done
+
+# One reader per surviving node: a read every 0.1s through that node, cycling
+# through the roles; one line per read: time, HTTP code (a standby that
+# cannot forward answers 307; curl does not follow it), expired (1/0).
+reader() {
+	local n=$1 k=0 body code exp t
+	while :; do
+		t=$(now)
+		body=$(curl -s --max-time 5 -w '\n%{http_code}' -H @"$work/token.hdr" "$(addr "$n")/v1/$plugin_name/creds/$(role_name $((k % roles)))" || true)
+		code=${body##*$'\n'}
+		exp=0
+		if [[ $code == 200 ]]; then
+			# RFC 3339 UTC timestamps of one format compare as strings.
+			[[ $(printf '%s' "$body" | json_field expiration) > $(date -u +%Y-%m-%dT%H:%M:%SZ) ]] || exp=1
+		fi
+		echo "$t $code $exp"
+		k=$((k + 1))
+		sleep 0.1
+	done
+}
+for n in "${survivors[@]}"; do
+	reader "$n" >"$work/reader-node$n.txt" &
+	readers+=($!)
+done
+wait_for $((lifetime + 30)) "30% of the second refresh wave" calls_at_least $((2 * roles + 3 * roles / 10))
+
+say "SIGKILL node$active (the active node) while refreshes are due"
+kill_at=$(now)
+kill -KILL -- "-${vpid[$active]}"
+wait "${vpid[$active]}" 2>/dev/null || true
+unset "vpid[$active]"
+calls_at_kill=$(ok_calls)
+new_active=
+while [[ -z "$new_active" ]]; do
+	for n in "${survivors[@]}"; do
+		[[ $(health "$n") == 200 ]] && new_active=$n
+	done
+	awk -v a="$kill_at" -v b="$(now)" 'BEGIN { exit !(b - a > 60) }' && die "no new active node within 60s"
+	[[ -n "$new_active" ]] || sleep 0.05
+done
+elected_at=$(now)
+election_gap=$(secs "$kill_at" "$elected_at")
+echo "node$new_active is active ${election_gap}s after the kill" >&2
+grep -h 'refresher started' "$work/vault-node$new_active.log" | tail -n 1 | sed 's/^/  /' >&2 || true
+
+say "waiting for the new active node to refresh what fell due"
+wait_for "$lifetime" "the second refresh wave to complete" calls_at_least $((3 * roles))
+echo "second wave complete $(secs "$kill_at" "$(now)")s after the kill: $(($(ok_calls) - calls_at_kill)) STS calls since" >&2
+
+say "restarting node$active: it rejoins from its raft data (the readers keep reading)"
+restart_at=$(now)
+start_node "$active"
+wait_for 60 "node$active to answer" answers "$active"
+wait_for 60 "node$active to unseal" unsealed "$active"
+wait_for 60 "node$active to serve as a standby" is_standby "$active"
+wait_for 60 "a healthy cluster" healthy_via "$new_active"
+rejoin=$(secs "$restart_at" "$(now)")
+v "$new_active" operator raft list-peers
+calls_before=$(ok_calls)
+same=0
+for i in $(seq 0 $((roles - 1))); do
+	a=$(get "$active" "$plugin_name/creds/$(role_name "$i")" | json_field access_key)
+	b=$(get "$new_active" "$plugin_name/creds/$(role_name "$i")" | json_field access_key)
+	[[ -n "$a" && "$a" == "$b" ]] && same=$((same + 1))
+done
+restart_calls=$(($(ok_calls) - calls_before))
+echo "node$active back in ${rejoin}s; $same/$roles roles serve the same credential through it as through node$new_active; $restart_calls STS calls meanwhile" >&2
+
+say "letting the readers run to the end of the minute around the failover"
+while awk -v a="$kill_at" -v b="$(now)" 'BEGIN { exit !(b - a < 30) }'; do sleep 0.5; done
+kill "${readers[@]}" 2>/dev/null || true
+wait "${readers[@]}" 2>/dev/null || true
+readers=()
+
+kill_sec=${kill_at%.*}
+calls_around=$(ok_calls_between $((kill_sec - 30)) $((kill_sec + 30)))
+# calls_at_kill was counted after the kill and before a new node was active.
+calls_after=$(($(ok_calls) - calls_at_kill))
+due=$((roles - (calls_at_kill - 2 * roles)))
+lost_note=
+if ((calls_after > due)); then
+	lost_note=" ($((calls_after - due)) fetched by node$active just before the kill but not yet stored: lost with it)"
+fi
+reads=0 errors=0 expired=0 first_err= last_err=
+for f in "$work"/reader-node*.txt; do
+	while read -r t code exp; do
+		if [[ $code == 200 ]]; then
+			reads=$((reads + 1))
+			expired=$((expired + exp))
+		else
+			errors=$((errors + 1))
+			if [[ -z "$first_err" ]] || awk -v a="$t" -v b="$first_err" 'BEGIN { exit !(a < b) }'; then first_err=$t; fi
+			if [[ -z "$last_err" ]] || awk -v a="$t" -v b="$last_err" 'BEGIN { exit !(a > b) }'; then last_err=$t; fi
+		fi
+	done <"$f"
+done
+err_window="none"
+if ((errors > 0)); then
+	err_window="requests sent from kill$(secs "$kill_at" "$first_err" | sed 's/^[0-9]/+&/')s to kill+$(secs "$kill_at" "$last_err")s"
+fi
+
+cat <<EOF
+
+==================== HA figures ====================
+cluster                  3 nodes of Vault v$("$vault" version | sed -n 's/^Vault v\([0-9.]*\).*/\1/p'), integrated raft, performance_multiplier 1
+roles                    $roles, credentials live ${lifetime}s, refreshed with ${refresh_fraction} of the lifetime left (~every $(awk -v l="$lifetime" -v f="$refresh_fraction" 'BEGIN { printf "%d", l * (1 - f) }')s)
+one refresher            $((calls_at_kill + calls_after)) STS calls for $roles roles over the fill and two refresh waves (one refresher: $((3 * roles)); three would triple the waves)
+election gap             ${election_gap}s (SIGKILL of node$active to node$new_active active)
+reader errors            $errors of $((reads + errors)) reads through the survivors, $err_window
+expired served           $expired
+STS calls, failover      $calls_around in the minute around it; $calls_after after it for $due roles due$lost_note
+rejoin                   ${rejoin}s (restart, unseal, healthy raft voter); $same/$roles same credentials
+EOF
+echo "HA-FIGURES election_gap=${election_gap}s reader_errors=$errors reads=$((reads + errors)) expired_served=$expired sts_calls_minute_around_failover=$calls_around sts_calls_after_failover=$calls_after roles_due=$due rejoin=${rejoin}s"
+
+((expired == 0)) || die "readers were served $expired expired credentials"
+((same == roles)) || die "only $same of $roles roles serve the same credential through the restarted node"
+
+if ((keep)); then
+	cat <<EOF
+
+The cluster stays up (Ctrl-C stops it). In another shell:
+  export VAULT_ADDR=$(addr "$new_active")
+  export VAULT_TOKEN=\$(cat $work/token)   # root token of this throw-away cluster
+  export PATH="$(dirname "$vault"):\$PATH"
+  vault operator raft list-peers
+  vault read $plugin_name/creds/$(role_name 0)
+  VAULT_ADDR=$(addr "$active") vault read $plugin_name/status/$(role_name 0)   # through a standby
+  curl -s $sts_url/_emulator/stats
+Logs: $work/vault-node{1,2,3}.log
+EOF
+	wait
+fi
