@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	ststypes "github.com/aws/aws-sdk-go-v2/service/sts/types"
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // stsAPI is the part of *sts.Client the plugin calls. Tests wrap the real
@@ -320,28 +322,33 @@ func classify(err error, secretKey string) *refreshError {
 			cause:     err,
 		}
 	}
-	// A body that does not parse (malformed XML) is a transient upstream
-	// fault. Its snapshot may hold credential material, so no text is kept.
+	// Transport failures come wrapped in a ResponseError with status 0, so
+	// look for them before looking at the status.
+	var netErr net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return &refreshError{Code: "Timeout", Message: "STS call timed out", Retryable: true, cause: err}
+	}
+	var sendErr *smithyhttp.RequestSendError
+	if errors.As(err, &sendErr) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr) {
+		return &refreshError{Code: "ConnectionError", Message: "could not reach STS: " + sanitizeMessage(rootCause(err).Error(), secretKey), Retryable: true, cause: err}
+	}
+	// A body that does not parse (malformed or truncated XML) is a transient
+	// upstream fault. It may hold credential material, so no text is kept.
 	var deserErr *smithy.DeserializationError
-	if errors.As(err, &deserErr) {
+	var xmlErr *xml.SyntaxError
+	var respErr *awshttp.ResponseError
+	hasResp := errors.As(err, &respErr)
+	if errors.As(err, &deserErr) || errors.As(err, &xmlErr) || (hasResp && respErr.HTTPStatusCode() < 300) {
 		return &refreshError{Code: "MalformedResponse", Message: "STS returned a response that could not be parsed", Retryable: true, cause: err}
 	}
-	var respErr *awshttp.ResponseError
-	if errors.As(err, &respErr) {
+	if hasResp {
 		return &refreshError{
 			Code:      fmt.Sprintf("HTTP%d", respErr.HTTPStatusCode()),
 			Message:   fmt.Sprintf("STS answered with HTTP status %d", respErr.HTTPStatusCode()),
 			Retryable: true,
 			cause:     err,
 		}
-	}
-	var netErr net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
-		return &refreshError{Code: "Timeout", Message: "STS call timed out", Retryable: true, cause: err}
-	}
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr) {
-		return &refreshError{Code: "ConnectionError", Message: "could not reach STS: " + sanitizeMessage(rootCause(err).Error(), secretKey), Retryable: true, cause: err}
 	}
 	// Unknown errors are retried: the cost of a wasted attempt is small next
 	// to giving up on a transient fault nobody anticipated.

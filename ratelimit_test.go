@@ -1,0 +1,156 @@
+package awsresilient
+
+import (
+	"sort"
+	"testing"
+	"time"
+)
+
+// checkRateWindows fails if, in any window [a, b] spanned by the given call
+// times, there are more calls than burst + rate * (b - a).
+func checkRateWindows(t *testing.T, times []time.Time, rate float64, burst int) {
+	t.Helper()
+	sorted := append([]time.Time(nil), times...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Before(sorted[j]) })
+	interval := time.Duration(float64(time.Second) / rate)
+	for i := range sorted {
+		for j := i; j < len(sorted); j++ {
+			calls := j - i + 1
+			allowed := burst + int(sorted[j].Sub(sorted[i])/interval)
+			if calls > allowed {
+				t.Fatalf("%d calls in [%v, %v] (%v), limit allows %d", calls, sorted[i], sorted[j], sorted[j].Sub(sorted[i]), allowed)
+			}
+		}
+	}
+}
+
+func TestRateLimiter_Slots(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	far := t0.Add(time.Hour)
+	ms := time.Millisecond
+
+	type step struct {
+		now      time.Duration // since t0
+		deadline time.Duration // since t0; 0 = far away
+		want     time.Duration // slot since t0
+		ok       bool
+	}
+	tests := []struct {
+		name  string
+		rate  float64
+		burst int
+		steps []step
+	}{
+		{
+			name: "burst at once, then one per interval", rate: 10, burst: 3,
+			steps: []step{
+				{0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 0, true},
+				{0, 0, 100 * ms, true}, {0, 0, 200 * ms, true}, {0, 0, 300 * ms, true},
+			},
+		},
+		{
+			name: "a slot past the deadline is refused and costs nothing", rate: 10, burst: 1,
+			steps: []step{
+				{0, 0, 0, true},
+				{0, 50 * ms, 0, false}, // next slot is at 100ms
+				{0, 100 * ms, 100 * ms, true},
+				{0, 150 * ms, 0, false},
+				{0, 0, 200 * ms, true}, // not 300ms: the refusal consumed nothing
+			},
+		},
+		{
+			name: "a quiet period refills the bucket up to burst only", rate: 10, burst: 2,
+			steps: []step{
+				{0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 100 * ms, true},
+				{10 * time.Second, 0, 10 * time.Second, true},
+				{10 * time.Second, 0, 10 * time.Second, true},
+				{10 * time.Second, 0, 10*time.Second + 100*ms, true},
+			},
+		},
+		{
+			name: "partial refill", rate: 4, burst: 4,
+			steps: []step{
+				{0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 0, true},
+				{500 * ms, 0, 500 * ms, true}, // two tokens back after 500ms at 4/s
+				{500 * ms, 0, 500 * ms, true},
+				{500 * ms, 0, 750 * ms, true},
+			},
+		},
+		{
+			name: "no cap", rate: 0, burst: 0,
+			steps: []step{{0, 0, 0, true}, {0, 0, 0, true}, {0, 1, 0, true}, {0, 1, 0, true}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newRateLimiter(tc.rate, tc.burst)
+			for i, s := range tc.steps {
+				deadline := far
+				if s.deadline != 0 {
+					deadline = t0.Add(s.deadline)
+				}
+				at, ok := l.reserve(t0.Add(s.now), deadline)
+				if ok != s.ok || (ok && !at.Equal(t0.Add(s.want))) {
+					t.Fatalf("step %d: reserve = t0%+v, %v; want t0+%v, %v", i, at.Sub(t0), ok, s.want, s.ok)
+				}
+			}
+		})
+	}
+}
+
+// TestRateLimiter_ChangeLimit checks that config/refresh changes to the rate
+// apply to the next reservation.
+func TestRateLimiter_ChangeLimit(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	far := t0.Add(time.Hour)
+	l := newRateLimiter(1, 1)
+	if at, _ := l.reserve(t0, far); !at.Equal(t0) {
+		t.Fatalf("first slot at %v", at)
+	}
+	if at, _ := l.reserve(t0, far); !at.Equal(t0.Add(time.Second)) {
+		t.Fatalf("second slot at t0%+v, want t0+1s", at.Sub(t0))
+	}
+	l.setLimit(0, 0)
+	if at, _ := l.reserve(t0, far); !at.Equal(t0) {
+		t.Fatalf("uncapped slot at t0%+v, want t0", at.Sub(t0))
+	}
+	l.setLimit(2, 1)
+	// Slots already granted stay granted: the bucket is busy until t0+2s.
+	if at, _ := l.reserve(t0, far); !at.Equal(t0.Add(2 * time.Second)) {
+		t.Fatalf("slot after the change at t0%+v, want t0+2s", at.Sub(t0))
+	}
+	if at, _ := l.reserve(t0, far); !at.Equal(t0.Add(2*time.Second + 500*time.Millisecond)) {
+		t.Fatalf("next slot at t0%+v, want t0+2.5s", at.Sub(t0))
+	}
+}
+
+// TestRateLimiter_Windows drives the limiter with a seeded herd of callers,
+// each with its own deadline, and checks the window bound on every slot.
+func TestRateLimiter_Windows(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+	}{{10, 10}, {20, 1}, {50, 25}, {3, 2}} {
+		t.Run("", func(t *testing.T) {
+			t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := newRateLimiter(tc.rate, tc.burst)
+			r := newSeededRand(5)
+			var slots []time.Time
+			now := t0
+			for i := 0; i < 2000; i++ {
+				now = now.Add(time.Duration(r.Int64N(int64(40 * time.Millisecond))))
+				deadline := now.Add(time.Duration(r.Int64N(int64(5 * time.Second))))
+				if at, ok := l.reserve(now, deadline); ok {
+					if at.Before(now) || at.After(deadline) {
+						t.Fatalf("slot %v outside [%v, %v]", at, now, deadline)
+					}
+					slots = append(slots, at)
+				}
+			}
+			if len(slots) < 100 {
+				t.Fatalf("only %d slots granted", len(slots))
+			}
+			checkRateWindows(t, slots, tc.rate, tc.burst)
+		})
+	}
+}

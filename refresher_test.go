@@ -1,0 +1,728 @@
+package awsresilient
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+)
+
+// throttle makes the next n STS calls fail with Throttling.
+func throttle(n int) stsemu.FaultPlan {
+	return stsemu.FaultPlan{Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultThrottling, Count: n}}}
+}
+
+// alwaysFail makes every STS call fail with fault.
+func alwaysFail(fault stsemu.Fault) stsemu.FaultPlan {
+	return stsemu.FaultPlan{Probability: map[stsemu.Fault]float64{fault: 1}}
+}
+
+// wantTimes compares STS call times with the expected ones exactly.
+func wantTimes(t *testing.T, got, want []time.Time) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("got %d STS calls at %v, want %d at %v", len(got), got, len(want), want)
+	}
+	for i := range want {
+		if !got[i].Equal(want[i]) {
+			t.Fatalf("call %d at %v (start%+v), want %v (start%+v)", i, got[i], got[i].Sub(got[0]), want[i], want[i].Sub(want[0]))
+		}
+	}
+}
+
+// TestRefresh_AttemptSchedule checks the block schedule exactly: attempt i
+// of a cycle runs at start + i*block + U[0, block), with the random draw at
+// both of its extremes, and with a seeded source inside the bounds.
+func TestRefresh_AttemptSchedule(t *testing.T) {
+	const block = 5 * time.Second // default window 30s / 6 attempts
+	tests := []struct {
+		name   string
+		rand   randSource
+		jitter time.Duration // exact offset inside each block; -1 = only check bounds
+	}{
+		{"jitter at its minimum", randMin, 0},
+		{"jitter at its maximum", randMax, block - time.Nanosecond},
+		{"seeded jitter", newSeededRand(7), -1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{rand: tc.rand})
+			f.emu.SetFaults(throttle(5))
+			start := f.clock.Now()
+			f.mustReadCreds(testRole)
+
+			got := f.log.times()
+			if len(got) != 6 {
+				t.Fatalf("%d attempts, want 6", len(got))
+			}
+			for i, at := range got {
+				blockStart := start.Add(time.Duration(i) * block)
+				if at.Before(blockStart) || !at.Before(blockStart.Add(block)) {
+					t.Fatalf("attempt %d at start%+v, outside its block [%v, %v)", i, at.Sub(start), time.Duration(i)*block, time.Duration(i+1)*block)
+				}
+				if tc.jitter >= 0 && !at.Equal(blockStart.Add(tc.jitter)) {
+					t.Fatalf("attempt %d at start%+v, want start%+v", i, at.Sub(start), time.Duration(i)*block+tc.jitter)
+				}
+			}
+			st := f.status(testRole)
+			if st["state"] != stateFresh || st["attempts_last_cycle"] != 6 || st["failed_cycles"] != 0 || st["last_error"] != "" {
+				t.Fatalf("status = %v", st)
+			}
+			if got := f.emu.Stats().Count("AssumeRole", "Throttling"); got != 5 {
+				t.Fatalf("emulator saw %d throttled calls, want 5", got)
+			}
+		})
+	}
+}
+
+// TestRefresh_MaxRetriesFollowsConfig changes max_retries and retry_window
+// through config/refresh between cycles and checks that the next cycle,
+// started in the background by the scheduler, makes exactly that many
+// attempts at exactly the new block times.
+func TestRefresh_MaxRetriesFollowsConfig(t *testing.T) {
+	f := newFixture(t, fixtureOpts{rand: randMax, emuRealTime: true})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+
+	start := f.clock.Now()
+	resp, err := f.readCreds(testRole)
+	wantCoded(t, resp, err, 503, `role "app"`, "Throttling")
+	var want []time.Time
+	for i := 0; i < 6; i++ {
+		want = append(want, start.Add(time.Duration(i)*5*time.Second+5*time.Second-1))
+	}
+	wantTimes(t, f.log.times(), want)
+
+	steps := []struct {
+		write   map[string]interface{}
+		retries int
+		block   time.Duration
+	}{
+		{map[string]interface{}{"max_retries": 3}, 3, 10 * time.Second},
+		{map[string]interface{}{"max_retries": 8, "retry_window": "16s"}, 8, 2 * time.Second},
+		{map[string]interface{}{"max_retries": 1, "retry_window": "1s"}, 1, time.Second},
+		{map[string]interface{}{"max_retries": 20, "retry_window": "10s"}, 20, 500 * time.Millisecond},
+	}
+	for _, st := range steps {
+		t.Run(fmt.Sprint(st.write), func(t *testing.T) {
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/refresh", st.write)
+			f.log.reset()
+			start := f.fireScheduled(testRole)
+			var want []time.Time
+			for i := 0; i < st.retries; i++ {
+				want = append(want, start.Add(time.Duration(i)*st.block+st.block-1))
+			}
+			wantTimes(t, f.log.times(), want)
+			if got := f.status(testRole)["attempts_last_cycle"]; got != st.retries {
+				t.Fatalf("attempts_last_cycle = %v, want %d", got, st.retries)
+			}
+		})
+	}
+}
+
+// TestRefresh_NonRetryableStops checks that an error that cannot succeed on
+// retry ends the cycle after one attempt, however the error arises.
+func TestRefresh_NonRetryableStops(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(f *fixture)
+		code  string
+	}{
+		{"AccessDenied fault", func(f *fixture) { f.emu.SetFaults(alwaysFail(stsemu.FaultAccessDenied)) }, "AccessDenied"},
+		{"role denied by policy", func(f *fixture) { f.emu.SetDeny([]string{"app"}) }, "AccessDenied"},
+		{"role in another account", func(f *fixture) {
+			mustDo(f.t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"role_arn": "arn:aws:iam::999999999999:role/app"})
+		}, "AccessDenied"},
+		{"wrong secret key", func(f *fixture) {
+			mustDo(f.t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"secret_key": "wrong"})
+		}, "SignatureDoesNotMatch"},
+		{"unknown access key", func(f *fixture) {
+			mustDo(f.t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "AKIAUNKNOWNUNKNOWN00"})
+		}, "InvalidClientTokenId"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{rand: randMax})
+			tc.setup(f)
+			resp, err := f.readCreds(testRole)
+			wantCoded(t, resp, err, 503, tc.code)
+			if n := len(f.log.all()); n != 1 {
+				t.Fatalf("%d attempts, want 1", n)
+			}
+			st := f.status(testRole)
+			if st["attempts_last_cycle"] != 1 || st["failed_cycles"] != 1 || !strings.HasPrefix(st["last_error"].(string), tc.code+": ") {
+				t.Fatalf("status = %v", st)
+			}
+			if cached(t, f.s, testRole) != nil {
+				t.Fatal("a failure reached the cache")
+			}
+			if strings.Contains(err.Error(), "wrong") || strings.Contains(st["last_error"].(string), "wrong") {
+				t.Fatal("the configured secret key leaked into an error")
+			}
+		})
+	}
+}
+
+// TestRefresh_FallbackEndpoints checks that a retryable failure of the
+// primary endpoint is followed, within the same attempt, by the fallbacks in
+// order, and that a non-retryable one is not.
+func TestRefresh_FallbackEndpoints(t *testing.T) {
+	closed := closedPortURL(t)
+	tests := []struct {
+		name      string
+		primary   string // "emu" or "closed"
+		faults    stsemu.FaultPlan
+		fbFaults  stsemu.FaultPlan
+		wantCalls []string // endpoint of each call: p = primary, f = fallback
+		wantOK    bool
+		wantCode  string
+	}{
+		{"primary 503, fallback serves", "emu", stsemu.FaultPlan{Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultServiceUnavailable, Count: 1}}}, stsemu.FaultPlan{}, []string{"p", "f"}, true, ""},
+		{"primary down, fallback serves", "closed", stsemu.FaultPlan{}, stsemu.FaultPlan{}, []string{"p", "f"}, true, ""},
+		{"primary throttled, fallback throttled, next attempt on primary", "emu", throttle(1), throttle(1), []string{"p", "f", "p"}, true, ""},
+		{"primary AccessDenied: no fallback", "emu", alwaysFail(stsemu.FaultAccessDenied), stsemu.FaultPlan{}, []string{"p"}, false, "AccessDenied"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{})
+			fb := startEmulator(t, stsemu.Config{Now: f.clock.Now, MaxLifetime: 10 * time.Minute})
+			primary := f.emu.URL()
+			if tc.primary == "closed" {
+				primary = closed
+			}
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{
+				"sts_endpoint": primary, "sts_region": "us-east-1",
+				"sts_fallback_endpoints": fb.URL(), "sts_fallback_regions": "us-west-2",
+			})
+			f.emu.SetFaults(tc.faults)
+			fb.SetFaults(tc.fbFaults)
+			start := f.clock.Now()
+			resp, err := f.readCreds(testRole)
+
+			var got []string
+			for _, c := range f.log.all() {
+				switch c.endpoint {
+				case primary:
+					got = append(got, "p")
+				case fb.URL():
+					got = append(got, "f")
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.wantCalls, ",") {
+				t.Fatalf("calls went to %v, want %v", got, tc.wantCalls)
+			}
+			calls := f.log.all()
+			if len(calls) >= 2 && !calls[1].at.Equal(calls[0].at) {
+				t.Fatal("the fallback was not tried within the same attempt")
+			}
+			if len(calls) == 3 && !calls[2].at.Equal(start.Add(5*time.Second)) {
+				t.Fatalf("second attempt at start%+v, want start+5s", calls[2].at.Sub(start))
+			}
+			if !tc.wantOK {
+				wantCoded(t, resp, err, 503, tc.wantCode)
+				return
+			}
+			if err != nil || resp.IsError() {
+				t.Fatalf("err=%v resp=%v", err, respErr(resp))
+			}
+			if got := f.status(testRole)["attempts_last_cycle"]; got != len(tc.wantCalls)-1 {
+				// Each attempt tries primary then fallback: 2 calls per attempt.
+				if !(len(tc.wantCalls) == 2 && got == 1) {
+					t.Fatalf("attempts_last_cycle = %v for calls %v", got, tc.wantCalls)
+				}
+			}
+		})
+	}
+}
+
+// closedPortURL returns an http URL on loopback where nothing listens.
+func closedPortURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close()
+	return url
+}
+
+// TestRefresh_RateLimitedAttempt checks that an attempt that cannot get an
+// STS slot before the end of its block makes no call and counts as a
+// rate-limited attempt, and that the slot is used once it is free.
+func TestRefresh_RateLimitedAttempt(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{
+		"sts_rate_limit": 0.1, "sts_burst": 1, "max_retries": 6, "retry_window": "6s",
+	}})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/second", map[string]interface{}{"role_arn": testRoleARN + "-second"})
+	f.mustReadCreds(testRole) // takes the one slot of the next 10 seconds
+
+	resp, err := f.readCreds("second")
+	wantCoded(t, resp, err, 503, "RateLimited")
+	if n := len(f.log.all()); n != 1 {
+		t.Fatalf("%d STS calls, want 1 (the rate-limited attempts make none)", n)
+	}
+	if st := f.status("second"); st["attempts_last_cycle"] != 6 || !strings.HasPrefix(st["last_error"].(string), "RateLimited: ") {
+		t.Fatalf("status = %v", st)
+	}
+
+	f.clock.Advance(5 * time.Second) // 10s after the first call
+	f.mustReadCreds("second")
+	if n := len(f.log.all()); n != 2 {
+		t.Fatalf("%d STS calls, want 2", n)
+	}
+}
+
+// TestRefresh_GrowingPauses checks the pause after each failed cycle:
+// uniform in [p/2, p] with p = retry_window, 2x, 4x, ... capped at 5
+// minutes, and that the scheduler really starts the next cycle then.
+func TestRefresh_GrowingPauses(t *testing.T) {
+	pauses := []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute, 5 * time.Minute, 5 * time.Minute}
+	tests := []struct {
+		name    string
+		rand    randSource
+		part    func(p time.Duration) time.Duration // the pause drawn from [p/2, p]
+		attempt time.Duration                       // offset of attempt 0 in its block
+	}{
+		{"shortest pauses", randMin, func(p time.Duration) time.Duration { return p / 2 }, 0},
+		{"longest pauses", randMax, func(p time.Duration) time.Duration { return p }, 5*time.Second - 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{rand: tc.rand, emuRealTime: true})
+			f.emu.SetFaults(alwaysFail(stsemu.FaultInternalFailure))
+			resp, err := f.readCreds(testRole)
+			wantCoded(t, resp, err, 503, "InternalFailure")
+
+			for k, p := range pauses {
+				st := f.status(testRole)
+				if st["failed_cycles"] != k+1 || st["state"] != stateEmpty {
+					t.Fatalf("after cycle %d: status = %v", k+1, st)
+				}
+				last := statusTime(t, st, "last_attempt")
+				next := statusTime(t, st, "next_refresh")
+				if want := last.Add(tc.part(p)); !next.Equal(want) {
+					t.Fatalf("after cycle %d: next_refresh = last_attempt%+v, want last_attempt%+v", k+1, next.Sub(last), tc.part(p))
+				}
+				f.log.reset()
+				started := f.fireScheduled(testRole)
+				if !started.Equal(next) {
+					t.Fatalf("cycle %d started at %v, want %v", k+2, started, next)
+				}
+				if calls := f.log.times(); len(calls) != 6 || !calls[0].Equal(next.Add(tc.attempt)) {
+					t.Fatalf("cycle %d calls at %v, want 6 from %v", k+2, calls, next.Add(tc.attempt))
+				}
+			}
+		})
+	}
+}
+
+// TestRefresh_PauseLeavesRoomBeforeExpiry checks that the pause after a
+// failed cycle never pushes the next cycle later than expiration -
+// retry_window (and starts it at once when that is already past), that the
+// cached credential is served unchanged all along, and that once it has
+// expired reads answer 503 until STS recovers.
+func TestRefresh_PauseLeavesRoomBeforeExpiry(t *testing.T) {
+	const window = 30 * time.Second
+	f := newFixture(t, fixtureOpts{rand: randMax, maxLifetime: 5 * time.Minute, refresh: map[string]interface{}{"refresh_fraction": 0.5}})
+	good := f.mustReadCreds(testRole)
+	exp := statusTime(t, f.status(testRole), "expiration")
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+
+	var sawPlain, sawClamp, sawNow bool
+	for cycle := 1; cycle <= 4; cycle++ {
+		if at, ok := f.b.scheduledAt(testRole); ok {
+			f.fireScheduled(testRole)
+			_ = at
+		} else {
+			// Scheduled at "now": the timer fired as it was set.
+			f.clock.DriveUntil(t, f.nextFlight().done)
+		}
+		st := f.status(testRole)
+		last := statusTime(t, st, "last_attempt")
+		next := statusTime(t, st, "next_refresh")
+		pause := window << (cycle - 1)
+		switch {
+		case !last.Before(exp):
+			// Expired: nothing to leave room for.
+			if !next.Equal(last.Add(pause)) {
+				t.Fatalf("cycle %d (after expiry): next_refresh = last%+v, want last+%v", cycle, next.Sub(last), pause)
+			}
+		case last.Add(pause).Before(exp.Add(-window)) || last.Add(pause).Equal(exp.Add(-window)):
+			sawPlain = true
+			if !next.Equal(last.Add(pause)) {
+				t.Fatalf("cycle %d: next_refresh = last%+v, want last+%v", cycle, next.Sub(last), pause)
+			}
+		case last.Before(exp.Add(-window)):
+			sawClamp = true
+			if !next.Equal(exp.Add(-window)) {
+				t.Fatalf("cycle %d: next_refresh = %v, want expiration - retry_window = %v", cycle, next, exp.Add(-window))
+			}
+		default:
+			sawNow = true
+			if !next.Equal(last) {
+				t.Fatalf("cycle %d: next_refresh = last%+v, want now", cycle, next.Sub(last))
+			}
+		}
+		if exp.Sub(f.clock.Now()) >= minServeValidity {
+			resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+			if resp.Data["access_key"] != good.Data["access_key"] {
+				t.Fatal("a failed cycle changed the served credential")
+			}
+		}
+	}
+	if !sawPlain || !sawClamp || !sawNow {
+		t.Fatalf("cases seen: plain=%v clamp=%v now=%v, want all", sawPlain, sawClamp, sawNow)
+	}
+	if c := cached(t, f.s, testRole); c.AccessKey != good.Data["access_key"] {
+		t.Fatal("the cache entry changed during the fault")
+	}
+
+	t.Run("expired: 503 until recovery", func(t *testing.T) {
+		if !f.clock.Now().After(exp) {
+			t.Fatalf("clock %v not past expiration %v", f.clock.Now(), exp)
+		}
+		if st := f.status(testRole); st["state"] != stateExpired {
+			t.Fatalf("state = %v, want expired", st["state"])
+		}
+		resp, err := f.readCreds(testRole)
+		wantCoded(t, resp, err, 503, "ServiceUnavailable")
+		f.emu.ClearFaults()
+		resp = f.mustReadCreds(testRole)
+		if resp.Data["access_key"] == good.Data["access_key"] {
+			t.Fatal("recovery served the expired credential")
+		}
+		if st := f.status(testRole); st["state"] != stateFresh || st["failed_cycles"] != 0 || st["last_error"] != "" {
+			t.Fatalf("status after recovery = %v", st)
+		}
+	})
+}
+
+// TestRefresh_StartDelay checks when a fresh credential's refresh is due:
+// once less than refresh_fraction of its lifetime is left, plus a random
+// delay of up to 10% of that margin, at both extremes and spread out for
+// credentials issued together.
+func TestRefresh_StartDelay(t *testing.T) {
+	due := func(t *testing.T, f *fixture, role string) (next, base time.Time, margin time.Duration) {
+		st := f.status(role)
+		issued := statusTime(t, st, "issued_at")
+		exp := statusTime(t, st, "expiration")
+		margin = time.Duration(0.33 * float64(exp.Sub(issued)))
+		next = statusTime(t, st, "next_refresh")
+		if at, ok := f.b.scheduledAt(role); !ok || !at.Equal(next) {
+			t.Fatalf("timer at %v (%v), status says %v", at, ok, next)
+		}
+		return next, exp.Add(-margin), margin
+	}
+	t.Run("no delay", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{rand: randMin})
+		f.mustReadCreds(testRole)
+		if next, base, _ := due(t, f, testRole); !next.Equal(base) {
+			t.Fatalf("next_refresh = %v, want expiration - margin = %v", next, base)
+		}
+	})
+	t.Run("longest delay", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{rand: randMax})
+		f.mustReadCreds(testRole)
+		if next, base, margin := due(t, f, testRole); !next.Equal(base.Add(margin/10 - 1)) {
+			t.Fatalf("next_refresh = base%+v, want base+%v", next.Sub(base), margin/10-1)
+		}
+	})
+	t.Run("spread", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{rand: newSeededRand(3), noRole: true})
+		offsets := map[time.Duration]bool{}
+		for i := 0; i < 30; i++ {
+			role := fmt.Sprintf("r%d", i)
+			mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+role, map[string]interface{}{"role_arn": testRoleARN})
+			f.mustReadCreds(role)
+			next, base, margin := due(t, f, role)
+			off := next.Sub(base)
+			if off < 0 || off >= margin/10 {
+				t.Fatalf("%s: delay %v outside [0, %v)", role, off, margin/10)
+			}
+			offsets[off] = true
+		}
+		if len(offsets) < 29 {
+			t.Fatalf("only %d distinct start delays for 30 roles", len(offsets))
+		}
+	})
+}
+
+// TestRefresh_NeverStoresFailure runs every fault the emulator has, plus a
+// storage failure right after a successful STS call, against a role with a
+// good cached credential and against a cold one. In every case the cache
+// entry is untouched, the status records the error, the last good
+// credential is still served, and a cold read answers 503.
+func TestRefresh_NeverStoresFailure(t *testing.T) {
+	tests := []struct {
+		name     string
+		fault    stsemu.Fault // emulator fault for every call of the cycle
+		hook     bool         // instead: the test hook fails every cache write
+		storage  bool         // instead: the storage itself fails cache writes
+		code     string
+		attempts int
+	}{
+		{name: "Throttling", fault: stsemu.FaultThrottling, code: "Throttling", attempts: 6},
+		{name: "RequestLimitExceeded", fault: stsemu.FaultRequestLimitExceeded, code: "RequestLimitExceeded", attempts: 6},
+		{name: "InternalFailure", fault: stsemu.FaultInternalFailure, code: "InternalFailure", attempts: 6},
+		{name: "ServiceUnavailable", fault: stsemu.FaultServiceUnavailable, code: "ServiceUnavailable", attempts: 6},
+		{name: "connection reset", fault: stsemu.FaultReset, code: "ConnectionError", attempts: 6},
+		{name: "hang past the call timeout", fault: stsemu.FaultHang, code: "Timeout", attempts: 6},
+		{name: "malformed XML", fault: stsemu.FaultMalformed, code: "MalformedResponse", attempts: 6},
+		{name: "already expired", fault: stsemu.FaultExpired, code: "InvalidCredential", attempts: 6},
+		{name: "empty access key", fault: stsemu.FaultEmptyKey, code: "InvalidCredential", attempts: 6},
+		{name: "AccessDenied", fault: stsemu.FaultAccessDenied, code: "AccessDenied", attempts: 1},
+		{name: "cache write fails (test hook)", hook: true, code: "StorageError", attempts: 6},
+		{name: "cache write fails (storage)", storage: true, code: "StorageError", attempts: 6},
+	}
+	// A short window keeps the hang case fast: block 1s/6, call timeout 133ms.
+	refresh := map[string]interface{}{"max_retries": 6, "retry_window": "1s"}
+
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			failWrites := &failSwitch{}
+			setup := func() *fixture {
+				store := &countingStorage{Storage: new(logical.InmemStorage), fail: failWrites.check}
+				f := newFixture(t, fixtureOpts{refresh: refresh, testHooks: tc.hook, storage: store})
+				f.emu.SetFaults(stsemu.FaultPlan{Hang: 10 * time.Second})
+				return f
+			}
+			startFault := func(f *fixture) {
+				switch {
+				case tc.hook:
+					mustDo(t, f.b, f.s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": 100})
+				case tc.storage:
+					failWrites.set(true)
+				default:
+					f.emu.SetFaults(stsemu.FaultPlan{Probability: map[stsemu.Fault]float64{tc.fault: 1}, Hang: 10 * time.Second})
+				}
+			}
+			checkStatus := func(t *testing.T, f *fixture, st map[string]interface{}, state string) {
+				t.Helper()
+				if st["state"] != state || st["attempts_last_cycle"] != tc.attempts || st["failed_cycles"] != 1 ||
+					!strings.HasPrefix(st["last_error"].(string), tc.code+": ") {
+					t.Fatalf("status = %v, want state %s, %d attempts, 1 failed cycle, last_error %s", st, state, tc.attempts, tc.code)
+				}
+				if n := len(f.log.all()); n != tc.attempts {
+					t.Fatalf("%d STS calls, want %d", n, tc.attempts)
+				}
+			}
+
+			t.Run("cached credential", func(t *testing.T) {
+				failWrites.set(false)
+				f := setup()
+				good := f.mustReadCreds(testRole)
+				before, _ := f.s.Get(t.Context(), cachePrefix+testRole)
+				f.log.reset()
+				startFault(f)
+
+				st := f.refresh(testRole)
+				checkStatus(t, f, st, stateStale)
+				after, _ := f.s.Get(t.Context(), cachePrefix+testRole)
+				if string(after.Value) != string(before.Value) {
+					t.Fatal("the cache entry changed")
+				}
+				f.log.reset()
+				resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+				if resp.Data["access_key"] != good.Data["access_key"] || len(f.log.all()) != 0 {
+					t.Fatal("the last good credential was not served from the cache")
+				}
+			})
+			t.Run("cold role", func(t *testing.T) {
+				failWrites.set(false)
+				f := setup()
+				startFault(f)
+				resp, err := f.readCreds(testRole)
+				wantCoded(t, resp, err, 503, `no valid credential for role "app"`, tc.code)
+				checkStatus(t, f, f.status(testRole), stateEmpty)
+				if e, _ := f.s.Get(t.Context(), cachePrefix+testRole); e != nil {
+					t.Fatal("a failed cycle wrote a cache entry")
+				}
+			})
+		})
+	}
+}
+
+// failSwitch makes countingStorage fail writes of cache entries while on.
+type failSwitch struct {
+	mu sync.Mutex
+	on bool
+}
+
+func (s *failSwitch) set(on bool) {
+	s.mu.Lock()
+	s.on = on
+	s.mu.Unlock()
+}
+
+func (s *failSwitch) check(key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.on && strings.HasPrefix(key, cachePrefix) {
+		return fmt.Errorf("injected storage failure writing %s", key)
+	}
+	return nil
+}
+
+// TestRefresh_StorageFailureThenSuccess checks that a failed cache write
+// costs one attempt and the next attempt stores the credential.
+func TestRefresh_StorageFailureThenSuccess(t *testing.T) {
+	f := newFixture(t, fixtureOpts{testHooks: true})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": 1})
+	f.mustReadCreds(testRole)
+	if n := len(f.log.all()); n != 2 {
+		t.Fatalf("%d STS calls, want 2 (one lost to the storage failure)", n)
+	}
+	st := f.status(testRole)
+	if st["attempts_last_cycle"] != 2 || st["state"] != stateFresh {
+		t.Fatalf("status = %v", st)
+	}
+	if got := mustDo(t, f.b, f.s, logical.ReadOperation, "test/storage-faults", nil).Data["cache_write_failures"]; got != 0 {
+		t.Fatalf("cache_write_failures = %v after use, want 0", got)
+	}
+}
+
+// TestRefresh_SingleFlight sends 100 concurrent cold reads of one role and
+// checks they share one cycle and one STS call, and that readers who give up
+// do not cancel it for the others.
+func TestRefresh_SingleFlight(t *testing.T) {
+	const readers, quitters = 100, 10
+	f := newFixture(t, fixtureOpts{})
+	release := make(chan struct{})
+	f.log.before = func() { <-release }
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	results := make(chan result, readers)
+	for i := 0; i < readers; i++ {
+		rctx := context.Background()
+		if i < quitters {
+			rctx = ctx
+		}
+		go func() {
+			resp, err := f.b.HandleRequest(rctx, &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: f.s})
+			results <- result{resp, err}
+		}()
+	}
+	fl := f.nextFlight()
+	waitFor(t, "all readers to join the cycle", func() bool { return fl.waiters.Load() == readers })
+	cancel()
+	var quit int
+	for i := 0; i < quitters; i++ {
+		r := <-results
+		wantCoded(t, r.resp, r.err, 503, "the request ended while refreshing")
+		quit++
+	}
+	close(release)
+
+	keys := map[interface{}]int{}
+	for i := 0; i < readers-quit; i++ {
+		r := <-results
+		if r.err != nil || r.resp.IsError() {
+			t.Fatalf("reader failed: %v %v", r.err, respErr(r.resp))
+		}
+		keys[r.resp.Data["access_key"]]++
+	}
+	if len(keys) != 1 {
+		t.Fatalf("readers got %d different credentials, want 1", len(keys))
+	}
+	if n := f.emu.Stats().Total; n != 1 {
+		t.Fatalf("the emulator saw %d STS calls, want 1", n)
+	}
+	select {
+	case fl := <-f.flights:
+		t.Fatalf("a second cycle started: %v", fl)
+	default:
+	}
+}
+
+// TestRefresh_RateLimitHerd starts 200 roles whose credentials are all due
+// at once, with sts_rate_limit 10/s and burst 10, against an emulator that
+// throttles above exactly that rate. Every role is refreshed in its first
+// cycle, no call is throttled, and in no window of the run do the calls
+// exceed burst + rate * window.
+func TestRefresh_RateLimitHerd(t *testing.T) {
+	const roles, rate, burst = 200, 10, 10
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: 10 * time.Minute})
+
+	// Storage as an earlier active node left it: 200 credentials issued
+	// together, five minutes from expiry, so all are due now.
+	storage := new(logical.InmemStorage)
+	now := clk.Now()
+	put := func(key string, v interface{}) {
+		e, err := logical.StorageEntryJSON(key, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Put(t.Context(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(configRootPath, &rootConfig{AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey, Region: "us-east-1", STSEndpoint: emu.URL()})
+	old := map[string]string{}
+	for i := 0; i < roles; i++ {
+		name := fmt.Sprintf("r%03d", i)
+		put(rolePrefix+name, &roleEntry{CredentialType: credentialTypeAssumedRole, RoleARN: testRoleARN + "-" + name, TTL: time.Hour})
+		old[name] = fmt.Sprintf("ASIAOLD%013d", i)
+		put(cachePrefix+name, &cacheEntry{
+			AccessKey: old[name], SecretKey: "old-secret", SessionToken: "old-token",
+			IssuedAt: now.Add(-55 * time.Minute), Expiration: now.Add(5 * time.Minute),
+		})
+	}
+
+	log := &callLog{clock: clk}
+	b, _ := newTestBackend(t, testOpts{clock: clk, rand: newSeededRand(11), wrapSTS: log.wrap, storage: storage})
+
+	refreshed := func() int {
+		n := 0
+		for name, key := range old {
+			if _, cred, _, _ := b.lookup(name); cred != nil && cred.AccessKey != key {
+				n++
+			}
+		}
+		return n
+	}
+	// Every role always has exactly one timer when its goroutines are idle:
+	// its cycle's next attempt (or rate-limit slot), or its next refresh.
+	for step := 0; ; step++ {
+		clk.BlockUntil(t, roles)
+		if refreshed() == roles {
+			break
+		}
+		if step > 10000 {
+			t.Fatalf("only %d of %d roles refreshed", refreshed(), roles)
+		}
+		clk.AdvanceToNext(t)
+	}
+
+	times := log.times()
+	if len(times) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(times), roles)
+	}
+	if s := emu.Stats(); s.Count("AssumeRole", "ok") != roles || s.Count("", "Throttling") != 0 {
+		t.Fatalf("emulator outcomes: %v", s.ByOutcome)
+	}
+	checkRateWindows(t, times, rate, burst)
+	first, last := times[0], times[0]
+	for _, at := range times {
+		if at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	if span := last.Sub(first); span < (roles-burst)*time.Second/rate {
+		t.Fatalf("200 calls within %v, faster than the limit allows", span)
+	}
+	if span := last.Sub(now); span > 30*time.Second {
+		t.Fatalf("the herd took %v, longer than one retry window", span)
+	}
+}
