@@ -31,6 +31,12 @@ fmtcheck:
 	@out=$$(git ls-files -z --cached --others --exclude-standard '*.go' | xargs -0 -r gofmt -l); \
 	if [ -n "$$out" ]; then echo "not gofmt-formatted (run make fmt):"; echo "$$out"; exit 1; fi
 
+# Benchmarks against KV, the built-in aws engine and baseline refresh
+# policies: one table, charts in docs/bench/ (not run by CI).
+.PHONY: bench
+bench:
+	./scripts/bench.sh
+
 # The plugin in a 3-node Vault HA cluster (raft): set-up, SIGKILL of the
 # active node, rejoin; prints the election gap and STS calls around it.
 .PHONY: ha

@@ -10,6 +10,7 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/hashicorp/vault/sdk v0.25.1
+	golang.org/x/image v0.38.0
 	golang.org/x/time v0.16.0
 )
 

@@ -1,0 +1,230 @@
+// Command aws-resilient-bench measures the plugin on the real stack and
+// prints one table: it starts its own Vault dev server (the pinned build,
+// see scripts/vault.sh), the plugin built from this tree and STS emulator
+// processes, and stops them all when it ends or is interrupted.
+//
+// Sections (-sections selects them; flags shrink each one):
+//
+//	a  read throughput and latency at a fixed concurrency: aws-resilient
+//	   creds vs a KV v1 read vs Vault's built-in aws engine (assumed_role,
+//	   STS at the emulator with 50 ms latency), plus two reads that split
+//	   the plugin's cost (KV with leases, a plugin read without a lease)
+//	b  steady state: STS calls per credential over many short lifetimes
+//	c  herd: 1000 roles due at once against an STS limited to 20 req/s,
+//	   and the same herd under two baseline policies played by the driver
+//	d  single flight: 100 concurrent cold reads of one role
+//	e  RSS and CPU of the plugin process with 10 000 roles cached (its own
+//	   Vault server, so nothing else shares the plugin process)
+//
+// Charts (PNG) and the raw figures (results.json) go to -out. The bench
+// never fails on a missed target; it exits non-zero only when it cannot
+// run. Run it with scripts/bench.sh (make bench).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/bench"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
+)
+
+type options struct {
+	sections string
+	out      string
+
+	concurrency   int
+	warmup, dur   time.Duration
+	latency       time.Duration
+	steadyRoles   int
+	steadyLife    time.Duration
+	steadyDur     time.Duration
+	herdRoles     int
+	herdLife      time.Duration
+	herdFraction  float64
+	herdRate      int
+	herdBurst     int
+	pluginRate    int
+	pluginBurst   int
+	herdBaselines bool
+	sfReaders     int
+	sfRounds      int
+	cacheRoles    int
+	cacheEnv      string
+	logLevel      string
+	readStorage   string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e", "comma-separated sections to run")
+	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
+	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "a: warm-up before each measured run")
+	flag.DurationVar(&o.dur, "duration", 10*time.Second, "a: measured duration of each run")
+	flag.StringVar(&o.readStorage, "read-storage", "dev", "a: Vault for the read comparison: dev (in-memory, shared with b-d), raft or file (a server of its own)")
+	flag.DurationVar(&o.latency, "sts-latency", 50*time.Millisecond, "a, d: emulated STS latency")
+	flag.IntVar(&o.steadyRoles, "steady-roles", 100, "b: roles")
+	flag.DurationVar(&o.steadyLife, "steady-lifetime", 15*time.Second, "b: credential lifetime (emulator max_lifetime)")
+	flag.DurationVar(&o.steadyDur, "steady-duration", 90*time.Second, "b: how long to watch")
+	flag.IntVar(&o.herdRoles, "herd-roles", 1000, "c: roles due at once")
+	flag.DurationVar(&o.herdLife, "herd-lifetime", 90*time.Second, "c: credential lifetime")
+	flag.Float64Var(&o.herdFraction, "herd-fraction", 0.9, "c: refresh_fraction (margin = fraction x lifetime)")
+	flag.IntVar(&o.herdRate, "herd-sts-rate", 20, "c: emulator rate limit, req/s")
+	flag.IntVar(&o.herdBurst, "herd-sts-burst", 20, "c: emulator burst")
+	flag.IntVar(&o.pluginRate, "herd-plugin-rate", 20, "c: plugin sts_rate_limit")
+	flag.IntVar(&o.pluginBurst, "herd-plugin-burst", 10, "c: plugin sts_burst")
+	flag.BoolVar(&o.herdBaselines, "herd-baselines", true, "c: also run the two baseline policies")
+	flag.IntVar(&o.sfReaders, "sf-readers", 100, "d: concurrent cold readers")
+	flag.IntVar(&o.sfRounds, "sf-rounds", 3, "d: rounds (a new role each)")
+	flag.IntVar(&o.cacheRoles, "cache-roles", 10000, "e: roles cached")
+	flag.StringVar(&o.cacheEnv, "cache-plugin-env", "", "e: comma-separated KEY=VALUE for the plugin process (e.g. GOGC=50 or GODEBUG=gctrace=1)")
+	flag.StringVar(&o.logLevel, "vault-log-level", "warn", "Vault servers' -log-level (plugin stderr shows at debug)")
+	keep := flag.Bool("keep", false, "keep the servers' directories and logs (under $TMPDIR)")
+	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 3 minutes)")
+	flag.Parse()
+	if *quick {
+		o.dur, o.warmup = 4*time.Second, time.Second
+		o.steadyRoles, o.steadyDur = 30, 40*time.Second
+		o.herdRoles, o.herdLife = 200, 40*time.Second
+		o.sfRounds = 1
+		o.cacheRoles = 2000
+	}
+
+	tb := bench.NewTB("aws-resilient-bench", os.Stderr)
+	tb.Keep = *keep
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		fmt.Fprintf(os.Stderr, "\n%s: stopping everything the bench started\n", s)
+		tb.Close()
+		os.Exit(130)
+	}()
+
+	var r *run
+	err := tb.Run(func() { r = newRun(tb, o); r.all() })
+	tb.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench failed:", err)
+		os.Exit(1)
+	}
+}
+
+// run is one bench run: its servers, options and results.
+type run struct {
+	tb      *bench.TB
+	o       options
+	vault   *vaulttest.Server
+	api     *api
+	table   bench.Table
+	results map[string]any
+	started time.Time
+}
+
+func newRun(tb *bench.TB, o options) *run {
+	return &run{tb: tb, o: o, results: map[string]any{}, started: time.Now()}
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(r.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (r *run) want(section string) bool {
+	for _, s := range strings.Split(r.o.sections, ",") {
+		if strings.TrimSpace(s) == section {
+			return true
+		}
+	}
+	return false
+}
+
+// startVault starts a dev server with the plugin registered (not mounted)
+// with the given environment.
+func (r *run) startVault(env ...string) (*vaulttest.Server, *api) {
+	return r.startServer("dev", env...)
+}
+
+// startServer starts a server with the given storage ("dev" for a dev
+// server) and the plugin registered.
+func (r *run) startServer(storage string, env ...string) (*vaulttest.Server, *api) {
+	opts := vaulttest.ServerOptions{Dev: storage == "dev", LogLevel: r.o.logLevel}
+	if !opts.Dev {
+		opts.Storage = storage
+	}
+	s := vaulttest.StartServer(r.tb, opts)
+	s.RegisterPlugin(r.tb, vaulttest.PluginBin(r.tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{Env: env})
+	r.logf("vault %s: log %s", s.Addr, s.Process.LogPath)
+	return s, newAPI(s)
+}
+
+func (r *run) all() {
+	if err := os.MkdirAll(r.o.out, 0o755); err != nil {
+		r.tb.Fatal(err)
+	}
+	m := bench.ReadMachine()
+	vaultBin := vaulttest.VaultBin(r.tb)
+	vaultVersion := "?"
+	if out, err := exec.Command(vaultBin, "version").Output(); err == nil {
+		vaultVersion = strings.TrimSpace(string(out))
+	}
+	commit := "?"
+	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
+		commit = strings.TrimSpace(string(out))
+	}
+	r.results["machine"] = m
+	r.results["vault_version"] = vaultVersion
+	r.results["plugin_commit"] = commit
+	r.results["options"] = fmt.Sprintf("%+v", r.o)
+	r.logf("building the plugin and emulator, starting Vault")
+	vaulttest.EmulatorBin(r.tb)
+	r.vault, r.api = r.startVault()
+
+	if r.want("a") {
+		r.sectionA()
+	}
+	if r.want("b") {
+		r.sectionB()
+	}
+	if r.want("c") {
+		r.sectionC()
+	}
+	if r.want("d") {
+		r.sectionD()
+	}
+	if r.want("e") {
+		r.sectionE()
+	}
+
+	var head strings.Builder
+	fmt.Fprintf(&head, "aws-resilient bench, %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&head, "machine: %d CPUs (%s), %s RAM, %s\n", m.CPUs, m.CPUModel, m.MemTotal, m.OS)
+	fmt.Fprintf(&head, "%s; %s; plugin %s at %s\n", m.GoVersion, vaultVersion, vaulttest.DefaultPluginVersion, commit)
+	fmt.Fprintf(&head, "command: %s\n\n", strings.Join(os.Args, " "))
+	var tbl strings.Builder
+	r.table.Write(&tbl)
+	fmt.Print("\n" + head.String() + tbl.String())
+	if err := os.WriteFile(filepath.Join(r.o.out, "table.txt"), []byte(head.String()+tbl.String()), 0o644); err != nil {
+		r.tb.Fatal(err)
+	}
+	b, _ := json.MarshalIndent(r.results, "", "  ")
+	if err := os.WriteFile(filepath.Join(r.o.out, "results.json"), b, 0o644); err != nil {
+		r.tb.Fatal(err)
+	}
+	r.logf("wrote %s/{table.txt,results.json} and the charts", r.o.out)
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+}
+
+var bg = context.Background()

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/bench"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
+)
+
+// readTarget is one path section a loads.
+type readTarget struct {
+	key, name, path string
+}
+
+// sectionA: read throughput and latency at a fixed concurrency.
+//
+// The KV value holds the very fields the plugin returns, so both answers
+// have the same size. Two extra reads split the plugin's cost: a KV v1
+// mount with leased_passthrough (the same KV read, but Vault registers a
+// lease for it, as it does for every creds read of a non-KV engine) and
+// the plugin's config/refresh read (a round trip to the plugin process and
+// one storage read, with no lease).
+func (r *run) sectionA() {
+	r.logf("a: setting up aws-resilient, KV v1 (plain and leased) and the built-in aws engine; STS latency %s; storage %s", r.o.latency, r.o.readStorage)
+	tb, a, vault := r.tb, r.api, r.vault
+	if r.o.readStorage != "dev" {
+		vault, a = r.startServer(r.o.readStorage)
+		defer vault.Stop(tb)
+	}
+	emu := vaulttest.StartEmulator(tb, "-latency", r.o.latency.String())
+
+	setupMount(tb, vault, a, vaulttest.MountPath, emu, nil)
+	must(tb, a.write(vaulttest.MountPath+"/roles/bench", map[string]any{"credential_type": "assumed_role", "role_arn": roleARN("bench-a")}))
+	cred, err := a.read(vaulttest.MountPath + "/creds/bench")
+	must(tb, err)
+
+	must(tb, a.write("sys/mounts/kv", map[string]any{"type": "kv", "options": map[string]any{"version": "1"}}))
+	must(tb, a.write("kv/bench", cred.Data))
+	must(tb, a.write("sys/mounts/kv-leased", map[string]any{"type": "kv", "options": map[string]any{"version": "1", "leased_passthrough": "true"}}))
+	leased := map[string]any{"ttl": "1h"}
+	for k, v := range cred.Data {
+		leased[k] = v
+	}
+	must(tb, a.write("kv-leased/bench", leased))
+	if s, err := a.read("kv-leased/bench"); err != nil || s.LeaseID == "" {
+		tb.Fatalf("kv-leased read did not create a lease (err %v)", err)
+	}
+
+	must(tb, a.write("sys/mounts/aws", map[string]any{"type": "aws"}))
+	must(tb, a.write("aws/config/root", map[string]any{
+		"access_key": emu.AccessKey, "secret_key": emu.SecretKey, "region": "us-east-1",
+		"sts_endpoint": emu.URL, "sts_region": "us-east-1", "iam_endpoint": emu.URL,
+	}))
+	must(tb, a.write("aws/roles/bench", map[string]any{"credential_type": "assumed_role", "role_arns": roleARN("bench-builtin")}))
+	if _, err := a.read("aws/creds/bench"); err != nil {
+		tb.Fatalf("built-in aws engine against the emulator: %v", err)
+	}
+
+	targets := []readTarget{
+		{"kv", "KV v1 read", "kv/bench"},
+		{"plugin", "aws-resilient creds read", vaulttest.MountPath + "/creds/bench"},
+		{"kv_leased", "KV v1 read, leased_passthrough", "kv-leased/bench"},
+		{"plugin_nolease", "aws-resilient config/refresh read", vaulttest.MountPath + "/config/refresh"},
+		{"builtin", "built-in aws creds read", "aws/creds/bench"},
+	}
+	client := bench.NewHTTPClient(r.o.concurrency)
+	res := map[string]bench.LoadResult{}
+	calls := map[string]int{}
+	raw := map[string]any{}
+	// CPU time per read of each process involved (from /proc), to show
+	// where a read's cost goes on a CPU-bound machine.
+	procs := map[string][]int{
+		"vault":    {vault.Process.PID()},
+		"plugin":   vault.PluginPIDs(tb),
+		"emulator": {emu.Process.PID()},
+		"loadgen":  {os.Getpid()},
+	}
+	cpuOf := func() map[string]time.Duration {
+		out := map[string]time.Duration{}
+		for name, pids := range procs {
+			for _, pid := range pids {
+				c, err := bench.ReadCPU(pid)
+				must(tb, err)
+				out[name] += c
+			}
+		}
+		return out
+	}
+	cpuPerRead := map[string]map[string]time.Duration{}
+	for _, t := range targets {
+		emu.Reset(tb)
+		before := cpuOf()
+		lr := bench.Load(bg, client, t.name, vault.Addr+"/v1/"+t.path, vault.RootToken(), r.o.concurrency, r.o.warmup, r.o.dur)
+		after := cpuOf()
+		per := map[string]time.Duration{}
+		perUS := map[string]float64{}
+		for name := range procs {
+			per[name] = (after[name] - before[name]) / time.Duration(max(1, lr.Total))
+			perUS[name] = float64(per[name]) / 1e3
+		}
+		cpuPerRead[t.key] = per
+		res[t.key] = lr
+		calls[t.key] = emu.Stats(tb).Count("AssumeRole", "")
+		r.logf("a: %-36s %8.0f req/s  p50 %s  p99 %s  errors %d  STS calls %d (incl. warm-up)  CPU/read: vault %.0fus plugin %.0fus loadgen %.0fus",
+			t.name, lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)), lr.Errors, calls[t.key], perUS["vault"], perUS["plugin"], perUS["loadgen"])
+		raw[t.key] = map[string]any{
+			"name": t.name, "path": t.path, "rps": lr.RPS(), "requests": lr.Requests, "errors": lr.Errors,
+			"p50_ms": lr.Quantile(0.5).Seconds() * 1000, "p90_ms": lr.Quantile(0.9).Seconds() * 1000,
+			"p99_ms": lr.Quantile(0.99).Seconds() * 1000, "sts_calls": calls[t.key], "cpu_us_per_read": perUS,
+		}
+	}
+	// The built-in engine's throughput is bound by STS latency (c / 50 ms)
+	// and the plugin's by CPU, so their ratio depends on the concurrency
+	// chosen; one client alone shows the latency ratio.
+	var single map[string]bench.LoadResult
+	if r.o.concurrency != 1 {
+		single = map[string]bench.LoadResult{}
+		one := bench.NewHTTPClient(1)
+		for _, t := range []readTarget{targets[1], targets[4]} {
+			lr := bench.Load(bg, one, t.name, vault.Addr+"/v1/"+t.path, vault.RootToken(), 1, r.o.warmup, r.o.dur/2)
+			single[t.key] = lr
+			r.logf("a: %-36s %8.0f req/s  p50 %s  p99 %s  (c=1)", t.name, lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)))
+			raw[t.key+"_c1"] = map[string]any{"rps": lr.RPS(), "p50_ms": lr.Quantile(0.5).Seconds() * 1000, "p99_ms": lr.Quantile(0.99).Seconds() * 1000}
+		}
+	}
+	raw["concurrency"] = r.o.concurrency
+	raw["duration_s"] = r.o.dur.Seconds()
+	raw["sts_latency_ms"] = r.o.latency.Seconds() * 1000
+	raw["storage"] = r.o.readStorage
+	r.results["a_reads"] = raw
+
+	c := r.o.concurrency
+	row := func(key, note string) bench.Row {
+		lr := res[key]
+		cpu := cpuPerRead[key]
+		v := fmt.Sprintf("%.0f req/s, p50 %s, p99 %s, %d STS calls, CPU/read %dus Vault + %dus plugin",
+			lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)), calls[key], cpu["vault"].Microseconds(), cpu["plugin"].Microseconds())
+		if lr.Errors > 0 {
+			v += fmt.Sprintf(", %d ERRORS", lr.Errors)
+		}
+		if r.o.readStorage != "dev" {
+			note += ", " + r.o.readStorage + " storage"
+		}
+		return bench.Row{Section: "a", Metric: fmt.Sprintf("%s (c=%d)%s", lr.Name, c, note), Value: v}
+	}
+	pl, kv, bi := res["plugin"], res["kv"], res["builtin"]
+	r.table.Add(row("kv", ""))
+	rp := row("plugin", "")
+	rp.Ratio = fmt.Sprintf("%.2fx KV", pl.RPS()/kv.RPS())
+	rp.Target = ">= 0.9x KV"
+	rp.Result = bench.Verdict(pl.RPS() >= 0.9*kv.RPS() && pl.Errors == 0)
+	r.table.Add(rp)
+	rb := row("builtin", fmt.Sprintf(", STS %s", r.o.latency))
+	r.table.Add(rb)
+	r.table.Add(bench.Row{Section: "a", Metric: "aws-resilient vs built-in throughput",
+		Ratio: fmt.Sprintf("%.1fx", pl.RPS()/bi.RPS()), Target: ">= 50x built-in", Result: bench.Verdict(pl.RPS() >= 50*bi.RPS())})
+	if single != nil {
+		p1, b1 := single["plugin"], single["builtin"]
+		r.table.Add(bench.Row{Section: "a", Metric: "aws-resilient vs built-in throughput, one client (c=1)",
+			Value: fmt.Sprintf("%.0f vs %.1f req/s, p50 %s vs %s", p1.RPS(), b1.RPS(), ms(p1.Quantile(0.5)), ms(b1.Quantile(0.5))),
+			Ratio: fmt.Sprintf("%.1fx", p1.RPS()/b1.RPS())})
+	}
+	rl := row("kv_leased", " [cost of a lease]")
+	rl.Ratio = fmt.Sprintf("%.2fx KV", res["kv_leased"].RPS()/kv.RPS())
+	r.table.Add(rl)
+	rn := row("plugin_nolease", " [plugin round trip, no lease]")
+	rn.Ratio = fmt.Sprintf("%.2fx KV", res["plugin_nolease"].RPS()/kv.RPS())
+	r.table.Add(rn)
+
+	// Latency distribution chart: CDF on a log axis.
+	ch := bench.Chart{
+		Title:   fmt.Sprintf("Read latency, %d concurrent readers (built-in: STS latency %s)", c, r.o.latency),
+		XLabel:  "latency (log scale)",
+		YLabel:  "fraction of reads <= x",
+		LogX:    true,
+		XFormat: bench.FormatMillis,
+		YMax:    1.0,
+		// The curves rise on the left; the bottom right stays empty.
+		LegendBottom: true,
+	}
+	colors := map[string]bench.Series{
+		"kv":        {Color: bench.Blue},
+		"plugin":    {Color: bench.Orange},
+		"kv_leased": {Color: bench.Purple, Dashed: true},
+		"builtin":   {Color: bench.Red},
+	}
+	lo, hi := 1e9, 0.0
+	for _, key := range []string{"kv", "plugin", "kv_leased", "builtin"} {
+		lr := res[key]
+		s := colors[key]
+		s.Name = lr.Name
+		n := len(lr.Latencies)
+		if n == 0 {
+			continue
+		}
+		for i := 0; i <= 400; i++ {
+			q := float64(i) / 400
+			v := float64(lr.Latencies[min(n-1, int(q*float64(n-1)))]) / 1e6
+			s.X = append(s.X, v)
+			s.Y = append(s.Y, q)
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		ch.Series = append(ch.Series, s)
+	}
+	ch.XMin, ch.XMax = lo*0.9, hi*1.1
+	path := filepath.Join(r.o.out, "read-latency.png")
+	must(tb, ch.WritePNG(path, 900, 500))
+	r.logf("a: wrote %s", path)
+}

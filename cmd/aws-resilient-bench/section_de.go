@@ -1,0 +1,163 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/bench"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
+)
+
+// sectionD: single flight. Each round creates a new role and releases
+// sfReaders readers of its creds at once; the emulator (with STS latency, so
+// the cold refresh is slow enough for every reader to arrive during it)
+// counts the STS calls for that role.
+func (r *run) sectionD() {
+	o := r.o
+	r.logf("d: %d concurrent cold reads x %d rounds", o.sfReaders, o.sfRounds)
+	tb, a := r.tb, r.api
+	emu := vaulttest.StartEmulator(tb, "-latency", o.latency.String())
+	const mount = "bench-d"
+	setupMount(tb, r.vault, a, mount, emu, nil)
+	worst, failed, distinct := 0, 0, 0
+	var rounds []map[string]any
+	for round := 0; round < o.sfRounds; round++ {
+		name := fmt.Sprintf("single-flight-%d", round)
+		createRoles(tb, a, mount, []string{name}, false)
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			keys  = map[string]bool{}
+			errs  int
+			start = make(chan struct{})
+			lat   []time.Duration
+		)
+		for i := 0; i < o.sfReaders; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				t0 := time.Now()
+				s, err := a.read(mount + "/creds/" + name)
+				mu.Lock()
+				defer mu.Unlock()
+				lat = append(lat, time.Since(t0))
+				if err != nil {
+					errs++
+					return
+				}
+				k, _ := s.Data["access_key"].(string)
+				keys[k] = true
+			}()
+		}
+		close(start)
+		wg.Wait()
+		n := 0
+		for _, c := range emu.Calls(tb) {
+			if c.Action == "AssumeRole" && c.RoleArn == roleARN(name) {
+				n++
+			}
+		}
+		var slowest time.Duration
+		for _, l := range lat {
+			slowest = max(slowest, l)
+		}
+		r.logf("d: round %d: %d STS calls, %d errors, %d distinct credentials, slowest read %s", round, n, errs, len(keys), ms(slowest))
+		worst, failed, distinct = max(worst, n), failed+errs, max(distinct, len(keys))
+		rounds = append(rounds, map[string]any{"sts_calls": n, "errors": errs, "distinct_credentials": len(keys), "slowest_read_ms": slowest.Seconds() * 1000})
+	}
+	r.results["d_single_flight"] = map[string]any{"readers": o.sfReaders, "rounds": rounds}
+	r.table.Add(bench.Row{Section: "d",
+		Metric: fmt.Sprintf("single flight: STS calls for %d concurrent cold reads (worst of %d roles)", o.sfReaders, o.sfRounds),
+		Value:  fmt.Sprintf("%d (%d failed reads, %d distinct credentials)", worst, failed, distinct),
+		Target: "1", Result: bench.Verdict(worst == 1 && failed == 0 && distinct == 1)})
+}
+
+// sectionE: memory and CPU of the plugin process with cacheRoles roles
+// cached, on a Vault server of its own so that no other mount shares the
+// (multiplexed) plugin process.
+func (r *run) sectionE() {
+	o := r.o
+	r.logf("e: %d roles cached, on a separate Vault server", o.cacheRoles)
+	tb := r.tb
+	var env []string
+	if o.cacheEnv != "" {
+		env = strings.Split(o.cacheEnv, ",")
+	}
+	s, a := r.startVault(env...)
+	emu := vaulttest.StartEmulator(tb)
+	const mount = "bench-e"
+	// 100 ms blocks so that 10 000 cold reads do not each wait up to 5 s for
+	// their first attempt; no rate cap.
+	setupMount(tb, s, a, mount, emu, map[string]any{"retry_window": 1, "max_retries": 10, "sts_rate_limit": 0})
+	pids := s.PluginPIDs(tb)
+	if len(pids) != 1 {
+		tb.Fatalf("e: want one plugin process, found %v", pids)
+	}
+	pid := pids[0]
+	readMem := func() bench.ProcMem {
+		m, err := bench.ReadMem(pid)
+		must(tb, err)
+		return m
+	}
+	readCPU := func() time.Duration {
+		c, err := bench.ReadCPU(pid)
+		must(tb, err)
+		return c
+	}
+	// Settle, then the idle figures.
+	time.Sleep(2 * time.Second)
+	m0 := readMem()
+
+	names := make([]string, o.cacheRoles)
+	for i := range names {
+		names[i] = fmt.Sprintf("cached-%05d", i)
+	}
+	cpu0, t0 := readCPU(), time.Now()
+	createRoles(tb, a, mount, names, false)
+	m1 := readMem()
+	cpu1, t1 := readCPU(), time.Now()
+	must(tb, parallel(len(names), 64, func(i int) error {
+		_, err := a.read(mount + "/creds/" + names[i])
+		return err
+	}))
+	cpu2, t2 := readCPU(), time.Now()
+	m2 := readMem()
+	r.logf("e: created %d roles in %.1fs (plugin CPU %.1fs), cached them in %.1fs (plugin CPU %.1fs)",
+		len(names), t1.Sub(t0).Seconds(), (cpu1 - cpu0).Seconds(), t2.Sub(t1).Seconds(), (cpu2 - cpu1).Seconds())
+	// Idle with everything cached: the refresher should cost nothing
+	// between due times.
+	idle := 10 * time.Second
+	cpuI0 := readCPU()
+	time.Sleep(idle)
+	cpuIdle := readCPU() - cpuI0
+	m3 := readMem()
+	// A pass of reads over every cached role (hot path, no STS).
+	cpuR0, tR0 := readCPU(), time.Now()
+	must(tb, parallel(len(names), 16, func(i int) error {
+		_, err := a.read(mount + "/creds/" + names[i])
+		return err
+	}))
+	cpuR, tR := readCPU()-cpuR0, time.Since(tR0)
+	m4 := readMem()
+	calls := emu.Stats(tb).Count("AssumeRole", "")
+	mib := func(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+	r.logf("e: RSS empty %s (anon %s, file %s), %d roles %s, %d cached %s, after idle %s, after a read pass %s (anon %s, file %s; peak %s); idle CPU %.2f%%; STS calls %d",
+		mib(m0.RSS), mib(m0.Anon), mib(m0.File), len(names), mib(m1.RSS), len(names), mib(m2.RSS), mib(m3.RSS), mib(m4.RSS), mib(m4.Anon), mib(m4.File), mib(m4.HWM),
+		100*cpuIdle.Seconds()/idle.Seconds(), calls)
+	r.results["e_memory"] = map[string]any{
+		"roles": len(names), "rss_empty": m0.RSS, "rss_roles": m1.RSS, "rss_cached": m2.RSS, "rss_after_idle": m3.RSS,
+		"rss_after_reads": m4.RSS, "rss_peak": m4.HWM, "anon_empty": m0.Anon, "file_empty": m0.File, "anon_after_reads": m4.Anon, "file_after_reads": m4.File,
+		"cpu_create_s": (cpu1 - cpu0).Seconds(), "cpu_fill_s": (cpu2 - cpu1).Seconds(), "cpu_idle_pct": 100 * cpuIdle.Seconds() / idle.Seconds(),
+		"cpu_read_pass_s": cpuR.Seconds(), "read_pass_s": tR.Seconds(), "sts_calls": calls,
+	}
+	rss := max(m2.RSS, m3.RSS, m4.RSS)
+	r.table.Add(bench.Row{Section: "e", Metric: fmt.Sprintf("plugin RSS with %d roles cached (empty: %s, peak %s)", len(names), mib(m0.RSS), mib(m4.HWM)),
+		Value: mib(rss), Target: "< 64 MiB", Result: bench.Verdict(rss < 64<<20)})
+	r.table.Add(bench.Row{Section: "e", Metric: "plugin CPU: fill the cache / idle / one read of every role",
+		Value: fmt.Sprintf("%.1fs for %d STS refreshes / %.2f%% / %.2f ms per read", (cpu2 - cpu1).Seconds(), calls, 100*cpuIdle.Seconds()/idle.Seconds(),
+			1000*cpuR.Seconds()/float64(len(names)))})
+	s.Stop(tb)
+}
