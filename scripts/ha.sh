@@ -36,6 +36,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
+# A login shell may not have Go on PATH yet on a fresh machine.
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+	export PATH="$PATH:/usr/local/go/bin"
+fi
+
 keep=${HA_KEEP:-0}
 for arg in "$@"; do
 	case "$arg" in
@@ -56,7 +61,7 @@ roles=${HA_ROLES:-100}
 lifetime=${HA_LIFETIME:-60}
 version=${PLUGIN_VERSION:-v0.1.0-dev}
 plugin_name=aws-resilient
-plugin_bin=vault-plugin-secrets-aws-resilient
+plugin_bin="vault-plugin-secrets-aws-resilient"
 nodes=(1 2 3)
 # Refresh when a third of the lifetime is left; 2s retry blocks. With 60s
 # credentials a role is refreshed every ~40s and has ~20s of margin: room
@@ -104,7 +109,7 @@ readers=()
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
-	((${#readers[@]})) && kill "${readers[@]}" 2>/dev/null || true
+	if ((${#readers[@]})); then kill "${readers[@]}" 2>/dev/null || true; fi
 	for n in "${!vpid[@]}"; do
 		kill -TERM -- "-${vpid[$n]}" 2>/dev/null || true
 	done
@@ -277,6 +282,7 @@ for i in $(seq 0 $((roles - 1))); do
 done
 fill_start=$(now)
 export work plugin_name base_port
+# shellcheck disable=SC2016 # expanded by the inner bash, from the exports
 seq 0 $((roles - 1)) | xargs -P 10 -I{} bash -c '
 	i={}; n=$((i % 3 + 1)); role=$(printf "ha-%03d" "$i")
 	code=$(curl -s -o /dev/null -w "%{http_code}" --max-time 30 -H @"$work/token.hdr" "http://127.0.0.1:$((base_port + 2 * (n - 1)))/v1/$plugin_name/creds/$role")
@@ -395,7 +401,7 @@ lost_note=
 if ((calls_after > due)); then
 	lost_note=" ($((calls_after - due)) fetched by node$active just before the kill but not yet stored: lost with it)"
 fi
-reads=0 errors=0 expired=0 first_err= last_err=
+reads=0 errors=0 expired=0 first_err='' last_err=''
 for f in "$work"/reader-node*.txt; do
 	while read -r t code exp; do
 		if [[ $code == 200 ]]; then

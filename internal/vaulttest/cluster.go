@@ -281,7 +281,7 @@ func (c *Cluster) SetupPlugin(tb testing.TB, version string, env ...string) {
 	}
 	bin := PluginBin(tb, version)
 	command := PluginBinaryName + "_" + version
-	for _, s := range c.Nodes[1:] {
+	for _, s := range c.Nodes {
 		s.InstallPlugin(tb, bin, command)
 	}
 	a := c.WaitActive(tb, 60*time.Second)
