@@ -2,6 +2,7 @@ package acceptance
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -439,7 +440,9 @@ func (s *fmStack) mustBeAccepted(t *testing.T, c fmCred) {
 // started at start: [start + i*block, start + (i+1)*block + fmSlack).
 func checkBlocks(t *testing.T, calls []vaulttest.EmulatorCall, start time.Time, block time.Duration, outcome string) {
 	t.Helper()
+	var offsets []string
 	for i, c := range calls {
+		offsets = append(offsets, fmt.Sprintf("%+.3fs", c.Time.Sub(start).Seconds()))
 		lo := start.Add(time.Duration(i) * block)
 		hi := lo.Add(block)
 		if c.Outcome != outcome {
@@ -451,6 +454,7 @@ func checkBlocks(t *testing.T, calls []vaulttest.EmulatorCall, start time.Time, 
 			t.Errorf("attempt %d at %s (+%.3fs): outside its block [%s, %s)", i, fmtT(c.Time), c.Time.Sub(start).Seconds(), fmtT(lo), fmtT(hi))
 		}
 	}
+	t.Logf("attempts at %s after the cycle was due (blocks of %s)", strings.Join(offsets, " "), block)
 }
 
 func callsString(calls []vaulttest.EmulatorCall) string {
