@@ -51,6 +51,7 @@ type testOpts struct {
 	storage   logical.Storage // default: fresh in-memory storage
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
+	logger    hclog.Logger // default: discard
 }
 
 // newTestBackend builds a backend with injected clock, rand and STS wrapper,
@@ -64,6 +65,9 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 	config := logical.TestBackendConfig()
 	config.StorageView = s
 	config.Logger = hclog.NewNullLogger()
+	if o.logger != nil {
+		config.Logger = o.logger
+	}
 	if o.standby {
 		sv := logical.TestSystemView()
 		sv.ReplicationStateVal = consts.ReplicationPerformanceStandby
@@ -330,6 +334,7 @@ type fixtureOpts struct {
 	testHooks   bool
 	storage     logical.Storage
 	noRole      bool
+	logger      hclog.Logger
 }
 
 func newFixture(t *testing.T, o fixtureOpts) *fixture {
@@ -357,7 +362,7 @@ func newFixtureWith(t *testing.T, o fixtureOpts, clk *fakeClock, emu *stsemu.Emu
 	log := &callLog{clock: clk}
 	flights := make(chan *flight, 10000)
 	b, s := newTestBackend(t, testOpts{
-		clock: clk, rand: o.rand, wrapSTS: log.wrap, testHooks: o.testHooks, storage: o.storage,
+		clock: clk, rand: o.rand, wrapSTS: log.wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger,
 		onFlight: func(_ string, fl *flight) { flights <- fl },
 	})
 	f := &fixture{t: t, b: b, s: s, clock: clk, emu: emu, log: log, flights: flights}

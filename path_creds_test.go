@@ -1,0 +1,152 @@
+package awsresilient
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+)
+
+func TestCreds_Lease(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	resp := f.mustReadCreds(testRole)
+	c := cached(t, f.s, testRole)
+
+	if resp.Secret == nil || resp.Secret.Renewable {
+		t.Fatalf("secret = %+v, want a non-renewable lease", resp.Secret)
+	}
+	if want := c.Expiration.Sub(f.clock.Now()).Truncate(time.Second); resp.Secret.TTL != want || resp.Secret.MaxTTL != want {
+		t.Fatalf("TTL = %v, MaxTTL = %v, want the remaining validity %v", resp.Secret.TTL, resp.Secret.MaxTTL, want)
+	}
+	wantData := map[string]interface{}{
+		"access_key": c.AccessKey, "secret_key": c.SecretKey, "security_token": c.SessionToken,
+		"expiration": c.Expiration.UTC().Format(time.RFC3339), "arn": c.ARN,
+	}
+	for k, v := range wantData {
+		if resp.Data[k] != v {
+			t.Fatalf("%s = %v, want %v", k, resp.Data[k], v)
+		}
+	}
+	for k, v := range resp.Secret.InternalData {
+		if v == c.SecretKey || v == c.SessionToken {
+			t.Fatalf("lease internal data %s holds a secret", k)
+		}
+	}
+
+	t.Run("TTL shrinks as the credential ages", func(t *testing.T) {
+		f.clock.Advance(2*time.Minute + 500*time.Millisecond)
+		resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+		if want := c.Expiration.Sub(f.clock.Now()).Truncate(time.Second); resp.Secret.TTL != want {
+			t.Fatalf("TTL = %v, want %v", resp.Secret.TTL, want)
+		}
+	})
+	t.Run("revoke is a no-op", func(t *testing.T) {
+		before := snapshot(t, f.s)
+		rresp, err := f.b.HandleRequest(context.Background(), &logical.Request{
+			Operation: logical.RevokeOperation, Storage: f.s, Secret: resp.Secret,
+		})
+		if err != nil || rresp != nil {
+			t.Fatalf("revoke = %v, %v; want nil, nil", rresp, err)
+		}
+		if !sameSnapshot(before, snapshot(t, f.s)) {
+			t.Fatal("revoke changed storage")
+		}
+		again := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+		if again.Data["access_key"] != c.AccessKey {
+			t.Fatal("revoke dropped the shared credential")
+		}
+	})
+	t.Run("renew is refused", func(t *testing.T) {
+		_, err := f.b.HandleRequest(context.Background(), &logical.Request{
+			Operation: logical.RenewOperation, Storage: f.s, Secret: resp.Secret,
+		})
+		if err != logical.ErrUnsupportedOperation {
+			t.Fatalf("renew err = %v, want unsupported operation", err)
+		}
+	})
+}
+
+// TestCreds_CachedReadSkipsStorageAndSTS checks that a read served from the
+// cache costs neither a storage read nor an STS call.
+func TestCreds_CachedReadSkipsStorageAndSTS(t *testing.T) {
+	store := &countingStorage{Storage: new(logical.InmemStorage)}
+	f := newFixture(t, fixtureOpts{storage: store})
+	f.mustReadCreds(testRole)
+	store.reset()
+	f.log.reset()
+	for i := 0; i < 100; i++ {
+		mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+	}
+	if n := store.gets(); n != 0 {
+		t.Fatalf("100 cached reads made %d storage reads, want 0", n)
+	}
+	if n := len(f.log.all()); n != 0 {
+		t.Fatalf("100 cached reads made %d STS calls, want 0", n)
+	}
+}
+
+func TestCreds_UnknownRole(t *testing.T) {
+	b, s := getTestBackend(t)
+	resp, err := do(t, b, s, logical.ReadOperation, "creds/nope", nil)
+	wantBadRequest(t, resp, err, `role "nope" not found`)
+}
+
+// TestCreds_NeverServesExpired checks that a credential is served only
+// while at least a second of it is left (a lease TTL of 0 would mean the
+// mount's default), and that past that a read refreshes instead.
+func TestCreds_NeverServesExpired(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	first := f.mustReadCreds(testRole)
+	exp := cached(t, f.s, testRole).Expiration
+	// STS is down from here on, so the background refresh due on the way
+	// cannot replace the credential.
+	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+
+	f.clock.AdvanceTo(exp.Add(-minServeValidity - time.Nanosecond))
+	resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+	if resp.Data["access_key"] != first.Data["access_key"] || resp.Secret.TTL != time.Second {
+		t.Fatalf("with just over 1s left: key %v TTL %v, want the cached one with TTL 1s", resp.Data["access_key"], resp.Secret.TTL)
+	}
+
+	f.clock.AdvanceTo(exp.Add(-minServeValidity + time.Nanosecond))
+	r, err := f.readCreds(testRole)
+	wantCoded(t, r, err, 503, "Throttling")
+
+	f.emu.ClearFaults()
+	resp = f.mustReadCreds(testRole)
+	if resp.Data["access_key"] == first.Data["access_key"] {
+		t.Fatal("served the credential that was about to expire")
+	}
+}
+
+// TestCreds_ColdReadBoundedByRequest checks that a cold read gives up when
+// its request context ends, while the cycle it started runs on and stores
+// the credential for the next reader.
+func TestCreds_ColdReadBoundedByRequest(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	release := make(chan struct{})
+	f.log.before = func() { <-release }
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(ctx, &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: f.s})
+		done <- result{resp, err}
+	}()
+	fl := f.nextFlight()
+	waitFor(t, "the reader to join", func() bool { return fl.waiters.Load() == 1 })
+	cancel()
+	r := <-done
+	wantCoded(t, r.resp, r.err, 503, "the request ended while refreshing")
+
+	close(release)
+	<-fl.done
+	f.log.before = nil
+	resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+	if resp.Data["access_key"] != cached(t, f.s, testRole).AccessKey || len(f.log.all()) != 1 {
+		t.Fatal("the abandoned cycle did not finish and store its credential")
+	}
+}
