@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -114,18 +115,26 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	if !b.WriteSafeReplicationState() {
 		return nil, logical.ErrReadOnly
 	}
-	f := b.startFlight(name)
-	f.waiters.Add(1)
-	select {
-	case <-f.done:
-	case <-ctx.Done():
-		return nil, logical.CodedError(http.StatusServiceUnavailable,
-			fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
-	}
-	_, cred, _, _ = b.lookup(name)
-	now = b.clock.Now()
-	if cred.validAt(now) {
-		return b.credsResponse(name, cred, now), nil
+	var f *flight
+	// A cycle that began for the role's previous definition cannot store
+	// its result; the second pass joins (or starts) one for the current one.
+	for pass := 0; pass < 2; pass++ {
+		f = b.startFlight(name)
+		f.waiters.Add(1)
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return nil, logical.CodedError(http.StatusServiceUnavailable,
+				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
+		}
+		_, cred, _, _ = b.lookup(name)
+		now = b.clock.Now()
+		if cred.validAt(now) {
+			return b.credsResponse(name, cred, now), nil
+		}
+		if !errors.Is(f.err, errRoleChanged) {
+			break
+		}
 	}
 	reason := "refresh did not complete"
 	if f.err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -385,5 +386,36 @@ func TestRoles_CredentialTypes(t *testing.T) {
 				t.Fatalf("expiration %v is not in the future", exp)
 			}
 		})
+	}
+}
+
+// TestRoles_ChangeDuringColdRead checks that a cold reader whose cycle was
+// overtaken by a role change gets a credential for the new definition.
+func TestRoles_ChangeDuringColdRead(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	inCall := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	f.log.before = func() {
+		once.Do(func() {
+			close(inCall)
+			<-release
+		})
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: f.s})
+		done <- result{resp, err}
+	}()
+	<-inCall
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"ttl": "2h"})
+	close(release)
+	r := <-done
+	if r.err != nil || r.resp.IsError() {
+		t.Fatalf("err=%v resp=%v", r.err, respErr(r.resp))
+	}
+	c := cached(t, f.s, testRole)
+	if c == nil || r.resp.Data["access_key"] != c.AccessKey || len(f.log.all()) != 2 {
+		t.Fatalf("reader got %v, cache holds %+v after %d calls; want the second call's credential", r.resp.Data["access_key"], c, len(f.log.all()))
 	}
 }
