@@ -150,3 +150,31 @@ func TestCreds_ColdReadBoundedByRequest(t *testing.T) {
 		t.Fatal("the abandoned cycle did not finish and store its credential")
 	}
 }
+
+// BenchmarkCredsRead measures a cached creds read through HandleRequest: the
+// path Vault takes for every `vault read aws-resilient/creds/<role>`.
+func BenchmarkCredsRead(b *testing.B) {
+	storage := new(logical.InmemStorage)
+	now := time.Now()
+	for key, v := range map[string]interface{}{
+		rolePrefix + testRole: &roleEntry{CredentialType: credentialTypeAssumedRole, RoleARN: testRoleARN, TTL: time.Hour},
+		cachePrefix + testRole: &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "secret", SessionToken: "token",
+			IssuedAt: now, Expiration: now.Add(time.Hour)},
+	} {
+		e, _ := logical.StorageEntryJSON(key, v)
+		if err := storage.Put(context.Background(), e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bk, s := newTestBackend(b, testOpts{storage: storage})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: s}
+		for pb.Next() {
+			resp, err := bk.HandleRequest(context.Background(), req)
+			if err != nil || resp.Data["access_key"] != "ASIAEXAMPLE" {
+				b.Fatalf("%v %v", resp, err)
+			}
+		}
+	})
+}
