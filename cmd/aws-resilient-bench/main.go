@@ -43,6 +43,7 @@ type options struct {
 	out      string
 
 	concurrency   int
+	rounds        int
 	warmup, dur   time.Duration
 	latency       time.Duration
 	steadyRoles   int
@@ -69,8 +70,9 @@ func main() {
 	flag.StringVar(&o.sections, "sections", "a,b,c,d,e", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
-	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "a: warm-up before each measured run")
-	flag.DurationVar(&o.dur, "duration", 10*time.Second, "a: measured duration of each run")
+	flag.IntVar(&o.rounds, "rounds", 3, "a: rounds; each runs every read for -duration (the median round counts)")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "a: warm-up before each measured run")
+	flag.DurationVar(&o.dur, "duration", 4*time.Second, "a: measured duration of each run")
 	flag.StringVar(&o.readStorage, "read-storage", "dev", "a: Vault for the read comparison: dev (in-memory, shared with b-d), raft or file (a server of its own)")
 	flag.DurationVar(&o.latency, "sts-latency", 50*time.Millisecond, "a, d: emulated STS latency")
 	flag.IntVar(&o.steadyRoles, "steady-roles", 100, "b: roles")
@@ -93,7 +95,7 @@ func main() {
 	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 3 minutes)")
 	flag.Parse()
 	if *quick {
-		o.dur, o.warmup = 4*time.Second, time.Second
+		o.dur, o.rounds = 2*time.Second, 1
 		o.steadyRoles, o.steadyDur = 30, 40*time.Second
 		o.herdRoles, o.herdLife = 200, 40*time.Second
 		o.sfRounds = 1

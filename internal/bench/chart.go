@@ -107,7 +107,8 @@ func (c Chart) WritePNG(path string, w, h int) error {
 	px := func(x float64) int {
 		return left + int(math.Round((tx(x)-tx(xmin))/(tx(xmax)-tx(xmin))*float64(pw)))
 	}
-	py := func(y float64) int { return top + ph - int(math.Round(y/ymax*float64(ph))) }
+	// Values above ymax are drawn at the top edge (the axis is cut there).
+	py := func(y float64) int { return top + ph - int(math.Round(min(y, ymax)/ymax*float64(ph))) }
 
 	xf := c.XFormat
 	if xf == nil {

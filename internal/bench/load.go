@@ -32,10 +32,21 @@ type LoadResult struct {
 	Total       int             // completed, warm-up included
 	Errors      int             // non-200 answers or transport errors
 	Latencies   []time.Duration // sorted, successful requests only
+	// RoundRPS holds each round's throughput when rounds were merged.
+	RoundRPS []float64
 }
 
-// RPS is completed requests per second.
+// RPS is completed requests per second: the median round's when the result
+// merges several rounds.
 func (r LoadResult) RPS() float64 {
+	if n := len(r.RoundRPS); n > 0 {
+		s := slices.Clone(r.RoundRPS)
+		slices.Sort(s)
+		if n%2 == 1 {
+			return s[n/2]
+		}
+		return (s[n/2-1] + s[n/2]) / 2
+	}
 	if r.Duration <= 0 {
 		return 0
 	}
@@ -108,4 +119,24 @@ func Load(ctx context.Context, client *http.Client, name, url, token string, con
 	}
 	slices.Sort(res.Latencies)
 	return res
+}
+
+// Merge combines rounds of the same load: counts add up, latencies are
+// pooled, and throughput is the median round's, so that one round slowed
+// by another process on a shared machine does not move the figure.
+func Merge(rounds []LoadResult) LoadResult {
+	if len(rounds) == 0 {
+		return LoadResult{}
+	}
+	m := LoadResult{Name: rounds[0].Name, Concurrency: rounds[0].Concurrency}
+	for _, r := range rounds {
+		m.Duration += r.Duration
+		m.Requests += r.Requests
+		m.Total += r.Total
+		m.Errors += r.Errors
+		m.Latencies = append(m.Latencies, r.Latencies...)
+		m.RoundRPS = append(m.RoundRPS, r.RPS())
+	}
+	slices.Sort(m.Latencies)
+	return m
 }
