@@ -38,8 +38,8 @@ done
 vault_port=${DEV_VAULT_PORT:-8200}
 sts_port=${DEV_STS_PORT:-8599}
 version=${PLUGIN_VERSION:-v0.1.0-dev}
-plugin_name=aws-resilient
-plugin_bin=vault-plugin-secrets-aws-resilient
+plugin_name="aws-resilient"
+plugin_bin="vault-plugin-secrets-aws-resilient"
 # A dev server, on loopback, torn down on exit: a fixed root token is harmless
 # here and lets the hint below be copied as is.
 dev_token=root
@@ -75,6 +75,7 @@ fi
 mkdir -p "$work/plugins"
 
 pids=()
+# shellcheck disable=SC2317 # invoked through the EXIT trap
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM

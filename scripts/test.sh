@@ -34,6 +34,7 @@ section() {
 	sec_start=$now
 	printf '\n==================== %s: %s ====================\n' "$1" "$2"
 }
+# shellcheck disable=SC2317 # invoked through the EXIT trap
 finish() {
 	local rc=$? now
 	now=$(date +%s)
@@ -45,7 +46,7 @@ finish() {
 	else
 		printf 'FAILED in section "%s" (exit %s) after %ss\n' "$sec_name" "$rc" $((now - t0))
 	fi
-	rm -rf "${bindir:-}"
+	rm -rf "${bindir:-}" "${shims:-}"
 	exit "$rc"
 }
 trap finish EXIT
@@ -55,18 +56,36 @@ as_root() {
 }
 
 section tools "awscli and botocore for the emulator's independent-client tests"
-if ! command -v aws >/dev/null; then
-	echo "aws not found: installing Debian's awscli"
-	as_root apt-get update
-	DEBIAN_FRONTEND=noninteractive as_root apt-get install -y --no-install-recommends awscli
+# The emulator's tests run `aws` and `python3 -c 'import botocore'` from PATH
+# and fail in CI without them. A PATH entry can exist and still not work (a
+# pyenv shim for a Python without the package): then install Debian's package
+# and put Debian's binary first on PATH through a shim directory.
+shims=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-shims.XXXXXX")
+apt_updated=0
+apt_install() {
+	if ((apt_updated == 0)); then
+		as_root apt-get update
+		apt_updated=1
+	fi
+	DEBIAN_FRONTEND=noninteractive as_root apt-get install -y --no-install-recommends "$@"
+}
+if ! aws --version >/dev/null 2>&1; then
+	echo "no working aws on PATH: installing Debian's awscli"
+	apt_install awscli
+	if ! aws --version >/dev/null 2>&1 && /usr/bin/aws --version >/dev/null 2>&1; then
+		ln -s /usr/bin/aws "$shims/aws"
+	fi
 fi
-aws --version
 if ! python3 -c 'import botocore' 2>/dev/null; then
-	echo "python3 cannot import botocore: installing Debian's python3-botocore"
-	as_root apt-get update
-	DEBIAN_FRONTEND=noninteractive as_root apt-get install -y --no-install-recommends python3-botocore
+	echo "python3 on PATH cannot import botocore: installing Debian's python3-botocore"
+	apt_install python3-botocore
+	if ! python3 -c 'import botocore' 2>/dev/null && /usr/bin/python3 -c 'import botocore' 2>/dev/null; then
+		ln -s /usr/bin/python3 "$shims/python3"
+	fi
 fi
-python3 -c 'import botocore; print("botocore", botocore.__version__)'
+export PATH="$shims:$PATH"
+aws --version
+python3 -c 'import botocore, sys; print("botocore", botocore.__version__, "for", sys.executable)'
 go version
 
 section gofmt "gofmt -l"
