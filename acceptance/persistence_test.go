@@ -46,9 +46,18 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 	if n := s.assumeRoleCalls(t, ""); n != calls {
 		t.Fatalf("the restart and read made %d STS calls, want none", n-calls)
 	}
-	if st := s.statusOf(t, "app"); !parseTime(t, st, "next_refresh").Equal(nextRefresh) {
-		t.Logf("next_refresh after restart %s (was %s)", st.Str("next_refresh"), nextRefresh.Format(time.RFC3339))
+	// The refresher re-read the entry at start-up and scheduled it again:
+	// due when less than half the lifetime is left, plus a start delay of
+	// up to a tenth of that margin (drawn anew, so it may differ from the
+	// schedule before the restart).
+	rescheduled := parseTime(t, s.statusOf(t, "app"), "next_refresh")
+	margin := lifetime / 2
+	due := before.Expiration.Add(-margin)
+	if rescheduled.Before(due.Add(-time.Second)) || rescheduled.After(due.Add(margin/10+time.Second)) {
+		t.Fatalf("next_refresh after restart %s, want within [%s, %s]", rescheduled.Format(time.RFC3339Nano),
+			due.Format(time.RFC3339), due.Add(margin/10).Format(time.RFC3339))
 	}
+	t.Logf("next_refresh %s before the restart, %s after", nextRefresh.Format(time.RFC3339Nano), rescheduled.Format(time.RFC3339Nano))
 
 	// The refresher picked the entry up at start-up: a new credential
 	// appears once the refresh is due, well before the old one expires,
@@ -63,10 +72,10 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 	})
 	at := time.Now()
 	// Due time plus one retry window plus polling slack.
-	// next_refresh may or may not include the start delay (up to 10% of the
-	// 30s margin); the cycle may take up to one 4s retry window.
-	if d := at.Sub(nextRefresh); d < -4*time.Second || d > 4*time.Second+2*time.Second {
-		t.Fatalf("refresh happened at %s, %s from its scheduled time %s", at.UTC().Format(time.RFC3339Nano), d.Round(time.Millisecond), nextRefresh.Format(time.RFC3339))
+	// The first attempt falls inside the first 2s block after next_refresh;
+	// the rest is polling and CLI latency on a loaded machine.
+	if d := at.Sub(rescheduled); d < -500*time.Millisecond || d > 2*time.Second+3*time.Second {
+		t.Fatalf("refresh seen at %s, %s from its scheduled time %s", at.UTC().Format(time.RFC3339Nano), d.Round(time.Millisecond), rescheduled.Format(time.RFC3339Nano))
 	}
 	if !refreshed.Expiration.After(before.Expiration) {
 		t.Fatalf("the refreshed credential expires %s, not after the old one (%s)", refreshed.Expiration, before.Expiration)
@@ -75,5 +84,5 @@ func TestPersistenceAcrossRestart(t *testing.T) {
 		t.Fatalf("%d STS calls for one refresh, want 1", n-calls)
 	}
 	s.mustBeValid(t, refreshed)
-	t.Logf("refreshed %s after the scheduled time, %s before the old credential expired", at.Sub(nextRefresh).Round(time.Millisecond), before.Expiration.Sub(at).Round(time.Second))
+	t.Logf("refreshed %s after the scheduled time, %s before the old credential expired", at.Sub(rescheduled).Round(time.Millisecond), before.Expiration.Sub(at).Round(time.Second))
 }
