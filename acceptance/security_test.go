@@ -70,7 +70,8 @@ func TestACL(t *testing.T) {
 
 // TestAuditHMAC: with a file audit device on, secrets in requests
 // (config/root secret_key) and responses (creds secret_key and
-// security_token) appear in the audit log only as HMACs.
+// security_token) appear in the audit log only as HMACs, and never in the
+// server's log, which carries the plugin's log lines.
 func TestAuditHMAC(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()
@@ -84,17 +85,31 @@ func TestAuditHMAC(t *testing.T) {
 	s.createRole(t, "app")
 	c := s.readCreds(t, "app")
 
+	// A refresh too, so the refresher's log lines are in the server log.
+	v.CLI(t, "write", "-f", mount+"/refresh/app")
+	c2 := s.readCreds(t, "app")
+
 	raw, err := os.ReadFile(auditLog)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server log (debug level) carries the plugin's own log lines.
+	serverLog, err := os.ReadFile(v.Process.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, secret := range map[string]string{
-		"the emulator root secret key": emu.SecretKey,
-		"the credential's secret_key":  c.SecretKey,
-		"its security_token":           c.SecurityToken,
+		"the emulator root secret key":       emu.SecretKey,
+		"the credential's secret_key":        c.SecretKey,
+		"its security_token":                 c.SecurityToken,
+		"the refreshed one's secret_key":     c2.SecretKey,
+		"the refreshed one's security_token": c2.SecurityToken,
 	} {
 		if strings.Contains(string(raw), secret) {
 			t.Errorf("the audit log contains %s in clear", name)
+		}
+		if strings.Contains(string(serverLog), secret) {
+			t.Errorf("the Vault server log (with the plugin's lines) contains %s", name)
 		}
 	}
 
