@@ -98,6 +98,9 @@ func TestAuditHMAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(string(serverLog), "refresh succeeded") {
+		t.Fatal("the server log has no plugin refresh line: the check below would prove nothing")
+	}
 	for name, secret := range map[string]string{
 		"the emulator root secret key":       emu.SecretKey,
 		"the credential's secret_key":        c.SecretKey,
