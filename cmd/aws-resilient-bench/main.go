@@ -7,8 +7,9 @@
 //
 //	a  read throughput and latency at a fixed concurrency: aws-resilient
 //	   creds vs a KV v1 read vs Vault's built-in aws engine (assumed_role,
-//	   STS at the emulator with 50 ms latency), plus two reads that split
-//	   the plugin's cost (KV with leases, a plugin read without a lease)
+//	   STS at the emulator with 50 ms latency), plus reads that split the
+//	   plugin's cost: KV with leases, and a "null" external plugin (the
+//	   bench binary itself) read with and without a lease
 //	b  steady state: STS calls per credential over many short lifetimes
 //	c  herd: 1000 roles due at once against an STS limited to 20 req/s,
 //	   and the same herd under two baseline policies played by the driver
@@ -63,9 +64,14 @@ type options struct {
 	cacheEnv      string
 	logLevel      string
 	readStorage   string
+	pprof         bool
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == bench.NullPluginArg {
+		bench.ServeNullPlugin() // Vault runs the bench binary as the null plugin
+		return
+	}
 	var o options
 	flag.StringVar(&o.sections, "sections", "a,b,c,d,e", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
@@ -74,6 +80,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "a: warm-up before each measured run")
 	flag.DurationVar(&o.dur, "duration", 4*time.Second, "a: measured duration of each run")
 	flag.StringVar(&o.readStorage, "read-storage", "dev", "a: Vault for the read comparison: dev (in-memory, shared with b-d), raft or file (a server of its own)")
+	flag.BoolVar(&o.pprof, "pprof", false, "a: save a CPU profile of Vault during each read's first round to -out (vault-cpu-<read>.pprof)")
 	flag.DurationVar(&o.latency, "sts-latency", 50*time.Millisecond, "a, d: emulated STS latency")
 	flag.IntVar(&o.steadyRoles, "steady-roles", 100, "b: roles")
 	flag.DurationVar(&o.steadyLife, "steady-lifetime", 15*time.Second, "b: credential lifetime (emulator max_lifetime)")

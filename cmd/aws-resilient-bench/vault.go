@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,4 +185,27 @@ func waitUntil(timeout, interval time.Duration, cond func() bool) bool {
 		}
 		time.Sleep(interval)
 	}
+}
+
+// saveProfile writes a CPU profile of Vault over d (sys/pprof/profile,
+// root token) to path.
+func (a *api) saveProfile(path string, d time.Duration) error {
+	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/sys/pprof/profile?seconds=%d", a.addr, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Vault-Token", a.token)
+	resp, err := a.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("sys/pprof/profile: HTTP %d", resp.StatusCode)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
