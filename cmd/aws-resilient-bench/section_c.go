@@ -360,6 +360,13 @@ func (r *run) herdReport(results []herdResult) {
 	}
 	ch.XMin, ch.XMax = 0, math.Ceil(o.herdLife.Seconds()*o.herdFraction)+5
 	fresh.XMin, fresh.XMax = ch.XMin, ch.XMax
+	// A policy that stopped calling keeps its last share to the right edge.
+	for i := range fresh.Series {
+		f := &fresh.Series[i]
+		if n := len(f.X); n > 0 && f.X[n-1] < fresh.XMax {
+			f.X, f.Y = append(f.X, fresh.XMax), append(f.Y, f.Y[n-1])
+		}
+	}
 	fresh.HLines = []bench.HLine{{Y: 1, Label: "all refreshed"}}
 	must(r.tb, fresh.WritePNG(filepath.Join(o.out, "herd-refreshed.png"), 1000, 420))
 	path := filepath.Join(o.out, "herd-sts-calls.png")

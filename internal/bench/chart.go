@@ -155,11 +155,12 @@ func (c Chart) WritePNG(path string, w, h int) error {
 		text(img, left+pw-len(l.Label)*7-4, y-4, l.Label, Grey)
 	}
 	for _, s := range c.Series {
+		phase := 0 // dashes continue across the short segments of a curve
 		for i := 1; i < len(s.X); i++ {
 			if c.LogX && (s.X[i-1] <= 0 || s.X[i] <= 0) {
 				continue
 			}
-			line(img, px(s.X[i-1]), py(s.Y[i-1]), px(s.X[i]), py(s.Y[i]), s.Color, s.Dashed)
+			phase = line(img, px(s.X[i-1]), py(s.Y[i-1]), px(s.X[i]), py(s.Y[i]), s.Color, s.Dashed, phase)
 		}
 	}
 
@@ -179,7 +180,7 @@ func (c Chart) WritePNG(path string, w, h int) error {
 	for i, s := range c.Series {
 		y := ly + i*16 + 6
 		for t := -1; t <= 1; t++ {
-			line(img, lx, y+t, lx+24, y+t, s.Color, s.Dashed)
+			line(img, lx, y+t, lx+24, y+t, s.Color, s.Dashed, 0)
 		}
 		text(img, lx+30, y+4, s.Name, black)
 	}
@@ -238,18 +239,19 @@ func vline(img *image.RGBA, x, y0, y1 int, c color.RGBA) {
 	}
 }
 
-// line draws a 2-pixel-wide line (Bresenham, doubled vertically).
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, dashed bool) {
+// line draws a 2-pixel-wide line (Bresenham, doubled vertically) and
+// returns the dash phase to continue with on the next segment.
+func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, dashed bool, phase int) int {
 	dx, dy := abs(x1-x0), -abs(y1-y0)
 	sx, sy := sign(x1-x0), sign(y1-y0)
 	err := dx + dy
-	for n := 0; ; n++ {
+	for n := phase; ; n++ {
 		if !dashed || (n/6)%2 == 0 {
 			img.SetRGBA(x0, y0, c)
 			img.SetRGBA(x0, y0+1, c)
 		}
 		if x0 == x1 && y0 == y1 {
-			return
+			return n
 		}
 		e2 := 2 * err
 		if e2 >= dy {
