@@ -79,3 +79,18 @@ func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
 	l.tat = tat.Add(l.interval)
 	return at, true
 }
+
+// nextFree returns the earliest time, at or after now, at which reserve would
+// grant a slot if nobody else reserved one first. It consumes nothing.
+func (l *rateLimiter) nextFree(now time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.interval == 0 {
+		return now
+	}
+	at := l.tat.Add(-time.Duration(l.burst-1) * l.interval)
+	if at.Before(now) {
+		return now
+	}
+	return at
+}

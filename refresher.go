@@ -14,6 +14,10 @@ import (
 // maxPause caps the growing pause between failed cycles.
 const maxPause = 5 * time.Minute
 
+// codeRateLimited is the error code of an attempt that the global STS rate
+// limiter refused a slot before the end of its block; no STS call was made.
+const codeRateLimited = "RateLimited"
+
 // flight is one refresh cycle in progress, shared by everyone who wants the
 // role refreshed while it runs: the background refresher, refresh/<name>,
 // and any number of cold creds reads (single flight).
@@ -41,13 +45,21 @@ func (b *backend) startFlight(name string) *flight {
 	}
 	f := &flight{done: make(chan struct{}), gen: gen}
 	started := b.goBackground(func(ctx context.Context) {
-		err := b.runCycle(ctx, name, gen)
+		next, err := b.runCycle(ctx, name, gen)
 		b.flightMu.Lock()
 		if b.flights[name] == f {
 			delete(b.flights, name)
 		}
 		f.err = err
 		b.flightMu.Unlock()
+		// The next cycle is scheduled only once this flight is gone: one due
+		// at once (a failed cycle with no room left before expiry, or one
+		// that only met our own rate limiter) must start anew rather than
+		// join the flight that is ending. It is set before done is closed,
+		// so whoever waits on done sees the role scheduled.
+		if !next.IsZero() {
+			b.schedule(name, next)
+		}
 		close(f.done)
 	})
 	if !started {
@@ -132,8 +144,10 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 // credential for the role. With block = retry_window / max_retries, attempt i
 // (from 0) happens at start + i*block + U[0, block). It stops at the first
 // success or the first error that cannot succeed on retry. Only a validated
-// credential is written; a failed cycle writes the status alone.
-func (b *backend) runCycle(ctx context.Context, name string, gen uint64) error {
+// credential is written; a failed cycle writes the status alone. It returns
+// when the next cycle is due, or the zero time when the role changed or the
+// backend is shutting down (nothing to schedule).
+func (b *backend) runCycle(ctx context.Context, name string, gen uint64) (time.Time, error) {
 	cfg := b.getRefreshCfg()
 	n := cfg.MaxRetries
 	window := cfg.RetryWindow
@@ -145,15 +159,19 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) error {
 		lastErr     *refreshError
 		attempts    int
 		lastAttempt time.Time
+		// upstream is set once an attempt fails for a reason other than the
+		// local rate limiter refusing it a slot: only then did STS (or
+		// storage) actually fail.
+		upstream bool
 	)
 	for i := 0; i < n; i++ {
 		at := start.Add(time.Duration(i)*block + b.jitter(block))
 		if err := b.sleepUntil(ctx, at); err != nil {
-			return errShuttingDown
+			return time.Time{}, errShuttingDown
 		}
 		role, cached, curGen, ok := b.lookup(name)
 		if !ok || curGen != gen {
-			return errRoleChanged
+			return time.Time{}, errRoleChanged
 		}
 		attempts++
 		lastAttempt = b.clock.Now()
@@ -162,7 +180,7 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) error {
 		cred, err := b.attempt(ctx, name, role, blockEnd, timeout)
 		if ctx.Err() != nil {
 			// Clean is running: storage may be going away, write nothing.
-			return errShuttingDown
+			return time.Time{}, errShuttingDown
 		}
 		if err == nil {
 			cred.IssuedAt = lastAttempt
@@ -178,17 +196,19 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) error {
 			}
 			err = b.commitSuccess(ctx, name, gen, cred, st)
 			if err == nil {
-				b.schedule(name, next)
 				b.Logger().Info("refresh succeeded", "role", name, "attempt", attempts, "outcome", "ok",
 					"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
-				return nil
+				return next, nil
 			}
 			if errors.Is(err, errRoleChanged) {
-				return err
+				return time.Time{}, err
 			}
 		}
 
 		lastErr = classify(err, b.currentSecretKey())
+		if lastErr.Code != codeRateLimited {
+			upstream = true
+		}
 		b.Logger().Warn("refresh attempt failed", "role", name, "attempt", attempts, "outcome", lastErr.Code, "error", lastErr.Message)
 		if !lastErr.Retryable {
 			break
@@ -206,8 +226,17 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) error {
 	if prev == nil {
 		prev = &statusEntry{}
 	}
-	failed := prev.FailedCycles + 1
-	next := b.nextRefreshAfterFailure(now, failed, window, cached)
+	// A cycle whose every attempt our own limiter refused made no STS call:
+	// nothing upstream failed, and a growing pause would only leave the
+	// limiter idle while the role waits (in a herd of 1000 roles at 20
+	// calls/s that idle gap stretched the herd from 50 s to 62 s). The next
+	// cycle starts as soon as the limiter has a slot free, without counting
+	// a failed cycle.
+	failed, next := prev.FailedCycles, b.limiter.nextFree(now)
+	if upstream {
+		failed++
+		next = b.nextRefreshAfterFailure(now, failed, window, cached)
+	}
 	st := &statusEntry{
 		NextRefresh:       next,
 		LastAttempt:       lastAttempt,
@@ -218,14 +247,13 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) error {
 	}
 	if err := b.commitFailure(ctx, name, gen, st); err != nil {
 		if errors.Is(err, errRoleChanged) {
-			return err
+			return time.Time{}, err
 		}
 		b.Logger().Error("writing refresh status failed", "role", name, "error", err)
 	}
-	b.schedule(name, next)
 	b.Logger().Warn("refresh cycle failed", "role", name, "attempts", attempts, "outcome", lastErr.Code,
 		"failed_cycles", failed, "next_refresh", next.UTC().Format(time.RFC3339), "error", lastErr.Message)
-	return lastErr
+	return next, lastErr
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
@@ -244,7 +272,7 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 			if lastErr != nil {
 				return nil, lastErr
 			}
-			return nil, &refreshError{Code: "RateLimited", Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
+			return nil, &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 		}
 		if err := b.sleepUntil(ctx, at); err != nil {
 			return nil, err

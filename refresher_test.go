@@ -268,8 +268,18 @@ func TestRefresh_RateLimitedAttempt(t *testing.T) {
 	if n := len(f.log.all()); n != 1 {
 		t.Fatalf("%d STS calls, want 1 (the rate-limited attempts make none)", n)
 	}
-	if st := f.status("second"); st["attempts_last_cycle"] != 6 || !strings.HasPrefix(st["last_error"].(string), "RateLimited: ") {
+	st := f.status("second")
+	if st["attempts_last_cycle"] != 6 || !strings.HasPrefix(st["last_error"].(string), "RateLimited: ") {
 		t.Fatalf("status = %v", st)
+	}
+	// Our own limiter refused every attempt, so STS did not fail: no failed
+	// cycle is counted and the next cycle is due when the limiter frees its
+	// next slot (10 s after the one call), not after a growing pause.
+	if st["failed_cycles"] != 0 {
+		t.Fatalf("failed_cycles = %v, want 0 after a cycle refused only by the local limiter", st["failed_cycles"])
+	}
+	if next, want := statusTime(t, st, "next_refresh"), f.log.times()[0].Add(10*time.Second); !next.Equal(want) {
+		t.Fatalf("next_refresh = %v, want the limiter's next free slot %v", next, want)
 	}
 
 	f.clock.Advance(5 * time.Second) // 10s after the first call
