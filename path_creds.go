@@ -49,7 +49,28 @@ func pathCreds(b *backend) *framework.Path {
 	}
 }
 
-var credsResponseFields = map[string]*framework.FieldSchema{
+// credsResponseFields is the response schema: the secret's fields plus the
+// two that only a lease=false role returns.
+var credsResponseFields = func() map[string]*framework.FieldSchema {
+	m := map[string]*framework.FieldSchema{
+		"ttl": {
+			Type: framework.TypeInt,
+			Description: "Only when the role has lease=false: seconds until the replacement credential is " +
+				"expected in the cache; Vault Agent re-reads after ttl+1 seconds.",
+		},
+		"rotation_period": {
+			Type:        framework.TypeInt,
+			Description: "Only when the role has lease=false: the credential's issued lifetime in seconds.",
+		},
+	}
+	for k, v := range credsDataFields {
+		m[k] = v
+	}
+	return m
+}()
+
+// credsDataFields are the fields every creds response carries.
+var credsDataFields = map[string]*framework.FieldSchema{
 	"access_key": {
 		Type:        framework.TypeString,
 		Description: "AWS access key id.",
@@ -84,7 +105,7 @@ var credsResponseFields = map[string]*framework.FieldSchema{
 func secretCreds(b *backend) *framework.Secret {
 	return &framework.Secret{
 		Type:   secretTypeCreds,
-		Fields: credsResponseFields,
+		Fields: credsDataFields,
 		Revoke: b.secretCredsRevoke,
 	}
 }
@@ -107,7 +128,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	}
 	now := b.clock.Now()
 	if cred.validAt(now) {
-		return b.credsResponse(name, cred, now), nil
+		return b.credsResponse(name, role, cred, now), nil
 	}
 
 	// Cold: nothing valid is cached. Only a node that may write storage can
@@ -127,10 +148,10 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 			return nil, logical.CodedError(http.StatusServiceUnavailable,
 				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
 		}
-		_, cred, _, _ = b.lookup(name)
+		role, cred, _, _ = b.lookup(name)
 		now = b.clock.Now()
-		if cred.validAt(now) {
-			return b.credsResponse(name, cred, now), nil
+		if cred.validAt(now) && role != nil {
+			return b.credsResponse(name, role, cred, now), nil
 		}
 		if !errors.Is(f.err, errRoleChanged) {
 			break
@@ -144,7 +165,10 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
 }
 
-func (b *backend) credsResponse(name string, cred *cacheEntry, now time.Time) *logical.Response {
+// credsResponse builds the answer from the mirrored role and credential: a
+// lease for the remaining validity, or for a lease=false role no lease and
+// the ttl/rotation_period pair Vault Agent reads as a rotating secret.
+func (b *backend) credsResponse(name string, role *roleEntry, cred *cacheEntry, now time.Time) *logical.Response {
 	data := map[string]interface{}{
 		"access_key":     cred.AccessKey,
 		"secret_key":     cred.SecretKey,
@@ -153,6 +177,14 @@ func (b *backend) credsResponse(name string, cred *cacheEntry, now time.Time) *l
 	}
 	if cred.ARN != "" {
 		data["arn"] = cred.ARN
+	}
+	if role.NoLease {
+		cfg := b.getRefreshCfg()
+		scheduled, ok := b.scheduledAt(name)
+		ttl := rotationTTL(now, cred, cfg.RefreshFraction, cfg.block(), scheduled, ok)
+		data["ttl"] = int64(ttl / time.Second)
+		data["rotation_period"] = int64(cred.Expiration.Sub(cred.IssuedAt).Round(time.Second) / time.Second)
+		return &logical.Response{Data: data}
 	}
 	// Internal data is stored with the lease: the role and the key id only.
 	resp := b.Secret(secretTypeCreds).Response(data, map[string]interface{}{
@@ -164,6 +196,42 @@ func (b *backend) credsResponse(name string, cred *cacheEntry, now time.Time) *l
 	resp.Secret.MaxTTL = ttl
 	resp.Secret.Renewable = false
 	return resp
+}
+
+// rotationTTL is the ttl a lease=false response carries: how long until the
+// plugin expects the replacement credential in the cache, so that Vault
+// Agent (which re-reads after ttl+1 seconds) fetches the new one as soon as
+// it is there, and never later than the old one expires.
+//
+// The replacement is expected one retry block after its cycle starts: at
+// the scheduled refresh on this node when there is one, otherwise at the
+// latest moment nextRefreshAfterSuccess can pick (expiration - margin plus
+// the whole 10% start delay), margin = fraction × lifetime. When that moment
+// has passed (the refresh is late or failing) the reader comes back after
+// min(block, remaining/2). The result is whole seconds, rounded up, and
+// clamped to [1s, remaining-1s]; the lower bound wins when they cross.
+func rotationTTL(now time.Time, cred *cacheEntry, fraction float64, block time.Duration, scheduled time.Time, hasScheduled bool) time.Duration {
+	remaining := cred.Expiration.Sub(now)
+	var ttl time.Duration
+	if hasScheduled {
+		ttl = scheduled.Add(block).Sub(now)
+	} else {
+		lifetime := cred.Expiration.Sub(cred.IssuedAt)
+		if lifetime < 0 {
+			lifetime = 0
+		}
+		margin := time.Duration(fraction * float64(lifetime))
+		ttl = cred.Expiration.Add(-margin).Add(margin / 10).Add(block).Sub(now)
+	}
+	if ttl <= 0 {
+		ttl = min(block, remaining/2)
+	}
+	// Up: coming back a fraction of a second early would find the old one.
+	if r := ttl % time.Second; r != 0 {
+		ttl += time.Second - r
+	}
+	ttl = min(ttl, (remaining - time.Second).Truncate(time.Second))
+	return max(ttl, time.Second)
 }
 
 // cacheEntry is the stored cache/<name>: the one good credential of a role.
@@ -205,9 +273,18 @@ Returns access_key, secret_key, security_token, expiration (RFC 3339) and,
 when STS returns one, arn. The credential comes from the cache, with no STS
 call; the background refresher replaces it well before it expires.
 
-The lease is not renewable and its TTL is the credential's remaining
-validity. Revoking it does nothing: the credential is shared by every reader
-of the role and expires at AWS on its own.
+For a role with lease=true (the default) the response carries a lease that
+is not renewable and whose TTL is the credential's remaining validity; Vault
+Agent re-reads at 85-95% of it. Revoking it does nothing: the credential is
+shared by every reader of the role and expires at AWS on its own.
+
+For a role with lease=false there is no lease (Vault writes nothing to
+storage for the read and keeps no copy of the secret), and the data adds
+two fields, following Vault's database static roles: rotation_period, the
+credential's issued lifetime in seconds, and ttl, the seconds until the
+plugin expects the replacement credential in the cache (at least 1, less
+than the remaining validity). Vault Agent treats such a response as a
+rotating secret and reads it again after ttl+1 seconds.
 
 When nothing valid is cached (first read, or after a role change) one refresh
 cycle runs in the request, shared by all concurrent readers of the role. An

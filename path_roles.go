@@ -120,6 +120,16 @@ func pathsRoles(b *backend) []*framework.Path {
 					Description: "Requested credential lifetime, 900s to 12h. STS may issue a shorter one.",
 					Default:     int(defaultRoleTTL / time.Second),
 				},
+				"lease": {
+					Type: framework.TypeBool,
+					Description: "Whether creds/<name> returns a Vault lease. true (default): a non-renewable lease " +
+						"whose TTL is the remaining validity; Vault Agent re-reads at 85-95% of it. false: no lease " +
+						"(no storage write per read, no lease holding a copy of the secret) and two more data fields, " +
+						"ttl (seconds until the replacement credential is expected in the cache) and rotation_period " +
+						"(the credential's issued lifetime), which Vault Agent treats as a rotating secret, re-reading " +
+						"after ttl+1 seconds. Changing only this field keeps the cached credential.",
+					Default: true,
+				},
 			},
 			ExistenceCheck: b.pathRolesExistenceCheck,
 			Operations: map[logical.Operation]framework.OperationHandler{
@@ -175,6 +185,7 @@ var roleResponseFields = map[string]*framework.FieldSchema{
 	"policy_arns":       {Type: framework.TypeCommaStringSlice, Description: "Managed session policy ARNs.", Required: true},
 	"session_tags":      {Type: framework.TypeKVPairs, Description: "Session tags.", Required: true},
 	"ttl":               {Type: framework.TypeDurationSecond, Description: "Requested credential lifetime in seconds.", Required: true},
+	"lease":             {Type: framework.TypeBool, Description: "Whether creds/<name> returns a Vault lease.", Required: true},
 }
 
 func (b *backend) pathRolesExistenceCheck(ctx context.Context, req *logical.Request, data *framework.FieldData) (bool, error) {
@@ -215,6 +226,7 @@ func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data 
 		"policy_arns":       nonNil(role.PolicyARNs),
 		"session_tags":      tags,
 		"ttl":               int64(role.TTL / time.Second),
+		"lease":             !role.NoLease,
 	}}, nil
 }
 
@@ -260,12 +272,16 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	if v, ok := data.GetOk("ttl"); ok {
 		role.TTL = time.Duration(v.(int)) * time.Second
 	}
+	if v, ok := data.GetOk("lease"); ok {
+		role.NoLease = !v.(bool)
+	}
 	if msg := role.validate(name); msg != "" {
 		return logical.ErrorResponse(msg), nil
 	}
 	role.normalize()
 
-	if old != nil && old.equal(role) {
+	sameIssue := old != nil && old.equal(role)
+	if sameIssue && old.NoLease == role.NoLease {
 		return nil, nil
 	}
 	entry, err := logical.StorageEntryJSON(rolePrefix+name, role)
@@ -274,6 +290,18 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	}
 	if err := req.Storage.Put(ctx, entry); err != nil {
 		return nil, fmt.Errorf("writing role %q: %w", name, err)
+	}
+	if sameIssue {
+		// Only how the credential is served changed (lease): STS would issue
+		// the same thing, so the cache, the schedule and the generation stay.
+		b.mu.Lock()
+		if rs := b.roles[name]; rs != nil {
+			rs.role = role
+		} else {
+			b.roles[name] = &roleState{role: role, gen: b.gens.Add(1)}
+		}
+		b.mu.Unlock()
+		return nil, nil
 	}
 	// What the role issues changed (or the role is new): whatever is cached
 	// under this name was issued for another definition.
@@ -337,6 +365,9 @@ type roleEntry struct {
 	PolicyARNs      []string          `json:"policy_arns,omitempty"`
 	SessionTags     map[string]string `json:"session_tags,omitempty"`
 	TTL             time.Duration     `json:"ttl"`
+	// NoLease is the API's lease=false, stored inverted so that roles
+	// written before the field existed keep serving leases.
+	NoLease bool `json:"no_lease,omitempty"`
 }
 
 // validate returns a message naming what is wrong and what is allowed, or ""
@@ -443,12 +474,16 @@ func (r *roleEntry) normalize() {
 	}
 }
 
-// equal reports whether two definitions issue the same credentials.
+// equal reports whether two definitions issue the same credentials. NoLease
+// is left out: it changes how a credential is served, not what STS issues,
+// so toggling it must not drop the cache or bump the generation.
 func (r *roleEntry) equal(o *roleEntry) bool {
 	if r == nil || o == nil {
 		return r == o
 	}
-	return reflect.DeepEqual(r, o)
+	a, c := *r, *o
+	a.NoLease, c.NoLease = false, false
+	return reflect.DeepEqual(&a, &c)
 }
 
 // sessionName is the RoleSessionName (or federated user Name) sent to STS:
@@ -514,6 +549,11 @@ A role says what STS call issues its credential:
 
 ttl is the requested lifetime, 900s to 12h (default 1h); STS may cap it.
 role_session_name defaults to vault-<role name>.
+
+lease (default true) chooses how creds/<name> serves the credential: with a
+non-renewable Vault lease, or with lease=false without one, adding ttl and
+rotation_period data fields that Vault Agent reads as a rotating secret.
+Changing lease alone keeps the cached credential.
 
 Any change to what a role issues drops its cached credential, so the next
 read fetches one for the new definition. Deleting a role deletes its cached

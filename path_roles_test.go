@@ -33,7 +33,7 @@ func TestRoles_CRUD(t *testing.T) {
 			want: map[string]interface{}{
 				"credential_type": "assumed_role", "role_arn": testRoleARN, "external_id": "",
 				"role_session_name": "vault-app", "policy_document": "", "policy_arns": []string{},
-				"session_tags": map[string]string{}, "ttl": int64(3600),
+				"session_tags": map[string]string{}, "ttl": int64(3600), "lease": true,
 			},
 		},
 		{
@@ -53,7 +53,7 @@ func TestRoles_CRUD(t *testing.T) {
 				"external_id": "ext-123:abc", "role_session_name": "svc@app",
 				"policy_document": `{"Version":"2012-10-17","Statement":[]}`,
 				"policy_arns":     []string{"arn:aws:iam::aws:policy/ReadOnlyAccess", "arn:aws:iam::123456789012:policy/mine"},
-				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(7200),
+				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(7200), "lease": true,
 			},
 		},
 		{
@@ -65,7 +65,7 @@ func TestRoles_CRUD(t *testing.T) {
 				"external_id": "ext-123:abc", "role_session_name": "svc@app",
 				"policy_document": `{"Version":"2012-10-17","Statement":[]}`,
 				"policy_arns":     []string{"arn:aws:iam::aws:policy/ReadOnlyAccess", "arn:aws:iam::123456789012:policy/mine"},
-				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900),
+				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900), "lease": true,
 			},
 		},
 		{
@@ -78,7 +78,7 @@ func TestRoles_CRUD(t *testing.T) {
 				"credential_type": "federation_token", "role_arn": "", "external_id": "",
 				"role_session_name": "vault-app", "policy_document": `{"Version":"2012-10-17","Statement":[]}`,
 				"policy_arns":  []string{"arn:aws:iam::aws:policy/ReadOnlyAccess", "arn:aws:iam::123456789012:policy/mine"},
-				"session_tags": map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900),
+				"session_tags": map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900), "lease": true,
 			},
 		},
 		{
@@ -90,7 +90,7 @@ func TestRoles_CRUD(t *testing.T) {
 			want: map[string]interface{}{
 				"credential_type": "session_token", "role_arn": "", "external_id": "",
 				"role_session_name": "", "policy_document": "", "policy_arns": []string{},
-				"session_tags": map[string]string{}, "ttl": int64(900),
+				"session_tags": map[string]string{}, "ttl": int64(900), "lease": true,
 			},
 		},
 	}
@@ -209,6 +209,7 @@ func TestRoles_BadInput(t *testing.T) {
 		{"tags on session_token", map[string]interface{}{"credential_type": "session_token", "session_tags": map[string]interface{}{"k": "v"}}, "session_tags are not valid for credential_type session_token"},
 		{"ttl too short", with(map[string]interface{}{"ttl": 899}), "ttl must be between 15m0s and 12h0m0s; got 14m59s"},
 		{"ttl too long", with(map[string]interface{}{"ttl": "12h1s"}), "ttl must be between 15m0s and 12h0m0s; got 12h0m1s"},
+		{"lease not a bool", with(map[string]interface{}{"lease": "maybe"}), `error converting input for field "lease"`},
 		{"ttl negative", with(map[string]interface{}{"ttl": -1}), "900s to 12h"},
 		{"ttl garbage", with(map[string]interface{}{"ttl": "forever"}), "900s to 12h"},
 		{"bad name", arn, "unsupported path"},
@@ -271,6 +272,29 @@ func TestRoles_ChangeDropsCache(t *testing.T) {
 		resp := f.mustReadCreds(testRole)
 		if resp.Data["access_key"] != first.Data["access_key"] || len(f.log.all()) != 1 {
 			t.Fatalf("an unchanged role lost its credential (%d STS calls)", len(f.log.all()))
+		}
+	})
+	t.Run("lease alone keeps the cache", func(t *testing.T) {
+		due, _ := f.b.scheduledAt(testRole)
+		for _, lease := range []bool{false, true} {
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"lease": lease})
+			if got := mustDo(t, f.b, f.s, logical.ReadOperation, "roles/"+testRole, nil).Data["lease"]; got != lease {
+				t.Fatalf("lease = %v after writing %v", got, lease)
+			}
+			if c := cached(t, f.s, testRole); c == nil || c.AccessKey != first.Data["access_key"] {
+				t.Fatalf("lease=%v dropped the cache entry", lease)
+			}
+			if at, ok := f.b.scheduledAt(testRole); !ok || !at.Equal(due) {
+				t.Fatalf("lease=%v moved the scheduled refresh: %v %v, want %v", lease, at, ok, due)
+			}
+			resp := f.mustReadCreds(testRole)
+			if resp.Data["access_key"] != first.Data["access_key"] || len(f.log.all()) != 1 {
+				t.Fatalf("lease=%v: read served %v after %d STS calls, want the cached credential and 1 call",
+					lease, resp.Data["access_key"], len(f.log.all()))
+			}
+			if (resp.Secret == nil) != !lease {
+				t.Fatalf("lease=%v: response secret = %+v", lease, resp.Secret)
+			}
 		}
 	})
 	t.Run("changed definition drops the cache", func(t *testing.T) {

@@ -3,6 +3,7 @@ package acceptance
 import (
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,14 +30,33 @@ var renderedRe = regexp.MustCompile(`(?s)aws_access_key_id = (\S+)\naws_secret_a
 func TestAgentRerendersBeforeExpiry(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()
+	testAgentRerenders(t, true)
+}
+
+// TestAgentRerendersBeforeExpiryNoLease is the same with a lease=false role:
+// no lease, so the agent schedules its next read from the response's ttl
+// and rotation_period (a rotating secret, as for database static roles).
+func TestAgentRerendersBeforeExpiryNoLease(t *testing.T) {
+	vaulttest.SkipUnlessEnabled(t)
+	t.Parallel()
+	testAgentRerenders(t, false)
+}
+
+func testAgentRerenders(t *testing.T, lease bool) {
 	const lifetime = 40 * time.Second
-	// refresh_fraction 0.5: the plugin refreshes with 20s left; the agent
-	// re-reads at 85-95% of the lease (the remaining validity), by which
-	// time the cache already holds the next credential.
+	// refresh_fraction 0.5: the plugin refreshes with 20s left. With a lease
+	// the agent re-reads at 85-95% of it (the remaining validity), by which
+	// time the cache already holds the next credential; without one it
+	// re-reads after ttl+1 seconds, ttl being when the plugin expects the
+	// next credential in the cache (its refresh plus one 2s retry block).
 	s := newDevStack(t, []string{"-max-lifetime", lifetime.String()},
 		map[string]string{"retry_window": "4s", "max_retries": "2", "refresh_fraction": "0.5"})
 	v := s.vault
-	s.createRole(t, "app")
+	if lease {
+		s.createRole(t, "app")
+	} else {
+		s.createRole(t, "app", "lease=false")
+	}
 
 	const policy = `path "` + mount + `/creds/app" { capabilities = ["read"] }`
 	if r := v.Exec(t, v.RootToken(), policy, "policy", "write", "agent", "-"); r.Code != 0 {
@@ -104,5 +124,10 @@ func TestAgentRerendersBeforeExpiry(t *testing.T) {
 	}
 	if n := s.assumeRoleCalls(t, ""); n > len(history)+2 {
 		t.Errorf("%d AssumeRole calls for %d credentials rendered", n, len(history))
+	}
+	// The agent's reads left leases behind only when the role asks for them.
+	r := v.Exec(t, v.RootToken(), "", "list", "sys/leases/lookup/"+mount+"/creds/app")
+	if hasLeases := r.Code == 0 && strings.Contains(r.Stdout, "Keys"); hasLeases != lease {
+		t.Errorf("lease=%v: leases listed under creds/app: %v (exit %d): %s", lease, hasLeases, r.Code, redact(r.Stdout+r.Stderr))
 	}
 }
