@@ -36,6 +36,11 @@ func (r *run) sectionA() {
 	must(tb, a.write(vaulttest.MountPath+"/roles/bench", map[string]any{"credential_type": "assumed_role", "role_arn": roleARN("bench-a")}))
 	cred, err := a.read(vaulttest.MountPath + "/creds/bench")
 	must(tb, err)
+	// The same role served without a Vault lease (role field lease=false).
+	must(tb, a.write(vaulttest.MountPath+"/roles/bench-nolease", map[string]any{"credential_type": "assumed_role", "role_arn": roleARN("bench-a"), "lease": false}))
+	if s, err := a.read(vaulttest.MountPath + "/creds/bench-nolease"); err != nil || s.LeaseID != "" {
+		tb.Fatalf("lease=false role: err %v, lease id set %v", err, s != nil && s.LeaseID != "")
+	}
 
 	must(tb, a.write("sys/mounts/kv", map[string]any{"type": "kv", "options": map[string]any{"version": "1"}}))
 	must(tb, a.write("kv/bench", cred.Data))
@@ -70,6 +75,7 @@ func (r *run) sectionA() {
 	targets := []readTarget{
 		{"kv", "KV v1 read", "kv/bench"},
 		{"plugin", "aws-resilient creds read", vaulttest.MountPath + "/creds/bench"},
+		{"plugin_nolease", "aws-resilient creds read, lease=false", vaulttest.MountPath + "/creds/bench-nolease"},
 		{"kv_leased", "KV v1 read, leased_passthrough", "kv-leased/bench"},
 		{"null", "null external plugin read", "null/data"},
 		{"null_leased", "null external plugin read, leased", "null/leased"},
@@ -160,9 +166,13 @@ func (r *run) sectionA() {
 			Keys []string `json:"keys"`
 		} `json:"data"`
 	}
-	if err := a.do("LIST", "sys/leases/lookup/"+vaulttest.MountPath+"/creds/bench/", nil, &leases); err == nil {
-		raw["plugin_leases_left"] = len(leases.Data.Keys)
-		r.logf("a: Vault holds %d leases for %s/creds/bench after %d reads", len(leases.Data.Keys), vaulttest.MountPath, res["plugin"].Total+1)
+	for _, key := range []string{"plugin", "plugin_nolease"} {
+		role := map[string]string{"plugin": "bench", "plugin_nolease": "bench-nolease"}[key]
+		leases.Data.Keys = nil
+		// Vault answers 404 when there are none.
+		_ = a.do("LIST", "sys/leases/lookup/"+vaulttest.MountPath+"/creds/"+role+"/", nil, &leases)
+		raw[key+"_leases_left"] = len(leases.Data.Keys)
+		r.logf("a: Vault holds %d leases for %s/creds/%s after %d reads", len(leases.Data.Keys), vaulttest.MountPath, role, res[key].Total+1)
 	}
 	// The built-in engine's throughput is bound by STS latency (c / 50 ms)
 	// and the plugin's by CPU, so their ratio depends on the concurrency
@@ -171,7 +181,7 @@ func (r *run) sectionA() {
 	if r.o.concurrency != 1 {
 		single = map[string]bench.LoadResult{}
 		one := bench.NewHTTPClient(1)
-		for _, t := range []readTarget{targets[1], targets[len(targets)-1]} {
+		for _, t := range []readTarget{targets[1], targets[2], targets[len(targets)-1]} {
 			lr := bench.Load(bg, one, t.name, vault.Addr+"/v1/"+t.path, vault.RootToken(), 1, r.o.warmup, r.o.dur)
 			single[t.key] = lr
 			r.logf("a: %-36s %8.0f req/s  p50 %s  p99 %s  (c=1)", t.name, lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)))
@@ -206,15 +216,26 @@ func (r *run) sectionA() {
 	rp.Target = ">= 0.9x KV"
 	rp.Result = bench.Verdict(pl.RPS() >= 0.9*kv.RPS() && pl.Errors == 0)
 	r.table.Add(rp)
+	rpn := row("plugin_nolease", "")
+	rpn.Ratio = fmt.Sprintf("%.2fx KV", res["plugin_nolease"].RPS()/kv.RPS())
+	rpn.Target = ">= 0.9x KV"
+	rpn.Result = bench.Verdict(res["plugin_nolease"].RPS() >= 0.9*kv.RPS() && res["plugin_nolease"].Errors == 0)
+	r.table.Add(rpn)
 	rb := row("builtin", fmt.Sprintf(", STS %s", r.o.latency))
 	r.table.Add(rb)
 	r.table.Add(bench.Row{Section: "a", Metric: "aws-resilient vs built-in throughput",
 		Ratio: fmt.Sprintf("%.1fx", pl.RPS()/bi.RPS()), Target: ">= 50x built-in", Result: bench.Verdict(pl.RPS() >= 50*bi.RPS())})
+	pn := res["plugin_nolease"]
+	r.table.Add(bench.Row{Section: "a", Metric: "aws-resilient lease=false vs built-in throughput",
+		Ratio: fmt.Sprintf("%.1fx", pn.RPS()/bi.RPS()), Target: ">= 50x built-in", Result: bench.Verdict(pn.RPS() >= 50*bi.RPS())})
 	if single != nil {
-		p1, b1 := single["plugin"], single["builtin"]
-		r.table.Add(bench.Row{Section: "a", Metric: "aws-resilient vs built-in throughput, one client (c=1)",
-			Value: fmt.Sprintf("%.0f vs %.1f req/s, p50 %s vs %s", p1.RPS(), b1.RPS(), ms(p1.Quantile(0.5)), ms(b1.Quantile(0.5))),
-			Ratio: fmt.Sprintf("%.1fx", p1.RPS()/b1.RPS())})
+		b1 := single["builtin"]
+		for _, key := range []string{"plugin", "plugin_nolease"} {
+			p1 := single[key]
+			r.table.Add(bench.Row{Section: "a", Metric: fmt.Sprintf("%s vs built-in throughput, one client (c=1)", p1.Name),
+				Value: fmt.Sprintf("%.0f vs %.1f req/s, p50 %s vs %s", p1.RPS(), b1.RPS(), ms(p1.Quantile(0.5)), ms(b1.Quantile(0.5))),
+				Ratio: fmt.Sprintf("%.1fx", p1.RPS()/b1.RPS())})
+		}
 	}
 	rl := row("kv_leased", " [cost of a lease]")
 	rl.Ratio = fmt.Sprintf("%.2fx KV", res["kv_leased"].RPS()/kv.RPS())
@@ -237,14 +258,15 @@ func (r *run) sectionA() {
 		LegendBottom: true,
 	}
 	colors := map[string]bench.Series{
-		"kv":        {Color: bench.Blue},
-		"plugin":    {Color: bench.Orange},
-		"kv_leased": {Color: bench.Purple, Dashed: true},
-		"null":      {Color: bench.Green, Dashed: true},
-		"builtin":   {Color: bench.Red},
+		"kv":             {Color: bench.Blue},
+		"plugin":         {Color: bench.Orange},
+		"kv_leased":      {Color: bench.Purple, Dashed: true},
+		"null":           {Color: bench.Green, Dashed: true},
+		"plugin_nolease": {Color: bench.Brown},
+		"builtin":        {Color: bench.Red},
 	}
 	lo, hi := 1e9, 0.0
-	for _, key := range []string{"kv", "kv_leased", "null", "plugin", "builtin"} {
+	for _, key := range []string{"kv", "kv_leased", "null", "plugin_nolease", "plugin", "builtin"} {
 		lr := res[key]
 		s := colors[key]
 		s.Name = lr.Name

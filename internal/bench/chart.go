@@ -58,6 +58,7 @@ var (
 	Red    = color.RGBA{214, 39, 40, 255}
 	Purple = color.RGBA{148, 103, 189, 255}
 	Grey   = color.RGBA{127, 127, 127, 255}
+	Brown  = color.RGBA{140, 86, 75, 255}
 )
 
 var (
