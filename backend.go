@@ -122,7 +122,7 @@ type backend struct {
 
 	// bgMu guards timers, running and closed. bgWG counts every goroutine
 	// the backend starts; Clean waits for it after cancelling bgCtx.
-	bgMu     sync.Mutex
+	bgMu     sync.RWMutex
 	timers   map[string]*schedEntry
 	running  bool // the refresher schedules cycles (write-safe node, initialised)
 	closed   bool

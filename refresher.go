@@ -132,8 +132,9 @@ func (b *backend) unschedule(name string) {
 
 // scheduledAt returns when the role's next cycle is due on this node.
 func (b *backend) scheduledAt(name string) (time.Time, bool) {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
+	// A read lock: creds reads of lease=false roles call this on the hot path.
+	b.bgMu.RLock()
+	defer b.bgMu.RUnlock()
 	if e := b.timers[name]; e != nil {
 		return e.at, true
 	}
