@@ -30,9 +30,6 @@ type ServerOptions struct {
 	Storage string
 	// NodeID names the raft node (default "node1").
 	NodeID string
-	// Join makes this raft server join leader's cluster (retry_join) and be
-	// unsealed with the leader's keys instead of being initialised.
-	Join *Server
 	// LogLevel is Vault's -log-level (default $VAULTTEST_LOG_LEVEL, else
 	// "debug": the plugin's log lines come through Vault's log, and a plugin
 	// that dies before its handshake, a panic at init say, shows its stderr
@@ -61,7 +58,6 @@ type Server struct {
 	Process *Process
 
 	opts       ServerOptions
-	clustered  bool // part of a multi-node cluster: a restart may come back as a standby
 	bin        string
 	token      string   // root token: handed to tests, never logged
 	unsealKeys []string // never logged
@@ -137,9 +133,6 @@ func StartServer(tb testing.TB, opts ServerOptions) *Server {
 			// performance_multiplier 1 is HashiCorp's production advice; the
 			// default (5) is tuned for slow machines and stretches elections.
 			fmt.Fprintf(&hcl, "storage \"raft\" {\n  path = %q\n  node_id = %q\n  performance_multiplier = 1\n", data, opts.NodeID)
-			if opts.Join != nil {
-				fmt.Fprintf(&hcl, "  retry_join {\n    leader_api_addr = %q\n  }\n", opts.Join.Addr)
-			}
 			hcl.WriteString("}\n")
 		case "file":
 			fmt.Fprintf(&hcl, "storage \"file\" {\n  path = %q\n}\n", filepath.Join(opts.Dir, "file"))
@@ -168,22 +161,13 @@ func (s *Server) bringUp(tb testing.TB, first bool) {
 		s.waitHealth(tb, 60*time.Second, func(code int) bool { return code == 200 })
 		return
 	}
-	if first && s.opts.Join == nil {
+	if first {
 		if code != 501 {
 			tb.Fatalf("vault at %s: expected an uninitialised server (501), sys/health says %d", s.Addr, code)
 		}
 		s.initialize(tb)
 	}
-	if s.opts.Join != nil {
-		s.token = s.opts.Join.token
-		s.unsealKeys = s.opts.Join.unsealKeys
-	}
 	s.Unseal(tb)
-	if s.opts.Join != nil || s.clustered {
-		s.waitHealth(tb, 90*time.Second, func(code int) bool { return code == 429 || code == 200 || code == 473 })
-		s.WaitLeaderKnown(tb, 60*time.Second)
-		return
-	}
 	s.WaitActive(tb, 90*time.Second)
 }
 
@@ -222,26 +206,6 @@ func (s *Server) Unseal(tb testing.TB) {
 			}
 			time.Sleep(250 * time.Millisecond)
 		}
-	}
-}
-
-// WaitLeaderKnown waits until the node knows the cluster's active node
-// (sys/leader), so that a standby can forward requests.
-func (s *Server) WaitLeaderKnown(tb testing.TB, timeout time.Duration) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var out struct {
-			LeaderAddress string `json:"leader_address"`
-		}
-		code, body := s.do(tb, "", http.MethodGet, "sys/leader", nil)
-		if code == 200 && json.Unmarshal(body, &out) == nil && out.LeaderAddress != "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("vault at %s does not know the active node after %s (HTTP %d)", s.Addr, timeout, code)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -583,68 +547,4 @@ func (s *Server) Read(tb testing.TB, path string) *Secret {
 func (s *Server) LogMatches(re *regexp.Regexp) bool {
 	b, err := os.ReadFile(s.Process.LogPath)
 	return err == nil && re.Match(b)
-}
-
-// RaftPeer is one server of sys/storage/raft/configuration.
-type RaftPeer struct {
-	NodeID string `json:"node_id"`
-	Leader bool   `json:"leader"`
-	Voter  bool   `json:"voter"`
-}
-
-// RaftPeers returns the raft configuration as this node sees it.
-func (s *Server) RaftPeers(tb testing.TB) []RaftPeer {
-	tb.Helper()
-	peers, code, msg := s.raftPeers(tb)
-	if code != 200 {
-		tb.Fatalf("raft configuration: HTTP %d: %s", code, msg)
-	}
-	return peers
-}
-
-func (s *Server) raftPeers(tb testing.TB) ([]RaftPeer, int, string) {
-	tb.Helper()
-	var out struct {
-		Data struct {
-			Config struct {
-				Servers []RaftPeer `json:"servers"`
-			} `json:"config"`
-		} `json:"data"`
-	}
-	code, body := s.do(tb, s.token, http.MethodGet, "sys/storage/raft/configuration", nil)
-	if code != 200 {
-		return nil, code, errorsOf(body)
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return nil, 0, err.Error()
-	}
-	return out.Data.Config.Servers, code, ""
-}
-
-// WaitRaftVoters waits until the cluster has n voting members. Nodes join
-// as non-voters and autopilot promotes them after server_stabilization_time
-// (10s by default, lowered here to 2s): a cluster whose leader is killed
-// before that has no quorum and never elects a new one.
-func (s *Server) WaitRaftVoters(tb testing.TB, n int, timeout time.Duration) {
-	tb.Helper()
-	s.clustered = n > 1
-	s.CLI(tb, "operator", "raft", "autopilot", "set-config", "-server-stabilization-time=2s")
-	deadline := time.Now().Add(timeout)
-	for {
-		// Right after a join the configuration read can fail for a moment.
-		peers, code, msg := s.raftPeers(tb)
-		voters := 0
-		for _, p := range peers {
-			if p.Voter {
-				voters++
-			}
-		}
-		if voters >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("raft cluster has %d voters after %s, want %d (last answer HTTP %d %s)", voters, timeout, n, code, msg)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
 }
