@@ -131,8 +131,8 @@ func (r *run) sectionC() {
 		cycles, attempts, idle)
 	r.results["c_plugin_log"] = map[string]any{"failed_cycles": cycles, "failed_attempts": attempts, "idle_seconds": idle}
 	if n := cycles["RateLimited"]; n > 0 {
-		r.table.Add(bench.Row{Section: "c", Metric: "herd, plugin: cycles that ended rate limited, then paused",
-			Value: fmt.Sprintf("%d cycles, STS idle %d s while roles waited", n, idle)})
+		r.table.Add(bench.Row{Section: "c", Metric: "herd, plugin: cycles in which the local rate limiter refused every attempt",
+			Value: fmt.Sprintf("%d cycles; STS idle (< half the limit) %d s before all were fresh", n, idle)})
 	}
 	results := []herdResult{plugin}
 

@@ -39,13 +39,8 @@ type LoadResult struct {
 // RPS is completed requests per second: the median round's when the result
 // merges several rounds.
 func (r LoadResult) RPS() float64 {
-	if n := len(r.RoundRPS); n > 0 {
-		s := slices.Clone(r.RoundRPS)
-		slices.Sort(s)
-		if n%2 == 1 {
-			return s[n/2]
-		}
-		return (s[n/2-1] + s[n/2]) / 2
+	if len(r.RoundRPS) > 0 {
+		return Median(r.RoundRPS)
 	}
 	if r.Duration <= 0 {
 		return 0
@@ -139,4 +134,18 @@ func Merge(rounds []LoadResult) LoadResult {
 	}
 	slices.Sort(m.Latencies)
 	return m
+}
+
+// Median returns the median of v (0 for none).
+func Median(v []float64) float64 {
+	n := len(v)
+	if n == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
