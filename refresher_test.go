@@ -491,11 +491,17 @@ func TestRefresh_NeverStoresFailure(t *testing.T) {
 		{name: "cache write fails (test hook)", hook: true, code: "StorageError", attempts: 6},
 		{name: "cache write fails (storage)", storage: true, code: "StorageError", attempts: 6},
 	}
-	// A short window keeps the hang case fast: block 1s/6, call timeout 133ms.
-	refresh := map[string]interface{}{"max_retries": 6, "retry_window": "1s"}
-
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The call timeout runs on the real clock (it is the HTTP call's
+			// context), unlike the schedule. Only the hang case wants it short
+			// (block 1s/6, timeout 133ms, so six hangs cost under a second); the
+			// others keep the default window, whose 4s timeout a loaded CI
+			// machine cannot exceed by accident and turn a fault into Timeout.
+			refresh := map[string]interface{}{"max_retries": 6, "retry_window": "30s"}
+			if tc.fault == stsemu.FaultHang {
+				refresh["retry_window"] = "1s"
+			}
 			failWrites := &failSwitch{}
 			setup := func() *fixture {
 				store := &countingStorage{Storage: new(logical.InmemStorage), fail: failWrites.check}
