@@ -188,6 +188,12 @@ func runFaultCase(t *testing.T, v *vaulttest.Server, tc faultCase) {
 	if st0.State != "fresh" || n1.IsZero() || !n1.Before(c0.Expiration) {
 		t.Fatalf("after the first read: %s", st0)
 	}
+	// creds shows the expiration in whole seconds, status exactly (STS
+	// sends milliseconds); the schedule checks below need the exact one.
+	if d := st0.CredExpiration.Sub(c0.Expiration); d < 0 || d >= time.Second {
+		t.Fatalf("status expiration %s is not creds' %s to the second", st0.CredExpiration.Format(time.RFC3339Nano), fmtT(c0.Expiration))
+	}
+	c0.Expiration = st0.CredExpiration
 
 	w := startWatcher(v, s.mount, mountUUID(t, v, s.mount), s.role)
 	t.Cleanup(w.stop)
@@ -260,7 +266,7 @@ func runFaultCase(t *testing.T, v *vaulttest.Server, tc faultCase) {
 	if !failed.LastAttempt.After(n1) || failed.LastAttempt.After(n1.Add(fmWindow+fmSlack)) {
 		t.Errorf("last_attempt %s is outside the faulted cycle [%s, %s]", fmtT(failed.LastAttempt), fmtT(n1), fmtT(n1.Add(fmWindow)))
 	}
-	if failed.CredExpiration.Sub(c0.Expiration).Abs() > time.Second {
+	if !failed.CredExpiration.Equal(c0.Expiration) {
 		t.Errorf("status expiration %s changed from the cached %s by a failed cycle", fmtT(failed.CredExpiration), fmtT(c0.Expiration))
 	}
 	n2 := failed.NextRefresh
