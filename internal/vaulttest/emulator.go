@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
 // Emulator is a running cmd/sts-emulator process driven through its
@@ -25,37 +27,12 @@ type Emulator struct {
 	client *http.Client
 }
 
-// EmulatorStats is GET /_emulator/stats.
-type EmulatorStats struct {
-	Total     int                       `json:"total"`
-	ByAction  map[string]map[string]int `json:"by_action"`
-	ByOutcome map[string]int            `json:"by_outcome"`
-	Timeline  []struct {
-		Second   int64          `json:"second"`
-		Outcomes map[string]int `json:"outcomes"`
-	} `json:"timeline"`
-}
-
-// Count returns the calls of action with outcome ("" = any outcome).
-func (s EmulatorStats) Count(action, outcome string) int {
-	n := 0
-	for o, c := range s.ByAction[action] {
-		if outcome == "" || o == outcome {
-			n += c
-		}
-	}
-	return n
-}
+// EmulatorStats is GET /_emulator/stats: the emulator's own type, decoded
+// from its JSON.
+type EmulatorStats = stsemu.Stats
 
 // EmulatorCall is one entry of GET /_emulator/calls.
-type EmulatorCall struct {
-	Seq         int       `json:"seq"`
-	Time        time.Time `json:"time"`
-	Action      string    `json:"action"`
-	Outcome     string    `json:"outcome"`
-	RoleArn     string    `json:"role_arn"`
-	AccessKeyID string    `json:"access_key_id"`
-}
+type EmulatorCall = stsemu.Call
 
 // FaultPlan is the body of POST /_emulator/faults.
 type FaultPlan struct {
