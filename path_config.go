@@ -40,6 +40,20 @@ const (
 var regionRegex = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$`)
 
 func pathConfigRoot(b *backend) *framework.Path {
+	// Create and update are the same write.
+	configure := &framework.PathOperation{
+		Callback:                    b.pathConfigRootWrite,
+		Summary:                     "Configure how the plugin reaches STS.",
+		ForwardPerformanceStandby:   true,
+		ForwardPerformanceSecondary: true,
+		DisplayAttrs: &framework.DisplayAttributes{
+			OperationVerb:   "configure",
+			OperationSuffix: "root",
+		},
+		Responses: map[int][]framework.Response{
+			http.StatusNoContent: {{Description: "No Content"}},
+		},
+	}
 	return &framework.Path{
 		Pattern: "config/root",
 		DisplayAttrs: &framework.DisplayAttributes{
@@ -93,32 +107,8 @@ func pathConfigRoot(b *backend) *framework.Path {
 					}},
 				},
 			},
-			logical.CreateOperation: &framework.PathOperation{
-				Callback:                    b.pathConfigRootWrite,
-				Summary:                     "Configure how the plugin reaches STS.",
-				ForwardPerformanceStandby:   true,
-				ForwardPerformanceSecondary: true,
-				DisplayAttrs: &framework.DisplayAttributes{
-					OperationVerb:   "configure",
-					OperationSuffix: "root",
-				},
-				Responses: map[int][]framework.Response{
-					http.StatusNoContent: {{Description: "No Content"}},
-				},
-			},
-			logical.UpdateOperation: &framework.PathOperation{
-				Callback:                    b.pathConfigRootWrite,
-				Summary:                     "Configure how the plugin reaches STS.",
-				ForwardPerformanceStandby:   true,
-				ForwardPerformanceSecondary: true,
-				DisplayAttrs: &framework.DisplayAttributes{
-					OperationVerb:   "configure",
-					OperationSuffix: "root",
-				},
-				Responses: map[int][]framework.Response{
-					http.StatusNoContent: {{Description: "No Content"}},
-				},
-			},
+			logical.CreateOperation: configure,
+			logical.UpdateOperation: configure,
 			logical.DeleteOperation: &framework.PathOperation{
 				Callback:                    b.pathConfigRootDelete,
 				Summary:                     "Delete the STS connection configuration; the default credential chain is used afterwards.",
