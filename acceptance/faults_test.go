@@ -9,10 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/sts"
-
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
 )
 
@@ -429,15 +425,7 @@ func (s *fmStack) readCredsVia(t *testing.T) fmCred {
 // credential, through the real SDK) that it issued c and still accepts it.
 func (s *fmStack) mustBeAccepted(t *testing.T, c fmCred) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	client := sts.New(sts.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: aws.String(s.emu.URL),
-		Credentials:  credentials.NewStaticCredentialsProvider(c.AccessKey, c.SecretKey, c.SessionToken),
-		Retryer:      aws.NopRetryer{},
-	})
-	if _, err := client.GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{}); err != nil {
+	if _, err := callerIdentityAt(s.emu.URL, c.AccessKey, c.SecretKey, c.SessionToken); err != nil {
 		t.Fatalf("credential %s is not accepted by the emulator: %v", c.AccessKey, err)
 	}
 }

@@ -113,12 +113,17 @@ func checkUsable(t *testing.T, c creds) {
 // issued and still accepts. It returns the ARN the emulator reports.
 func (s *stack) callerIdentity(t *testing.T, c creds) (string, error) {
 	t.Helper()
+	return callerIdentityAt(s.emu.URL, c.AccessKey, c.SecretKey, c.SecurityToken)
+}
+
+// callerIdentityAt is callerIdentity against the emulator at url.
+func callerIdentityAt(url, accessKey, secretKey, sessionToken string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	client := sts.New(sts.Options{
 		Region:       "us-east-1",
-		BaseEndpoint: aws.String(s.emu.URL),
-		Credentials:  credentials.NewStaticCredentialsProvider(c.AccessKey, c.SecretKey, c.SecurityToken),
+		BaseEndpoint: aws.String(url),
+		Credentials:  credentials.NewStaticCredentialsProvider(accessKey, secretKey, sessionToken),
 		Retryer:      aws.NopRetryer{},
 	})
 	out, err := client.GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{})
