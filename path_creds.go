@@ -216,11 +216,7 @@ func rotationTTL(now time.Time, cred *cacheEntry, fraction float64, block time.D
 	if hasScheduled {
 		ttl = scheduled.Add(block).Sub(now)
 	} else {
-		lifetime := cred.Expiration.Sub(cred.IssuedAt)
-		if lifetime < 0 {
-			lifetime = 0
-		}
-		margin := time.Duration(fraction * float64(lifetime))
+		margin := cred.refreshMargin(fraction)
 		ttl = cred.Expiration.Add(-margin).Add(margin / 10).Add(block).Sub(now)
 	}
 	if ttl <= 0 {
@@ -243,6 +239,13 @@ type cacheEntry struct {
 	Expiration   time.Time `json:"expiration"`
 	IssuedAt     time.Time `json:"issued_at"`
 	ARN          string    `json:"arn,omitempty"`
+}
+
+// refreshMargin is how long before expiration the credential's refresh is
+// due: fraction × its issued lifetime.
+func (c *cacheEntry) refreshMargin(fraction float64) time.Duration {
+	lifetime := max(c.Expiration.Sub(c.IssuedAt), 0)
+	return time.Duration(fraction * float64(lifetime))
 }
 
 // validAt reports whether the credential may be served at now.

@@ -385,11 +385,7 @@ func (b *backend) takeCacheWriteFailure() bool {
 // random start delay of up to 10% of the margin so that credentials issued
 // together are not refreshed together.
 func (b *backend) nextRefreshAfterSuccess(cred *cacheEntry, fraction float64) time.Time {
-	lifetime := cred.Expiration.Sub(cred.IssuedAt)
-	if lifetime < 0 {
-		lifetime = 0
-	}
-	margin := time.Duration(fraction * float64(lifetime))
+	margin := cred.refreshMargin(fraction)
 	return cred.Expiration.Add(-margin).Add(b.jitter(margin / 10))
 }
 
