@@ -2,17 +2,13 @@ package awsresilient
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
-	"github.com/hashicorp/vault/sdk/helper/locksutil"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -51,16 +47,22 @@ func Factory(ctx context.Context, conf *logical.BackendConfig) (logical.Backend,
 // RunningVersion. The plugin binary passes the version injected at build time.
 func FactoryWithVersion(version string) logical.Factory {
 	return func(ctx context.Context, conf *logical.BackendConfig) (logical.Backend, error) {
-		b := newBackend(backendOptions{
+		return newBackendWith(ctx, conf, backendOptions{
 			version:   version,
-			testHooks: os.Getenv(testHooksEnv) == "1",
+			testHooks: testHooksBuilt && os.Getenv(testHooksEnv) == "1",
 		})
-		if err := b.Setup(ctx, conf); err != nil {
-			return nil, err
-		}
-		b.storage = conf.StorageView
-		return b, nil
 	}
+}
+
+// newBackendWith is the one factory: production (through Factory) and tests
+// build and set up the backend here, differing only in opts.
+func newBackendWith(ctx context.Context, conf *logical.BackendConfig, opts backendOptions) (*backend, error) {
+	b := newBackend(opts)
+	if err := b.Setup(ctx, conf); err != nil {
+		return nil, err
+	}
+	b.storage = b.wrapStorage(conf.StorageView)
+	return b, nil
 }
 
 // backendOptions are the seams that tests set; the zero value is production.
@@ -80,7 +82,8 @@ type backend struct {
 	*framework.Backend
 
 	// storage is the mount's storage view, used by background work that has
-	// no request (cycles, Invalidate). Requests use req.Storage, the same view.
+	// no request (cycles, the reconciler). Requests use req.Storage, the
+	// same view.
 	storage   logical.Storage
 	clock     clock
 	rand      randSource
@@ -88,59 +91,51 @@ type backend struct {
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
 
-	// mu guards roles: the in-memory mirror of roles/ and cache/ that lets a
-	// cached creds read cost one map lookup and no storage call.
-	mu    sync.RWMutex
-	roles map[string]*roleState
+	// state owns every role's mirrored definition, credential, status,
+	// generation and store lock; it has its own locks.
+	state *roleStates
 
 	// cfgMu guards refreshCfg, the current config/refresh.
 	cfgMu      sync.RWMutex
 	refreshCfg refreshConfig
 
-	// clientMu guards clients, idle and secretKey, built from config/root on
-	// first use and dropped on any change to it.
-	clientMu  sync.RWMutex
-	clients   []*stsEndpoint
-	idle      []idleCloser // the clients' HTTP clients, to close their connections
-	secretKey string       // redacted from upstream error messages
+	// clientMu guards clients and idle, built from config/root on first use
+	// and dropped on any change to it.
+	clientMu sync.RWMutex
+	clients  []*stsEndpoint
+	idle     []idleCloser // the clients' HTTP clients, to close their connections
 
 	// limiter caps STS calls across all roles; it has its own lock.
 	limiter *rateLimiter
-
-	// storeLocks serialise, per role name, the writes of a cycle's result
-	// against role changes and deletes, so a cycle started for an old role
-	// definition can never store its credential after the change.
-	storeLocks []*locksutil.LockEntry
-
-	// gens hands out role generations; see roleState.gen.
-	gens atomic.Uint64
 
 	// flightMu guards flights: the one in-progress cycle per role, shared by
 	// the background refresher, refresh/<name> and cold creds reads.
 	flightMu sync.Mutex
 	flights  map[string]*flight
 
-	// bgMu guards timers, running and closed. bgWG counts every goroutine
-	// the backend starts; Clean waits for it after cancelling bgCtx.
+	// bgMu guards timers, running, closed, startTimer and startFailures.
+	// bgWG counts every goroutine the backend starts; Clean waits for it
+	// after cancelling bgCtx.
 	bgMu     sync.RWMutex
 	timers   map[string]*schedEntry
-	running  bool // the refresher schedules cycles (write-safe node, initialised)
+	running  bool // the refresher schedules cycles (write-safe node, started)
 	closed   bool
 	bgWG     sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
+	// startTimer retries a start or reconcile pass that storage failed, with
+	// backoff (startFailures in a row), before the next periodic pass.
+	startTimer    timer
+	startFailures int
 
-	// cacheWriteFailures is the test hook's count of cache writes still to fail.
+	// reconcileMu serialises reconciler passes (periodic, start retries).
+	reconcileMu sync.Mutex
+	// reconcilePasses counts complete reconciler passes; tests read it.
+	reconcilePasses atomic.Int64
+
+	// cacheWriteFailures is the test hook's count of cache writes still to
+	// fail; only a binary built with -tags testhooks reads it.
 	cacheWriteFailures atomic.Int64
-}
-
-// roleState is one role in the mirror. Fields are guarded by backend.mu.
-type roleState struct {
-	role *roleEntry
-	cred *cacheEntry
-	// gen changes whenever the role is written with a different definition
-	// (or deleted and created again); a cycle carries the gen it started with.
-	gen uint64
 }
 
 func newBackend(opts backendOptions) *backend {
@@ -150,12 +145,11 @@ func newBackend(opts backendOptions) *backend {
 		testHooks:  opts.testHooks,
 		wrapSTS:    opts.wrapSTS,
 		onFlight:   opts.onFlight,
-		roles:      make(map[string]*roleState),
 		refreshCfg: defaultRefreshConfig(),
-		storeLocks: locksutil.CreateLocks(),
 		flights:    make(map[string]*flight),
 		timers:     make(map[string]*schedEntry),
 	}
+	b.state = newRoleStates(b)
 	if b.clock == nil {
 		b.clock = realClock{}
 	}
@@ -177,7 +171,7 @@ func newBackend(opts backendOptions) *backend {
 	paths = append(paths, pathsStatus(b)...)
 	paths = append(paths, pathRefresh(b))
 	if b.testHooks {
-		paths = append(paths, pathTestStorageFaults(b))
+		paths = append(paths, testHookPaths(b)...)
 	}
 
 	b.Backend = &framework.Backend{
@@ -189,6 +183,7 @@ func newBackend(opts backendOptions) *backend {
 		Paths:          paths,
 		Secrets:        []*framework.Secret{secretCreds(b)},
 		InitializeFunc: b.initialize,
+		PeriodicFunc:   b.periodic,
 		Invalidate:     b.invalidate,
 		Clean:          b.clean,
 		RunningVersion: opts.version,
@@ -222,72 +217,51 @@ func (b *backend) HandleRequest(ctx context.Context, req *logical.Request) (*log
 	return logical.ErrorResponse("%s (%s: %s)", msg, m[1], p.Fields[m[1]].Description), nil
 }
 
-// initialize loads config/refresh, every role and every cached credential
-// into memory and, where storage is writable, starts the refresher with each
-// cached credential's next refresh. On a performance standby it only loads:
-// the active node refreshes and replication brings the results here.
+// initialize starts the refresher where storage is writable: one
+// reconciler pass loads config/refresh, lists the roles and schedules each
+// warm role's next cycle. A pass that storage fails is retried with backoff
+// (and by every periodic pass), so a transient error at mount start never
+// leaves the mount without a refresher. On a performance standby nothing
+// runs: roles are loaded on first access, and the active node's writes
+// arrive through Invalidate.
 func (b *backend) initialize(ctx context.Context, req *logical.InitializationRequest) error {
-	s := req.Storage
-	if s == nil {
-		s = b.storage
-	}
 	if b.storage == nil {
-		b.storage = s
+		b.storage = b.wrapStorage(req.Storage)
 	}
-	cfg, err := getRefreshConfig(ctx, s)
-	if err != nil {
-		return err
-	}
-	b.setRefreshConfig(cfg)
-
-	names, err := s.List(ctx, rolePrefix)
-	if err != nil {
-		return fmt.Errorf("listing roles: %w", err)
-	}
-	for _, name := range names {
-		if _, err := b.loadRole(ctx, s, name); err != nil {
-			// One unreadable entry must not keep the whole mount down; the
-			// role is loaded again on its first read.
-			b.Logger().Error("loading role failed", "role", name, "error", err)
-		}
-	}
-
 	if !b.WriteSafeReplicationState() {
+		b.warmMirror(ctx)
 		return nil
 	}
-	b.bgMu.Lock()
-	b.running = !b.closed
-	b.bgMu.Unlock()
-
-	now := b.clock.Now()
-	b.mu.RLock()
-	type due struct {
-		name string
-		at   time.Time
+	if err := b.reconcile(ctx); err != nil {
+		// Vault only logs an Initialize error and keeps the mount: the
+		// retry is ours to make.
+		b.Logger().Error("refresher start failed, retrying", "error", err)
 	}
-	var dues []due
-	for name, rs := range b.roles {
-		if rs.cred == nil {
-			// Cold roles stay cold until someone reads them.
-			continue
-		}
-		dues = append(dues, due{name, b.nextRefreshAfterSuccess(rs.cred, cfg.RefreshFraction)})
-	}
-	b.mu.RUnlock()
-	for _, d := range dues {
-		at := d.at
-		if at.Before(now) {
-			at = now
-		}
-		b.schedule(d.name, at)
-	}
-	b.Logger().Info("refresher started", "roles", len(names), "cached", len(dues))
 	return nil
 }
 
-// invalidate keeps the in-memory state current when storage changes under
-// this node: on a performance standby, Vault calls it for every replicated
-// write, so the mirror serves what the active node stored.
+// warmMirror loads config/refresh and every role into memory on a node that
+// does not refresh, so that its first cached reads cost no storage call.
+// It is best effort: whatever fails to load is loaded on first access.
+func (b *backend) warmMirror(ctx context.Context) {
+	if cfg, err := getRefreshConfig(ctx, b.storage); err == nil {
+		b.setRefreshConfig(cfg)
+	}
+	names, err := b.storage.List(ctx, rolePrefix)
+	if err != nil {
+		b.Logger().Warn("listing roles failed; they load on first access", "error", err)
+		return
+	}
+	for _, name := range names {
+		if _, err := b.state.current(ctx, b.storage, name); err != nil {
+			b.Logger().Warn("loading role failed; it loads on first access", "role", name, "error", err)
+		}
+	}
+}
+
+// invalidate only forgets: when storage changes under this node (on a
+// performance standby Vault calls it for every replicated write), the
+// affected cache is dropped and the next access reads storage again.
 func (b *backend) invalidate(ctx context.Context, key string) {
 	switch {
 	case key == configRootPath:
@@ -295,15 +269,13 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 	case key == configRefreshPath:
 		cfg, err := getRefreshConfig(ctx, b.storage)
 		if err != nil {
+			// The reconciler reloads it on its next pass.
 			b.Logger().Error("reloading refresh config failed", "error", err)
 			return
 		}
 		b.setRefreshConfig(cfg)
-	case strings.HasPrefix(key, rolePrefix), strings.HasPrefix(key, cachePrefix):
-		name := key[strings.IndexByte(key, '/')+1:]
-		if _, err := b.loadRole(ctx, b.storage, name); err != nil {
-			b.Logger().Error("reloading role failed", "role", name, "error", err)
-		}
+	case strings.HasPrefix(key, rolePrefix), strings.HasPrefix(key, cachePrefix), strings.HasPrefix(key, statusPrefix):
+		b.state.forget(key[strings.IndexByte(key, '/')+1:])
 	}
 }
 
@@ -317,6 +289,10 @@ func (b *backend) clean(ctx context.Context) {
 	for name, e := range b.timers {
 		e.t.Stop()
 		delete(b.timers, name)
+	}
+	if b.startTimer != nil {
+		b.startTimer.Stop()
+		b.startTimer = nil
 	}
 	b.bgMu.Unlock()
 	b.bgCancel()
@@ -339,74 +315,6 @@ func (b *backend) goBackground(f func(ctx context.Context)) bool {
 	}()
 	return true
 }
-
-// loadRole reads roles/<name> and cache/<name> from storage into the mirror
-// and returns the role's state (nil when the role does not exist). A role
-// whose definition differs from the mirrored one gets a new generation.
-func (b *backend) loadRole(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
-	role, err := getRole(ctx, s, name)
-	if err != nil {
-		return nil, err
-	}
-	if role == nil {
-		b.mu.Lock()
-		delete(b.roles, name)
-		b.mu.Unlock()
-		b.unschedule(name)
-		return nil, nil
-	}
-	cred, err := getCacheEntry(ctx, s, name)
-	if err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	rs := b.roles[name]
-	if rs == nil {
-		rs = &roleState{gen: b.gens.Add(1)}
-		b.roles[name] = rs
-	} else if !rs.role.equal(role) {
-		rs.gen = b.gens.Add(1)
-	}
-	rs.role = role
-	rs.cred = cred
-	return rs, nil
-}
-
-// lookup returns the mirrored role definition, credential and generation.
-// This is the whole cost of a cached creds read.
-func (b *backend) lookup(name string) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
-	b.mu.RLock()
-	rs := b.roles[name]
-	if rs != nil {
-		role, cred, gen, ok = rs.role, rs.cred, rs.gen, true
-	}
-	b.mu.RUnlock()
-	return role, cred, gen, ok
-}
-
-// lookupOrLoad is lookup with a storage fallback, for a role this node has
-// not seen yet (created on another node before its invalidation arrived).
-func (b *backend) lookupOrLoad(ctx context.Context, s logical.Storage, name string) (role *roleEntry, cred *cacheEntry, gen uint64, err error) {
-	role, cred, gen, ok := b.lookup(name)
-	if ok {
-		return role, cred, gen, nil
-	}
-	rs, err := b.loadRole(ctx, s, name)
-	if err != nil || rs == nil {
-		return nil, nil, 0, err
-	}
-	role, cred, gen, _ = b.lookup(name)
-	return role, cred, gen, nil
-}
-
-// currentGen reports the role's generation; ok is false once it is deleted.
-func (b *backend) currentGen(name string) (gen uint64, ok bool) {
-	_, _, gen, ok = b.lookup(name)
-	return gen, ok
-}
-
-var errRoleChanged = errors.New("role changed during refresh")
 
 const backendHelp = `
 The aws-resilient secrets engine serves AWS STS credentials from a cache kept

@@ -150,42 +150,22 @@ func TestBackend_Version(t *testing.T) {
 	}
 }
 
-// TestBackend_TestHooksEnv checks that test/storage-faults exists only with
-// AWS_RESILIENT_TEST_HOOKS=1 in the plugin's environment.
-func TestBackend_TestHooksEnv(t *testing.T) {
-	tests := []struct {
-		env  string
-		want bool
-	}{
-		{"", false},
-		{"0", false},
-		{"1", true},
+// TestBackend_NoTestHooksInProduction checks that a plugin built without
+// -tags testhooks has no test path, even with AWS_RESILIENT_TEST_HOOKS=1 in
+// its environment: Vault passes its whole environment to every plugin, so a
+// stray variable must not be able to turn on a path that fails cache writes.
+func TestBackend_NoTestHooksInProduction(t *testing.T) {
+	if testHooksBuilt {
+		t.Skip("this test binary was built with -tags testhooks")
 	}
-	for _, tc := range tests {
-		t.Run("env="+tc.env, func(t *testing.T) {
-			t.Setenv(testHooksEnv, tc.env)
-			b, s := getTestBackend(t)
-			resp, err := do(t, b, s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": 2})
-			if !tc.want {
-				if err != logical.ErrUnsupportedPath {
-					t.Fatalf("got resp=%v err=%v, want unsupported path", resp, err)
-				}
-				return
-			}
-			if err != nil || resp.IsError() {
-				t.Fatalf("err=%v resp=%v", err, respErr(resp))
-			}
-			got := mustDo(t, b, s, logical.ReadOperation, "test/storage-faults", nil).Data["cache_write_failures"]
-			if got != 2 {
-				t.Fatalf("cache_write_failures = %v, want 2", got)
-			}
-			for _, bad := range []interface{}{-1, 1001, "x"} {
-				resp, err := do(t, b, s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": bad})
-				wantBadRequest(t, resp, err)
-			}
-			resp, err = do(t, b, s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{})
-			wantBadRequest(t, resp, err, "cache_write_failures is required")
-		})
+	t.Setenv(testHooksEnv, "1")
+	b, s := getTestBackend(t)
+	resp, err := do(t, b, s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": 2})
+	if err != logical.ErrUnsupportedPath {
+		t.Fatalf("got resp=%v err=%v, want unsupported path", resp, err)
+	}
+	if b.storage != s {
+		t.Fatal("the production backend wraps its storage")
 	}
 }
 
@@ -314,7 +294,7 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 	if f.b.inFlight("other") {
 		t.Fatal("a cycle is still registered after Clean")
 	}
-	if fl := f.b.startFlight(testRole); !isClosed(fl.done) {
+	if fl := f.b.startFlight(testRole, false); !isClosed(fl.done) {
 		t.Fatal("a cycle started after Clean")
 	}
 	waitFor(t, "goroutines to exit", func() bool {

@@ -64,18 +64,27 @@ func (b *backend) jitter(d time.Duration) time.Duration {
 	return time.Duration(b.rand.Int64N(int64(d)))
 }
 
-// sleepUntil waits on the backend's clock until t, or until ctx is done. It
-// returns at once, without a timer, when t is not in the future; tests that
-// count pending timers rely on that.
-func (b *backend) sleepUntil(ctx context.Context, t time.Time) error {
+// sleepUntil waits on the backend's clock until t, until hurry is closed,
+// or until ctx is done. It returns at once, without a timer, when t is not in
+// the future or hurry is already closed; tests that count pending timers rely
+// on that. A nil hurry never fires.
+func (b *backend) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
 	d := t.Sub(b.clock.Now())
 	if d <= 0 {
 		return ctx.Err()
+	}
+	select {
+	case <-hurry:
+		return ctx.Err()
+	default:
 	}
 	tm := b.clock.NewTimer(d)
 	select {
 	case <-tm.C():
 		return nil
+	case <-hurry:
+		tm.Stop()
+		return ctx.Err()
 	case <-ctx.Done():
 		tm.Stop()
 		return ctx.Err()

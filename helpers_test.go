@@ -73,15 +73,14 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 		sv.ReplicationStateVal = consts.ReplicationPerformanceStandby
 		config.System = sv
 	}
-	opts := backendOptions{rand: o.rand, testHooks: o.testHooks, wrapSTS: o.wrapSTS, onFlight: o.onFlight}
+	opts := backendOptions{rand: o.rand, testHooks: o.testHooks && testHooksBuilt, wrapSTS: o.wrapSTS, onFlight: o.onFlight}
 	if o.clock != nil {
 		opts.clock = o.clock
 	}
-	b := newBackend(opts)
-	if err := b.Setup(context.Background(), config); err != nil {
+	b, err := newBackendWith(context.Background(), config, opts)
+	if err != nil {
 		tb.Fatal(err)
 	}
-	b.storage = s
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s}); err != nil {
 		tb.Fatal(err)
 	}

@@ -119,12 +119,18 @@ func (b *backend) secretCredsRevoke(context.Context, *logical.Request, *framewor
 
 func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	role, cred, _, err := b.lookupOrLoad(ctx, req.Storage, name)
-	if err != nil {
-		return nil, err
-	}
-	if role == nil {
-		return logical.ErrorResponse("role %q not found", name), nil
+	role, cred, _, ok := b.state.lookup(name)
+	if !ok {
+		// Not mirrored yet (created on another node before its
+		// invalidation arrived) or marked for reload.
+		rs, err := b.state.current(ctx, req.Storage, name)
+		if err != nil {
+			return nil, err
+		}
+		if rs == nil {
+			return logical.ErrorResponse("role %q not found", name), nil
+		}
+		role, cred = rs.role, rs.cred
 	}
 	now := b.clock.Now()
 	if cred.validAt(now) {
@@ -140,7 +146,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
-		f = b.startFlight(name)
+		f = b.startFlight(name, true)
 		f.waiters.Add(1)
 		select {
 		case <-f.done:
@@ -148,18 +154,27 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 			return nil, logical.CodedError(http.StatusServiceUnavailable,
 				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
 		}
-		role, cred, _, _ = b.lookup(name)
 		now = b.clock.Now()
-		if cred.validAt(now) && role != nil {
-			return b.credsResponse(name, role, cred, now), nil
+		if f.res.cred.validAt(now) {
+			// How to serve it (lease or not) may have changed without a new
+			// generation: take the current definition for that.
+			if cur, _, gen, ok := b.state.lookup(name); ok && gen == f.gen {
+				role = cur
+			}
+			return b.credsResponse(name, role, f.res.cred, now), nil
 		}
-		if !errors.Is(f.err, errRoleChanged) {
+		if !errors.Is(f.res.err, errRoleChanged) {
 			break
+		}
+		if rs, err := b.state.current(ctx, req.Storage, name); err != nil {
+			return nil, err
+		} else if rs == nil {
+			return logical.ErrorResponse("role %q not found", name), nil
 		}
 	}
 	reason := "refresh did not complete"
-	if f.err != nil {
-		reason = classify(f.err, "").Error()
+	if f.res.err != nil {
+		reason = classify(f.res.err, "").Error()
 	}
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
@@ -239,6 +254,9 @@ type cacheEntry struct {
 	Expiration   time.Time `json:"expiration"`
 	IssuedAt     time.Time `json:"issued_at"`
 	ARN          string    `json:"arn,omitempty"`
+	// RoleHash identifies the role definition the credential was issued
+	// for (roleEntry.hash); empty in entries written before it existed.
+	RoleHash string `json:"role_hash,omitempty"`
 }
 
 // refreshMargin is how long before expiration the credential's refresh is

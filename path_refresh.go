@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/hashicorp/vault/sdk/framework"
@@ -42,23 +43,27 @@ func pathRefresh(b *backend) *framework.Path {
 
 func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	role, _, _, err := b.lookupOrLoad(ctx, req.Storage, name)
+	rs, err := b.state.current(ctx, req.Storage, name)
 	if err != nil {
 		return nil, err
 	}
-	if role == nil {
+	if rs == nil {
 		return logical.ErrorResponse("role %q not found", name), nil
 	}
-	f := b.startFlight(name)
+	f := b.startFlight(name, true)
 	f.waiters.Add(1)
 	select {
 	case <-f.done:
 	case <-ctx.Done():
 		return nil, logical.CodedError(http.StatusServiceUnavailable, "the request ended before the refresh cycle finished")
 	}
+	if errors.Is(f.res.err, errShuttingDown) {
+		return nil, logical.CodedError(http.StatusServiceUnavailable, "the plugin is shutting down")
+	}
 	// A failed cycle is not an error of this request: its outcome is in the
 	// status (last_error, failed_cycles), and the cached credential, if any,
-	// is still served.
+	// is still served. The status comes from the owner, which the cycle's
+	// commit has just updated, not from a read of storage.
 	d, err := b.statusData(ctx, req.Storage, name)
 	if err != nil {
 		return nil, err

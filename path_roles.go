@@ -14,7 +14,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/hashicorp/vault/sdk/framework"
-	"github.com/hashicorp/vault/sdk/helper/locksutil"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -235,7 +234,7 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 
 	// The store lock makes "load, change, store, drop the cache" one step
 	// against a cycle that is about to store a credential for this role.
-	lock := locksutil.LockForKey(b.storeLocks, name)
+	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
 
@@ -280,79 +279,28 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	}
 	role.normalize()
 
-	sameIssue := old != nil && old.equal(role)
-	if sameIssue && old.NoLease == role.NoLease {
-		return nil, nil
-	}
-	entry, err := logical.StorageEntryJSON(rolePrefix+name, role)
-	if err != nil {
-		return nil, err
-	}
-	if err := req.Storage.Put(ctx, entry); err != nil {
-		return nil, fmt.Errorf("writing role %q: %w", name, err)
-	}
-	if sameIssue {
-		// Only how the credential is served changed (lease): STS would issue
-		// the same thing, so the cache, the schedule and the generation stay.
-		b.mu.Lock()
-		if rs := b.roles[name]; rs != nil {
-			rs.role = role
-		} else {
-			b.roles[name] = &roleState{role: role, gen: b.gens.Add(1)}
-		}
-		b.mu.Unlock()
+	if old != nil && old.equal(role) && old.NoLease == role.NoLease {
+		// Nothing to change. The comparison is with storage, which a failed
+		// earlier write left as it was or with the new definition complete.
 		return nil, nil
 	}
 	// What the role issues changed (or the role is new): whatever is cached
-	// under this name was issued for another definition.
-	if err := b.dropCache(ctx, req.Storage, name); err != nil {
+	// under this name was issued for another definition, and goes first.
+	if err := b.state.writeRoleLocked(ctx, req.Storage, name, old, role); err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	b.roles[name] = &roleState{role: role, gen: b.gens.Add(1)}
-	b.mu.Unlock()
 	return nil, nil
 }
 
 func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	lock := locksutil.LockForKey(b.storeLocks, name)
+	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
-
-	// Cache and status first: a role entry without a cache is a cold role,
-	// whereas a cache without a role would be an orphan nobody cleans up.
-	if err := b.dropCache(ctx, req.Storage, name); err != nil {
+	if err := b.state.deleteRoleLocked(ctx, req.Storage, name); err != nil {
 		return nil, err
 	}
-	if err := req.Storage.Delete(ctx, rolePrefix+name); err != nil {
-		return nil, fmt.Errorf("deleting role %q: %w", name, err)
-	}
-	b.mu.Lock()
-	delete(b.roles, name)
-	b.mu.Unlock()
 	return nil, nil
-}
-
-// dropCache deletes the role's cached credential and status, in storage and
-// in memory, and cancels its scheduled refresh. Callers hold the store lock.
-func (b *backend) dropCache(ctx context.Context, s logical.Storage, name string) error {
-	if err := s.Delete(ctx, cachePrefix+name); err != nil {
-		return fmt.Errorf("deleting cached credential of role %q: %w", name, err)
-	}
-	if err := s.Delete(ctx, statusPrefix+name); err != nil {
-		return fmt.Errorf("deleting status of role %q: %w", name, err)
-	}
-	b.mu.Lock()
-	if rs := b.roles[name]; rs != nil {
-		rs.cred = nil
-		// A new generation stops a cycle already running for this name from
-		// storing what it fetches.
-		rs.gen = b.gens.Add(1)
-	}
-	b.mu.Unlock()
-	b.unschedule(name)
-	return nil
 }
 
 // roleEntry is the stored roles/<name>.

@@ -84,6 +84,7 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"attempts_last_cycle": {Type: framework.TypeInt, Description: "Attempts made in the last refresh cycle.", Required: true},
 	"failed_cycles":       {Type: framework.TypeInt, Description: "Consecutive failed cycles since the last success.", Required: true},
 	"last_error":          {Type: framework.TypeString, Description: "AWS error code and message of the last failed cycle; empty after a success.", Required: true},
+	"rate_limited_since":  {Type: framework.TypeString, Description: "Since when every attempt for the role was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
 }
 
 func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
@@ -122,28 +123,33 @@ func (b *backend) pathStatusRead(ctx context.Context, req *logical.Request, data
 	return &logical.Response{Data: d}, nil
 }
 
-// statusData assembles status/<name>: the credential from the mirror, the
-// refresher's record from storage, the schedule and state from this node.
+// statusData assembles status/<name> from the role's owner: the credential
+// and the refresher's record as mirrored (read from storage when not), the
+// schedule and state from this node.
+//
+// next_refresh is what will really happen: on a node that runs the refresher
+// it is the pending timer, or empty while a cycle runs or nothing is
+// scheduled; on a node that does not (a performance standby) it is the plan
+// the active node recorded.
 func (b *backend) statusData(ctx context.Context, s logical.Storage, name string) (map[string]interface{}, error) {
-	role, cred, _, err := b.lookupOrLoad(ctx, s, name)
+	rs, err := b.state.current(ctx, s, name)
 	if err != nil {
 		return nil, err
 	}
-	if role == nil {
+	if rs == nil {
 		return nil, nil
 	}
-	st, err := getStatus(ctx, s, name)
-	if err != nil {
-		return nil, err
-	}
-	if st == nil {
-		st = &statusEntry{}
-	}
+	cred, st := rs.cred, rs.status
 	now := b.clock.Now()
 	next := st.NextRefresh
-	if at, ok := b.scheduledAt(name); ok {
-		next = at
+	if b.WriteSafeReplicationState() {
+		next = time.Time{}
+		if at, ok := b.scheduledAt(name); ok {
+			next = at
+		}
 	}
+	cfg := b.getRefreshCfg()
+	starved := !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
 
 	state := stateFresh
 	switch {
@@ -153,10 +159,17 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		state = stateEmpty
 	case !cred.validAt(now):
 		state = stateExpired
-	case st.FailedCycles > 0 || (!next.IsZero() && !now.Before(next)):
+	case st.FailedCycles > 0 || starved || next.IsZero() || !now.Before(next):
+		// Due, failing, starved by our own limiter, or with nothing
+		// scheduled to refresh it: still served, but not fresh.
 		state = stateStale
 	}
 
+	lastErr := st.LastError
+	if starved {
+		lastErr = fmt.Sprintf("%s: no STS call slot free for this role since %s (sts_rate_limit, sts_burst)",
+			codeRateLimited, formatTime(st.RateLimitedSince))
+	}
 	d := map[string]interface{}{
 		"state":               state,
 		"expiration":          "",
@@ -166,7 +179,8 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		"last_success":        formatTime(st.LastSuccess),
 		"attempts_last_cycle": st.AttemptsLastCycle,
 		"failed_cycles":       st.FailedCycles,
-		"last_error":          st.LastError,
+		"last_error":          lastErr,
+		"rate_limited_since":  formatTime(st.RateLimitedSince),
 	}
 	if cred != nil {
 		d["expiration"] = formatTime(cred.Expiration)
@@ -192,6 +206,10 @@ type statusEntry struct {
 	AttemptsLastCycle int       `json:"attempts_last_cycle"`
 	FailedCycles      int       `json:"failed_cycles"`
 	LastError         string    `json:"last_error"`
+	// RateLimitedSince is when the role's cycles began to be refused every
+	// slot by our own rate limiter (no STS call made); zero once a cycle
+	// reaches STS.
+	RateLimitedSince time.Time `json:"rate_limited_since,omitempty"`
 }
 
 // getStatus returns the stored status, or nil, nil when there is none.

@@ -61,6 +61,11 @@ func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.interval == 0 {
+		// No cap, but still no call after the deadline: an attempt ends by
+		// its block end whether or not a limit is set.
+		if now.After(deadline) {
+			return time.Time{}, false
+		}
 		return now, true
 	}
 	tat := l.tat

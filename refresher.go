@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hashicorp/vault/sdk/helper/locksutil"
-	"github.com/hashicorp/vault/sdk/logical"
 )
 
 // maxPause caps the growing pause between failed cycles.
 const maxPause = 5 * time.Minute
+
+// minCallTime is the least time an STS call gets even when its attempt was
+// drawn at the very end of its block: STS usually answers in well under
+// 100 ms, so a call given less would fail for nothing.
+const minCallTime = 500 * time.Millisecond
 
 // codeRateLimited is the error code of an attempt that the global STS rate
 // limiter refused a slot before the end of its block; no STS call was made.
@@ -26,44 +29,94 @@ type flight struct {
 	// gen is the role generation the cycle works for; a reader of a newer
 	// definition starts its own flight rather than join this one.
 	gen uint64
-	// err is the cycle's outcome, set before done is closed.
-	err error
+	// background: started by the schedule, not by a waiting caller.
+	background bool
+	// hurry is closed when a caller starts waiting on the cycle: an attempt
+	// not yet made then goes at once instead of after its jitter.
+	hurry     chan struct{}
+	hurryOnce sync.Once
+	// cancel stops the cycle when a newer definition supersedes it.
+	cancel context.CancelFunc
+	// ending is set while the cycle commits its outcome, which schedules the
+	// next cycle: one due at once must start anew, not join this one.
+	ending atomic.Bool
+	// res is the cycle's outcome, set before done is closed.
+	res cycleResult
 	// waiters counts requests that joined; tests and debugging read it.
 	waiters atomic.Int32
 }
 
-// startFlight starts a refresh cycle for the role, or returns the one already
-// running. The cycle runs on the backend's context, not a request's, so that
-// one reader giving up does not cancel it for the others.
-func (b *backend) startFlight(name string) *flight {
-	gen, _ := b.currentGen(name)
+func (f *flight) hurryUp() { f.hurryOnce.Do(func() { close(f.hurry) }) }
 
+// cycleResult is everything a refresh cycle decided, committed in one place
+// (roleStates.commitSuccess or commitFailure) and carried by the flight to
+// whoever waits: nobody reads storage back to learn what happened.
+type cycleResult struct {
+	// cred is the credential cached after the cycle: the new one after a
+	// success, the one still served (or nil) after a failure.
+	cred *cacheEntry
+	// status is the status the cycle recorded; nil when it recorded none.
+	status *statusEntry
+	// next is when the next cycle is due; zero when none was scheduled.
+	next time.Time
+	// err is why the cycle failed, nil after a success.
+	err error
+}
+
+// startFlight starts a refresh cycle for the role, or returns the one already
+// running. A caller that waits on the outcome passes urgent, which makes the
+// cycle's first attempt go at once. The cycle runs on the backend's context,
+// not a request's, so that one reader giving up does not cancel it for the
+// others.
+//
+// At most one cycle runs per role: a cycle for a newer definition cancels the
+// one it supersedes and starts only once that one has returned, and a cycle
+// that starts while the previous one commits waits for it likewise.
+func (b *backend) startFlight(name string, urgent bool) *flight {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
-	if f := b.flights[name]; f != nil && f.gen == gen {
+	// The generation is read under flightMu, so two callers racing a role
+	// change agree on which flight is current.
+	rs := b.state.peek(name)
+	if rs == nil {
+		f := &flight{done: make(chan struct{}), hurry: make(chan struct{}), res: cycleResult{err: errRoleChanged}}
+		close(f.done)
 		return f
 	}
-	f := &flight{done: make(chan struct{}), gen: gen}
-	started := b.goBackground(func(ctx context.Context) {
-		next, err := b.runCycle(ctx, name, gen)
+	gen := rs.gen
+	prev := b.flights[name]
+	if prev != nil && prev.gen == gen && !prev.ending.Load() {
+		if urgent {
+			prev.hurryUp()
+		}
+		return prev
+	}
+	if prev != nil && prev.gen != gen {
+		// Its result could not be stored anyway.
+		prev.cancel()
+	}
+	ctx, cancel := context.WithCancel(b.bgCtx)
+	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
+	if urgent {
+		f.hurryUp()
+	}
+	started := b.goBackground(func(context.Context) {
+		defer cancel()
+		if prev != nil {
+			<-prev.done
+		}
+		res := b.runCycle(ctx, name, f)
 		b.flightMu.Lock()
 		if b.flights[name] == f {
 			delete(b.flights, name)
 		}
-		f.err = err
+		f.res = res
 		b.flightMu.Unlock()
-		// The next cycle is scheduled only once this flight is gone: one due
-		// at once (a failed cycle with no room left before expiry, or one
-		// that only met our own rate limiter) must start anew rather than
-		// join the flight that is ending. It is set before done is closed,
-		// so whoever waits on done sees the role scheduled.
-		if !next.IsZero() {
-			b.schedule(name, next)
-		}
 		close(f.done)
 	})
 	if !started {
-		f.err = errShuttingDown
+		cancel()
+		f.res = cycleResult{err: errShuttingDown}
 		close(f.done)
 		return f
 	}
@@ -92,6 +145,7 @@ type schedEntry struct {
 
 // schedule sets the role's next refresh cycle to start at at, replacing any
 // earlier plan. It does nothing unless the refresher runs on this node.
+// roleStates calls it under the role's store lock.
 func (b *backend) schedule(name string, at time.Time) {
 	b.bgMu.Lock()
 	defer b.bgMu.Unlock()
@@ -117,7 +171,7 @@ func (b *backend) fire(name string, e *schedEntry) {
 	}
 	delete(b.timers, name)
 	b.bgMu.Unlock()
-	b.startFlight(name)
+	b.startFlight(name, false)
 }
 
 // unschedule drops the role's pending refresh.
@@ -141,17 +195,24 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// isRunning reports whether the refresher schedules cycles on this node.
+func (b *backend) isRunning() bool {
+	b.bgMu.RLock()
+	defer b.bgMu.RUnlock()
+	return b.running
+}
+
 // runCycle makes up to max_retries attempts to fetch and store a new
 // credential for the role. With block = retry_window / max_retries, attempt i
-// (from 0) happens at start + i*block + U[0, block). It stops at the first
-// success or the first error that cannot succeed on retry. Only a validated
-// credential is written; a failed cycle writes the status alone. It returns
-// when the next cycle is due, or the zero time when the role changed or the
-// backend is shutting down (nothing to schedule).
-func (b *backend) runCycle(ctx context.Context, name string, gen uint64) (time.Time, error) {
+// (from 0) happens at start + i*block + U[0, block), except that an attempt
+// not yet made goes at once when a caller waits on the cycle. It stops at the
+// first success or the first error that cannot succeed on retry. Only a
+// validated credential is written; a failed cycle records its status alone.
+// Either way the outcome is committed, with the next cycle's time, in one
+// place, and returned.
+func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleResult {
 	cfg := b.getRefreshCfg()
 	n := cfg.MaxRetries
-	window := cfg.RetryWindow
 	block := cfg.block()
 	timeout := callTimeout(block)
 
@@ -165,29 +226,45 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) (time.T
 		// storage) actually fail.
 		upstream bool
 	)
+	stopped := func() cycleResult {
+		if b.bgCtx.Err() != nil {
+			return cycleResult{err: errShuttingDown}
+		}
+		return cycleResult{err: errRoleChanged}
+	}
 	for i := 0; i < n; i++ {
 		at := start.Add(time.Duration(i)*block + b.jitter(block))
-		if err := b.sleepUntil(ctx, at); err != nil {
-			return time.Time{}, errShuttingDown
+		var hurry <-chan struct{}
+		if attempts == 0 {
+			hurry = f.hurry
 		}
-		role, cached, curGen, ok := b.lookup(name)
-		if !ok || curGen != gen {
-			return time.Time{}, errRoleChanged
+		if err := b.sleepUntil(ctx, at, hurry); err != nil {
+			return stopped()
+		}
+		rs, err := b.state.current(ctx, b.storage, name)
+		if err != nil {
+			lastErr, upstream = &refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err}, true
+			b.Logger().Warn("refresh attempt failed", "role", name, "attempt", attempts, "outcome", lastErr.Code, "error", err)
+			continue
+		}
+		if rs == nil || rs.gen != f.gen {
+			return cycleResult{err: errRoleChanged}
 		}
 		attempts++
 		lastAttempt = b.clock.Now()
 		blockEnd := start.Add(time.Duration(i+1) * block)
 
-		cred, err := b.attempt(ctx, name, role, blockEnd, timeout)
+		cred, rerr := b.attempt(ctx, name, rs.role, blockEnd, timeout)
 		if ctx.Err() != nil {
-			// Clean is running: storage may be going away, write nothing.
-			return time.Time{}, errShuttingDown
+			// Clean is running (storage may be going away) or a newer
+			// definition superseded the cycle: write nothing.
+			return stopped()
 		}
-		if err == nil {
+		if rerr == nil {
 			cred.IssuedAt = lastAttempt
-			err = validateCredential(cred, cached, b.clock.Now())
+			rerr = validateCredential(cred, rs.role, b.clock.Now())
 		}
-		if err == nil {
+		if rerr == nil {
 			next := b.nextRefreshAfterSuccess(cred, cfg.RefreshFraction)
 			st := &statusEntry{
 				NextRefresh:       next,
@@ -195,18 +272,24 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) (time.T
 				LastSuccess:       lastAttempt,
 				AttemptsLastCycle: attempts,
 			}
-			err = b.commitSuccess(ctx, name, gen, cred, st)
+			f.ending.Store(true)
+			err := b.state.commitSuccess(ctx, b.storage, name, f.gen, cred, st, next)
 			if err == nil {
 				b.Logger().Info("refresh succeeded", "role", name, "attempt", attempts, "outcome", "ok",
 					"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
-				return next, nil
+				return cycleResult{cred: cred, status: st, next: next}
 			}
+			f.ending.Store(false)
 			if errors.Is(err, errRoleChanged) {
-				return time.Time{}, err
+				return cycleResult{err: err}
+			}
+			rerr = classify(err, "")
+			if rerr.Code == "StorageError" {
+				b.Logger().Error("writing cached credential failed", "role", name, "error", err)
 			}
 		}
 
-		lastErr = classify(err, b.currentSecretKey())
+		lastErr = rerr
 		if lastErr.Code != codeRateLimited {
 			upstream = true
 		}
@@ -218,55 +301,59 @@ func (b *backend) runCycle(ctx context.Context, name string, gen uint64) (time.T
 
 	// Every attempt failed: record it, keep the cached credential, come back
 	// after a pause.
+	f.ending.Store(true)
 	now := b.clock.Now()
-	_, cached, _, _ := b.lookup(name)
-	prev, err := getStatus(ctx, b.storage, name)
-	if err != nil {
-		b.Logger().Warn("reading refresh status failed", "role", name, "error", err)
-	}
-	if prev == nil {
-		prev = &statusEntry{}
-	}
-	// A cycle whose every attempt our own limiter refused made no STS call:
-	// nothing upstream failed, and a growing pause would only leave the
-	// limiter idle while the role waits (in a herd of 1000 roles at 20
-	// calls/s that idle gap stretched the herd from 50 s to 62 s). The next
-	// cycle starts as soon as the limiter has a slot free, without counting
-	// a failed cycle.
-	failed, next := prev.FailedCycles, b.limiter.nextFree(now)
-	if upstream {
-		failed++
-		next = b.nextRefreshAfterFailure(now, failed, window, cached)
-	}
-	st := &statusEntry{
-		NextRefresh:       next,
-		LastAttempt:       lastAttempt,
-		AttemptsLastCycle: attempts,
-		FailedCycles:      failed,
-		LastError:         lastErr.Error(),
-		LastSuccess:       prev.LastSuccess,
-	}
-	if err := b.commitFailure(ctx, name, gen, st); err != nil {
-		if errors.Is(err, errRoleChanged) {
-			return time.Time{}, err
+	st, cred, next, err := b.state.commitFailure(ctx, b.storage, name, f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
+		st := &statusEntry{
+			LastAttempt:       lastAttempt,
+			AttemptsLastCycle: attempts,
+			FailedCycles:      prev.FailedCycles,
+			LastError:         lastErr.Error(),
+			LastSuccess:       prev.LastSuccess,
+			RateLimitedSince:  prev.RateLimitedSince,
 		}
-		b.Logger().Error("writing refresh status failed", "role", name, "error", err)
+		if st.LastAttempt.IsZero() {
+			st.LastAttempt = prev.LastAttempt
+		}
+		if upstream {
+			st.FailedCycles++
+			st.RateLimitedSince = time.Time{}
+			st.NextRefresh = b.nextRefreshAfterFailure(now, start, st.FailedCycles, cfg.RetryWindow, cached, lastErr.Retryable)
+			return st, st.NextRefresh
+		}
+		// A cycle whose every attempt our own limiter refused made no STS
+		// call: nothing upstream failed, and a growing pause would only
+		// leave the limiter idle while the role waits (in a herd of 1000
+		// roles at 20 calls/s that idle gap stretched the herd from 50 s to
+		// 62 s). The next cycle starts as soon as the limiter has a slot
+		// free, without counting a failed cycle; the status shows since when
+		// the role has been starved.
+		if st.RateLimitedSince.IsZero() {
+			st.RateLimitedSince = start
+		}
+		st.NextRefresh = b.limiter.nextFree(now)
+		return st, st.NextRefresh
+	})
+	if err != nil {
+		return cycleResult{err: err}
 	}
 	b.Logger().Warn("refresh cycle failed", "role", name, "attempts", attempts, "outcome", lastErr.Code,
-		"failed_cycles", failed, "next_refresh", next.UTC().Format(time.RFC3339), "error", lastErr.Message)
-	return next, lastErr
+		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", lastErr.Message)
+	return cycleResult{cred: cred, status: st, next: next, err: lastErr}
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
-// the error is retryable. Every call first takes a slot from the global rate
-// limiter, waiting for it inside the block; no slot before blockEnd means no
-// call, and the attempt counts as rate limited.
-func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blockEnd time.Time, timeout time.Duration) (*cacheEntry, error) {
+// the error is retryable. Every call starts before blockEnd, after taking a
+// slot from the global rate limiter (waiting for it inside the block), and
+// must answer by blockEnd (or within minCallTime): no slot or no time left
+// before blockEnd means no call. Errors are classified here, once, with the
+// endpoint's own secret key for redaction.
+func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blockEnd time.Time, timeout time.Duration) (*cacheEntry, *refreshError) {
 	eps, err := b.stsEndpoints(ctx)
 	if err != nil {
-		return nil, err
+		return nil, classify(err, "")
 	}
-	var lastErr error
+	var lastErr *refreshError
 	for _, ep := range eps {
 		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
 		if !ok {
@@ -275,27 +362,32 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 			}
 			return nil, &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 		}
-		if err := b.sleepUntil(ctx, at); err != nil {
-			return nil, err
+		if err := b.sleepUntil(ctx, at, nil); err != nil {
+			return nil, classify(err, "")
 		}
-		callCtx, cancel := context.WithTimeout(ctx, timeout)
+		d := min(timeout, max(blockEnd.Sub(b.clock.Now()), min(timeout, minCallTime)))
+		callCtx, cancel := context.WithTimeout(ctx, d)
 		cred, err := ep.fetch(callCtx, name, role)
 		cancel()
 		if err == nil {
 			return cred, nil
 		}
-		lastErr = err
-		if ctx.Err() != nil || !classify(err, "").Retryable {
-			return nil, err
+		lastErr = classify(err, ep.secretKey)
+		if ctx.Err() != nil || !lastErr.Retryable {
+			return nil, lastErr
 		}
 	}
 	return nil, lastErr
 }
 
 // validateCredential accepts a credential only if it can be served: all three
-// parts present, not expired, and not expiring before the one it replaces.
-func validateCredential(c, cached *cacheEntry, now time.Time) error {
-	invalid := func(msg string) error {
+// parts present, not expired, and not expiring later than the role's ttl
+// allows (STS computes the expiration from the requested duration; a far
+// later one comes from a misbehaving endpoint, and once cached it would
+// outrank every genuine credential). The comparison with the cached
+// credential happens at commit, under the store lock.
+func validateCredential(c *cacheEntry, role *roleEntry, now time.Time) *refreshError {
+	invalid := func(msg string) *refreshError {
 		return &refreshError{Code: "InvalidCredential", Message: msg, Retryable: true}
 	}
 	switch {
@@ -307,77 +399,11 @@ func validateCredential(c, cached *cacheEntry, now time.Time) error {
 		return invalid("STS returned an empty session token")
 	case !c.Expiration.After(now):
 		return invalid(fmt.Sprintf("STS returned a credential that expired at %s", c.Expiration.UTC().Format(time.RFC3339)))
-	case cached != nil && c.Expiration.Before(cached.Expiration):
-		return invalid("STS returned a credential expiring before the cached one")
+	case c.unusableFor(role) != "":
+		return invalid(fmt.Sprintf("STS returned a credential expiring at %s, later than the requested ttl %s (plus %s) allows",
+			c.Expiration.UTC().Format(time.RFC3339), role.TTL, expirationTolerance))
 	}
 	return nil
-}
-
-// commitSuccess writes the credential, then the status, under the role's
-// store lock and only if the role is still the definition the cycle fetched
-// for. A failed cache write changes nothing and fails the attempt; the
-// mirror is updated only after storage accepted the entry.
-func (b *backend) commitSuccess(ctx context.Context, name string, gen uint64, cred *cacheEntry, st *statusEntry) error {
-	lock := locksutil.LockForKey(b.storeLocks, name)
-	lock.Lock()
-	defer lock.Unlock()
-	if cur, ok := b.currentGen(name); !ok || cur != gen {
-		return errRoleChanged
-	}
-	if b.testHooks && b.takeCacheWriteFailure() {
-		return &refreshError{Code: "StorageError", Message: "writing the cached credential failed (injected by test hook)", Retryable: true}
-	}
-	entry, err := logical.StorageEntryJSON(cachePrefix+name, cred)
-	if err != nil {
-		return &refreshError{Code: "StorageError", Message: "encoding the cached credential failed", Retryable: true, cause: err}
-	}
-	if err := b.storage.Put(ctx, entry); err != nil {
-		b.Logger().Error("writing cached credential failed", "role", name, "error", err)
-		return &refreshError{Code: "StorageError", Message: "writing the cached credential failed", Retryable: true, cause: err}
-	}
-	b.mu.Lock()
-	if rs := b.roles[name]; rs != nil && rs.gen == gen {
-		rs.cred = cred
-	}
-	b.mu.Unlock()
-	if err := b.putStatus(ctx, name, st); err != nil {
-		// The credential is stored and served; only the report is behind.
-		b.Logger().Error("writing refresh status failed", "role", name, "error", err)
-	}
-	return nil
-}
-
-// commitFailure writes the status of a failed cycle, under the same
-// conditions as commitSuccess so that a deleted role leaves no status behind.
-func (b *backend) commitFailure(ctx context.Context, name string, gen uint64, st *statusEntry) error {
-	lock := locksutil.LockForKey(b.storeLocks, name)
-	lock.Lock()
-	defer lock.Unlock()
-	if cur, ok := b.currentGen(name); !ok || cur != gen {
-		return errRoleChanged
-	}
-	return b.putStatus(ctx, name, st)
-}
-
-func (b *backend) putStatus(ctx context.Context, name string, st *statusEntry) error {
-	entry, err := logical.StorageEntryJSON(statusPrefix+name, st)
-	if err != nil {
-		return err
-	}
-	return b.storage.Put(ctx, entry)
-}
-
-// takeCacheWriteFailure consumes one injected cache write failure, if any.
-func (b *backend) takeCacheWriteFailure() bool {
-	for {
-		n := b.cacheWriteFailures.Load()
-		if n <= 0 {
-			return false
-		}
-		if b.cacheWriteFailures.CompareAndSwap(n, n-1) {
-			return true
-		}
-	}
 }
 
 // nextRefreshAfterSuccess is when the refresh of cred is due: once its
@@ -391,10 +417,16 @@ func (b *backend) nextRefreshAfterSuccess(cred *cacheEntry, fraction float64) ti
 
 // nextRefreshAfterFailure is when the cycle after the failed-th consecutive
 // failed one starts: after a jittered pause, uniform in [p/2, p] with
-// p = retry_window × 2^(failed-1) capped at 5 minutes, but never later than
-// expiration - retry_window, which leaves room for one more full cycle
-// before the cached credential expires (and now, if that is already past).
-func (b *backend) nextRefreshAfterFailure(now time.Time, failed int, window time.Duration, cached *cacheEntry) time.Time {
+// p = retry_window × 2^(failed-1) capped at 5 minutes.
+//
+// After a retryable failure the pause is cut short so that one more full
+// cycle fits before the cached credential expires (expiration - window), but
+// never to less than one window after this cycle started: cycles of one role
+// never overlap their windows, so a role near expiry retries at the block
+// pace and never back to back. A non-retryable failure (AccessDenied, a bad
+// policy) gets the same answer again right away, so it always waits its
+// whole pause.
+func (b *backend) nextRefreshAfterFailure(now, cycleStart time.Time, failed int, window time.Duration, cached *cacheEntry, retryable bool) time.Time {
 	pause := window
 	for i := 1; i < failed && pause < maxPause; i++ {
 		pause *= 2
@@ -404,14 +436,19 @@ func (b *backend) nextRefreshAfterFailure(now time.Time, failed int, window time
 	}
 	half := pause / 2
 	next := now.Add(half + time.Duration(b.rand.Int64N(int64(pause-half)+1)))
+	if !retryable {
+		return next
+	}
 	if cached != nil && cached.Expiration.After(now) {
-		latest := cached.Expiration.Add(-window)
-		if next.After(latest) {
+		if latest := cached.Expiration.Add(-window); next.After(latest) {
 			next = latest
 		}
-		if next.Before(now) {
-			next = now
-		}
+	}
+	if floor := cycleStart.Add(window); next.Before(floor) {
+		next = floor
+	}
+	if next.Before(now) {
+		next = now
 	}
 	return next
 }

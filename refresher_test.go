@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,7 +40,9 @@ func wantTimes(t *testing.T, got, want []time.Time) {
 
 // TestRefresh_AttemptSchedule checks the block schedule exactly: attempt i
 // of a cycle runs at start + i*block + U[0, block), with the random draw at
-// both of its extremes, and with a seeded source inside the bounds.
+// both of its extremes, and with a seeded source inside the bounds. The
+// cycle is a cold read's, so a caller waits on it: its first attempt goes at
+// once, whatever the draw, and only the retries are jittered.
 func TestRefresh_AttemptSchedule(t *testing.T) {
 	const block = 5 * time.Second // default window 30s / 6 attempts
 	tests := []struct {
@@ -67,7 +70,10 @@ func TestRefresh_AttemptSchedule(t *testing.T) {
 				if at.Before(blockStart) || !at.Before(blockStart.Add(block)) {
 					t.Fatalf("attempt %d at start%+v, outside its block [%v, %v)", i, at.Sub(start), time.Duration(i)*block, time.Duration(i+1)*block)
 				}
-				if tc.jitter >= 0 && !at.Equal(blockStart.Add(tc.jitter)) {
+				if i == 0 && !at.Equal(start) {
+					t.Fatalf("first attempt of a waited-on cycle at start%+v, want at once", at.Sub(start))
+				}
+				if i > 0 && tc.jitter >= 0 && !at.Equal(blockStart.Add(tc.jitter)) {
 					t.Fatalf("attempt %d at start%+v, want start%+v", i, at.Sub(start), time.Duration(i)*block+tc.jitter)
 				}
 			}
@@ -93,8 +99,10 @@ func TestRefresh_MaxRetriesFollowsConfig(t *testing.T) {
 	start := f.clock.Now()
 	resp, err := f.readCreds(testRole)
 	wantCoded(t, resp, err, 503, `role "app"`, "Throttling")
-	var want []time.Time
-	for i := 0; i < 6; i++ {
+	// A cold read's cycle: the first attempt at once, the retries at the
+	// end of their blocks.
+	want := []time.Time{start}
+	for i := 1; i < 6; i++ {
 		want = append(want, start.Add(time.Duration(i)*5*time.Second+5*time.Second-1))
 	}
 	wantTimes(t, f.log.times(), want)
@@ -335,7 +343,8 @@ func TestRefresh_GrowingPauses(t *testing.T) {
 
 // TestRefresh_PauseLeavesRoomBeforeExpiry checks that the pause after a
 // failed cycle never pushes the next cycle later than expiration -
-// retry_window (and starts it at once when that is already past), that the
+// retry_window (and, when that is already past, starts it one window after
+// the failed cycle started: cycles never run back to back), that the
 // cached credential is served unchanged all along, and that once it has
 // expired reads answer 503 until STS recovers.
 func TestRefresh_PauseLeavesRoomBeforeExpiry(t *testing.T) {
@@ -376,8 +385,10 @@ func TestRefresh_PauseLeavesRoomBeforeExpiry(t *testing.T) {
 			}
 		default:
 			sawNow = true
-			if !next.Equal(last) {
-				t.Fatalf("cycle %d: next_refresh = last%+v, want now", cycle, next.Sub(last))
+			// With randMax the last attempt is at cycle start + window - 1ns.
+			cycleStart := last.Add(-(window - time.Nanosecond))
+			if !next.Equal(cycleStart.Add(window)) {
+				t.Fatalf("cycle %d: next_refresh = last%+v, want one window after the cycle started", cycle, next.Sub(last))
 			}
 		}
 		if exp.Sub(f.clock.Now()) >= minServeValidity {
@@ -473,7 +484,6 @@ func TestRefresh_NeverStoresFailure(t *testing.T) {
 	tests := []struct {
 		name     string
 		fault    stsemu.Fault // emulator fault for every call of the cycle
-		hook     bool         // instead: the test hook fails every cache write
 		storage  bool         // instead: the storage itself fails cache writes
 		code     string
 		attempts int
@@ -488,7 +498,6 @@ func TestRefresh_NeverStoresFailure(t *testing.T) {
 		{name: "already expired", fault: stsemu.FaultExpired, code: "InvalidCredential", attempts: 6},
 		{name: "empty access key", fault: stsemu.FaultEmptyKey, code: "InvalidCredential", attempts: 6},
 		{name: "AccessDenied", fault: stsemu.FaultAccessDenied, code: "AccessDenied", attempts: 1},
-		{name: "cache write fails (test hook)", hook: true, code: "StorageError", attempts: 6},
 		{name: "cache write fails (storage)", storage: true, code: "StorageError", attempts: 6},
 	}
 	for _, tc := range tests {
@@ -505,14 +514,12 @@ func TestRefresh_NeverStoresFailure(t *testing.T) {
 			failWrites := &failSwitch{}
 			setup := func() *fixture {
 				store := &countingStorage{Storage: new(logical.InmemStorage), fail: failWrites.check}
-				f := newFixture(t, fixtureOpts{refresh: refresh, testHooks: tc.hook, storage: store})
+				f := newFixture(t, fixtureOpts{refresh: refresh, storage: store})
 				f.emu.SetFaults(stsemu.FaultPlan{Hang: 10 * time.Second})
 				return f
 			}
 			startFault := func(f *fixture) {
 				switch {
-				case tc.hook:
-					mustDo(t, f.b, f.s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": 100})
 				case tc.storage:
 					failWrites.set(true)
 				default:
@@ -589,8 +596,15 @@ func (s *failSwitch) check(key string) error {
 // TestRefresh_StorageFailureThenSuccess checks that a failed cache write
 // costs one attempt and the next attempt stores the credential.
 func TestRefresh_StorageFailureThenSuccess(t *testing.T) {
-	f := newFixture(t, fixtureOpts{testHooks: true})
-	mustDo(t, f.b, f.s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"cache_write_failures": 1})
+	var left atomic.Int32
+	left.Store(1)
+	store := &countingStorage{Storage: new(logical.InmemStorage), fail: func(key string) error {
+		if strings.HasPrefix(key, cachePrefix) && left.Add(-1) >= 0 {
+			return fmt.Errorf("injected storage failure writing %s", key)
+		}
+		return nil
+	}}
+	f := newFixture(t, fixtureOpts{storage: store})
 	f.mustReadCreds(testRole)
 	if n := len(f.log.all()); n != 2 {
 		t.Fatalf("%d STS calls, want 2 (one lost to the storage failure)", n)
@@ -598,9 +612,6 @@ func TestRefresh_StorageFailureThenSuccess(t *testing.T) {
 	st := f.status(testRole)
 	if st["attempts_last_cycle"] != 2 || st["state"] != stateFresh {
 		t.Fatalf("status = %v", st)
-	}
-	if got := mustDo(t, f.b, f.s, logical.ReadOperation, "test/storage-faults", nil).Data["cache_write_failures"]; got != 0 {
-		t.Fatalf("cache_write_failures = %v after use, want 0", got)
 	}
 }
 
@@ -699,7 +710,7 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 	refreshed := func() int {
 		n := 0
 		for name, key := range old {
-			if _, cred, _, _ := b.lookup(name); cred != nil && cred.AccessKey != key {
+			if _, cred, _, _ := b.state.lookup(name); cred != nil && cred.AccessKey != key {
 				n++
 			}
 		}

@@ -1,16 +1,66 @@
+//go:build testhooks
+
 package awsresilient
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
-// pathTestStorageFaults exists only when the plugin runs with
-// AWS_RESILIENT_TEST_HOOKS=1. The fault matrix uses it to make the cache write
-// that follows a successful STS call fail, which Vault itself cannot inject.
+// This file is compiled only into test binaries (go build -tags testhooks):
+// the production plugin has no test path at all, whatever its environment
+// says (Vault passes its own whole environment to every plugin). Even in a
+// test binary the path appears only with AWS_RESILIENT_TEST_HOOKS=1.
+
+// testHooksBuilt reports whether this binary carries the test hooks.
+const testHooksBuilt = true
+
+func testHookPaths(b *backend) []*framework.Path {
+	return []*framework.Path{pathTestStorageFaults(b)}
+}
+
+// wrapStorage makes the mount's storage, as background work sees it, fail
+// cache writes while the hook says so.
+func (b *backend) wrapStorage(s logical.Storage) logical.Storage {
+	if !b.testHooks || s == nil {
+		return s
+	}
+	return &hookStorage{Storage: s, b: b}
+}
+
+// hookStorage fails the next cache_write_failures writes of cache/ entries.
+type hookStorage struct {
+	logical.Storage
+	b *backend
+}
+
+func (h *hookStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
+	if strings.HasPrefix(e.Key, cachePrefix) && h.b.takeCacheWriteFailure() {
+		return errors.New("writing the cached credential failed (injected by test hook)")
+	}
+	return h.Storage.Put(ctx, e)
+}
+
+// takeCacheWriteFailure consumes one injected cache write failure, if any.
+func (b *backend) takeCacheWriteFailure() bool {
+	for {
+		n := b.cacheWriteFailures.Load()
+		if n <= 0 {
+			return false
+		}
+		if b.cacheWriteFailures.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// pathTestStorageFaults lets the fault matrix make the cache write that
+// follows a successful STS call fail, which Vault itself cannot inject.
 func pathTestStorageFaults(b *backend) *framework.Path {
 	return &framework.Path{
 		Pattern: "test/storage-faults",
@@ -46,7 +96,7 @@ func pathTestStorageFaults(b *backend) *framework.Path {
 			},
 		},
 		HelpSynopsis:    "Test hook: inject cache write failures.",
-		HelpDescription: "Present only when the plugin runs with AWS_RESILIENT_TEST_HOOKS=1. Makes the next cache_write_failures cache writes after a successful STS call fail, as a storage error would.",
+		HelpDescription: "Present only in a plugin built with -tags testhooks and run with AWS_RESILIENT_TEST_HOOKS=1. Makes the next cache_write_failures cache writes after a successful STS call fail, as a storage error would.",
 	}
 }
 

@@ -1,0 +1,208 @@
+package awsresilient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// maxStartBackoff caps the wait before a failed start or reconcile pass is
+// tried again. Vault's own periodic pass comes about once a minute anyway.
+const maxStartBackoff = time.Minute
+
+// periodic is the framework's PeriodicFunc: Vault calls it about once a
+// minute. Where storage is writable it runs a reconciler pass.
+func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
+	if !b.WriteSafeReplicationState() {
+		return nil
+	}
+	if err := b.reconcile(ctx); err != nil {
+		b.Logger().Warn("reconcile pass failed, retrying", "error", err)
+	}
+	return nil
+}
+
+// reconcile runs one reconciler pass and, when storage fails it, arranges
+// another after a jittered, growing backoff (1s, 2s, 4s, ... up to a minute)
+// so that a failed start is never left half-done until the next periodic
+// pass.
+func (b *backend) reconcile(ctx context.Context) error {
+	b.reconcileMu.Lock()
+	defer b.reconcileMu.Unlock()
+	b.bgMu.Lock()
+	if b.closed {
+		b.bgMu.Unlock()
+		return nil
+	}
+	if b.startTimer != nil {
+		b.startTimer.Stop()
+		b.startTimer = nil
+	}
+	b.bgMu.Unlock()
+
+	err := b.reconcilePass(ctx)
+
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if err == nil {
+		b.startFailures = 0
+		return nil
+	}
+	if b.closed {
+		return err
+	}
+	b.startFailures++
+	d := time.Second
+	for i := 1; i < b.startFailures && d < maxStartBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, maxStartBackoff)
+	d = d/2 + b.jitter(d/2+1)
+	b.startTimer = b.clock.AfterFunc(d, func() {
+		b.goBackground(func(ctx context.Context) { _ = b.reconcile(ctx) })
+	})
+	return err
+}
+
+// reconcilePass compares storage with this node's state and puts back what
+// is out of line:
+//   - config/refresh is reloaded, and the refresher marked running;
+//   - every role is loaded if it is not mirrored (or marked for reload), its
+//     dirty status written, an unusable cached credential deleted;
+//   - every warm role (one with a credential or a status) has a cycle
+//     scheduled or in flight;
+//   - mirrored roles that storage no longer has are dropped, and cached
+//     credentials or statuses without a role are deleted.
+//
+// It returns the first error; the roles it could reach are reconciled.
+func (b *backend) reconcilePass(ctx context.Context) error {
+	s := b.storage
+	cfg, err := getRefreshConfig(ctx, s)
+	if err != nil {
+		return err
+	}
+	b.setRefreshConfig(cfg)
+	names, err := s.List(ctx, rolePrefix)
+	if err != nil {
+		return fmt.Errorf("listing roles: %w", err)
+	}
+	b.bgMu.Lock()
+	if b.closed {
+		b.bgMu.Unlock()
+		return nil
+	}
+	started := !b.running
+	b.running = true
+	b.bgMu.Unlock()
+
+	var errs []error
+	listed := make(map[string]bool, len(names))
+	for _, name := range names {
+		listed[name] = true
+		if err := b.reconcileRole(ctx, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// A mirrored role the list did not show may have been deleted, or
+	// created since the list was read: reconcileRole reads it again.
+	for _, name := range b.state.names() {
+		if !listed[name] {
+			if err := b.reconcileRole(ctx, name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, prefix := range []string{cachePrefix, statusPrefix} {
+		keys, err := s.List(ctx, prefix)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing %s: %w", prefix, err))
+			continue
+		}
+		for _, name := range keys {
+			if !listed[name] {
+				if err := b.dropOrphan(ctx, prefix, name); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	if started {
+		b.Logger().Info("refresher started", "roles", len(names))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	b.reconcilePasses.Add(1)
+	return nil
+}
+
+// reconcileRole brings one role in line with storage, under its store lock.
+func (b *backend) reconcileRole(ctx context.Context, name string) error {
+	lock := b.state.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	rs, err := b.state.currentLocked(ctx, b.storage, name)
+	if err != nil {
+		return err
+	}
+	if rs == nil {
+		return nil
+	}
+	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
+		return err
+	}
+	if !rs.warm() {
+		// Cold roles stay cold until someone reads them.
+		return nil
+	}
+	if _, ok := b.scheduledAt(name); ok || b.inFlight(name) {
+		return nil
+	}
+	now := b.clock.Now()
+	at := b.plannedRefresh(rs)
+	if at.Before(now) {
+		at = now
+	}
+	b.schedule(name, at)
+	return nil
+}
+
+// plannedRefresh is when a warm role's next cycle is due: the plan its
+// status records, or, when it records none, the regular refresh point of
+// the cached credential.
+func (b *backend) plannedRefresh(rs *roleState) time.Time {
+	if !rs.status.NextRefresh.IsZero() {
+		return rs.status.NextRefresh
+	}
+	if rs.cred != nil {
+		return b.nextRefreshAfterSuccess(rs.cred, b.getRefreshCfg().RefreshFraction)
+	}
+	return b.clock.Now()
+}
+
+// dropOrphan deletes a cached credential or status whose role is gone,
+// after checking under the store lock that the role really is.
+func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
+	lock := b.state.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	role, err := getRole(ctx, b.storage, name)
+	if err != nil || role != nil {
+		return err
+	}
+	if err := b.storage.Delete(ctx, prefix+name); err != nil {
+		return fmt.Errorf("deleting orphaned %s%s: %w", prefix, name, err)
+	}
+	b.Logger().Info("deleted orphaned entry", "key", prefix+name)
+	return nil
+}
+
+// warm reports whether the refresher works on the role: it has a cached
+// credential, or a cycle has run for it. A role nobody has read yet stays
+// cold, with nothing scheduled, until its first read.
+func (rs *roleState) warm() bool {
+	return rs.cred != nil || !rs.status.LastAttempt.IsZero() || rs.badCache
+}

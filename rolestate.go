@@ -1,0 +1,467 @@
+package awsresilient
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/helper/locksutil"
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// expirationTolerance is how much later than requested a credential may
+// expire: STS computes the expiration on its own clock, and AWS rejects a
+// signature more than 15 minutes off, so a genuine credential is never
+// further out than that.
+const expirationTolerance = 15 * time.Minute
+
+// errRoleChanged ends a cycle whose role was changed, deleted or superseded
+// while it ran: what it fetched belongs to a definition that is gone.
+var errRoleChanged = errors.New("role changed during refresh")
+
+// roleStates is the one owner of per-role state. Storage is the truth; the
+// mirror here is a cache of roles/, cache/ and status/ that lets a cached
+// creds read cost one map lookup. Nothing else changes the mirror, the
+// generations or the store locks:
+//
+//   - Every change to a role's storage happens under that role's store lock,
+//     and the mirror changes only after storage said yes.
+//   - Before the first write of a change, the entry is marked for reload and
+//     gets a new generation, so a cycle running for the old definition can no
+//     longer commit, and a failure half-way leaves an entry that the next
+//     access reads back from storage.
+//   - Invalidate only marks entries for reload.
+type roleStates struct {
+	// mu guards m. Entries are replaced, never changed in place, so a
+	// pointer read under mu may be used after it is released.
+	mu sync.RWMutex
+	m  map[string]*roleState
+
+	// gens hands out generations; see roleState.gen.
+	gens atomic.Uint64
+
+	// locks serialise, per role name, every storage change of that role:
+	// role writes and deletes, cycle commits, reloads and the reconciler.
+	locks []*locksutil.LockEntry
+
+	// sched is told when a role's next cycle is due or no longer due. It is
+	// called with the role's store lock held, so a commit's schedule and a
+	// role change's unschedule cannot cross.
+	sched scheduler
+}
+
+// scheduler is the refresher's side of the owner: the backend implements it.
+type scheduler interface {
+	schedule(name string, at time.Time)
+	unschedule(name string)
+}
+
+// roleState is one role in the mirror. It is immutable once published.
+type roleState struct {
+	role *roleEntry
+	// cred is the usable cached credential, nil when none is stored, or when
+	// the stored one belongs to another definition or is implausible
+	// (badCache is set then, and the reconciler deletes it).
+	cred *cacheEntry
+	// status is the refresher's record; never nil.
+	status *statusEntry
+	// gen changes whenever the role's definition changes (or the role is
+	// deleted and created again); a cycle carries the gen it started with
+	// and may commit only while it is current.
+	gen uint64
+	// stale marks an entry for reload: storage may differ from it.
+	stale bool
+	// statusDirty: status is newer than what storage holds (its write
+	// failed, or it was repaired on load); the reconciler writes it.
+	statusDirty bool
+	// badCache: cache/<name> holds a credential that must not be served.
+	badCache bool
+}
+
+func newRoleStates(sched scheduler) *roleStates {
+	return &roleStates{m: make(map[string]*roleState), locks: locksutil.CreateLocks(), sched: sched}
+}
+
+func (r *roleStates) lockFor(name string) *locksutil.LockEntry {
+	return locksutil.LockForKey(r.locks, name)
+}
+
+// lookup returns the mirrored role definition, credential and generation.
+// This is the whole cost of a cached creds read. ok is false when the role
+// is not mirrored or marked for reload.
+func (r *roleStates) lookup(name string) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
+	r.mu.RLock()
+	rs := r.m[name]
+	if rs != nil && !rs.stale {
+		role, cred, gen, ok = rs.role, rs.cred, rs.gen, true
+	}
+	r.mu.RUnlock()
+	return role, cred, gen, ok
+}
+
+// peek returns the entry as mirrored, stale or not.
+func (r *roleStates) peek(name string) *roleState {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.m[name]
+}
+
+// current returns the role's state, reading storage when it is not mirrored
+// or marked for reload. It returns nil, nil when the role does not exist.
+func (r *roleStates) current(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+	r.mu.RLock()
+	rs := r.m[name]
+	r.mu.RUnlock()
+	if rs != nil && !rs.stale {
+		return rs, nil
+	}
+	lock := r.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	return r.currentLocked(ctx, s, name)
+}
+
+// currentLocked is current for a caller holding the store lock.
+func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+	if rs := r.peek(name); rs != nil && !rs.stale {
+		return rs, nil
+	}
+	return r.loadLocked(ctx, s, name)
+}
+
+// loadLocked reads the role, its cached credential and its status from
+// storage and publishes them. A read that fails changes nothing. The
+// generation survives a reload that finds the same definition.
+func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+	role, err := getRole(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	if role == nil {
+		r.mu.Lock()
+		delete(r.m, name)
+		r.mu.Unlock()
+		r.sched.unschedule(name)
+		return nil, nil
+	}
+	cred, err := getCacheEntry(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	st, err := getStatus(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	next := &roleState{role: role}
+	if cred != nil {
+		if why := cred.unusableFor(role); why != "" {
+			next.badCache = true
+		} else {
+			next.cred = cred
+		}
+	}
+	next.status, next.statusDirty = repairStatus(st, next.cred)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.m[name]
+	if old != nil && old.role.equal(role) {
+		next.gen = old.gen
+		if old.statusDirty {
+			// The unwritten status is newer than storage's.
+			next.status, next.statusDirty = old.status, true
+		}
+	} else {
+		next.gen = r.gens.Add(1)
+	}
+	r.m[name] = next
+	return next, nil
+}
+
+// repairStatus makes a status read from storage agree with the credential
+// beside it. The cache is written before the status, so a status write that
+// failed leaves a credential newer than its status: the credential proves
+// that its refresh succeeded. dirty reports a repair the reconciler must
+// write back.
+func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
+	if st == nil {
+		st = &statusEntry{}
+		if cred == nil {
+			return st, false
+		}
+	}
+	if cred != nil && cred.IssuedAt.After(st.LastSuccess) {
+		fixed := *st
+		fixed.LastSuccess = cred.IssuedAt
+		if fixed.LastAttempt.Before(cred.IssuedAt) {
+			fixed.LastAttempt = cred.IssuedAt
+		}
+		fixed.FailedCycles = 0
+		// Whatever was planned was planned for an older credential.
+		fixed.NextRefresh = time.Time{}
+		fixed.LastError = ""
+		fixed.RateLimitedSince = time.Time{}
+		return &fixed, true
+	}
+	return st, false
+}
+
+// markLocked marks the entry for reload and, when bump is set, gives it a
+// new generation so no cycle started before can commit. A name not mirrored
+// gets a placeholder, so that the generation is not lost.
+func (r *roleStates) markLocked(name string, bump bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs := r.m[name]
+	next := &roleState{status: &statusEntry{}, stale: true}
+	if rs != nil {
+		copied := *rs
+		next = &copied
+		next.stale = true
+	}
+	if bump || rs == nil {
+		next.gen = r.gens.Add(1)
+	}
+	r.m[name] = next
+}
+
+// forget marks the role for reload (Invalidate).
+func (r *roleStates) forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rs := r.m[name]; rs != nil && !rs.stale {
+		copied := *rs
+		copied.stale = true
+		r.m[name] = &copied
+	}
+}
+
+// names returns the mirrored role names.
+func (r *roleStates) names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.m))
+	for name := range r.m {
+		out = append(out, name)
+	}
+	return out
+}
+
+// writeRole stores a new definition of the role, given the one stored now
+// (nil for a new role). When what STS issues changes, the cached credential
+// and status are deleted first: a failure at any point leaves either the old
+// definition or the new one in storage, never with a credential of the
+// other, and the entry marked for reload.
+func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, name string, old, role *roleEntry) error {
+	entry, err := logical.StorageEntryJSON(rolePrefix+name, role)
+	if err != nil {
+		return err
+	}
+	if old != nil && old.equal(role) {
+		// Only how the credential is served changed (lease): the cache, the
+		// schedule and the generation stay.
+		if err := s.Put(ctx, entry); err != nil {
+			// The write may or may not have been applied.
+			r.markLocked(name, false)
+			return fmt.Errorf("writing role %q: %w", name, err)
+		}
+		r.mu.Lock()
+		if rs := r.m[name]; rs != nil && !rs.stale {
+			copied := *rs
+			copied.role = role
+			r.m[name] = &copied
+		} else {
+			// Not mirrored or marked for reload: the next access reads it all.
+			r.markLocked0(name)
+		}
+		r.mu.Unlock()
+		return nil
+	}
+	r.markLocked(name, true)
+	r.sched.unschedule(name)
+	if err := deleteRoleData(ctx, s, name); err != nil {
+		return err
+	}
+	if err := s.Put(ctx, entry); err != nil {
+		return fmt.Errorf("writing role %q: %w", name, err)
+	}
+	r.mu.Lock()
+	r.m[name] = &roleState{role: role, status: &statusEntry{}, gen: r.m[name].gen}
+	r.mu.Unlock()
+	return nil
+}
+
+// markLocked0 is markLocked for a caller already holding r.mu.
+func (r *roleStates) markLocked0(name string) {
+	next := &roleState{status: &statusEntry{}, stale: true, gen: r.gens.Add(1)}
+	if rs := r.m[name]; rs != nil {
+		copied := *rs
+		copied.stale = true
+		next = &copied
+	}
+	r.m[name] = next
+}
+
+// deleteRoleLocked deletes the role with its cached credential and status.
+// Cache and status go first: a role without a cache is a cold role, whereas
+// a cache without a role would be an orphan (the reconciler removes those
+// too).
+func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, name string) error {
+	r.markLocked(name, true)
+	r.sched.unschedule(name)
+	if err := deleteRoleData(ctx, s, name); err != nil {
+		return err
+	}
+	if err := s.Delete(ctx, rolePrefix+name); err != nil {
+		return fmt.Errorf("deleting role %q: %w", name, err)
+	}
+	r.mu.Lock()
+	delete(r.m, name)
+	r.mu.Unlock()
+	return nil
+}
+
+func deleteRoleData(ctx context.Context, s logical.Storage, name string) error {
+	if err := s.Delete(ctx, cachePrefix+name); err != nil {
+		return fmt.Errorf("deleting cached credential of role %q: %w", name, err)
+	}
+	if err := s.Delete(ctx, statusPrefix+name); err != nil {
+		return fmt.Errorf("deleting status of role %q: %w", name, err)
+	}
+	return nil
+}
+
+// commitSuccess stores a cycle's new credential and status and schedules the
+// role's next cycle, all under the store lock and only while gen is the
+// role's current generation. The credential is checked against the cached
+// one here, under the lock, not against a copy read before the STS call.
+// A failed cache write changes nothing and fails the attempt; a failed
+// status write leaves the status dirty for the reconciler.
+func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name string, gen uint64, cred *cacheEntry, st *statusEntry, next time.Time) error {
+	lock := r.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	rs, err := r.currentLocked(ctx, s, name)
+	if err != nil {
+		return &refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err}
+	}
+	if rs == nil || rs.gen != gen {
+		return errRoleChanged
+	}
+	if rs.cred != nil && cred.Expiration.Before(rs.cred.Expiration) {
+		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true}
+	}
+	stored := *cred
+	stored.RoleHash = rs.role.hash()
+	entry, err := logical.StorageEntryJSON(cachePrefix+name, &stored)
+	if err != nil {
+		return &refreshError{Code: "StorageError", Message: "encoding the cached credential failed", Retryable: true, cause: err}
+	}
+	if err := s.Put(ctx, entry); err != nil {
+		// The write may have been applied; the credential is valid for this
+		// definition either way, so nothing is marked.
+		return &refreshError{Code: "StorageError", Message: "writing the cached credential failed", Retryable: true, cause: err}
+	}
+	dirty := putStatus(ctx, s, name, st) != nil
+	r.mu.Lock()
+	r.m[name] = &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty}
+	r.mu.Unlock()
+	r.sched.schedule(name, next)
+	return nil
+}
+
+// commitFailure records a failed cycle: build computes the new status and
+// the next cycle's time from the role's current status and credential. The
+// status is written (or left dirty for the reconciler) and the next cycle
+// scheduled, under the store lock and only while gen is current.
+func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name string, gen uint64,
+	build func(prev *statusEntry, cred *cacheEntry) (*statusEntry, time.Time)) (*statusEntry, *cacheEntry, time.Time, error) {
+	lock := r.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	rs := r.peek(name)
+	if rs == nil || rs.gen != gen {
+		return nil, nil, time.Time{}, errRoleChanged
+	}
+	st, next := build(rs.status, rs.cred)
+	dirty := putStatus(ctx, s, name, st) != nil
+	r.mu.Lock()
+	copied := *rs
+	copied.status, copied.statusDirty = st, dirty
+	r.m[name] = &copied
+	r.mu.Unlock()
+	r.sched.schedule(name, next)
+	return st, rs.cred, next, nil
+}
+
+// flushLocked writes what the entry owes storage: a dirty status, and the
+// removal of a cached credential that must not be served.
+func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name string, rs *roleState) error {
+	if rs.badCache {
+		if err := s.Delete(ctx, cachePrefix+name); err != nil {
+			return fmt.Errorf("deleting unusable cached credential of role %q: %w", name, err)
+		}
+	}
+	if rs.statusDirty {
+		if err := putStatus(ctx, s, name, rs.status); err != nil {
+			return fmt.Errorf("writing status of role %q: %w", name, err)
+		}
+	}
+	if rs.badCache || rs.statusDirty {
+		r.mu.Lock()
+		if cur := r.m[name]; cur == rs {
+			copied := *rs
+			copied.badCache, copied.statusDirty = false, false
+			r.m[name] = &copied
+		}
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// dropLocked removes a role that storage no longer has from the mirror.
+func (r *roleStates) dropLocked(name string) {
+	r.mu.Lock()
+	delete(r.m, name)
+	r.mu.Unlock()
+	r.sched.unschedule(name)
+}
+
+func putStatus(ctx context.Context, s logical.Storage, name string, st *statusEntry) error {
+	entry, err := logical.StorageEntryJSON(statusPrefix+name, st)
+	if err != nil {
+		return err
+	}
+	return s.Put(ctx, entry)
+}
+
+// hash identifies what a definition issues (everything but lease). A cached
+// credential records the hash of the definition it was issued for, so a
+// credential can never be served for another definition, whatever order a
+// failed sequence of writes left in storage.
+func (r *roleEntry) hash() string {
+	c := *r
+	c.NoLease = false
+	b, _ := json.Marshal(&c) // a struct of strings, slices and maps: cannot fail
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// unusableFor says why a stored credential must not be served for role, or
+// "" when it may be: it was issued for another definition, or it expires
+// later than the role's ttl allows (a misbehaving endpoint).
+func (c *cacheEntry) unusableFor(role *roleEntry) string {
+	if c.RoleHash != "" && c.RoleHash != role.hash() {
+		return "issued for another definition of the role"
+	}
+	if !c.IssuedAt.IsZero() && c.Expiration.After(c.IssuedAt.Add(role.TTL+expirationTolerance)) {
+		return "expires later than the role's ttl allows"
+	}
+	return ""
+}
