@@ -50,11 +50,17 @@ func (r LoadResult) RPS() float64 {
 
 // Quantile returns the q-quantile (0..1) of the latencies.
 func (r LoadResult) Quantile(q float64) time.Duration {
-	if len(r.Latencies) == 0 {
+	return Quantile(r.Latencies, q)
+}
+
+// Quantile returns the q-quantile (0..1) of sorted latencies, rounding
+// down to a sample that was measured (0 for none).
+func Quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(q * float64(len(r.Latencies)-1))
-	return r.Latencies[i]
+	i := int(q * float64(len(sorted)-1))
+	return sorted[i]
 }
 
 // Load runs `concurrency` workers, each sending GET url with the token as
