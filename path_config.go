@@ -29,10 +29,26 @@ const (
 	minRefreshFraction     = 0.05
 	maxRefreshFraction     = 0.9
 	defaultSTSRateLimit    = 10.0
+	minSTSRateLimit        = 0.01 // one call per 100 s; below that burst × interval overflows
 	maxSTSRateLimit        = 10000.0
 	defaultSTSBurst        = 10
 	maxSTSBurst            = 10000
 	maxFallbackEndpoints   = 10
+
+	// Cross-field bounds of config/refresh.
+	//
+	// minRetryBlock: one STS call may take 4/5 of a block, and a timeout
+	// under ~1s fails calls that STS answers normally.
+	minRetryBlock = time.Second
+	// maxRetryBlock: a cold read waits at most Vault's request timeout
+	// (max_request_duration, 90s by default); its first attempt goes at once
+	// and its first retry lands within two blocks, which must fit.
+	maxRetryBlock = 45 * time.Second
+	// shortestLifetime is the shortest credential STS issues (900s). Its
+	// refresh margin, refresh_fraction × 900s less the start delay of up to
+	// 10% of it, must hold a whole retry window, or a failing cycle could not
+	// finish before that credential expires.
+	shortestLifetime = 15 * time.Minute
 )
 
 // regionRegex matches AWS region names: us-east-1, us-gov-west-1, cn-north-1,
@@ -152,7 +168,7 @@ func pathConfigRefresh(b *backend) *framework.Path {
 			},
 			"retry_window": {
 				Type:        framework.TypeDurationSecond,
-				Description: "Length of one refresh cycle, split into max_retries equal blocks with one attempt at a random time in each; 1s to 10m.",
+				Description: "Length of one refresh cycle, split into max_retries equal blocks with one attempt at a random time in each; 1s to 10m, with each block 1s to 45s and the window at most refresh_fraction × 810s.",
 				Default:     int(defaultRetryWindow / time.Second),
 			},
 			"refresh_fraction": {
@@ -162,7 +178,7 @@ func pathConfigRefresh(b *backend) *framework.Path {
 			},
 			"sts_rate_limit": {
 				Type:        framework.TypeFloat,
-				Description: fmt.Sprintf("Cap on STS calls per second across all roles, 0 to %g; 0 means no cap.", maxSTSRateLimit),
+				Description: fmt.Sprintf("Cap on STS calls per second across all roles, %g to %g, or 0 for no cap.", minSTSRateLimit, maxSTSRateLimit),
 				Default:     defaultSTSRateLimit,
 			},
 			"sts_burst": {
@@ -475,6 +491,12 @@ func (c refreshConfig) block() time.Duration {
 	return c.RetryWindow / time.Duration(c.MaxRetries)
 }
 
+// shortestMargin is the time between the latest refresh start and expiry of
+// the shortest credential STS issues.
+func (c refreshConfig) shortestMargin() time.Duration {
+	return time.Duration(0.9 * c.RefreshFraction * float64(shortestLifetime)).Truncate(time.Second)
+}
+
 // validate returns a message naming the valid range, or "" when c is valid.
 func (c refreshConfig) validate() string {
 	switch {
@@ -488,8 +510,19 @@ func (c refreshConfig) validate() string {
 		return fmt.Sprintf("sts_rate_limit must be between 0 and %g (0 means no cap); got %g", maxSTSRateLimit, c.STSRateLimit)
 	case c.STSBurst < 0 || c.STSBurst > maxSTSBurst:
 		return fmt.Sprintf("sts_burst must be between 0 and %d; got %d", maxSTSBurst, c.STSBurst)
+	case c.STSRateLimit > 0 && c.STSRateLimit < minSTSRateLimit:
+		return fmt.Sprintf("sts_rate_limit must be 0 (no cap) or at least %g (one call per 100s); got %g", minSTSRateLimit, c.STSRateLimit)
 	case c.STSRateLimit > 0 && c.STSBurst < 1:
 		return fmt.Sprintf("sts_burst must be between 1 and %d when sts_rate_limit is set; got %d", maxSTSBurst, c.STSBurst)
+	case c.block() < minRetryBlock:
+		return fmt.Sprintf("retry_window / max_retries (the retry block) must be at least %s, so that an STS call gets a timeout of at least %s; got %s / %d = %s",
+			minRetryBlock, callTimeout(minRetryBlock), c.RetryWindow, c.MaxRetries, c.block())
+	case c.block() > maxRetryBlock:
+		return fmt.Sprintf("retry_window / max_retries (the retry block) must be at most %s, so that a cold read sees a retry within Vault's 90s request timeout; got %s / %d = %s",
+			maxRetryBlock, c.RetryWindow, c.MaxRetries, c.block())
+	case c.RetryWindow > c.shortestMargin():
+		return fmt.Sprintf("retry_window must fit in the refresh margin of the shortest credential STS issues (refresh_fraction × 900s, less the 10%% start delay = %s), or a failing cycle could not finish before it expires; got %s",
+			c.shortestMargin(), c.RetryWindow)
 	}
 	return ""
 }
@@ -575,7 +608,18 @@ the next cycle starts after a growing, jittered pause (retry_window, 2x, 4x,
 up to 5 minutes) that always leaves room for one more cycle before the
 credential expires.
 
-sts_rate_limit (default 10 per second, 0 for no cap) and sts_burst (default
-10) cap STS calls across all roles; an attempt waits for a slot inside its
-block. A read before any write returns the defaults.
+sts_rate_limit (default 10 per second, at least 0.01, or 0 for no cap) and
+sts_burst (default 10) cap STS calls across all roles; an attempt waits for
+a slot inside its block. A role whose every attempt is refused a slot shows
+rate_limited_since in its status. A read before any write returns the
+defaults.
+
+The fields are checked together, and a write that breaks a rule gets a 400
+naming it:
+  - the retry block (retry_window / max_retries) is at least 1s, so an STS
+    call gets a timeout of at least 800ms (4/5 of a block, at most 10s);
+  - the block is at most 45s, so a cold read, which makes its first attempt
+    at once and waits at most Vault's 90s request timeout, sees a retry;
+  - retry_window fits in the refresh margin of the shortest credential STS
+    issues: refresh_fraction × 900s, less the 10% start delay.
 `

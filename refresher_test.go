@@ -115,7 +115,7 @@ func TestRefresh_MaxRetriesFollowsConfig(t *testing.T) {
 		{map[string]interface{}{"max_retries": 3}, 3, 10 * time.Second},
 		{map[string]interface{}{"max_retries": 8, "retry_window": "16s"}, 8, 2 * time.Second},
 		{map[string]interface{}{"max_retries": 1, "retry_window": "1s"}, 1, time.Second},
-		{map[string]interface{}{"max_retries": 20, "retry_window": "10s"}, 20, 500 * time.Millisecond},
+		{map[string]interface{}{"max_retries": 20, "retry_window": "20s"}, 20, time.Second},
 	}
 	for _, st := range steps {
 		t.Run(fmt.Sprint(st.write), func(t *testing.T) {
@@ -504,12 +504,13 @@ func TestRefresh_NeverStoresFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// The call timeout runs on the real clock (it is the HTTP call's
 			// context), unlike the schedule. Only the hang case wants it short
-			// (block 1s/6, timeout 133ms, so six hangs cost under a second); the
-			// others keep the default window, whose 4s timeout a loaded CI
-			// machine cannot exceed by accident and turn a fault into Timeout.
+			// (the shortest block config/refresh allows, 1s, so a timeout of
+			// 800ms and six hangs in under 5s); the others keep the default
+			// window, whose 4s timeout a loaded CI machine cannot exceed by
+			// accident and turn a fault into Timeout.
 			refresh := map[string]interface{}{"max_retries": 6, "retry_window": "30s"}
 			if tc.fault == stsemu.FaultHang {
-				refresh["retry_window"] = "1s"
+				refresh["retry_window"] = "6s"
 			}
 			failWrites := &failSwitch{}
 			setup := func() *fixture {
