@@ -58,6 +58,13 @@ type Config struct {
 	// expiry and throttling are exact. Latency and hangs use real time.
 	Now func() time.Time
 
+	// SigningNow, when set, is the clock the signature clock-skew check
+	// compares X-Amz-Date with, instead of Now. The AWS SDK signs with the
+	// real clock, so a test that moves its fake clock hours ahead (to run
+	// many credential lifetimes) keeps Now fake for issue and expiry and sets
+	// SigningNow to time.Now.
+	SigningNow func() time.Time
+
 	// Seed seeds the random source behind probabilistic faults and latency;
 	// 0 picks a random seed.
 	Seed uint64
@@ -73,6 +80,7 @@ type Emulator struct {
 	rootArn   string // ARN of the IAM user the root key pair belongs to
 	rootID    string // its unique id (AIDA...)
 	now       func() time.Time
+	signNow   func() time.Time // clock of the skew check; see Config.SigningNow
 	logger    *log.Logger
 	sealKey   []byte // HMAC key that seals issued session tokens and derives their secrets
 
@@ -116,6 +124,9 @@ func New(cfg Config) *Emulator {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.SigningNow == nil {
+		cfg.SigningNow = cfg.Now
+	}
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = mrand.Uint64()
@@ -131,6 +142,7 @@ func New(cfg Config) *Emulator {
 		rootArn:   "arn:aws:iam::" + cfg.Account + ":user/sts-emulator",
 		rootID:    stableID("AIDA", cfg.Account+"/"+cfg.AccessKey),
 		now:       cfg.Now,
+		signNow:   cfg.SigningNow,
 		logger:    cfg.Logger,
 		sealKey:   sealKey,
 		done:      make(chan struct{}),

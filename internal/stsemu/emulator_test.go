@@ -286,6 +286,25 @@ func TestSignatureFailures(t *testing.T) {
 	})
 }
 
+// TestSigningNow checks that a separate signing clock lets the emulator's
+// own clock run far ahead of the signer's: the skew check uses SigningNow,
+// while issue and expiry still follow Now.
+func TestSigningNow(t *testing.T) {
+	ahead := func() time.Time { return time.Now().Add(5 * time.Hour) }
+	e := startEmulator(t, Config{Now: ahead, SigningNow: time.Now})
+	out, err := rootClient(e).AssumeRole(ctx, assumeInput("app"))
+	if err != nil {
+		t.Fatalf("with SigningNow = time.Now: %v", err)
+	}
+	if exp := aws.ToTime(out.Credentials.Expiration); exp.Before(time.Now().Add(5 * time.Hour)) {
+		t.Fatalf("expiration %v does not follow the emulator's clock, 5h ahead", exp)
+	}
+	skewed := startEmulator(t, Config{Now: ahead})
+	if _, err := rootClient(skewed).AssumeRole(ctx, assumeInput("app")); errorCode(err) != "SignatureDoesNotMatch" {
+		t.Fatalf("without SigningNow: got %v, want SignatureDoesNotMatch (skew)", err)
+	}
+}
+
 func TestClockSkew(t *testing.T) {
 	tests := []struct {
 		name        string

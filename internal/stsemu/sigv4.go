@@ -156,7 +156,7 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, now time.Time) (pr
 		return principal{}, apiErr(http.StatusBadRequest, "IncompleteSignature",
 			"Date must be in ISO-8601 'basic format'. Got '"+amzDate+"'. See http://en.wikipedia.org/wiki/ISO_8601")
 	}
-	if ae := checkSkew(signedAt, now); ae != nil {
+	if ae := checkSkew(signedAt, e.signNow()); ae != nil {
 		return principal{}, ae
 	}
 	if auth.date != amzDate[:8] {
