@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -18,6 +19,8 @@ const waitLimit = 20 * time.Second
 // goroutines under test have reached their timers, so schedules are driven
 // exactly and without real sleeps.
 type fakeClock struct {
+	// busy counts AfterFunc callbacks that fired and have not returned.
+	busy    atomic.Int32
 	mu      sync.Mutex
 	now     time.Time
 	seq     int
@@ -87,7 +90,11 @@ func (t *fakeTimer) Stop() bool {
 
 func (t *fakeTimer) fire(now time.Time) {
 	if t.fn != nil {
-		go t.fn()
+		t.c.busy.Add(1)
+		go func() {
+			defer t.c.busy.Add(-1)
+			t.fn()
+		}()
 		return
 	}
 	t.ch <- now
@@ -113,6 +120,21 @@ func (c *fakeClock) Next() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return c.earliestLocked().deadline, true
+}
+
+// NextSleeper returns the earliest deadline of a timer that a goroutine is
+// blocked on (NewTimer), leaving scheduled callbacks (AfterFunc) aside.
+func (c *fakeClock) NextSleeper() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var at time.Time
+	found := false
+	for _, x := range c.timers {
+		if x.fn == nil && (!found || x.deadline.Before(at)) {
+			at, found = x.deadline, true
+		}
+	}
+	return at, found
 }
 
 func (c *fakeClock) earliestLocked() *fakeTimer {

@@ -364,8 +364,10 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 		return &refreshError{Code: "StorageError", Message: "encoding the cached credential failed", Retryable: true, cause: err}
 	}
 	if err := s.Put(ctx, entry); err != nil {
-		// The write may have been applied; the credential is valid for this
-		// definition either way, so nothing is marked.
+		// The write may have been applied: until storage is read again,
+		// nobody knows which credential it holds, and the next one must be
+		// compared with that one.
+		r.markLocked(name, false)
 		return &refreshError{Code: "StorageError", Message: "writing the cached credential failed", Retryable: true, cause: err}
 	}
 	dirty := putStatus(ctx, s, name, st) != nil

@@ -1,0 +1,797 @@
+package awsresilient
+
+// The seeded fault simulation: random role, config, read, refresh, clock and
+// restart operations against the real backend, the real SDK and the STS
+// emulator with every fault it has, on storage that fails any call at
+// random; invariants are checked after every step. Run a long soak with
+//
+//	go test -run TestSimulation -sim.soak=1h -timeout 2h .
+//
+// and one seed with -sim.seed=N (-sim.steps sets the length of each run).
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+	hclog "github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+)
+
+var (
+	simSteps = flag.Int("sim.steps", 700, "steps in each simulation run")
+	simSeed  = flag.Uint64("sim.seed", 0, "run only this seed (0: the regression seeds and one new seed)")
+	simSoak  = flag.Duration("sim.soak", 0, "keep running new seeds until this much time has passed, then print the figures")
+)
+
+// simRegressionSeeds are seeds that once found a bug; they run every time.
+var simRegressionSeeds = []uint64{1, 2, 3}
+
+// simFigures add up over the runs of a test.
+type simFigures struct {
+	runs, steps, storageFaults, stsCalls, stsFaults, checks, served, restarts int
+}
+
+func TestSimulation(t *testing.T) {
+	var seeds []uint64
+	switch {
+	case *simSeed != 0:
+		seeds = []uint64{*simSeed}
+	default:
+		seeds = append(seeds, simRegressionSeeds...)
+		seeds = append(seeds, uint64(time.Now().UnixNano()))
+	}
+	var total simFigures
+	run := func(seed uint64) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			fig := runSimulation(t, seed, *simSteps)
+			total.add(fig)
+		})
+	}
+	for _, seed := range seeds {
+		run(seed)
+	}
+	if *simSoak > 0 {
+		deadline := time.Now().Add(*simSoak)
+		seed := uint64(time.Now().UnixNano())
+		for time.Now().Before(deadline) && !t.Failed() {
+			seed++
+			run(seed)
+		}
+	}
+	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted), %d credentials served, %d restarts, %d invariant checks",
+		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.served, total.restarts, total.checks)
+}
+
+func (f *simFigures) add(o simFigures) {
+	f.runs += o.runs
+	f.steps += o.steps
+	f.storageFaults += o.storageFaults
+	f.stsCalls += o.stsCalls
+	f.stsFaults += o.stsFaults
+	f.checks += o.checks
+	f.served += o.served
+	f.restarts += o.restarts
+}
+
+// sim is one run: the world, the backend under test, and what the model
+// knows.
+type sim struct {
+	t    *testing.T
+	seed uint64
+	rng  *rand.Rand
+	// rng2 is for draws made inside cycles, which run in other goroutines.
+	rng2 *seededRand
+	clk  *fakeClock
+	emu  *stsemu.Emulator
+	mem  *logical.InmemStorage // the truth, read by the checks without faults
+	// stored records every credential that reached storage.
+	stored *storedKeys
+	fs     *faultStorage // what the backend sees
+	b      *backend
+	sts    *simSTS
+
+	history []string
+	fig     simFigures
+
+	// lastPeriodic is when Vault's periodic pass last ran (every minute).
+	lastPeriodic time.Time
+	// healedPass: storage has been healthy since a periodic pass completed.
+	healedPass bool
+	// maxExp is, per role, the latest stored expiration of the definition
+	// (by hash) it was stored for.
+	maxExp map[string]simExp
+	// cycles are the cycles started, in order, per role.
+	mu     sync.Mutex
+	cycles map[string][]*simCycle
+}
+
+type simExp struct {
+	hash  string
+	epoch int // storedKeys.deletes of the role when recorded
+	exp   time.Time
+}
+
+// simCycle is one refresh cycle as seen from outside.
+type simCycle struct {
+	f      *flight
+	start  time.Time
+	window time.Duration
+	calls  atomic.Int32
+}
+
+var (
+	simRoleNames = []string{"r0", "r1", "r2", "r3"}
+	simARNs      = []string{
+		"arn:aws:iam::" + stsemu.DefaultAccount + ":role/a",
+		"arn:aws:iam::" + stsemu.DefaultAccount + ":role/b",
+		"arn:aws:iam::" + stsemu.DefaultAccount + ":role/c",
+	}
+)
+
+func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
+	s := &sim{
+		t:      t,
+		seed:   seed,
+		rng:    rand.New(rand.NewPCG(seed, seed^0xc0ffee)),
+		rng2:   newSeededRand(seed ^ 0xbadcafe),
+		clk:    newFakeClock(time.Now().Truncate(time.Second)),
+		mem:    new(logical.InmemStorage),
+		maxExp: map[string]simExp{},
+		cycles: map[string][]*simCycle{},
+	}
+	s.stored = &storedKeys{Storage: s.mem, keys: map[string]bool{}, deletes: map[string]int{}}
+	s.fs = newFaultStorage(s.stored, seed)
+	s.emu = startEmulator(t, stsemu.Config{Now: s.clk.Now, SigningNow: time.Now, MaxLifetime: time.Hour, Seed: seed})
+	s.sts = &simSTS{s: s, issued: map[string]string{}, inCall: map[string]int{}}
+	s.start()
+	mustDo(t, s.b, s.fs, logical.UpdateOperation, "config/root", map[string]interface{}{
+		"access_key": stsemu.DefaultAccessKey, "secret_key": stsemu.DefaultSecretKey,
+		"sts_endpoint": s.emu.URL(), "sts_fallback_endpoints": s.emu.URL(),
+	})
+	s.lastPeriodic = s.clk.Now()
+	defer func() {
+		if t.Failed() {
+			t.Logf("seed %d failed; replay with -run 'TestSimulation' -sim.seed=%d -sim.steps=%d; last steps:\n  %s",
+				seed, seed, steps, strings.Join(s.history, "\n  "))
+		}
+	}()
+	for i := 0; i < steps && !t.Failed(); i++ {
+		s.step(i)
+		s.fig.steps++
+	}
+	s.b.Cleanup(context.Background())
+	s.fig.runs = 1
+	s.fig.storageFaults = s.fs.injectedTotal()
+	s.fig.stsCalls = int(s.sts.calls.Load())
+	for _, c := range s.emu.Calls() {
+		if c.Outcome != "ok" {
+			s.fig.stsFaults++
+		}
+	}
+	return s.fig
+}
+
+// start builds the backend on the storage (Vault starting the mount, or
+// restarting it after a failover).
+func (s *sim) start() {
+	config := logical.TestBackendConfig()
+	config.StorageView = s.fs
+	config.Logger = hclog.NewNullLogger()
+	b, err := newBackendWith(context.Background(), config, backendOptions{
+		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrap,
+		onFlight: s.onFlight,
+	})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
+		s.t.Fatalf("Initialize returned %v; it must retry by itself instead", err)
+	}
+	s.b = b
+	s.mu.Lock()
+	s.cycles = map[string][]*simCycle{}
+	s.mu.Unlock()
+}
+
+func (s *sim) onFlight(name string, f *flight) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cycles[name] = append(s.cycles[name], &simCycle{f: f, start: s.clk.Now(), window: s.b.getRefreshCfg().RetryWindow})
+}
+
+func (s *sim) logf(format string, args ...interface{}) {
+	s.history = append(s.history, fmt.Sprintf("[%s] ", s.clk.Now().UTC().Format("15:04:05.000"))+fmt.Sprintf(format, args...))
+	if len(s.history) > 40 {
+		s.history = s.history[1:]
+	}
+}
+
+func (s *sim) failf(format string, args ...interface{}) {
+	s.t.Helper()
+	s.t.Fatalf("seed %d: "+format, append([]interface{}{s.seed}, args...)...)
+}
+
+func (s *sim) pick(xs []string) string { return xs[s.rng.IntN(len(xs))] }
+
+// step runs one random operation, lets the world settle, and checks every
+// invariant.
+func (s *sim) step(i int) {
+	r := s.rng.IntN(100)
+	switch {
+	case r < 14:
+		s.writeRole()
+	case r < 17:
+		name := s.pick(simRoleNames)
+		resp, err := s.do(logical.DeleteOperation, "roles/"+name, nil)
+		s.logf("delete %s: %s", name, outcome(resp, err))
+	case r < 20:
+		s.writeConfig()
+	case r < 50:
+		s.readCreds(s.pick(simRoleNames))
+	case r < 53:
+		name := s.pick(simRoleNames)
+		resp, err := s.driven(logical.UpdateOperation, "refresh/"+name, nil)
+		s.logf("refresh %s: %s", name, outcome(resp, err))
+	case r < 55:
+		s.changeDuringCycle()
+	case r < 59:
+		resp, err := s.do(logical.ListOperation, "status/", nil)
+		s.logf("list status: %s", outcome(resp, err))
+	case r < 74:
+		s.advance(time.Duration(1+s.rng.IntN(30)) * time.Second)
+	case r < 82:
+		s.advance(time.Duration(1+s.rng.IntN(5)) * time.Minute)
+	case r < 85:
+		s.advance(time.Duration(5+s.rng.IntN(15)) * time.Minute)
+	case r < 90:
+		s.stsFaults()
+	case r < 96:
+		s.storageFaults()
+	case r < 98:
+		s.logf("restart")
+		s.b.Cleanup(context.Background())
+		s.start()
+		s.fig.restarts++
+	default:
+		key := s.pick([]string{rolePrefix, cachePrefix, statusPrefix}) + s.pick(simRoleNames)
+		s.logf("invalidate %s", key)
+		s.b.InvalidateKey(context.Background(), key)
+	}
+	s.settle()
+	if now := s.clk.Now(); now.Sub(s.lastPeriodic) >= time.Minute {
+		s.periodic()
+	}
+	s.check()
+}
+
+func outcome(resp *logical.Response, err error) string {
+	switch {
+	case err != nil:
+		return "error: " + err.Error()
+	case resp.IsError():
+		return "400: " + resp.Error().Error()
+	default:
+		return "ok"
+	}
+}
+
+func (s *sim) writeRole() {
+	name := s.pick(simRoleNames)
+	data := map[string]interface{}{}
+	if s.rng.IntN(3) > 0 {
+		data["role_arn"] = s.pick(simARNs)
+	}
+	if s.rng.IntN(3) == 0 {
+		data["ttl"] = []int{900, 1800, 3600}[s.rng.IntN(3)]
+	}
+	if s.rng.IntN(4) == 0 {
+		data["lease"] = s.rng.IntN(2) == 0
+	}
+	resp, err := s.do(logical.UpdateOperation, "roles/"+name, data)
+	s.logf("write role %s %v: %s", name, data, outcome(resp, err))
+}
+
+// changeDuringCycle changes or deletes a role (or makes storage forget it)
+// while a cycle for it is inside its STS call, then lets the cycle finish.
+func (s *sim) changeDuringCycle() {
+	name := s.pick(simRoleNames)
+	what := s.rng.IntN(4)
+	data := map[string]interface{}{"role_arn": s.pick(simARNs), "ttl": []int{900, 1800, 3600}[s.rng.IntN(3)]}
+	s.sts.setDuring(name, func() {
+		switch what {
+		case 0, 1:
+			resp, err := s.do(logical.UpdateOperation, "roles/"+name, data)
+			s.logf("  during the call: write role %s %v: %s", name, data, outcome(resp, err))
+		case 2:
+			resp, err := s.do(logical.DeleteOperation, "roles/"+name, nil)
+			s.logf("  during the call: delete %s: %s", name, outcome(resp, err))
+		default:
+			s.b.InvalidateKey(context.Background(), cachePrefix+name)
+			s.logf("  during the call: invalidate %s%s", cachePrefix, name)
+		}
+	})
+	resp, err := s.driven(logical.UpdateOperation, "refresh/"+name, nil)
+	s.sts.setDuring("", nil)
+	s.logf("refresh %s with a change during its call: %s", name, outcome(resp, err))
+	// A reader after the change gets the new definition's credential.
+	s.readCreds(name)
+}
+
+func (s *sim) writeConfig() {
+	data := map[string]interface{}{}
+	switch s.rng.IntN(3) {
+	case 0:
+		data["max_retries"] = []int{1, 2, 3, 6}[s.rng.IntN(4)]
+	case 1:
+		data["retry_window"] = []int{6, 12, 30}[s.rng.IntN(3)]
+	default:
+		data["sts_rate_limit"] = []float64{0, 1, 10}[s.rng.IntN(3)]
+		data["sts_burst"] = []int{1, 5, 10}[s.rng.IntN(3)]
+	}
+	resp, err := s.do(logical.UpdateOperation, "config/refresh", data)
+	s.logf("write config/refresh %v: %s", data, outcome(resp, err))
+}
+
+func (s *sim) stsFaults() {
+	kinds := stsemu.AllFaults()
+	plan := stsemu.FaultPlan{Hang: 20 * time.Millisecond}
+	switch r := s.rng.IntN(10); {
+	case r < 3:
+		// STS healthy.
+	case r < 5:
+		// A role STS refuses for good (a trust policy changed): the
+		// refresher must pace itself, not hammer STS until expiry.
+		plan.Probability = map[stsemu.Fault]float64{stsemu.FaultAccessDenied: 1}
+	default:
+		plan.Probability = map[stsemu.Fault]float64{kinds[s.rng.IntN(len(kinds))]: []float64{0.2, 0.5, 1}[s.rng.IntN(3)]}
+	}
+	s.emu.SetFaults(plan)
+	// Sometimes STS (a fallback region, a role with a shorter maximum
+	// session) issues credentials that expire sooner than the cached one.
+	short := s.rng.IntN(4) == 0
+	s.sts.short.Store(short)
+	s.logf("sts faults %v, shorter lifetimes %v", plan.Probability, short)
+}
+
+func (s *sim) storageFaults() {
+	rate := []float64{0, 0, 0.02, 0.1, 0.3}[s.rng.IntN(5)]
+	s.fs.setRate(rate, 0.3)
+	if rate > 0 {
+		s.healedPass = false
+	}
+	s.logf("storage fault rate %g", rate)
+}
+
+func (s *sim) advance(d time.Duration) {
+	s.logf("advance %v", d)
+	target := s.clk.Now().Add(d)
+	// Move in steps no longer than a minute so that the periodic pass runs
+	// as often as Vault would run it.
+	for s.clk.Now().Before(target) {
+		next := s.clk.Now().Add(time.Minute)
+		if next.After(target) {
+			next = target
+		}
+		s.clk.AdvanceTo(next)
+		s.settle()
+		if s.clk.Now().Sub(s.lastPeriodic) >= time.Minute {
+			s.periodic()
+		}
+	}
+}
+
+func (s *sim) periodic() {
+	s.lastPeriodic = s.clk.Now()
+	healthy := s.fs.healthy()
+	if _, err := s.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.RollbackOperation, Storage: s.fs}); err != nil {
+		s.failf("periodic pass returned %v", err)
+	}
+	s.settle()
+	if healthy && s.fs.healthy() {
+		s.healedPass = true
+	}
+}
+
+func (s *sim) do(op logical.Operation, path string, data map[string]interface{}) (*logical.Response, error) {
+	return s.b.HandleRequest(context.Background(), &logical.Request{Operation: op, Path: path, Storage: s.fs, Data: data})
+}
+
+// driven runs a request that may wait on a refresh cycle, moving the clock
+// through the cycle's sleeps (and whatever else falls due meanwhile).
+func (s *sim) driven(op logical.Operation, path string, data map[string]interface{}) (*logical.Response, error) {
+	done := make(chan struct{})
+	var resp *logical.Response
+	var err error
+	go func() {
+		defer close(done)
+		resp, err = s.do(op, path, data)
+	}()
+	s.drive(done)
+	return resp, err
+}
+
+// drive advances the clock from one sleeping goroutine's timer to the next
+// until done is closed.
+func (s *sim) drive(done <-chan struct{}) {
+	deadline := time.Now().Add(waitLimit)
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if at, ok := s.clk.NextSleeper(); ok {
+			s.clk.AdvanceTo(at)
+			continue
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			s.failf("nothing moved for %v; goroutines:\n%s", waitLimit, buf[:runtime.Stack(buf, true)])
+		}
+		runtime.Gosched()
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// settle lets every cycle that is running or due finish.
+func (s *sim) settle() {
+	deadline := time.Now().Add(waitLimit)
+	for quiet := 0; quiet < 3; {
+		s.b.flightMu.Lock()
+		n := len(s.b.flights)
+		s.b.flightMu.Unlock()
+		if n == 0 && s.clk.busy.Load() == 0 {
+			quiet++
+			runtime.Gosched()
+			continue
+		}
+		quiet = 0
+		if at, ok := s.clk.NextSleeper(); ok {
+			s.clk.AdvanceTo(at)
+			continue
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			s.failf("cycles did not settle in %v; goroutines:\n%s", waitLimit, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+func (s *sim) readCreds(name string) {
+	resp, err := s.driven(logical.ReadOperation, "creds/"+name, nil)
+	s.logf("read creds/%s: %s", name, outcome(resp, err))
+	if err != nil || resp.IsError() {
+		return
+	}
+	s.fig.served++
+	now := s.clk.Now()
+	d := resp.Data
+	for _, k := range []string{"access_key", "secret_key", "security_token", "expiration"} {
+		if v, _ := d[k].(string); v == "" {
+			s.failf("served a credential without %s: %v", k, d)
+		}
+	}
+	exp, err := time.Parse(time.RFC3339, d["expiration"].(string))
+	if err != nil {
+		s.failf("expiration %q: %v", d["expiration"], err)
+	}
+	// expiration is whole seconds in the response; the cached one is exact.
+	if exp.Add(time.Second).Sub(now) < minServeValidity {
+		s.failf("served a credential expiring at %v at %v", exp, now)
+	}
+	if resp.Secret != nil && now.Add(resp.Secret.TTL).After(exp.Add(time.Second)) {
+		s.failf("lease TTL %v outlives the credential (expires %v)", resp.Secret.TTL, exp)
+	}
+	role, _ := getRole(context.Background(), s.mem, name)
+	if role == nil {
+		s.failf("served creds/%s, but storage has no such role", name)
+	}
+	if !s.stored.has(d["access_key"].(string)) {
+		s.failf("served creds/%s with an access key that never reached storage", name)
+	}
+	issuedFor := s.sts.issuedFor(d["access_key"].(string))
+	if issuedFor != role.RoleARN {
+		s.failf("served creds/%s issued for %q, but the role is %q", name, issuedFor, role.RoleARN)
+	}
+	s.fig.checks += 4
+}
+
+// check verifies every invariant against the truth in storage.
+func (s *sim) check() {
+	s.t.Helper()
+	ctx := context.Background()
+	now := s.clk.Now()
+	roles := map[string]*roleEntry{}
+	for _, name := range simRoleNames {
+		role, err := getRole(ctx, s.mem, name)
+		if err != nil {
+			s.failf("%v", err)
+		}
+		if role != nil {
+			roles[name] = role
+		}
+	}
+	// Stored credentials: only for an existing role, issued for its
+	// current definition, and never going back in time.
+	for _, name := range simRoleNames {
+		c, _ := getCacheEntry(ctx, s.mem, name)
+		st, _ := getStatus(ctx, s.mem, name)
+		role := roles[name]
+		s.fig.checks += 3
+		if role == nil {
+			if c != nil || st != nil {
+				s.failf("role %s is deleted, but storage keeps its cache (%v) or status (%v)", name, c != nil, st != nil)
+			}
+			delete(s.maxExp, name)
+			continue
+		}
+		if c == nil {
+			delete(s.maxExp, name)
+			continue
+		}
+		if c.RoleHash != role.hash() || s.sts.issuedFor(c.AccessKey) != role.RoleARN {
+			s.failf("role %s (%s) has a stored credential issued for %q (hash %s, want %s)",
+				name, role.RoleARN, s.sts.issuedFor(c.AccessKey), c.RoleHash, role.hash())
+		}
+		// A deleted cache (a role change, or a delete that failed half-way)
+		// starts a new lineage: only a replacement may not go back.
+		epoch := s.stored.deletesOf(name)
+		if prev, ok := s.maxExp[name]; ok && prev.hash == c.RoleHash && prev.epoch == epoch && c.Expiration.Before(prev.exp) {
+			s.failf("role %s: stored expiration went back from %v to %v", name, prev.exp, c.Expiration)
+		}
+		s.maxExp[name] = simExp{hash: c.RoleHash, epoch: epoch, exp: c.Expiration}
+	}
+
+	// At most one STS call per role at a time, and no back-to-back cycles.
+	if v := s.sts.violation.Load(); v != nil {
+		s.failf("%s", *v)
+	}
+	s.checkCyclePace()
+
+	// Status agrees with the schedule on this node.
+	for name := range roles {
+		if s.b.inFlight(name) {
+			continue
+		}
+		resp, err := s.do(logical.ReadOperation, "status/"+name, nil)
+		if err != nil || resp.IsError() {
+			continue // storage may fail the load; that is not a lie
+		}
+		s.fig.checks++
+		at, scheduled := s.b.scheduledAt(name)
+		next := resp.Data["next_refresh"].(string)
+		if scheduled && next != formatTime(at) || !scheduled && next != "" {
+			s.failf("status/%s next_refresh %q, but scheduled %v at %v", name, next, scheduled, at)
+		}
+		if resp.Data["state"] == stateFresh && !scheduled {
+			s.failf("status/%s is fresh with nothing scheduled", name)
+		}
+	}
+
+	if !s.healedPass || !s.fs.healthy() {
+		return
+	}
+	// Storage is healthy and a periodic pass has run since: memory agrees
+	// with storage, and every warm role has a cycle scheduled or in flight.
+	for _, name := range s.b.state.names() {
+		if roles[name] == nil {
+			if rs := s.b.state.peek(name); rs != nil && !rs.stale {
+				s.failf("role %s is deleted in storage but mirrored", name)
+			}
+		}
+	}
+	for name, role := range roles {
+		s.fig.checks += 2
+		got, cred, _, ok := s.b.state.lookup(name)
+		if !ok {
+			continue // marked for reload: the next access reads storage
+		}
+		if !got.equal(role) || got.NoLease != role.NoLease {
+			s.failf("role %s: mirror %+v, storage %+v", name, got, role)
+		}
+		stored, _ := getCacheEntry(ctx, s.mem, name)
+		if (cred == nil) != (stored == nil) || cred != nil && cred.AccessKey != stored.AccessKey {
+			s.failf("role %s: mirrored credential %v, stored %v", name, cred != nil, stored != nil)
+		}
+		st, _ := getStatus(ctx, s.mem, name)
+		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
+		if _, scheduled := s.b.scheduledAt(name); warm && !scheduled && !s.b.inFlight(name) {
+			s.failf("role %s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", name)
+		}
+		_ = now
+	}
+}
+
+// checkCyclePace checks that after a cycle that called STS and failed, the
+// role's next scheduled cycle starts no sooner than half a retry window
+// after it: a failing role never has cycles back to back.
+func (s *sim) checkCyclePace() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, cs := range s.cycles {
+		for i := 1; i < len(cs); i++ {
+			prev, cur := cs[i-1], cs[i]
+			if !isClosed(prev.f.done) || !cur.f.background || prev.f.gen != cur.f.gen {
+				continue
+			}
+			if prev.calls.Load() == 0 || prev.f.res.err == nil || prev.f.res.status == nil {
+				continue
+			}
+			s.fig.checks++
+			if gap := cur.start.Sub(prev.start); gap < min(prev.window, cur.window)/2 {
+				s.failf("role %s: a background cycle started %v after a failed one (window %v)", name, gap, prev.window)
+			}
+		}
+		// Keep the last one for the next comparison.
+		if len(cs) > 1 {
+			s.cycles[name] = cs[len(cs)-1:]
+		}
+	}
+}
+
+// simSTS wraps the real SDK client: it records which role each issued
+// access key is for, counts calls against the cycle that made them, and
+// checks that one role never has two calls in flight.
+type simSTS struct {
+	s         *sim
+	calls     atomic.Int64
+	mu        sync.Mutex
+	issued    map[string]string // access key id -> role ARN
+	inCall    map[string]int
+	violation atomic.Pointer[string]
+	// short makes issued credentials expire sooner than STS said.
+	short atomic.Bool
+	// during, when set, runs inside the next STS call for role duringRole.
+	during     func()
+	duringRole string
+}
+
+func (w *simSTS) setDuring(name string, f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.duringRole, w.during = name, f
+}
+
+func (w *simSTS) takeDuring(name string) func() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.during == nil || w.duringRole != name {
+		return nil
+	}
+	f := w.during
+	w.during = nil
+	return f
+}
+
+func (w *simSTS) wrap(_ string, api stsAPI) stsAPI { return &simClient{w: w, api: api} }
+
+func (w *simSTS) issuedFor(akid string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.issued[akid]
+}
+
+type simClient struct {
+	w   *simSTS
+	api stsAPI
+}
+
+func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o ...func(*sts.Options)) (*sts.AssumeRoleOutput, error) {
+	w := c.w
+	name := strings.TrimPrefix(aws.ToString(in.RoleSessionName), "vault-")
+	w.calls.Add(1)
+	w.mu.Lock()
+	w.inCall[name]++
+	if w.inCall[name] > 1 {
+		msg := fmt.Sprintf("role %s has %d STS calls in flight at once", name, w.inCall[name])
+		w.violation.CompareAndSwap(nil, &msg)
+	}
+	w.mu.Unlock()
+	w.s.mu.Lock()
+	if cs := w.s.cycles[name]; len(cs) > 0 {
+		cs[len(cs)-1].calls.Add(1)
+	}
+	w.s.mu.Unlock()
+
+	if during := w.takeDuring(name); during != nil {
+		during()
+	}
+	out, err := c.api.AssumeRole(ctx, in, o...)
+	if err == nil && out.Credentials != nil && w.short.Load() {
+		if left := aws.ToTime(out.Credentials.Expiration).Sub(w.s.clk.Now()); left > 2*time.Second {
+			cut := time.Duration(w.s.rng2.Int64N(int64(left / 2)))
+			out.Credentials.Expiration = aws.Time(out.Credentials.Expiration.Add(-cut))
+		}
+	}
+
+	w.mu.Lock()
+	w.inCall[name]--
+	if err == nil && out.Credentials != nil {
+		w.issued[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.RoleArn)
+	}
+	w.mu.Unlock()
+	return out, err
+}
+
+func (c *simClient) GetSessionToken(ctx context.Context, in *sts.GetSessionTokenInput, o ...func(*sts.Options)) (*sts.GetSessionTokenOutput, error) {
+	return c.api.GetSessionToken(ctx, in, o...)
+}
+
+func (c *simClient) GetFederationToken(ctx context.Context, in *sts.GetFederationTokenInput, o ...func(*sts.Options)) (*sts.GetFederationTokenOutput, error) {
+	return c.api.GetFederationToken(ctx, in, o...)
+}
+
+// storedKeys records the access key of every cache entry written.
+type storedKeys struct {
+	logical.Storage
+	mu      sync.Mutex
+	keys    map[string]bool
+	deletes map[string]int // cache deletions per role
+}
+
+func (s *storedKeys) Delete(ctx context.Context, key string) error {
+	if err := s.Storage.Delete(ctx, key); err != nil {
+		return err
+	}
+	if strings.HasPrefix(key, cachePrefix) {
+		s.mu.Lock()
+		s.deletes[strings.TrimPrefix(key, cachePrefix)]++
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *storedKeys) deletesOf(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deletes[name]
+}
+
+func (s *storedKeys) Put(ctx context.Context, e *logical.StorageEntry) error {
+	if err := s.Storage.Put(ctx, e); err != nil {
+		return err
+	}
+	if strings.HasPrefix(e.Key, cachePrefix) {
+		var c cacheEntry
+		if err := e.DecodeJSON(&c); err == nil {
+			s.mu.Lock()
+			s.keys[c.AccessKey] = true
+			s.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+func (s *storedKeys) has(akid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.keys[akid]
+}
+
+// healthy reports whether no failure is armed.
+func (f *faultStorage) healthy() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.rate > 0 {
+		return false
+	}
+	for _, r := range f.rules {
+		if r.count > 0 {
+			return false
+		}
+	}
+	return true
+}
