@@ -204,8 +204,8 @@ func (b *backend) isRunning() bool {
 
 // runCycle makes up to max_retries attempts to fetch and store a new
 // credential for the role. With block = retry_window / max_retries, attempt i
-// (from 0) happens at start + i*block + U[0, block), except that an attempt
-// not yet made goes at once when a caller waits on the cycle. It stops at the
+// (from 0) happens at start + i*block + U[0, block), except that the first
+// attempt goes at once when a caller waits on the cycle. It stops at the
 // first success or the first error that cannot succeed on retry. Only a
 // validated credential is written; a failed cycle records its status alone.
 // Either way the outcome is committed, with the next cycle's time, in one
@@ -234,8 +234,10 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	}
 	for i := 0; i < n; i++ {
 		at := start.Add(time.Duration(i)*block + b.jitter(block))
+		// Only the first attempt hurries for a waiting caller; retries keep
+		// their jitter, which is what spreads a herd.
 		var hurry <-chan struct{}
-		if attempts == 0 {
+		if i == 0 {
 			hurry = f.hurry
 		}
 		if err := b.sleepUntil(ctx, at, hurry); err != nil {

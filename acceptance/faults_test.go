@@ -90,8 +90,9 @@ func TestFaultMatrix(t *testing.T) {
 	// sys/raw lets the watcher read what the plugin stored, not only what it
 	// serves: the claim under test is about storage.
 	v := vaulttest.StartServer(t, vaulttest.ServerOptions{Dev: true, ExtraConfig: "raw_storage_endpoint = true\n"})
-	v.RegisterPlugin(t, vaulttest.PluginBin(t, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{
-		// Enables test/storage-faults for the storage failure case.
+	// The storage failure case needs test/storage-faults: a build with
+	// -tags testhooks, run with AWS_RESILIENT_TEST_HOOKS=1.
+	v.RegisterPlugin(t, vaulttest.PluginBinTestHooks(t), vaulttest.PluginOptions{
 		Env: []string{"AWS_RESILIENT_TEST_HOOKS=1"},
 	})
 	for _, tc := range faultCases {

@@ -5,10 +5,12 @@
 #                the independent STS clients the emulator is checked against
 #  2. gofmt      formatting check
 #  3. vet        go vet ./...
-#  4. unit       go test -race -count=1 ./... (acceptance tests skip here)
+#  4. unit       go test -race -count=1 ./... (acceptance tests skip here),
+#                including the seeded fault simulation (TestSimulation), and
+#                the test-hook build's own tests (-tags testhooks)
 #  5. fuzz       every FuzzXxx target for 5s each
 #  6. vault      the pinned Vault, built once into the cache (~11 min cold)
-#  7. build      plugin and STS emulator binaries
+#  7. build      plugin (and its -tags testhooks build) and STS emulator
 #  8. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator
 #
 # Exits non-zero at the first failing section.
@@ -97,12 +99,16 @@ if [[ -n "$unformatted" ]]; then
 fi
 echo ok
 
-section vet "go vet ./..."
+section vet "go vet ./... (and the -tags testhooks build)"
 go vet ./...
+go vet -tags testhooks .
 echo ok
 
-section unit "go test -race -count=1 ./..."
+section unit "go test -race -count=1 ./... (with the seeded fault simulation), then the test-hook build"
 env -u VAULT_ACC go test -race -count=1 ./...
+# The storage-fault test hook exists only in a build with -tags testhooks;
+# its own tests run there.
+env -u VAULT_ACC go test -race -count=1 -tags testhooks -run 'TestHooks|TestBackend_TestHooksEnv|TestBackend_PathDefinitions' .
 
 section fuzz "each fuzz target for 5s"
 fuzzed=0
@@ -126,7 +132,11 @@ bindir=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-test.XXXXXX")
 # version compiled in must match (Vault checks).
 go build -ldflags "-X main.version=v0.1.0-dev" -o "$bindir/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient
 go build -o "$bindir/sts-emulator" ./cmd/sts-emulator
+# The fault matrix's storage case uses the test-hook build; production
+# binaries (the one above, make build, make dev) never carry the hook.
+go build -tags testhooks -ldflags "-X main.version=v0.1.0-dev" -o "$bindir/vault-plugin-secrets-aws-resilient_testhooks" ./cmd/vault-plugin-secrets-aws-resilient
 export PLUGIN_BIN="$bindir/vault-plugin-secrets-aws-resilient"
+export PLUGIN_TESTHOOKS_BIN="$bindir/vault-plugin-secrets-aws-resilient_testhooks"
 export STS_EMULATOR_BIN="$bindir/sts-emulator"
 ls -la "$bindir"
 

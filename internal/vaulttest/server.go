@@ -37,8 +37,9 @@ type ServerOptions struct {
 	LogLevel string
 	// ExtraConfig is HCL appended to the server's configuration file.
 	ExtraConfig string
-	// Env is extra environment for the server (plugins inherit only what
-	// `vault plugin register -env` gives them).
+	// Env is extra environment for the server. Vault passes its whole
+	// environment to every plugin it starts, plus what `vault plugin
+	// register -env` adds, so a variable here reaches the plugin too.
 	Env []string
 	// Dir holds configuration, storage and logs (default tb.TempDir()).
 	Dir string

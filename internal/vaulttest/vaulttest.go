@@ -182,6 +182,22 @@ func PluginBin(tb testing.TB, version string) string {
 	})
 }
 
+// PluginBinTestHooks builds the plugin with -tags testhooks (and the default
+// version) and returns its path; $PLUGIN_TESTHOOKS_BIN, when set, is used
+// instead. Only this build has the test/ paths, and only while the plugin
+// runs with AWS_RESILIENT_TEST_HOOKS=1: a production build has none.
+func PluginBinTestHooks(tb testing.TB) string {
+	tb.Helper()
+	root := RepoRoot(tb)
+	return builtBinary(tb, "plugin testhooks", func(dir string) (string, error) {
+		if p := os.Getenv("PLUGIN_TESTHOOKS_BIN"); p != "" {
+			return p, nil
+		}
+		out := filepath.Join(dir, PluginBinaryName+"_testhooks")
+		return out, goBuild(root, out, "-tags", "testhooks", "-ldflags", "-X "+VersionLDFlag+"="+DefaultPluginVersion, "./cmd/"+PluginBinaryName)
+	})
+}
+
 // EmulatorBin builds cmd/sts-emulator (or returns $STS_EMULATOR_BIN).
 func EmulatorBin(tb testing.TB) string {
 	tb.Helper()
