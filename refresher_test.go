@@ -606,6 +606,13 @@ func TestRefresh_StorageFailureThenSuccess(t *testing.T) {
 		return nil
 	}}
 	f := newFixture(t, fixtureOpts{storage: store})
+	wantOneAttemptLost(t, f)
+}
+
+// wantOneAttemptLost reads the role cold, with one cache write set to fail,
+// and checks that the failure cost exactly one attempt.
+func wantOneAttemptLost(t *testing.T, f *fixture) {
+	t.Helper()
 	f.mustReadCreds(testRole)
 	if n := len(f.log.all()); n != 2 {
 		t.Fatalf("%d STS calls, want 2 (one lost to the storage failure)", n)
