@@ -95,9 +95,14 @@ type backend struct {
 	// generation and store lock; it has its own locks.
 	state *roleStates
 
-	// cfgMu guards refreshCfg, the current config/refresh.
+	// cfgMu guards refreshCfg, the current config/refresh. cfgLoadMu makes
+	// "read config/refresh from storage, apply it" (and a write's "read,
+	// change, store, apply") one step, so an older read is never applied
+	// after a newer one. cfgStale: Invalidate said storage changed it.
 	cfgMu      sync.RWMutex
 	refreshCfg refreshConfig
+	cfgLoadMu  sync.Mutex
+	cfgStale   atomic.Bool
 
 	// clientMu guards clients and idle, built from config/root on first use
 	// and dropped on any change to it.
@@ -244,8 +249,8 @@ func (b *backend) initialize(ctx context.Context, req *logical.InitializationReq
 // does not refresh, so that its first cached reads cost no storage call.
 // It is best effort: whatever fails to load is loaded on first access.
 func (b *backend) warmMirror(ctx context.Context) {
-	if cfg, err := getRefreshConfig(ctx, b.storage); err == nil {
-		b.setRefreshConfig(cfg)
+	if err := b.loadRefreshConfig(ctx); err != nil {
+		b.cfgStale.Store(true) // read again on first use
 	}
 	names, err := b.storage.List(ctx, rolePrefix)
 	if err != nil {
@@ -267,15 +272,11 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 	case key == configRootPath:
 		b.resetClients()
 	case key == configRefreshPath:
-		cfg, err := getRefreshConfig(ctx, b.storage)
-		if err != nil {
-			// The reconciler reloads it on its next pass.
-			b.Logger().Error("reloading refresh config failed", "error", err)
-			return
-		}
-		b.setRefreshConfig(cfg)
-	case strings.HasPrefix(key, rolePrefix), strings.HasPrefix(key, cachePrefix), strings.HasPrefix(key, statusPrefix):
-		b.state.forget(key[strings.IndexByte(key, '/')+1:])
+		b.cfgStale.Store(true)
+	case strings.HasPrefix(key, rolePrefix):
+		b.state.forget(strings.TrimPrefix(key, rolePrefix), true)
+	case strings.HasPrefix(key, cachePrefix), strings.HasPrefix(key, statusPrefix):
+		b.state.forget(key[strings.IndexByte(key, '/')+1:], false)
 	}
 }
 
@@ -298,6 +299,21 @@ func (b *backend) clean(ctx context.Context) {
 	b.bgCancel()
 	b.bgWG.Wait()
 	b.resetClients()
+}
+
+// runBackground runs f in the calling goroutine, counted among those Clean
+// waits for. It returns false, without running f, once Clean has begun.
+func (b *backend) runBackground(f func(ctx context.Context)) bool {
+	b.bgMu.Lock()
+	if b.closed {
+		b.bgMu.Unlock()
+		return false
+	}
+	b.bgWG.Add(1)
+	b.bgMu.Unlock()
+	defer b.bgWG.Done()
+	f(b.bgCtx)
+	return true
 }
 
 // goBackground runs f in a goroutine that Clean waits for. It returns false,

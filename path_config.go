@@ -326,6 +326,10 @@ func (b *backend) pathConfigRefreshRead(ctx context.Context, req *logical.Reques
 }
 
 func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	// Read, change, store and apply as one step against the reconciler and
+	// a reload, which would otherwise apply what they read before this.
+	b.cfgLoadMu.Lock()
+	defer b.cfgLoadMu.Unlock()
 	cfg, err := getRefreshConfig(ctx, req.Storage)
 	if err != nil {
 		return nil, err
@@ -543,14 +547,37 @@ func getRefreshConfig(ctx context.Context, s logical.Storage) (refreshConfig, er
 	return cfg, nil
 }
 
+// setRefreshConfig applies cfg; callers hold cfgLoadMu.
 func (b *backend) setRefreshConfig(cfg refreshConfig) {
 	b.cfgMu.Lock()
 	b.refreshCfg = cfg
 	b.cfgMu.Unlock()
 	b.limiter.setLimit(cfg.STSRateLimit, cfg.STSBurst)
+	b.cfgStale.Store(false)
 }
 
+// loadRefreshConfig reads config/refresh from storage and applies it. A
+// read that fails leaves the current policy in force.
+func (b *backend) loadRefreshConfig(ctx context.Context) error {
+	b.cfgLoadMu.Lock()
+	defer b.cfgLoadMu.Unlock()
+	cfg, err := getRefreshConfig(ctx, b.storage)
+	if err != nil {
+		return err
+	}
+	b.setRefreshConfig(cfg)
+	return nil
+}
+
+// getRefreshCfg returns the refresh policy in force, reading it again first
+// when Invalidate said storage changed it.
 func (b *backend) getRefreshCfg() refreshConfig {
+	if b.cfgStale.Load() {
+		if err := b.loadRefreshConfig(context.Background()); err != nil {
+			// Still marked: the next use tries again.
+			b.Logger().Warn("reloading refresh config failed; the previous one stays in force", "error", err)
+		}
+	}
 	b.cfgMu.RLock()
 	defer b.cfgMu.RUnlock()
 	return b.refreshCfg

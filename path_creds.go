@@ -124,13 +124,21 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 		// Not mirrored yet (created on another node before its
 		// invalidation arrived) or marked for reload.
 		rs, err := b.state.current(ctx, req.Storage, name)
-		if err != nil {
-			return nil, err
-		}
-		if rs == nil {
+		switch {
+		case err != nil:
+			// Storage cannot be read now. The last good credential is
+			// still served while it is valid, if it is known to be for the
+			// role's current definition.
+			role, cred = b.state.fallback(name)
+			if !cred.validAt(b.clock.Now()) {
+				return nil, err
+			}
+			b.Logger().Warn("reloading role failed; serving the cached credential", "role", name, "error", err)
+		case rs == nil:
 			return logical.ErrorResponse("role %q not found", name), nil
+		default:
+			role, cred = rs.role, rs.cred
 		}
-		role, cred = rs.role, rs.cred
 	}
 	now := b.clock.Now()
 	if cred.validAt(now) {

@@ -62,7 +62,8 @@ func (b *backend) reconcile(ctx context.Context) error {
 	d = min(d, maxStartBackoff)
 	d = d/2 + b.jitter(d/2+1)
 	b.startTimer = b.clock.AfterFunc(d, func() {
-		b.goBackground(func(ctx context.Context) { _ = b.reconcile(ctx) })
+		// In the timer's own goroutine, counted for Clean.
+		b.runBackground(func(ctx context.Context) { _ = b.reconcile(ctx) })
 	})
 	return err
 }
@@ -80,11 +81,9 @@ func (b *backend) reconcile(ctx context.Context) error {
 // It returns the first error; the roles it could reach are reconciled.
 func (b *backend) reconcilePass(ctx context.Context) error {
 	s := b.storage
-	cfg, err := getRefreshConfig(ctx, s)
-	if err != nil {
+	if err := b.loadRefreshConfig(ctx); err != nil {
 		return err
 	}
-	b.setRefreshConfig(cfg)
 	names, err := s.List(ctx, rolePrefix)
 	if err != nil {
 		return fmt.Errorf("listing roles: %w", err)
@@ -102,15 +101,15 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	listed := make(map[string]bool, len(names))
 	for _, name := range names {
 		listed[name] = true
-		if err := b.reconcileRole(ctx, name); err != nil {
+		if err := b.reconcileRole(ctx, name, false); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	// A mirrored role the list did not show may have been deleted, or
-	// created since the list was read: reconcileRole reads it again.
+	// created since the list was read: it is read again.
 	for _, name := range b.state.names() {
 		if !listed[name] {
-			if err := b.reconcileRole(ctx, name); err != nil {
+			if err := b.reconcileRole(ctx, name, true); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -139,11 +138,15 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	return nil
 }
 
-// reconcileRole brings one role in line with storage, under its store lock.
-func (b *backend) reconcileRole(ctx context.Context, name string) error {
+// reconcileRole brings one role in line with storage, under its store lock;
+// reread reads it from storage even when it is mirrored.
+func (b *backend) reconcileRole(ctx context.Context, name string, reread bool) error {
 	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
+	if reread {
+		b.state.markLocked(name, false)
+	}
 	rs, err := b.state.currentLocked(ctx, b.storage, name)
 	if err != nil {
 		return err

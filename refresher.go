@@ -38,7 +38,8 @@ type flight struct {
 	// cancel stops the cycle when a newer definition supersedes it.
 	cancel context.CancelFunc
 	// ending is set while the cycle commits its outcome, which schedules the
-	// next cycle: one due at once must start anew, not join this one.
+	// next cycle: a scheduled cycle due at once must start anew, not join
+	// this one. A waiting caller still joins: the outcome is fresh.
 	ending atomic.Bool
 	// res is the cycle's outcome, set before done is closed.
 	res cycleResult
@@ -85,7 +86,7 @@ func (b *backend) startFlight(name string, urgent bool) *flight {
 	}
 	gen := rs.gen
 	prev := b.flights[name]
-	if prev != nil && prev.gen == gen && !prev.ending.Load() {
+	if prev != nil && prev.gen == gen && (urgent || !prev.ending.Load()) {
 		if urgent {
 			prev.hurryUp()
 		}
@@ -102,10 +103,17 @@ func (b *backend) startFlight(name string, urgent bool) *flight {
 	}
 	started := b.goBackground(func(context.Context) {
 		defer cancel()
+		var res cycleResult
 		if prev != nil {
 			<-prev.done
 		}
-		res := b.runCycle(ctx, name, f)
+		if _, planned := b.scheduledAt(name); prev != nil && !urgent && planned {
+			// Started by a timer that fired while prev committed, which
+			// planned the next cycle since: nothing is due now.
+			res = prev.res
+		} else {
+			res = b.runCycle(ctx, name, f)
+		}
 		b.flightMu.Lock()
 		if b.flights[name] == f {
 			delete(b.flights, name)
@@ -276,6 +284,9 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 			}
 			f.ending.Store(true)
 			err := b.state.commitSuccess(ctx, b.storage, name, f.gen, cred, st, next)
+			if errors.Is(err, errShuttingDown) {
+				return stopped()
+			}
 			if err == nil {
 				b.Logger().Info("refresh succeeded", "role", name, "attempt", attempts, "outcome", "ok",
 					"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
@@ -336,6 +347,9 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		st.NextRefresh = b.limiter.nextFree(now)
 		return st, st.NextRefresh
 	})
+	if errors.Is(err, errShuttingDown) {
+		return stopped()
+	}
 	if err != nil {
 		return cycleResult{err: err}
 	}
@@ -356,6 +370,11 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 		return nil, classify(err, "")
 	}
 	var lastErr *refreshError
+	if b.clock.Now().After(blockEnd) {
+		// The attempt waited (for a lock, for storage) past its block: not
+		// our rate limiter's doing, and no call may start now.
+		return nil, &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}
+	}
 	for _, ep := range eps {
 		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
 		if !ok {
@@ -424,8 +443,8 @@ func (b *backend) nextRefreshAfterSuccess(cred *cacheEntry, fraction float64) ti
 // After a retryable failure the pause is cut short so that one more full
 // cycle fits before the cached credential expires (expiration - window), but
 // never to less than one window after this cycle started: cycles of one role
-// never overlap their windows, so a role near expiry retries at the block
-// pace and never back to back. A non-retryable failure (AccessDenied, a bad
+// never overlap their windows, so a role near expiry retries one window
+// after another and never back to back. A non-retryable failure (AccessDenied, a bad
 // policy) gets the same answer again right away, so it always waits its
 // whole pause.
 func (b *backend) nextRefreshAfterFailure(now, cycleStart time.Time, failed int, window time.Duration, cached *cacheEntry, retryable bool) time.Time {

@@ -82,6 +82,12 @@ type roleState struct {
 	statusDirty bool
 	// badCache: cache/<name> holds a credential that must not be served.
 	badCache bool
+	// defUnsure: the role's definition may have changed under a stale
+	// entry (a role write or delete under way or failed, a replicated role
+	// change), so its credential must not be served without a reload. A
+	// stale entry without it still holds a credential issued for the
+	// current definition, which may be served while storage cannot be read.
+	defUnsure bool
 }
 
 func newRoleStates(sched scheduler) *roleStates {
@@ -173,8 +179,9 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 	old := r.m[name]
 	if old != nil && old.role.equal(role) {
 		next.gen = old.gen
-		if old.statusDirty {
-			// The unwritten status is newer than storage's.
+		if old.statusDirty && old.status.LastAttempt.After(next.status.LastAttempt) {
+			// The unwritten status is newer than storage's. (A status that
+			// another node wrote since is not older, and wins.)
 			next.status, next.statusDirty = old.status, true
 		}
 	} else {
@@ -227,19 +234,32 @@ func (r *roleStates) markLocked(name string, bump bool) {
 	}
 	if bump || rs == nil {
 		next.gen = r.gens.Add(1)
+		next.defUnsure = true
 	}
 	r.m[name] = next
 }
 
-// forget marks the role for reload (Invalidate).
-func (r *roleStates) forget(name string) {
+// forget marks the role for reload (Invalidate). definition says whether
+// the role's definition itself may have changed.
+func (r *roleStates) forget(name string, definition bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rs := r.m[name]; rs != nil && !rs.stale {
+	if rs := r.m[name]; rs != nil {
 		copied := *rs
 		copied.stale = true
+		copied.defUnsure = copied.defUnsure || definition
 		r.m[name] = &copied
 	}
+}
+
+// fallback returns the credential mirrored for the role when storage cannot
+// be read: only one known to be issued for the role's current definition.
+func (r *roleStates) fallback(name string) (*roleEntry, *cacheEntry) {
+	rs := r.peek(name)
+	if rs == nil || rs.defUnsure || rs.cred == nil {
+		return nil, nil
+	}
+	return rs.role, rs.cred
 }
 
 // names returns the mirrored role names.
@@ -299,7 +319,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 
 // markLocked0 is markLocked for a caller already holding r.mu.
 func (r *roleStates) markLocked0(name string) {
-	next := &roleState{status: &statusEntry{}, stale: true, gen: r.gens.Add(1)}
+	next := &roleState{status: &statusEntry{}, stale: true, gen: r.gens.Add(1), defUnsure: true}
 	if rs := r.m[name]; rs != nil {
 		copied := *rs
 		copied.stale = true
@@ -347,6 +367,10 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	lock := r.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
+	if ctx.Err() != nil {
+		// Clean is running: storage may be going away.
+		return errShuttingDown
+	}
 	rs, err := r.currentLocked(ctx, s, name)
 	if err != nil {
 		return &refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err}
@@ -387,6 +411,9 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	lock := r.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
+	if ctx.Err() != nil {
+		return nil, nil, time.Time{}, errShuttingDown
+	}
 	rs := r.peek(name)
 	if rs == nil || rs.gen != gen {
 		return nil, nil, time.Time{}, errRoleChanged

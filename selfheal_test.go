@@ -488,3 +488,102 @@ func TestSelfHeal_CompareUnderLock(t *testing.T) {
 		t.Fatalf("served %v, want the longer-lived %v", resp.Data["access_key"], longer.AccessKey)
 	}
 }
+
+// TestSelfHeal_ReaderJoinsCommittingCycle: a cold reader that arrives while
+// the cycle commits (its first attempt now goes at once, so this window is
+// no longer hidden behind jitter) joins it: one STS call, one credential.
+func TestSelfHeal_ReaderJoinsCommittingCycle(t *testing.T) {
+	fs := newFaultStorage(new(logical.InmemStorage), 4)
+	f := newFixture(t, fixtureOpts{storage: fs})
+	committing, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the backend's cleanup, which waits for the cycle
+	fs.before = func(op, key string) {
+		if op == "put" && key == statusPrefix+testRole {
+			once.Do(func() { close(committing); <-release })
+		}
+	}
+	reads := make(chan result, 2)
+	read := func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: f.s})
+		reads <- result{resp, err}
+	}
+	go read()
+	<-committing
+	go read()
+	waitFor(t, "the second reader to join the committing cycle", func() bool {
+		f.b.flightMu.Lock()
+		defer f.b.flightMu.Unlock()
+		fl := f.b.flights[testRole]
+		return fl != nil && fl.waiters.Load() == 2
+	})
+	unblock()
+	a, b := <-reads, <-reads
+	if a.err != nil || b.err != nil || a.resp.Data["access_key"] != b.resp.Data["access_key"] {
+		t.Fatalf("readers got %v / %v (%v, %v), want the same credential", a.resp, b.resp, a.err, b.err)
+	}
+	if n := len(f.log.all()); n != 1 {
+		t.Fatalf("%d STS calls, want 1", n)
+	}
+}
+
+// TestSelfHeal_ServesCachedWhileStorageFails: a role marked for reload (its
+// cached credential may have been replaced) is still served from memory while
+// storage cannot be read, but only if its definition cannot have changed.
+func TestSelfHeal_ServesCachedWhileStorageFails(t *testing.T) {
+	fs := newFaultStorage(new(logical.InmemStorage), 5)
+	f := newFixture(t, fixtureOpts{storage: fs})
+	good := f.mustReadCreds(testRole)
+
+	f.b.InvalidateKey(context.Background(), cachePrefix+testRole)
+	fs.setRate(1, 0)
+	resp, err := do(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+	if err != nil || resp.Data["access_key"] != good.Data["access_key"] {
+		t.Fatalf("with storage down after a cache invalidation: resp=%v err=%v, want the cached credential", respErr(resp), err)
+	}
+
+	f.b.InvalidateKey(context.Background(), rolePrefix+testRole)
+	if resp, err := do(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil); err == nil {
+		t.Fatalf("served %v although the role's definition may have changed and storage is down", resp.Data["access_key"])
+	}
+	fs.heal()
+	if resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil); resp.Data["access_key"] != good.Data["access_key"] {
+		t.Fatal("after storage healed the cached credential was not served")
+	}
+}
+
+// TestSelfHeal_StandbyStatusFollowsActive: a standby that reads a role
+// between the active node's cache write and its status write repairs the
+// status in memory; the status write that follows still wins.
+func TestSelfHeal_StandbyStatusFollowsActive(t *testing.T) {
+	fs := newFaultStorage(new(logical.InmemStorage), 6)
+	active := newFixture(t, fixtureOpts{storage: fs})
+	active.mustReadCreds(testRole)
+	sb, _ := newTestBackend(t, testOpts{clock: newFakeClock(active.clock.Now()), rand: randMin, standby: true, storage: fs})
+	mustDo(t, sb, fs, logical.ReadOperation, "status/"+testRole, nil)
+
+	var once sync.Once
+	fs.before = func(op, key string) {
+		if op == "put" && key == statusPrefix+testRole {
+			// Replication delivered the new cache entry first, and a reader
+			// on the standby looked.
+			once.Do(func() {
+				sb.InvalidateKey(context.Background(), cachePrefix+testRole)
+				mustDo(t, sb, fs, logical.ReadOperation, "status/"+testRole, nil)
+			})
+		}
+	}
+	active.clock.Advance(time.Minute)
+	active.refresh(testRole)
+	sb.InvalidateKey(context.Background(), statusPrefix+testRole)
+
+	stored, err := getStatus(context.Background(), fs, testRole)
+	if err != nil || stored == nil {
+		t.Fatal(err)
+	}
+	st := mustDo(t, sb, fs, logical.ReadOperation, "status/"+testRole, nil).Data
+	if st["next_refresh"] != formatTime(stored.NextRefresh) || st["last_success"] != formatTime(stored.LastSuccess) {
+		t.Fatalf("standby status %v, want the active node's next_refresh %v", st, stored.NextRefresh)
+	}
+}
