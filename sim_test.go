@@ -24,6 +24,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	hclog "github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/vault/sdk/helper/consts"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
@@ -101,6 +102,9 @@ type sim struct {
 	fs     *faultStorage // what the backend sees
 	b      *backend
 	sts    *simSTS
+	// standby is a performance standby on the same storage: it serves from
+	// its mirror and hears of every write through Invalidate.
+	standby *backend
 
 	history []string
 	fig     simFigures
@@ -172,6 +176,7 @@ func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
 		s.fig.steps++
 	}
 	s.b.Cleanup(context.Background())
+	s.standby.Cleanup(context.Background())
 	s.fig.runs = 1
 	s.fig.storageFaults = s.fs.injectedTotal()
 	s.fig.stsCalls = int(s.sts.calls.Load())
@@ -203,6 +208,25 @@ func (s *sim) start() {
 	s.mu.Lock()
 	s.cycles = map[string][]*simCycle{}
 	s.mu.Unlock()
+
+	if s.standby != nil {
+		s.standby.Cleanup(context.Background())
+	}
+	sv := logical.TestSystemView()
+	sv.ReplicationStateVal = consts.ReplicationPerformanceStandby
+	sconf := logical.TestBackendConfig()
+	sconf.StorageView = s.fs
+	sconf.Logger = hclog.NewNullLogger()
+	sconf.System = sv
+	sb, err := newBackendWith(context.Background(), sconf, backendOptions{clock: s.clk, rand: newSeededRand(s.rng.Uint64())})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := sb.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
+		s.t.Fatal(err)
+	}
+	s.standby = sb
+	s.stored.takeWritten() // what was written before it started, it read
 }
 
 func (s *sim) onFlight(name string, f *flight) {
@@ -273,7 +297,53 @@ func (s *sim) step(i int) {
 	if now := s.clk.Now(); now.Sub(s.lastPeriodic) >= time.Minute {
 		s.periodic()
 	}
+	s.replicate()
 	s.check()
+	s.readStandby(s.pick(simRoleNames))
+}
+
+// replicate delivers every key written since the last step to the standby,
+// in order, as Vault's replication does.
+func (s *sim) replicate() {
+	for _, key := range s.stored.takeWritten() {
+		s.standby.InvalidateKey(context.Background(), key)
+	}
+}
+
+// readStandby reads a role's credential and status on the standby: a cached
+// credential is served from its mirror and must obey the same rules as the
+// active node's; a cold read is handed to the active node; status shows the
+// active node's record.
+func (s *sim) readStandby(name string) {
+	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.fs})
+	if err == nil && !resp.IsError() {
+		s.checkServed(name, resp, "standby")
+	} else if err != nil && err != logical.ErrReadOnly && !strings.Contains(err.Error(), "injected storage failure") {
+		s.failf("standby read creds/%s: %v", name, err)
+	}
+	if !s.fs.healthy() {
+		return
+	}
+	sresp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "status/" + name, Storage: s.fs})
+	if err != nil || sresp.IsError() {
+		return
+	}
+	ctx := context.Background()
+	st, _ := getStatus(ctx, s.mem, name)
+	c, _ := getCacheEntry(ctx, s.mem, name)
+	if st == nil {
+		st = &statusEntry{}
+	}
+	want := st.NextRefresh
+	if c != nil && c.IssuedAt.After(st.LastSuccess) {
+		// The active node's status write failed after its cache write: the
+		// status is behind the credential, and its plan unknown.
+		want = time.Time{}
+	}
+	s.fig.checks++
+	if got := sresp.Data["next_refresh"]; got != formatTime(want) {
+		s.failf("standby status/%s next_refresh %v, the active node recorded %v", name, got, formatTime(want))
+	}
 }
 
 func outcome(resp *logical.Response, err error) string {
@@ -476,6 +546,12 @@ func (s *sim) readCreds(name string) {
 	if err != nil || resp.IsError() {
 		return
 	}
+	s.checkServed(name, resp, "active")
+}
+
+// checkServed checks a credential a node served: complete, unexpired, really
+// stored, and issued for the role's current definition.
+func (s *sim) checkServed(name string, resp *logical.Response, node string) {
 	s.fig.served++
 	now := s.clk.Now()
 	d := resp.Data
@@ -500,11 +576,11 @@ func (s *sim) readCreds(name string) {
 		s.failf("served creds/%s, but storage has no such role", name)
 	}
 	if !s.stored.has(d["access_key"].(string)) {
-		s.failf("served creds/%s with an access key that never reached storage", name)
+		s.failf("%s served creds/%s with an access key that never reached storage", node, name)
 	}
 	issuedFor := s.sts.issuedFor(d["access_key"].(string))
 	if issuedFor != role.RoleARN {
-		s.failf("served creds/%s issued for %q, but the role is %q", name, issuedFor, role.RoleARN)
+		s.failf("%s served creds/%s issued for %q, but the role is %q", node, name, issuedFor, role.RoleARN)
 	}
 	s.fig.checks += 4
 }
@@ -740,17 +816,28 @@ type storedKeys struct {
 	mu      sync.Mutex
 	keys    map[string]bool
 	deletes map[string]int // cache deletions per role
+	written []string       // keys written or deleted, for replication
+}
+
+// takeWritten returns and forgets the keys written since the last call.
+func (s *storedKeys) takeWritten() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.written
+	s.written = nil
+	return w
 }
 
 func (s *storedKeys) Delete(ctx context.Context, key string) error {
 	if err := s.Storage.Delete(ctx, key); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.written = append(s.written, key)
 	if strings.HasPrefix(key, cachePrefix) {
-		s.mu.Lock()
 		s.deletes[strings.TrimPrefix(key, cachePrefix)]++
-		s.mu.Unlock()
 	}
+	s.mu.Unlock()
 	return nil
 }
 
@@ -764,6 +851,9 @@ func (s *storedKeys) Put(ctx context.Context, e *logical.StorageEntry) error {
 	if err := s.Storage.Put(ctx, e); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.written = append(s.written, e.Key)
+	s.mu.Unlock()
 	if strings.HasPrefix(e.Key, cachePrefix) {
 		var c cacheEntry
 		if err := e.DecodeJSON(&c); err == nil {
