@@ -154,7 +154,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
-		f = b.startFlight(name, true)
+		f = b.coldFlight(name)
 		f.waiters.Add(1)
 		select {
 		case <-f.done:

@@ -76,13 +76,36 @@ type cycleResult struct {
 func (b *backend) startFlight(name string, urgent bool) *flight {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
+	return b.startFlightLocked(name, urgent)
+}
+
+// coldFlight is startFlight for a cold read: when a cycle stored a valid
+// credential since the reader found the cache cold, it gets that one instead
+// of a new cycle. A cycle updates the mirror before it leaves b.flights, both
+// under locks, so a reader that does not find the cycle here finds its
+// credential.
+func (b *backend) coldFlight(name string) *flight {
+	b.flightMu.Lock()
+	defer b.flightMu.Unlock()
+	if rs := b.state.peek(name); rs != nil && !rs.stale && b.flights[name] == nil && rs.cred.validAt(b.clock.Now()) {
+		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
+	}
+	return b.startFlightLocked(name, true)
+}
+
+// doneFlight is a flight that has already ended with res.
+func doneFlight(gen uint64, res cycleResult) *flight {
+	f := &flight{done: make(chan struct{}), gen: gen, hurry: make(chan struct{}), res: res}
+	close(f.done)
+	return f
+}
+
+func (b *backend) startFlightLocked(name string, urgent bool) *flight {
 	// The generation is read under flightMu, so two callers racing a role
 	// change agree on which flight is current.
 	rs := b.state.peek(name)
 	if rs == nil {
-		f := &flight{done: make(chan struct{}), hurry: make(chan struct{}), res: cycleResult{err: errRoleChanged}}
-		close(f.done)
-		return f
+		return doneFlight(0, cycleResult{err: errRoleChanged})
 	}
 	gen := rs.gen
 	prev := b.flights[name]

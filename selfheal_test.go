@@ -587,3 +587,24 @@ func TestSelfHeal_StandbyStatusFollowsActive(t *testing.T) {
 		t.Fatalf("standby status %v, want the active node's next_refresh %v", st, stored.NextRefresh)
 	}
 }
+
+// TestSelfHeal_LateColdReaderGetsTheStoredCredential: a reader that found
+// the cache cold just before a cycle stored a credential, and asks for a
+// cycle only after that one ended, gets the stored credential rather than
+// a second cycle (20 concurrent cold reads through Vault got two).
+func TestSelfHeal_LateColdReaderGetsTheStoredCredential(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	first := f.mustReadCreds(testRole)
+	fl := f.b.coldFlight(testRole)
+	if !isClosed(fl.done) || fl.res.cred == nil || fl.res.cred.AccessKey != first.Data["access_key"] {
+		t.Fatalf("late cold reader got flight %+v, want the stored credential at once", fl.res)
+	}
+	if n := len(f.log.all()); n != 1 {
+		t.Fatalf("%d STS calls, want 1", n)
+	}
+	// refresh/<name> still runs a cycle of its own.
+	f.refresh(testRole)
+	if n := len(f.log.all()); n != 2 {
+		t.Fatalf("refresh/ made %d STS calls in all, want 2", n)
+	}
+}
