@@ -103,6 +103,7 @@ type backend struct {
 	refreshCfg refreshConfig
 	cfgLoadMu  sync.Mutex
 	cfgStale   atomic.Bool
+	cfgWarned  string // the rule a stored config breaks, once logged (cfgLoadMu)
 
 	// clientMu guards clients and idle, built from config/root on first use
 	// and dropped on any change to it.

@@ -565,6 +565,14 @@ func (b *backend) loadRefreshConfig(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if msg := cfg.validate(); msg != b.cfgWarned {
+		// Written before a rule existed. It stays in force, as written;
+		// the operator is told, once, how to fix it.
+		if msg != "" {
+			b.Logger().Warn("stored config/refresh breaks a rule; write config/refresh to fix it", "rule", msg)
+		}
+		b.cfgWarned = msg
+	}
 	b.setRefreshConfig(cfg)
 	return nil
 }

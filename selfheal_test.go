@@ -15,6 +15,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
+	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
@@ -606,5 +607,27 @@ func TestSelfHeal_LateColdReaderGetsTheStoredCredential(t *testing.T) {
 	f.refresh(testRole)
 	if n := len(f.log.all()); n != 2 {
 		t.Fatalf("refresh/ made %d STS calls in all, want 2", n)
+	}
+}
+
+// TestSelfHeal_StoredConfigBreakingARule: a config/refresh stored before a
+// rule existed stays in force, and the log says once which rule it breaks.
+func TestSelfHeal_StoredConfigBreakingARule(t *testing.T) {
+	var buf syncBuffer
+	f := newFixture(t, fixtureOpts{logger: hclog.New(&hclog.LoggerOptions{Output: &buf, Level: hclog.Warn})})
+	e, err := logical.StorageEntryJSON(configRefreshPath, refreshConfig{MaxRetries: 20, RetryWindow: time.Second, RefreshFraction: 0.33, STSRateLimit: 10, STSBurst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.Put(context.Background(), e); err != nil {
+		t.Fatal(err)
+	}
+	periodicPass(t, f.b, f.s)
+	periodicPass(t, f.b, f.s)
+	if got := f.b.getRefreshCfg().MaxRetries; got != 20 {
+		t.Fatalf("max_retries in force = %d, want the stored 20", got)
+	}
+	if n := strings.Count(buf.String(), "stored config/refresh breaks a rule"); n != 1 || !strings.Contains(buf.String(), "got 1s / 20 = 50ms") {
+		t.Fatalf("%d warnings in the log, want 1 naming the rule:\n%s", n, buf.String())
 	}
 }
