@@ -273,7 +273,7 @@ func (r *roleStates) names() []string {
 	return out
 }
 
-// writeRole stores a new definition of the role, given the one stored now
+// writeRoleLocked stores a new definition of the role, given the one stored now
 // (nil for a new role). When what STS issues changes, the cached credential
 // and status are deleted first: a failure at any point leaves either the old
 // definition or the new one in storage, never with a credential of the
@@ -291,14 +291,13 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 			r.markLocked(name, false)
 			return fmt.Errorf("writing role %q: %w", name, err)
 		}
+		// A mirrored entry takes the new lease setting; one not mirrored or
+		// marked for reload is read whole on its next access anyway.
 		r.mu.Lock()
 		if rs := r.m[name]; rs != nil && !rs.stale {
 			copied := *rs
 			copied.role = role
 			r.m[name] = &copied
-		} else {
-			// Not mirrored or marked for reload: the next access reads it all.
-			r.markLocked0(name)
 		}
 		r.mu.Unlock()
 		return nil
@@ -315,17 +314,6 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 	r.m[name] = &roleState{role: role, status: &statusEntry{}, gen: r.m[name].gen}
 	r.mu.Unlock()
 	return nil
-}
-
-// markLocked0 is markLocked for a caller already holding r.mu.
-func (r *roleStates) markLocked0(name string) {
-	next := &roleState{status: &statusEntry{}, stale: true, gen: r.gens.Add(1), defUnsure: true}
-	if rs := r.m[name]; rs != nil {
-		copied := *rs
-		copied.stale = true
-		next = &copied
-	}
-	r.m[name] = next
 }
 
 // deleteRoleLocked deletes the role with its cached credential and status.
@@ -452,14 +440,6 @@ func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name st
 		r.mu.Unlock()
 	}
 	return nil
-}
-
-// dropLocked removes a role that storage no longer has from the mirror.
-func (r *roleStates) dropLocked(name string) {
-	r.mu.Lock()
-	delete(r.m, name)
-	r.mu.Unlock()
-	r.sched.unschedule(name)
 }
 
 func putStatus(ctx context.Context, s logical.Storage, name string, st *statusEntry) error {
