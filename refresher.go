@@ -130,7 +130,7 @@ func (b *backend) startFlightLocked(name string, urgent bool) *flight {
 		if prev != nil {
 			<-prev.done
 		}
-		if _, planned := b.scheduledAt(name); prev != nil && !urgent && planned {
+		if at, planned := b.scheduledAt(name); prev != nil && !urgent && planned && at.After(b.clock.Now()) {
 			// Started by a timer that fired while prev committed, which
 			// planned the next cycle since: nothing is due now.
 			res = prev.res
@@ -194,15 +194,25 @@ func (b *backend) schedule(name string, at time.Time) {
 }
 
 // fire runs when a role's timer expires: it starts (or joins) the cycle.
+// The timer's entry goes only once the flight is registered, all under
+// flightMu: whoever looks (the reconciler, under the role's store lock) sees
+// the role scheduled or in flight, never neither, and schedules no second
+// cycle.
 func (b *backend) fire(name string, e *schedEntry) {
-	b.bgMu.Lock()
-	if b.closed || b.timers[name] != e {
-		b.bgMu.Unlock()
+	b.flightMu.Lock()
+	defer b.flightMu.Unlock()
+	b.bgMu.RLock()
+	current := !b.closed && b.timers[name] == e
+	b.bgMu.RUnlock()
+	if !current {
 		return
 	}
-	delete(b.timers, name)
+	b.startFlightLocked(name, false)
+	b.bgMu.Lock()
+	if b.timers[name] == e {
+		delete(b.timers, name)
+	}
 	b.bgMu.Unlock()
-	b.startFlight(name, false)
 }
 
 // unschedule drops the role's pending refresh.

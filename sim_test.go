@@ -41,7 +41,10 @@ var (
 //     role delete (a model bug: a deleted cache starts a new lineage);
 //   - 1796080221980187938 (soak): a start-retry reconcile pass ran in the
 //     background while the checks ran (now in the timer's goroutine).
-var simRegressionSeeds = []uint64{1, 2, 3, 1796080221980187938}
+//   - 1796081682306288728 (soak): a cycle right after a failed one; a
+//     timer's entry went before its flight was registered, and a reconciler
+//     pass in between scheduled a second cycle.
+var simRegressionSeeds = []uint64{1, 2, 3, 1796080221980187938, 1796081682306288728}
 
 // simFigures add up over the runs of a test.
 type simFigures struct {
