@@ -55,7 +55,7 @@ func TestHeapPerRole(t *testing.T) {
 	}
 	req(logical.UpdateOperation, "config/root", map[string]any{"access_key": "AKIAIOSFODNN7EXAMPLE",
 		"secret_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "sts_endpoint": emu.URL()})
-	req(logical.UpdateOperation, "config/refresh", map[string]any{"retry_window": 1, "max_retries": 10, "sts_rate_limit": 0})
+	req(logical.UpdateOperation, "config/refresh", map[string]any{"retry_window": 6, "max_retries": 6, "sts_rate_limit": 0})
 	live := func() uint64 {
 		runtime.GC()
 		runtime.GC()
