@@ -518,15 +518,12 @@ func (c refreshConfig) validate() string {
 		return fmt.Sprintf("sts_rate_limit must be 0 (no cap) or at least %g (one call per 100s); got %g", minSTSRateLimit, c.STSRateLimit)
 	case c.STSRateLimit > 0 && c.STSBurst < 1:
 		return fmt.Sprintf("sts_burst must be between 1 and %d when sts_rate_limit is set; got %d", maxSTSBurst, c.STSBurst)
-	case c.block() < minRetryBlock:
-		return fmt.Sprintf("retry_window / max_retries (the retry block) must be at least %s, so that an STS call gets a timeout of at least %s; got %s / %d = %s",
-			minRetryBlock, callTimeout(minRetryBlock), c.RetryWindow, c.MaxRetries, c.block())
-	case c.block() > maxRetryBlock:
-		return fmt.Sprintf("retry_window / max_retries (the retry block) must be at most %s, so that a cold read sees a retry within Vault's 90s request timeout; got %s / %d = %s",
-			maxRetryBlock, c.RetryWindow, c.MaxRetries, c.block())
+	case c.block() < minRetryBlock || c.block() > maxRetryBlock:
+		return fmt.Sprintf("retry_window / max_retries (the retry block) must be between %s and %s: at least %s so that an STS call gets a timeout of at least %s, at most %s so that a cold read sees a retry within Vault's 90s request timeout; got %s / %d = %s",
+			minRetryBlock, maxRetryBlock, minRetryBlock, callTimeout(minRetryBlock), maxRetryBlock, c.RetryWindow, c.MaxRetries, c.block())
 	case c.RetryWindow > c.shortestMargin():
-		return fmt.Sprintf("retry_window must fit in the refresh margin of the shortest credential STS issues (refresh_fraction × 900s, less the 10%% start delay = %s), or a failing cycle could not finish before it expires; got %s",
-			c.shortestMargin(), c.RetryWindow)
+		return fmt.Sprintf("retry_window must be between %s and the refresh margin of the shortest credential STS issues (refresh_fraction × 900s, less the 10%% start delay = %s), or a failing cycle could not finish before it expires; got %s",
+			minRetryWindow, c.shortestMargin(), c.RetryWindow)
 	}
 	return ""
 }

@@ -268,9 +268,9 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 		{"sts_rate_limit 1e-10", map[string]interface{}{"sts_rate_limit": 1e-10}, "sts_rate_limit must be 0 (no cap) or at least 0.01 (one call per 100s); got 1e-10"},
 		{"sts_rate_limit 1e-6", map[string]interface{}{"sts_rate_limit": 1e-6, "sts_burst": 10000}, "at least 0.01"},
 		// Cross-field rules: each names itself.
-		{"block under 1s", map[string]interface{}{"retry_window": 1, "max_retries": 20}, "retry_window / max_retries (the retry block) must be at least 1s, so that an STS call gets a timeout of at least 800ms; got 1s / 20 = 50ms"},
-		{"block over 45s", map[string]interface{}{"retry_window": "10m", "max_retries": 6, "refresh_fraction": 0.9}, "must be at most 45s, so that a cold read sees a retry within Vault's 90s request timeout; got 10m0s / 6 = 1m40s"},
-		{"window beyond the shortest margin", map[string]interface{}{"retry_window": "5m", "max_retries": 10, "refresh_fraction": 0.33}, "retry_window must fit in the refresh margin of the shortest credential STS issues (refresh_fraction × 900s, less the 10% start delay = 4m27s)"},
+		{"block under 1s", map[string]interface{}{"retry_window": 1, "max_retries": 20}, "retry_window / max_retries (the retry block) must be between 1s and 45s: at least 1s so that an STS call gets a timeout of at least 800ms, at most 45s so that a cold read sees a retry within Vault's 90s request timeout; got 1s / 20 = 50ms"},
+		{"block over 45s", map[string]interface{}{"retry_window": "10m", "max_retries": 6, "refresh_fraction": 0.9}, "must be between 1s and 45s: at least 1s so that an STS call gets a timeout of at least 800ms, at most 45s so that a cold read sees a retry within Vault's 90s request timeout; got 10m0s / 6 = 1m40s"},
+		{"window beyond the shortest margin", map[string]interface{}{"retry_window": "5m", "max_retries": 10, "refresh_fraction": 0.33}, "retry_window must be between 1s and the refresh margin of the shortest credential STS issues (refresh_fraction × 900s, less the 10% start delay = 4m27s)"},
 		{"sts_burst not a number", map[string]interface{}{"sts_burst": "big"}, "1 to 10000"},
 		{"refresh_fraction low", map[string]interface{}{"refresh_fraction": 0.04}, "refresh_fraction must be between 0.05 and 0.9; got 0.04"},
 		{"refresh_fraction high", map[string]interface{}{"refresh_fraction": 0.91}, "refresh_fraction must be between 0.05 and 0.9; got 0.91"},
