@@ -631,3 +631,41 @@ func TestSelfHeal_StoredConfigBreakingARule(t *testing.T) {
 		t.Fatalf("%d warnings in the log, want 1 naming the rule:\n%s", n, buf.String())
 	}
 }
+
+// TestSelfHeal_FiringTimerStaysScheduled: while a role's timer is firing and
+// its cycle is not registered yet, the role still counts as scheduled, so a
+// reconciler pass in between schedules no second cycle (the soak found one
+// started 2s after a failed cycle).
+func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	at, _ := f.b.scheduledAt(testRole)
+	f.log.reset()
+	f.drainFlights()
+
+	// Hold flightMu: the timer fires, but its cycle cannot be registered.
+	f.b.flightMu.Lock()
+	f.clock.AdvanceTo(at)
+	waitFor(t, "the timer callback to run", func() bool { return f.clock.busy.Load() == 1 })
+	if _, ok := f.b.scheduledAt(testRole); !ok {
+		f.b.flightMu.Unlock()
+		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
+	}
+	// A reconciler pass now sees the role scheduled and leaves it alone.
+	if err := f.b.reconcileRole(context.Background(), testRole, false); err != nil {
+		f.b.flightMu.Unlock()
+		t.Fatal(err)
+	}
+	f.b.flightMu.Unlock()
+
+	f.clock.DriveUntil(t, f.nextFlight().done)
+	waitFor(t, "the timer callback to return", func() bool { return f.clock.busy.Load() == 0 })
+	if n := len(f.log.all()); n != 1 {
+		t.Fatalf("%d STS calls for one due refresh, want 1", n)
+	}
+	select {
+	case fl := <-f.flights:
+		t.Fatalf("a second cycle started (background %v)", fl.background)
+	default:
+	}
+}
