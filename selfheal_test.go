@@ -7,6 +7,7 @@ package awsresilient
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -632,6 +633,18 @@ func TestSelfHeal_StoredConfigBreakingARule(t *testing.T) {
 	}
 }
 
+// goroutineBlockedIn reports whether a goroutine with fn on its stack waits
+// for a mutex: a test that holds the mutex knows the goroutine got that far.
+func goroutineBlockedIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, fn) && strings.Contains(g, "sync.(*Mutex).Lock") {
+			return true
+		}
+	}
+	return false
+}
+
 // TestSelfHeal_FiringTimerStaysScheduled: while a role's timer is firing and
 // its cycle is not registered yet, the role still counts as scheduled, so a
 // reconciler pass in between schedules no second cycle (the soak found one
@@ -646,7 +659,7 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	// Hold flightMu: the timer fires, but its cycle cannot be registered.
 	f.b.flightMu.Lock()
 	f.clock.AdvanceTo(at)
-	waitFor(t, "the timer callback to run", func() bool { return f.clock.busy.Load() == 1 })
+	waitFor(t, "the timer callback to block on flightMu", func() bool { return goroutineBlockedIn("(*backend).fire") })
 	if _, ok := f.b.scheduledAt(testRole); !ok {
 		f.b.flightMu.Unlock()
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
