@@ -136,8 +136,6 @@ type backend struct {
 
 	// reconcileMu serialises reconciler passes (periodic, start retries).
 	reconcileMu sync.Mutex
-	// reconcilePasses counts complete reconciler passes; tests read it.
-	reconcilePasses atomic.Int64
 
 	// cacheWriteFailures is the test hook's count of cache writes still to
 	// fail; only a binary built with -tags testhooks reads it.

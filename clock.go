@@ -64,6 +64,19 @@ func (b *backend) jitter(d time.Duration) time.Duration {
 	return time.Duration(b.rand.Int64N(int64(d)))
 }
 
+// backoff is the wait after the n-th failure in a row (n >= 1): p = base ×
+// 2^(n-1), capped at limit, then uniform in [p/2, p] so that nodes and roles
+// that failed together do not come back together.
+func (b *backend) backoff(base time.Duration, n int, limit time.Duration) time.Duration {
+	p := base
+	for i := 1; i < n && p < limit; i++ {
+		p *= 2
+	}
+	p = min(p, limit)
+	half := p / 2
+	return half + time.Duration(b.rand.Int64N(int64(p-half)+1))
+}
+
 // sleepUntil waits on the backend's clock until t, until hurry is closed,
 // or until ctx is done. It returns at once, without a timer, when t is not in
 // the future or hurry is already closed; tests that count pending timers rely

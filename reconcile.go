@@ -55,13 +55,7 @@ func (b *backend) reconcile(ctx context.Context) error {
 		return err
 	}
 	b.startFailures++
-	d := time.Second
-	for i := 1; i < b.startFailures && d < maxStartBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, maxStartBackoff)
-	d = d/2 + b.jitter(d/2+1)
-	b.startTimer = b.clock.AfterFunc(d, func() {
+	b.startTimer = b.clock.AfterFunc(b.backoff(time.Second, b.startFailures, maxStartBackoff), func() {
 		// In the timer's own goroutine, counted for Clean.
 		b.runBackground(func(ctx context.Context) { _ = b.reconcile(ctx) })
 	})
@@ -131,11 +125,7 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	if started {
 		b.Logger().Info("refresher started", "roles", len(names))
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	b.reconcilePasses.Add(1)
-	return nil
+	return errors.Join(errs...)
 }
 
 // reconcileRole brings one role in line with storage, under its store lock;

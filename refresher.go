@@ -236,13 +236,6 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// isRunning reports whether the refresher schedules cycles on this node.
-func (b *backend) isRunning() bool {
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.running
-}
-
 // runCycle makes up to max_retries attempts to fetch and store a new
 // credential for the role. With block = retry_window / max_retries, attempt i
 // (from 0) happens at start + i*block + U[0, block), except that the first
@@ -481,15 +474,7 @@ func (b *backend) nextRefreshAfterSuccess(cred *cacheEntry, fraction float64) ti
 // policy) gets the same answer again right away, so it always waits its
 // whole pause.
 func (b *backend) nextRefreshAfterFailure(now, cycleStart time.Time, failed int, window time.Duration, cached *cacheEntry, retryable bool) time.Time {
-	pause := window
-	for i := 1; i < failed && pause < maxPause; i++ {
-		pause *= 2
-	}
-	if pause > maxPause {
-		pause = maxPause
-	}
-	half := pause / 2
-	next := now.Add(half + time.Duration(b.rand.Int64N(int64(pause-half)+1)))
+	next := now.Add(b.backoff(window, failed, maxPause))
 	if !retryable {
 		return next
 	}
