@@ -251,4 +251,12 @@ expiration and issued_at describe the cached credential; next_refresh is when
 the next cycle starts; last_attempt, last_success, attempts_last_cycle,
 failed_cycles (consecutive, since the last success) and last_error (AWS error
 code and message, never a secret) describe the refresher's recent work.
+rate_limited_since says since when every attempt for the role was refused a
+slot by the plugin's own sts_rate_limit; after a whole retry window of that,
+state is stale and last_error says so.
+
+On the node that refreshes, next_refresh is the pending timer: empty while a
+cycle runs, and empty (state stale, never fresh) when nothing is scheduled,
+for example while the refresher's start is retried after a storage error.
+On a performance standby it is the plan the active node recorded.
 `
