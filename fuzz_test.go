@@ -74,6 +74,7 @@ func FuzzConfigRefreshWrite(f *testing.F) {
 	f.Add(int64(20), "600", 0.9, 0.5, int64(1))
 	f.Add(int64(3), "-5", 1e308, 1e-300, int64(1<<62))
 	f.Add(int64(20), "1", 0.33, 10.0, int64(10)) // a 50 ms block: the cross-field rule names its range
+	f.Add(int64(6), "30s", 0.33, 1.0/144, int64(1)) // under the 0.01/s floor: its 400 names the range too
 
 	b, s := getTestBackend(f)
 	f.Fuzz(func(t *testing.T, retries int64, window string, fraction, rate float64, burst int64) {

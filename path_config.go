@@ -515,7 +515,7 @@ func (c refreshConfig) validate() string {
 	case c.STSBurst < 0 || c.STSBurst > maxSTSBurst:
 		return fmt.Sprintf("sts_burst must be between 0 and %d; got %d", maxSTSBurst, c.STSBurst)
 	case c.STSRateLimit > 0 && c.STSRateLimit < minSTSRateLimit:
-		return fmt.Sprintf("sts_rate_limit must be 0 (no cap) or at least %g (one call per 100s); got %g", minSTSRateLimit, c.STSRateLimit)
+		return fmt.Sprintf("sts_rate_limit must be 0 (no cap) or between %g (one call per 100s) and %g; got %g", minSTSRateLimit, maxSTSRateLimit, c.STSRateLimit)
 	case c.STSRateLimit > 0 && c.STSBurst < 1:
 		return fmt.Sprintf("sts_burst must be between 1 and %d when sts_rate_limit is set; got %d", maxSTSBurst, c.STSBurst)
 	case c.block() < minRetryBlock || c.block() > maxRetryBlock:

@@ -265,8 +265,8 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 		{"sts_rate_limit not a number", map[string]interface{}{"sts_rate_limit": "fast"}, "0.01 to 10000"},
 		// A rate this low overflowed the limiter's arithmetic: 1e-10 gave no
 		// cap at all, 1e-6 with a large burst never granted a slot.
-		{"sts_rate_limit 1e-10", map[string]interface{}{"sts_rate_limit": 1e-10}, "sts_rate_limit must be 0 (no cap) or at least 0.01 (one call per 100s); got 1e-10"},
-		{"sts_rate_limit 1e-6", map[string]interface{}{"sts_rate_limit": 1e-6, "sts_burst": 10000}, "at least 0.01"},
+		{"sts_rate_limit 1e-10", map[string]interface{}{"sts_rate_limit": 1e-10}, "sts_rate_limit must be 0 (no cap) or between 0.01 (one call per 100s) and 10000; got 1e-10"},
+		{"sts_rate_limit 1e-6", map[string]interface{}{"sts_rate_limit": 1e-6, "sts_burst": 10000}, "between 0.01"},
 		// Cross-field rules: each names itself.
 		{"block under 1s", map[string]interface{}{"retry_window": 1, "max_retries": 20}, "retry_window / max_retries (the retry block) must be between 1s and 45s: at least 1s so that an STS call gets a timeout of at least 800ms, at most 45s so that a cold read sees a retry within Vault's 90s request timeout; got 1s / 20 = 50ms"},
 		{"block over 45s", map[string]interface{}{"retry_window": "10m", "max_retries": 6, "refresh_fraction": 0.9}, "must be between 1s and 45s: at least 1s so that an STS call gets a timeout of at least 800ms, at most 45s so that a cold read sees a retry within Vault's 90s request timeout; got 10m0s / 6 = 1m40s"},
