@@ -114,6 +114,10 @@ type backend struct {
 	// limiter caps STS calls across all roles; it has its own lock.
 	limiter *rateLimiter
 
+	// metrics holds the counters and histograms served by the metrics path;
+	// they are safe for concurrent use.
+	metrics *metrics
+
 	// flightMu guards flights: the one in-progress cycle per role, shared by
 	// the background refresher, refresh/<name> and cold creds reads.
 	flightMu sync.Mutex
@@ -163,6 +167,7 @@ func newBackend(opts backendOptions) *backend {
 	if opts.version == "" {
 		opts.version = DevVersion
 	}
+	b.metrics = newMetrics(opts.version)
 	b.limiter = newRateLimiter(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 
@@ -174,6 +179,7 @@ func newBackend(opts backendOptions) *backend {
 	paths = append(paths, pathCreds(b))
 	paths = append(paths, pathsStatus(b)...)
 	paths = append(paths, pathRefresh(b))
+	paths = append(paths, pathMetrics(b))
 	if b.testHooks {
 		paths = append(paths, testHookPaths(b)...)
 	}

@@ -150,6 +150,19 @@ func callTimeout(block time.Duration) time.Duration {
 	return d
 }
 
+// stsAction is the STS action that fetches the role's credential.
+func (r *roleEntry) stsAction() string {
+	switch r.CredentialType {
+	case credentialTypeAssumedRole:
+		return "AssumeRole"
+	case credentialTypeSessionToken:
+		return "GetSessionToken"
+	case credentialTypeFederationToken:
+		return "GetFederationToken"
+	}
+	return "unknown"
+}
+
 // fetch makes one STS call for the role on this endpoint.
 func (ep *stsEndpoint) fetch(ctx context.Context, name string, role *roleEntry) (*cacheEntry, error) {
 	duration := aws.Int32(int32(role.TTL / time.Second))
@@ -208,7 +221,7 @@ func (ep *stsEndpoint) fetch(ctx context.Context, name string, role *roleEntry) 
 		return nil, &refreshError{Code: "InvalidRole", Message: fmt.Sprintf("unknown credential_type %q", role.CredentialType)}
 	}
 	if creds == nil {
-		return nil, &refreshError{Code: "InvalidCredential", Message: "STS returned no credentials", Retryable: true}
+		return nil, &refreshError{Code: "InvalidCredential", Message: "STS returned no credentials", Retryable: true, rejected: "missing"}
 	}
 	return &cacheEntry{
 		AccessKey:    aws.ToString(creds.AccessKeyId),

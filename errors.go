@@ -25,6 +25,9 @@ type refreshError struct {
 	Retryable bool
 	// cause is the original error, for logs only; never stored or returned.
 	cause error
+	// rejected, for a credential that validation refused, says why in a
+	// word for the metrics (aws_resilient_credentials_rejected_total).
+	rejected string
 }
 
 func (e *refreshError) Error() string { return e.Code + ": " + e.Message }

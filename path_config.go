@@ -34,6 +34,8 @@ const (
 	defaultSTSBurst        = 10
 	maxSTSBurst            = 10000
 	maxFallbackEndpoints   = 10
+	defaultMetricsMaxRoles = 10000
+	maxMetricsMaxRoles     = 1000000
 
 	// Cross-field bounds of config/refresh.
 	//
@@ -186,6 +188,11 @@ func pathConfigRefresh(b *backend) *framework.Path {
 				Description: fmt.Sprintf("STS calls allowed at once above sts_rate_limit after a quiet period, 1 to %d (0 only without a rate limit).", maxSTSBurst),
 				Default:     defaultSTSBurst,
 			},
+			"metrics_max_roles": {
+				Type:        framework.TypeInt,
+				Description: fmt.Sprintf("Most roles for which the metrics path exports per-role series, 0 to %d; with more roles only aggregates are exported.", maxMetricsMaxRoles),
+				Default:     defaultMetricsMaxRoles,
+			},
 		},
 		Operations: map[logical.Operation]framework.OperationHandler{
 			logical.ReadOperation: &framework.PathOperation{
@@ -222,12 +229,13 @@ func pathConfigRefresh(b *backend) *framework.Path {
 }
 
 var configRefreshResponseFields = map[string]*framework.FieldSchema{
-	"max_retries":      {Type: framework.TypeInt, Description: "Attempts per refresh cycle.", Required: true},
-	"retry_window":     {Type: framework.TypeDurationSecond, Description: "Length of one refresh cycle, in seconds.", Required: true},
-	"retry_block":      {Type: framework.TypeFloat, Description: "retry_window / max_retries, in seconds (may be fractional).", Required: true},
-	"refresh_fraction": {Type: framework.TypeFloat, Description: "Fraction of the issued lifetime left when a refresh starts.", Required: true},
-	"sts_rate_limit":   {Type: framework.TypeFloat, Description: "Cap on STS calls per second; 0 means no cap.", Required: true},
-	"sts_burst":        {Type: framework.TypeInt, Description: "Burst above sts_rate_limit.", Required: true},
+	"max_retries":       {Type: framework.TypeInt, Description: "Attempts per refresh cycle.", Required: true},
+	"retry_window":      {Type: framework.TypeDurationSecond, Description: "Length of one refresh cycle, in seconds.", Required: true},
+	"retry_block":       {Type: framework.TypeFloat, Description: "retry_window / max_retries, in seconds (may be fractional).", Required: true},
+	"refresh_fraction":  {Type: framework.TypeFloat, Description: "Fraction of the issued lifetime left when a refresh starts.", Required: true},
+	"sts_rate_limit":    {Type: framework.TypeFloat, Description: "Cap on STS calls per second; 0 means no cap.", Required: true},
+	"sts_burst":         {Type: framework.TypeInt, Description: "Burst above sts_rate_limit.", Required: true},
+	"metrics_max_roles": {Type: framework.TypeInt, Description: "Most roles with per-role metrics series.", Required: true},
 }
 
 func (b *backend) pathConfigRootExistenceCheck(ctx context.Context, req *logical.Request, _ *framework.FieldData) (bool, error) {
@@ -316,12 +324,13 @@ func (b *backend) pathConfigRefreshRead(ctx context.Context, req *logical.Reques
 		return nil, err
 	}
 	return &logical.Response{Data: map[string]interface{}{
-		"max_retries":      cfg.MaxRetries,
-		"retry_window":     int64(cfg.RetryWindow / time.Second),
-		"retry_block":      cfg.block().Seconds(),
-		"refresh_fraction": cfg.RefreshFraction,
-		"sts_rate_limit":   cfg.STSRateLimit,
-		"sts_burst":        cfg.STSBurst,
+		"max_retries":       cfg.MaxRetries,
+		"retry_window":      int64(cfg.RetryWindow / time.Second),
+		"retry_block":       cfg.block().Seconds(),
+		"refresh_fraction":  cfg.RefreshFraction,
+		"sts_rate_limit":    cfg.STSRateLimit,
+		"sts_burst":         cfg.STSBurst,
+		"metrics_max_roles": cfg.MetricsMaxRoles,
 	}}, nil
 }
 
@@ -348,6 +357,9 @@ func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Reque
 	}
 	if v, ok := data.GetOk("sts_burst"); ok {
 		cfg.STSBurst = v.(int)
+	}
+	if v, ok := data.GetOk("metrics_max_roles"); ok {
+		cfg.MetricsMaxRoles = v.(int)
 	}
 	if msg := cfg.validate(); msg != "" {
 		return logical.ErrorResponse(msg), nil
@@ -478,6 +490,9 @@ type refreshConfig struct {
 	RefreshFraction float64       `json:"refresh_fraction"`
 	STSRateLimit    float64       `json:"sts_rate_limit"`
 	STSBurst        int           `json:"sts_burst"`
+	// MetricsMaxRoles bounds the roles with per-role metrics series. A
+	// config stored before it existed decodes to the default.
+	MetricsMaxRoles int `json:"metrics_max_roles"`
 }
 
 func defaultRefreshConfig() refreshConfig {
@@ -487,6 +502,7 @@ func defaultRefreshConfig() refreshConfig {
 		RefreshFraction: defaultRefreshFraction,
 		STSRateLimit:    defaultSTSRateLimit,
 		STSBurst:        defaultSTSBurst,
+		MetricsMaxRoles: defaultMetricsMaxRoles,
 	}
 }
 
@@ -512,6 +528,8 @@ func (c refreshConfig) validate() string {
 		return fmt.Sprintf("refresh_fraction must be between %g and %g; got %g", minRefreshFraction, maxRefreshFraction, c.RefreshFraction)
 	case math.IsNaN(c.STSRateLimit) || c.STSRateLimit < 0 || c.STSRateLimit > maxSTSRateLimit:
 		return fmt.Sprintf("sts_rate_limit must be between 0 and %g (0 means no cap); got %g", maxSTSRateLimit, c.STSRateLimit)
+	case c.MetricsMaxRoles < 0 || c.MetricsMaxRoles > maxMetricsMaxRoles:
+		return fmt.Sprintf("metrics_max_roles must be between 0 and %d; got %d", maxMetricsMaxRoles, c.MetricsMaxRoles)
 	case c.STSBurst < 0 || c.STSBurst > maxSTSBurst:
 		return fmt.Sprintf("sts_burst must be between 0 and %d; got %d", maxSTSBurst, c.STSBurst)
 	case c.STSRateLimit > 0 && c.STSRateLimit < minSTSRateLimit:
@@ -645,6 +663,9 @@ sts_burst (default 10) cap STS calls across all roles; an attempt waits for
 a slot inside its block. A role whose every attempt is refused a slot shows
 rate_limited_since in its status. A read before any write returns the
 defaults.
+
+metrics_max_roles (default 10000) bounds the roles for which the metrics
+path exports per-role series; a mount with more exports aggregates only.
 
 The fields are checked together, and a write that breaks a rule gets a 400
 naming it:

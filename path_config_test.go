@@ -205,12 +205,13 @@ func TestConfigRoot_ChangeResetsClient(t *testing.T) {
 func TestConfigRefresh_ReadWrite(t *testing.T) {
 	b, s := getTestBackend(t)
 	defaults := map[string]interface{}{
-		"max_retries":      6,
-		"retry_window":     int64(30),
-		"retry_block":      5.0,
-		"refresh_fraction": 0.33,
-		"sts_rate_limit":   10.0,
-		"sts_burst":        10,
+		"max_retries":       6,
+		"retry_window":      int64(30),
+		"retry_block":       5.0,
+		"refresh_fraction":  0.33,
+		"sts_rate_limit":    10.0,
+		"sts_burst":         10,
+		"metrics_max_roles": 10000,
 	}
 	if got := mustDo(t, b, s, logical.ReadOperation, "config/refresh", nil).Data; !reflect.DeepEqual(got, defaults) {
 		t.Fatalf("read before write = %v, want defaults %v", got, defaults)
@@ -224,17 +225,17 @@ func TestConfigRefresh_ReadWrite(t *testing.T) {
 		{
 			name:  "partial update",
 			write: map[string]interface{}{"max_retries": 3, "retry_window": "10s"},
-			want:  map[string]interface{}{"max_retries": 3, "retry_window": int64(10), "retry_block": (10 * time.Second / 3).Seconds(), "refresh_fraction": 0.33, "sts_rate_limit": 10.0, "sts_burst": 10},
+			want:  map[string]interface{}{"max_retries": 3, "retry_window": int64(10), "retry_block": (10 * time.Second / 3).Seconds(), "refresh_fraction": 0.33, "sts_rate_limit": 10.0, "sts_burst": 10, "metrics_max_roles": 10000},
 		},
 		{
 			name:  "bounds are inclusive",
-			write: map[string]interface{}{"max_retries": 20, "retry_window": "10m", "refresh_fraction": 0.9, "sts_rate_limit": 10000, "sts_burst": 10000},
-			want:  map[string]interface{}{"max_retries": 20, "retry_window": int64(600), "retry_block": 30.0, "refresh_fraction": 0.9, "sts_rate_limit": 10000.0, "sts_burst": 10000},
+			write: map[string]interface{}{"max_retries": 20, "retry_window": "10m", "refresh_fraction": 0.9, "sts_rate_limit": 10000, "sts_burst": 10000, "metrics_max_roles": 1000000},
+			want:  map[string]interface{}{"max_retries": 20, "retry_window": int64(600), "retry_block": 30.0, "refresh_fraction": 0.9, "sts_rate_limit": 10000.0, "sts_burst": 10000, "metrics_max_roles": 1000000},
 		},
 		{
 			name:  "lower bounds and no rate cap",
-			write: map[string]interface{}{"max_retries": 1, "retry_window": 1, "refresh_fraction": 0.05, "sts_rate_limit": 0, "sts_burst": 0},
-			want:  map[string]interface{}{"max_retries": 1, "retry_window": int64(1), "retry_block": 1.0, "refresh_fraction": 0.05, "sts_rate_limit": 0.0, "sts_burst": 0},
+			write: map[string]interface{}{"max_retries": 1, "retry_window": 1, "refresh_fraction": 0.05, "sts_rate_limit": 0, "sts_burst": 0, "metrics_max_roles": 0},
+			want:  map[string]interface{}{"max_retries": 1, "retry_window": int64(1), "retry_block": 1.0, "refresh_fraction": 0.05, "sts_rate_limit": 0.0, "sts_burst": 0, "metrics_max_roles": 0},
 		},
 	}
 	for _, st := range steps {
@@ -280,6 +281,9 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 		{"sts_burst negative", map[string]interface{}{"sts_burst": -1}, "sts_burst must be between 0 and 10000; got -1"},
 		{"sts_burst too high", map[string]interface{}{"sts_burst": 10001}, "sts_burst must be between 0 and 10000; got 10001"},
 		{"burst 0 with a rate", map[string]interface{}{"sts_burst": 0}, "sts_burst must be between 1 and 10000 when sts_rate_limit is set; got 0"},
+		{"metrics_max_roles negative", map[string]interface{}{"metrics_max_roles": -1}, "metrics_max_roles must be between 0 and 1000000; got -1"},
+		{"metrics_max_roles too high", map[string]interface{}{"metrics_max_roles": 1000001}, "metrics_max_roles must be between 0 and 1000000; got 1000001"},
+		{"metrics_max_roles not a number", map[string]interface{}{"metrics_max_roles": "many"}, "0 to 1000000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -142,6 +142,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	}
 	now := b.clock.Now()
 	if cred.validAt(now) {
+		b.metrics.readsOK.Inc()
 		return b.credsResponse(name, role, cred, now), nil
 	}
 
@@ -151,6 +152,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 		return nil, logical.ErrReadOnly
 	}
 	var f *flight
+	waitStart := now
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
@@ -159,11 +161,15 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 		select {
 		case <-f.done:
 		case <-ctx.Done():
+			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+			b.metrics.readsUnavailable.Inc()
 			return nil, logical.CodedError(http.StatusServiceUnavailable,
 				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
 		}
 		now = b.clock.Now()
 		if f.res.cred.validAt(now) {
+			b.metrics.coldWait.Observe(now.Sub(waitStart).Seconds())
+			b.metrics.readsCold.Inc()
 			// How to serve it (lease or not) may have changed without a new
 			// generation: take the current definition for that.
 			if cur, _, gen, ok := b.state.lookup(name); ok && gen == f.gen {
@@ -180,6 +186,8 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 			return logical.ErrorResponse("role %q not found", name), nil
 		}
 	}
+	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+	b.metrics.readsUnavailable.Inc()
 	reason := "refresh did not complete"
 	if f.res.err != nil {
 		reason = classify(f.res.err, "").Error()

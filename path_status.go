@@ -126,11 +126,6 @@ func (b *backend) pathStatusRead(ctx context.Context, req *logical.Request, data
 // statusData assembles status/<name> from the role's owner: the credential
 // and the refresher's record as mirrored (read from storage when not), the
 // schedule and state from this node.
-//
-// next_refresh is what will really happen: on a node that runs the refresher
-// it is the pending timer, or empty while a cycle runs or nothing is
-// scheduled; on a node that does not (a performance standby) it is the plan
-// the active node recorded.
 func (b *backend) statusData(ctx context.Context, s logical.Storage, name string) (map[string]interface{}, error) {
 	rs, err := b.state.current(ctx, s, name)
 	if err != nil {
@@ -141,40 +136,19 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	}
 	cred, st := rs.cred, rs.status
 	now := b.clock.Now()
-	next := st.NextRefresh
-	if b.WriteSafeReplicationState() {
-		next = time.Time{}
-		if at, ok := b.scheduledAt(name); ok {
-			next = at
-		}
-	}
 	cfg := b.getRefreshCfg()
-	starved := !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
-
-	state := stateFresh
-	switch {
-	case b.inFlight(name):
-		state = stateRefreshing
-	case cred == nil:
-		state = stateEmpty
-	case !cred.validAt(now):
-		state = stateExpired
-	case st.FailedCycles > 0 || starved || next.IsZero() || !now.Before(next):
-		// Due, failing, starved by our own limiter, or with nothing
-		// scheduled to refresh it: still served, but not fresh.
-		state = stateStale
-	}
+	r := b.report(name, rs, now, cfg, b.WriteSafeReplicationState())
 
 	lastErr := st.LastError
-	if starved {
+	if r.starved {
 		lastErr = fmt.Sprintf("%s: no STS call slot free for this role since %s (sts_rate_limit, sts_burst)",
 			codeRateLimited, formatTime(st.RateLimitedSince))
 	}
 	d := map[string]interface{}{
-		"state":               state,
+		"state":               r.state,
 		"expiration":          "",
 		"issued_at":           "",
-		"next_refresh":        formatTime(next),
+		"next_refresh":        formatTime(r.next),
 		"last_attempt":        formatTime(st.LastAttempt),
 		"last_success":        formatTime(st.LastSuccess),
 		"attempts_last_cycle": st.AttemptsLastCycle,
@@ -187,6 +161,48 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		d["issued_at"] = formatTime(cred.IssuedAt)
 	}
 	return d, nil
+}
+
+// roleReport is what status/<name> and the metrics say about a role.
+type roleReport struct {
+	state string
+	// next is when the next cycle starts; zero when none is scheduled.
+	next time.Time
+	// starved: every attempt for a whole retry window was refused a slot
+	// by our own rate limiter.
+	starved bool
+}
+
+// report derives a role's state from its mirrored entry and this node's
+// schedule. refresher says whether this node runs the refresher (the
+// caller asks Vault once, not once per role).
+//
+// next is what will really happen: on a node that runs the refresher it is
+// the pending timer, or zero while a cycle runs or nothing is scheduled; on
+// a node that does not (a performance standby) it is the plan the active
+// node recorded.
+func (b *backend) report(name string, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
+	cred, st := rs.cred, rs.status
+	r := roleReport{next: st.NextRefresh}
+	if refresher {
+		r.next, _ = b.scheduledAt(name)
+	}
+	r.starved = !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
+
+	r.state = stateFresh
+	switch {
+	case b.inFlight(name):
+		r.state = stateRefreshing
+	case cred == nil:
+		r.state = stateEmpty
+	case !cred.validAt(now):
+		r.state = stateExpired
+	case st.FailedCycles > 0 || r.starved || r.next.IsZero() || !now.Before(r.next):
+		// Due, failing, starved by our own limiter, or with nothing
+		// scheduled to refresh it: still served, but not fresh.
+		r.state = stateStale
+	}
+	return r
 }
 
 // formatTime is RFC 3339 with nanoseconds, so that a status read shows the

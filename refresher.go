@@ -62,6 +62,9 @@ type cycleResult struct {
 	next time.Time
 	// err is why the cycle failed, nil after a success.
 	err error
+	// outcome is the cycle's result for the metrics: cycleSuccess,
+	// cycleFailure, cycleRateLimited or cycleAborted; "" when no cycle ran.
+	outcome string
 }
 
 // startFlight starts a refresh cycle for the role, or returns the one already
@@ -135,7 +138,9 @@ func (b *backend) startFlightLocked(name string, urgent bool) *flight {
 			// planned the next cycle since: nothing is due now.
 			res = prev.res
 		} else {
+			start := b.clock.Now()
 			res = b.runCycle(ctx, name, f)
+			b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
 		}
 		b.flightMu.Lock()
 		if b.flights[name] == f {
@@ -262,9 +267,9 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	)
 	stopped := func() cycleResult {
 		if b.bgCtx.Err() != nil {
-			return cycleResult{err: errShuttingDown}
+			return cycleResult{err: errShuttingDown, outcome: cycleAborted}
 		}
-		return cycleResult{err: errRoleChanged}
+		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
 	for i := 0; i < n; i++ {
 		at := start.Add(time.Duration(i)*block + b.jitter(block))
@@ -284,7 +289,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 			continue
 		}
 		if rs == nil || rs.gen != f.gen {
-			return cycleResult{err: errRoleChanged}
+			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 		}
 		attempts++
 		lastAttempt = b.clock.Now()
@@ -316,11 +321,11 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 			if err == nil {
 				b.Logger().Info("refresh succeeded", "role", name, "attempt", attempts, "outcome", "ok",
 					"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
-				return cycleResult{cred: cred, status: st, next: next}
+				return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}
 			}
 			f.ending.Store(false)
 			if errors.Is(err, errRoleChanged) {
-				return cycleResult{err: err}
+				return cycleResult{err: err, outcome: cycleAborted}
 			}
 			rerr = classify(err, "")
 			if rerr.Code == "StorageError" {
@@ -329,6 +334,9 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		}
 
 		lastErr = rerr
+		if lastErr.rejected != "" {
+			b.metrics.rejected.WithLabelValues(lastErr.rejected).Inc()
+		}
 		if lastErr.Code != codeRateLimited {
 			upstream = true
 		}
@@ -377,11 +385,15 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		return stopped()
 	}
 	if err != nil {
-		return cycleResult{err: err}
+		return cycleResult{err: err, outcome: cycleAborted}
+	}
+	outcome := cycleFailure
+	if !upstream {
+		outcome = cycleRateLimited
 	}
 	b.Logger().Warn("refresh cycle failed", "role", name, "attempts", attempts, "outcome", lastErr.Code,
 		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", lastErr.Message)
-	return cycleResult{cred: cred, status: st, next: next, err: lastErr}
+	return cycleResult{cred: cred, status: st, next: next, err: lastErr, outcome: outcome}
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
@@ -401,9 +413,11 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 		// our rate limiter's doing, and no call may start now.
 		return nil, &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}
 	}
-	for _, ep := range eps {
+	action := role.stsAction()
+	for i, ep := range eps {
 		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
 		if !ok {
+			b.metrics.rateLimited.Inc()
 			if lastErr != nil {
 				return nil, lastErr
 			}
@@ -414,12 +428,16 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 		}
 		d := min(timeout, max(blockEnd.Sub(b.clock.Now()), min(timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
+		called := b.clock.Now()
 		cred, err := ep.fetch(callCtx, name, role)
 		cancel()
+		took := b.clock.Now().Sub(called)
 		if err == nil {
+			b.metrics.observeSTSCall(action, i, "ok", took)
 			return cred, nil
 		}
 		lastErr = classify(err, ep.secretKey)
+		b.metrics.observeSTSCall(action, i, outcomeLabel(lastErr.Code), took)
 		if ctx.Err() != nil || !lastErr.Retryable {
 			return nil, lastErr
 		}
@@ -434,20 +452,20 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 // outrank every genuine credential). The comparison with the cached
 // credential happens at commit, under the store lock.
 func validateCredential(c *cacheEntry, role *roleEntry, now time.Time) *refreshError {
-	invalid := func(msg string) *refreshError {
-		return &refreshError{Code: "InvalidCredential", Message: msg, Retryable: true}
+	invalid := func(reason, msg string) *refreshError {
+		return &refreshError{Code: "InvalidCredential", Message: msg, Retryable: true, rejected: reason}
 	}
 	switch {
 	case c.AccessKey == "":
-		return invalid("STS returned an empty access key id")
+		return invalid("empty_access_key", "STS returned an empty access key id")
 	case c.SecretKey == "":
-		return invalid("STS returned an empty secret access key")
+		return invalid("empty_secret_key", "STS returned an empty secret access key")
 	case c.SessionToken == "":
-		return invalid("STS returned an empty session token")
+		return invalid("empty_session_token", "STS returned an empty session token")
 	case !c.Expiration.After(now):
-		return invalid(fmt.Sprintf("STS returned a credential that expired at %s", c.Expiration.UTC().Format(time.RFC3339)))
+		return invalid("expired", fmt.Sprintf("STS returned a credential that expired at %s", c.Expiration.UTC().Format(time.RFC3339)))
 	case c.unusableFor(role) != "":
-		return invalid(fmt.Sprintf("STS returned a credential expiring at %s, later than the requested ttl %s (plus %s) allows",
+		return invalid("expiration_too_late", fmt.Sprintf("STS returned a credential expiring at %s, later than the requested ttl %s (plus %s) allows",
 			c.Expiration.UTC().Format(time.RFC3339), role.TTL, expirationTolerance))
 	}
 	return nil

@@ -367,7 +367,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 		return errRoleChanged
 	}
 	if rs.cred != nil && cred.Expiration.Before(rs.cred.Expiration) {
-		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true}
+		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
 	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()

@@ -1,0 +1,137 @@
+package awsresilient
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Results of creds reads, counted by aws_resilient_creds_reads_total.
+const (
+	readOK          = "ok"   // served from the cache
+	readCold        = "cold" // served after waiting for a refresh cycle
+	readUnavailable = "503"  // nothing valid to serve: a 503
+)
+
+// Results of refresh cycles, counted by aws_resilient_refresh_cycles_total.
+const (
+	cycleSuccess     = "success"
+	cycleFailure     = "failure"      // STS (or storage) failed every attempt
+	cycleRateLimited = "rate_limited" // our own limiter refused every attempt; no STS call
+	cycleAborted     = "aborted"      // superseded by a role change, or the plugin stopping
+)
+
+// metrics are the plugin's counters and histograms, kept in a registry of
+// its own (never Prometheus's global one) and served by the metrics path.
+// They live as long as the plugin process, as Prometheus expects of
+// counters. Gauges are not kept here: they are computed from the role state
+// at scrape time (path_metrics.go).
+//
+// The read path touches only pre-resolved counters and a histogram: atomic
+// adds, no lock and no label lookup.
+type metrics struct {
+	reg *prometheus.Registry
+
+	stsCalls    *prometheus.CounterVec   // action, endpoint, outcome
+	stsDuration *prometheus.HistogramVec // action
+	cycles      *prometheus.CounterVec   // result
+	cycleTime   *prometheus.HistogramVec // result
+	rateLimited prometheus.Counter
+	rejected    *prometheus.CounterVec // reason
+
+	readsOK, readsCold, readsUnavailable prometheus.Counter
+	coldWait                             prometheus.Histogram
+}
+
+// cycleBuckets cover a cycle from one quick call (tens of ms) to a whole
+// retry window of the longest allowed kind.
+var cycleBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 120, 300, 600}
+
+func newMetrics(version string) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		stsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aws_resilient_sts_calls_total",
+			Help: "STS calls made, by action, endpoint (primary or fallback_N) and outcome (ok or the AWS error code).",
+		}, []string{"action", "endpoint", "outcome"}),
+		stsDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "aws_resilient_sts_call_duration_seconds",
+			Help:    "Latency of STS calls, successful or not.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		}, []string{"action"}),
+		cycles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aws_resilient_refresh_cycles_total",
+			Help: "Refresh cycles ended, by result: success, failure, rate_limited (no STS call, every attempt refused by sts_rate_limit) or aborted (role changed, plugin stopping).",
+		}, []string{"result"}),
+		cycleTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "aws_resilient_refresh_cycle_duration_seconds",
+			Help:    "Duration of refresh cycles, from start to commit, by result.",
+			Buckets: cycleBuckets,
+		}, []string{"result"}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aws_resilient_rate_limited_attempts_total",
+			Help: "Attempts that the plugin's own rate limiter (sts_rate_limit) refused a call slot before their block ended.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aws_resilient_credentials_rejected_total",
+			Help: "Credentials STS returned that validation rejected (never cached), by reason.",
+		}, []string{"reason"}),
+		coldWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "aws_resilient_cold_read_wait_seconds",
+			Help:    "How long creds reads that found nothing valid cached waited for a refresh cycle.",
+			Buckets: cycleBuckets,
+		}),
+	}
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "aws_resilient_creds_reads_total",
+		Help: "creds/<name> reads answered, by result: ok (from the cache), cold (after waiting for a refresh) or 503.",
+	}, []string{"result"})
+	m.readsOK = reads.WithLabelValues(readOK)
+	m.readsCold = reads.WithLabelValues(readCold)
+	m.readsUnavailable = reads.WithLabelValues(readUnavailable)
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "aws_resilient_build_info",
+		Help:        "Always 1; the plugin's version as a label.",
+		ConstLabels: prometheus.Labels{"version": version},
+	})
+	build.Set(1)
+	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.rejected, reads, m.coldWait, build)
+	return m
+}
+
+// observeSTSCall counts one STS call. endpoint is the endpoint's index: 0 is
+// the primary, i the i-th fallback; a URL never becomes a label.
+func (m *metrics) observeSTSCall(action string, endpoint int, outcome string, d time.Duration) {
+	m.stsCalls.WithLabelValues(action, endpointLabel(endpoint), outcome).Inc()
+	m.stsDuration.WithLabelValues(action).Observe(d.Seconds())
+}
+
+func endpointLabel(i int) string {
+	if i == 0 {
+		return "primary"
+	}
+	return "fallback_" + strconv.Itoa(i)
+}
+
+// observeCycle counts a refresh cycle that ran for d.
+func (m *metrics) observeCycle(result string, d time.Duration) {
+	m.cycles.WithLabelValues(result).Inc()
+	m.cycleTime.WithLabelValues(result).Observe(d.Seconds())
+}
+
+// outcomeLabel is an error code as a label value. Codes come from STS (or
+// whatever answers at its address), so one that is not a plain word, or is
+// implausibly long, becomes "other": a misbehaving endpoint cannot grow the
+// series without bound.
+func outcomeLabel(code string) string {
+	if code == "" || len(code) > 64 {
+		return "other"
+	}
+	for _, c := range code {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return "other"
+		}
+	}
+	return code
+}
