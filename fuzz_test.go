@@ -73,7 +73,7 @@ func FuzzConfigRefreshWrite(f *testing.F) {
 	f.Add(int64(1), "1", 0.05, 0.0, int64(0))
 	f.Add(int64(20), "600", 0.9, 0.5, int64(1))
 	f.Add(int64(3), "-5", 1e308, 1e-300, int64(1<<62))
-	f.Add(int64(20), "1", 0.33, 10.0, int64(10)) // a 50 ms block: the cross-field rule names its range
+	f.Add(int64(20), "1", 0.33, 10.0, int64(10))    // a 50 ms block: the cross-field rule names its range
 	f.Add(int64(6), "30s", 0.33, 1.0/144, int64(1)) // under the 0.01/s floor: its 400 names the range too
 
 	b, s := getTestBackend(f)
