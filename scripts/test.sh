@@ -2,16 +2,19 @@
 # test.sh: every test, from a fresh clone (`make test`; .ci/run calls it).
 #
 #  1. tools      awscli (apt-get, only when `aws` is missing) and python3 botocore,
-#                the independent STS clients the emulator is checked against
-#  2. gofmt      formatting check
-#  3. vet        go vet ./...
-#  4. unit       go test -race -count=1 ./... (acceptance tests skip here),
+#                the independent STS clients the emulator is checked against;
+#                Debian's prometheus (prometheus and promtool) when missing
+#  2. rules      promtool check/test of the shipped alert rules
+#  3. gofmt      formatting check
+#  4. vet        go vet ./...
+#  5. unit       go test -race -count=1 ./... (acceptance tests skip here),
 #                including the seeded fault simulation (TestSimulation), and
 #                the test-hook build's own tests (-tags testhooks)
-#  5. fuzz       every FuzzXxx target for 5s each
-#  6. vault      the pinned Vault, built once into the cache (~11 min cold)
-#  7. build      plugin (and its -tags testhooks build) and STS emulator
-#  8. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator
+#  6. fuzz       every FuzzXxx target for 5s each
+#  7. vault      the pinned Vault, built once into the cache (~11 min cold)
+#  8. build      plugin (and its -tags testhooks build) and STS emulator
+#  9. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator,
+#                a real Prometheus
 #
 # Exits non-zero at the first failing section.
 set -euo pipefail
@@ -85,10 +88,26 @@ if ! python3 -c 'import botocore' 2>/dev/null; then
 		ln -s /usr/bin/python3 "$shims/python3"
 	fi
 fi
+# A real Prometheus scrapes the plugin in the acceptance tests, and promtool
+# checks the exposition and tests the alert rules.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+	echo "no prometheus/promtool on PATH: installing Debian's prometheus"
+	apt_install prometheus
+fi
 export PATH="$shims:$PATH"
 aws --version
 python3 -c 'import botocore, sys; print("botocore", botocore.__version__, "for", sys.executable)'
+promtool --version 2>&1 | head -1
+prometheus --version 2>&1 | head -1
 go version
+# The exposition test must not skip for want of promtool here.
+export AWS_RESILIENT_REQUIRE_PROMTOOL=1
+PROMETHEUS_BIN=$(command -v prometheus)
+export PROMETHEUS_BIN
+
+section rules "promtool check and test of deploy/prometheus"
+promtool check rules deploy/prometheus/aws-resilient-rules.yml
+(cd deploy/prometheus && promtool test rules aws-resilient-rules_test.yml)
 
 section gofmt "gofmt -l"
 unformatted=$(git ls-files -z --cached --others --exclude-standard '*.go' | xargs -0 -r gofmt -l)
