@@ -54,7 +54,8 @@ func TestDevScriptOnce(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{"access_key", "ASIA", "secret_key", "security_token", "expiration",
-		"export VAULT_ADDR=http://127.0.0.1:" + strconv.Itoa(vaultPort), "export VAULT_TOKEN="} {
+		"export VAULT_ADDR=http://127.0.0.1:" + strconv.Itoa(vaultPort), "export VAULT_TOKEN=",
+		"/v1/aws-resilient/metrics", "metrics_path: /v1/aws-resilient/metrics", "credentials_file: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dev.sh output lacks %q:\n%s", want, redact(out))
 		}

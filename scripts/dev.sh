@@ -170,6 +170,16 @@ say "pointing config/root at the emulator, creating role demo"
 say "vault read $plugin_name/creds/demo"
 "$vault" read "$plugin_name/creds/demo"
 
+say "a token for Prometheus that may read only $plugin_name/metrics"
+"$vault" policy write "$plugin_name-metrics" - >/dev/null <<POLICY
+path "$plugin_name/metrics" {
+  capabilities = ["read"]
+}
+POLICY
+# Into a file, never onto the terminal.
+(umask 077 && "$vault" token create -policy="$plugin_name-metrics" -field=token >"$work/prometheus-token")
+echo "$work/prometheus-token" >&2
+
 cat <<HINT
 
 Vault is running at $VAULT_ADDR with the plugin mounted at $plugin_name/,
@@ -186,6 +196,22 @@ talking to the STS emulator at $sts_url. In another shell:
   vault write $plugin_name/roles/other credential_type=session_token
   vault path-help $plugin_name/creds/demo
   curl -s $sts_url/_emulator/stats   # STS calls the plugin made
+
+Prometheus metrics, through Vault, with the metrics-only token:
+
+  curl -s -H "Authorization: Bearer \$(cat $work/prometheus-token)" $VAULT_ADDR/v1/$plugin_name/metrics
+
+A Prometheus scrape config for it (alert rules: deploy/prometheus/):
+
+  scrape_configs:
+    - job_name: vault-$plugin_name
+      metrics_path: /v1/$plugin_name/metrics
+      scheme: http
+      authorization:
+        type: Bearer
+        credentials_file: $work/prometheus-token
+      static_configs:
+        - targets: ['127.0.0.1:$vault_port']
 
 Logs: $work/vault.log and $work/sts-emulator.log
 HINT
