@@ -71,6 +71,29 @@ func (a *api) do(method, path string, body, out any) error {
 
 func (a *api) write(path string, body any) error { return a.do(http.MethodPut, path, body, nil) }
 
+// getRaw sends GET /v1/path and returns the body as sent, for a path that
+// answers with a raw body (the metrics path) rather than Vault's JSON.
+func (a *api) getRaw(path string) ([]byte, error) {
+	req, err := http.NewRequest(http.MethodGet, a.addr+"/v1/"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-Vault-Token", a.token)
+	resp, err := a.c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
+	}
+	return b, nil
+}
+
 // secret is the envelope of a Vault read.
 type secret struct {
 	LeaseID       string         `json:"lease_id"`
