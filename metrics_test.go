@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -373,4 +375,60 @@ func TestMetrics_PromtoolCheck(t *testing.T) {
 		t.Fatalf("promtool check metrics: %v\n%s", err, out)
 	}
 	fmt.Fprintf(os.Stderr, "%s", out) // lint hints, if any, for the log
+}
+
+// Label values and help text are escaped as the text format requires, so
+// that an odd mount path cannot break the exposition.
+func TestMetrics_Escaping(t *testing.T) {
+	b, s := getTestBackend(t)
+	mount := "we\"ird\\mount\nx/"
+	sc := scrapeMetrics(t, b, s, mount)
+	for name, fam := range sc.families {
+		for _, m := range fam.Metric {
+			if v, _ := labelValue(m, "mount"); v != strings.TrimSuffix(mount, "/") {
+				t.Fatalf("%s has mount %q, want %q", name, v, strings.TrimSuffix(mount, "/"))
+			}
+		}
+	}
+	w := newExpositionWriter("", 0)
+	w.family("x", "a \\ and a\nnewline")
+	if got := string(w.buf); got != "# HELP x a \\\\ and a\\nnewline\n# TYPE x gauge\n" {
+		t.Fatalf("help line %q", got)
+	}
+}
+
+// A scrape lends itself memory headroom above a soft limit and gives it
+// back; with no limit it changes nothing.
+func TestMetrics_MemoryHeadroom(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+
+	debug.SetMemoryLimit(32 << 20)
+	r1 := holdMemoryHeadroom(10 << 20)
+	if got := debug.SetMemoryLimit(-1); got != 42<<20 {
+		t.Fatalf("limit with one hold = %d, want 42 MiB", got)
+	}
+	r2 := holdMemoryHeadroom(100 << 20)
+	if got := debug.SetMemoryLimit(-1); got != 132<<20 {
+		t.Fatalf("limit with two holds = %d, want base + the larger one", got)
+	}
+	r2()
+	r2() // a second release does nothing
+	if got := debug.SetMemoryLimit(-1); got != 42<<20 {
+		t.Fatalf("limit after the larger hold ended = %d, want 42 MiB", got)
+	}
+	r1()
+	if got := debug.SetMemoryLimit(-1); got != 32<<20 {
+		t.Fatalf("limit after every hold ended = %d, want 32 MiB", got)
+	}
+
+	debug.SetMemoryLimit(math.MaxInt64)
+	r := holdMemoryHeadroom(10 << 20)
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Fatalf("without a limit a hold set one: %d", got)
+	}
+	r()
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Fatalf("without a limit a release set one: %d", got)
+	}
 }

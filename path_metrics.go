@@ -1,11 +1,11 @@
 package awsresilient
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,6 +70,13 @@ func (b *backend) pathMetricsRead(ctx context.Context, req *logical.Request, _ *
 // costs one storage list, not one read per role. A storage error fails the
 // scrape (a 500, and Prometheus marks the target down) rather than export
 // figures that leave roles out.
+//
+// The registry's few families are encoded by expfmt. The per-role gauges,
+// ten series per role (100 000 at the default metrics_max_roles), are
+// written straight into one buffer sized up front: building a dto.Metric per
+// series and encoding it cost several times the 100 ms a scrape of 10 000
+// roles may take (BENCHMARKS.md, section e). The tests parse every scrape
+// with Prometheus's parser and promtool.
 func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) ([]byte, error) {
 	names, err := s.List(ctx, rolePrefix)
 	if err != nil {
@@ -81,14 +88,16 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	active := b.WriteSafeReplicationState()
 	perRole := len(names) <= cfg.MetricsMaxRoles
 
-	var (
-		expiration  = newGaugeFamily("aws_resilient_role_credential_expiration_timestamp_seconds", "When the role's cached credential expires (unix seconds); absent when nothing is cached.")
-		lifetime    = newGaugeFamily("aws_resilient_role_credential_lifetime_seconds", "Issued lifetime of the role's cached credential (expiration minus issue time).")
-		lastSuccess = newGaugeFamily("aws_resilient_role_last_success_timestamp_seconds", "When the role's last successful refresh fetched its credential (unix seconds).")
-		nextRefresh = newGaugeFamily("aws_resilient_role_next_refresh_timestamp_seconds", "When the role's next refresh cycle starts (unix seconds), as status/<name> reports it; absent when none is scheduled.")
-		failed      = newGaugeFamily("aws_resilient_role_failed_cycles", "Consecutive failed refresh cycles of the role since its last success.")
-		state       = newGaugeFamily("aws_resilient_role_state", "1 for the role's current state (fresh, refreshing, stale, expired, empty), 0 for the others.")
-	)
+	type roleSample struct {
+		name                                     string
+		report                                   roleReport
+		exp, lifetime, lastSuccess, failedCycles float64
+		cached, issued, succeeded                bool
+	}
+	var samples []roleSample
+	if perRole {
+		samples = make([]roleSample, 0, len(names))
+	}
 	byState := make(map[string]int, len(roleStateNames))
 	var defined, cached, starved int
 	for _, name := range names {
@@ -111,85 +120,104 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		if !perRole {
 			continue
 		}
-		role := labelPair("role", name)
+		smp := roleSample{name: name, report: r, failedCycles: float64(rs.status.FailedCycles)}
 		if c := rs.cred; c != nil {
-			expiration.add(unixSeconds(c.Expiration), role)
+			smp.cached, smp.exp = true, unixSeconds(c.Expiration)
 			if !c.IssuedAt.IsZero() {
-				lifetime.add(c.Expiration.Sub(c.IssuedAt).Seconds(), role)
+				smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
 			}
 		}
 		if t := rs.status.LastSuccess; !t.IsZero() {
-			lastSuccess.add(unixSeconds(t), role)
+			smp.succeeded, smp.lastSuccess = true, unixSeconds(t)
 		}
-		if !r.next.IsZero() {
-			nextRefresh.add(unixSeconds(r.next), role)
-		}
-		failed.add(float64(rs.status.FailedCycles), role)
-		for _, st := range roleStateNames {
-			v := 0.0
-			if st == r.state {
-				v = 1
-			}
-			state.add(v, role, labelPair("state", st))
-		}
+		samples = append(samples, smp)
 	}
 
 	families, err := b.metrics.reg.Gather()
 	if err != nil {
 		return nil, fmt.Errorf("gathering metrics: %w", err)
 	}
-	gauge := func(name, help string, v float64) *dto.MetricFamily {
-		f := newGaugeFamily(name, help)
-		f.add(v)
-		return f.MetricFamily
+	// About 100 bytes per series, ten series per role, plus the names.
+	size := 16<<10 + len(samples)*(1100+10*len(mount)+10*8)
+	if size > 1<<20 {
+		// The body, and the sdk's base64 and protobuf copies of it after
+		// this returns, would otherwise make the GC thrash against the
+		// soft memory limit (memlimit.go).
+		release := holdMemoryHeadroom(int64(size) * scrapeHeadroomFactor)
+		defer time.AfterFunc(scrapeHeadroomHold, release)
 	}
-	running := 0.0
-	if b.refresherRunning() {
-		running = 1
-	}
-	exported := 0.0
-	if perRole {
-		exported = 1
-	}
-	roles := newGaugeFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.")
-	for _, st := range roleStateNames {
-		roles.add(float64(byState[st]), labelPair("state", st))
-	}
-	families = append(families,
-		gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(defined)),
-		gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(cached)),
-		gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(starved)),
-		gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", running),
-		gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", cfg.RetryWindow.Seconds()),
-		gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", exported),
-		roles.MetricFamily,
-	)
-	if perRole {
-		for _, f := range []*gaugeFamily{expiration, lifetime, lastSuccess, nextRefresh, failed, state} {
-			if len(f.Metric) > 0 {
-				families = append(families, f.MetricFamily)
-			}
-		}
-	}
-	sort.Slice(families, func(i, j int) bool { return families[i].GetName() < families[j].GetName() })
-
-	var buf bytes.Buffer
+	w := newExpositionWriter(mount, size)
 	if !perRole {
-		fmt.Fprintf(&buf, "# aws_resilient: %d roles exceed metrics_max_roles (%d): per-role series are omitted, aggregates only.\n",
+		fmt.Fprintf(w, "# aws_resilient: %d roles exceed metrics_max_roles (%d): per-role series are omitted, aggregates only.\n",
 			len(names), cfg.MetricsMaxRoles)
 	}
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, f := range families {
 		if mount != "" {
 			for _, m := range f.Metric {
-				m.Label = withLabel(m.Label, labelPair("mount", mount))
+				m.Label = withLabel(m.Label, &dto.LabelPair{Name: proto.String("mount"), Value: proto.String(mount)})
 			}
 		}
 		if err := enc.Encode(f); err != nil {
 			return nil, fmt.Errorf("encoding metrics: %w", err)
 		}
 	}
-	return buf.Bytes(), nil
+
+	gauge := func(name, help string, v float64) {
+		w.family(name, help)
+		w.sample(name, v)
+	}
+	bool01 := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(defined))
+	gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(cached))
+	gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(starved))
+	gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.refresherRunning()))
+	gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", cfg.RetryWindow.Seconds())
+	gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(perRole))
+	w.family("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.")
+	for _, st := range roleStateNames {
+		w.sample("aws_resilient_roles", float64(byState[st]), "state", st)
+	}
+	if !perRole || len(samples) == 0 {
+		return w.buf, nil
+	}
+
+	perRoleFamily := func(name, help string, each func(smp *roleSample) (float64, bool)) {
+		w.family(name, help)
+		for i := range samples {
+			if v, ok := each(&samples[i]); ok {
+				w.sample(name, v, "role", samples[i].name)
+			}
+		}
+	}
+	perRoleFamily("aws_resilient_role_credential_expiration_timestamp_seconds",
+		"When the role's cached credential expires (unix seconds); absent when nothing is cached.",
+		func(smp *roleSample) (float64, bool) { return smp.exp, smp.cached })
+	perRoleFamily("aws_resilient_role_credential_lifetime_seconds",
+		"Issued lifetime of the role's cached credential (expiration minus issue time).",
+		func(smp *roleSample) (float64, bool) { return smp.lifetime, smp.issued })
+	perRoleFamily("aws_resilient_role_last_success_timestamp_seconds",
+		"When the role's last successful refresh fetched its credential (unix seconds).",
+		func(smp *roleSample) (float64, bool) { return smp.lastSuccess, smp.succeeded })
+	perRoleFamily("aws_resilient_role_next_refresh_timestamp_seconds",
+		"When the role's next refresh cycle starts (unix seconds), as status/<name> reports it; absent when none is scheduled.",
+		func(smp *roleSample) (float64, bool) { return unixSeconds(smp.report.next), !smp.report.next.IsZero() })
+	perRoleFamily("aws_resilient_role_failed_cycles",
+		"Consecutive failed refresh cycles of the role since its last success.",
+		func(smp *roleSample) (float64, bool) { return smp.failedCycles, true })
+	const stateName = "aws_resilient_role_state"
+	w.family(stateName, "1 for the role's current state (fresh, refreshing, stale, expired, empty), 0 for the others.")
+	for i := range samples {
+		for _, st := range roleStateNames {
+			w.sample(stateName, bool01(st == samples[i].report.state), "role", samples[i].name, "state", st)
+		}
+	}
+	return w.buf, nil
 }
 
 // refresherRunning reports whether this node runs the refresher.
@@ -199,23 +227,82 @@ func (b *backend) refresherRunning() bool {
 	return b.running
 }
 
-// gaugeFamily builds a gauge family directly, without a registry: per-role
-// gauges are computed at scrape time, and going through collectors and the
-// registry's consistency checks would cost several times as much for 10 000
-// roles.
-type gaugeFamily struct{ *dto.MetricFamily }
-
-func newGaugeFamily(name, help string) *gaugeFamily {
-	return &gaugeFamily{&dto.MetricFamily{Name: proto.String(name), Help: proto.String(help), Type: dto.MetricType_GAUGE.Enum()}}
+// expositionWriter appends gauges in Prometheus's text format (0.0.4) to
+// one buffer; it is also the io.Writer expfmt encodes the registry into.
+type expositionWriter struct {
+	buf []byte
+	// mountLabel is `mount="<escaped>"`, or "" when the mount is unknown.
+	mountLabel []byte
 }
 
-// add appends one series; labels must be given in name order.
-func (f *gaugeFamily) add(v float64, labels ...*dto.LabelPair) {
-	f.Metric = append(f.Metric, &dto.Metric{Label: labels, Gauge: &dto.Gauge{Value: proto.Float64(v)}})
+func newExpositionWriter(mount string, size int) *expositionWriter {
+	w := &expositionWriter{buf: make([]byte, 0, size)}
+	if mount != "" {
+		w.mountLabel = appendLabel(nil, "mount", mount)
+	}
+	return w
 }
 
-func labelPair(name, value string) *dto.LabelPair {
-	return &dto.LabelPair{Name: proto.String(name), Value: proto.String(value)}
+func (w *expositionWriter) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+// family writes the HELP and TYPE lines of a gauge family.
+func (w *expositionWriter) family(name, help string) {
+	w.buf = append(w.buf, "# HELP "...)
+	w.buf = append(w.buf, name...)
+	w.buf = append(w.buf, ' ')
+	w.buf = appendEscaped(w.buf, help, false)
+	w.buf = append(w.buf, "\n# TYPE "...)
+	w.buf = append(w.buf, name...)
+	w.buf = append(w.buf, " gauge\n"...)
+}
+
+// sample writes one series: name{labels} value. labels are name, value
+// pairs, given in name order; mount goes first (it sorts before role and
+// state).
+func (w *expositionWriter) sample(name string, v float64, labels ...string) {
+	w.buf = append(w.buf, name...)
+	if len(w.mountLabel) > 0 || len(labels) > 0 {
+		w.buf = append(w.buf, '{')
+		w.buf = append(w.buf, w.mountLabel...)
+		for i := 0; i+1 < len(labels); i += 2 {
+			if i > 0 || len(w.mountLabel) > 0 {
+				w.buf = append(w.buf, ',')
+			}
+			w.buf = appendLabel(w.buf, labels[i], labels[i+1])
+		}
+		w.buf = append(w.buf, '}')
+	}
+	w.buf = append(w.buf, ' ')
+	w.buf = strconv.AppendFloat(w.buf, v, 'g', -1, 64)
+	w.buf = append(w.buf, '\n')
+}
+
+func appendLabel(buf []byte, name, value string) []byte {
+	buf = append(buf, name...)
+	buf = append(buf, '=', '"')
+	buf = appendEscaped(buf, value, true)
+	return append(buf, '"')
+}
+
+// appendEscaped escapes as the text format requires: backslash and newline
+// everywhere, the double quote in label values.
+func appendEscaped(buf []byte, s string, quote bool) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\':
+			buf = append(buf, '\\', '\\')
+		case c == '\n':
+			buf = append(buf, '\\', 'n')
+		case c == '"' && quote:
+			buf = append(buf, '\\', '"')
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return buf
 }
 
 // withLabel inserts l into labels, keeping them sorted by name.

@@ -1,0 +1,82 @@
+package awsresilient
+
+import (
+	"math"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// scrapeHeadroomHold is how long a scrape keeps its memory headroom after
+// the handler returns: the sdk then encodes the response for gRPC (the body
+// base64-encoded in JSON, then protobuf) and sends it to Vault, and the
+// copies live until that is done. A local gRPC hop carries even a 10 MB body
+// in well under this. Releasing too early is harmless: the GC then works
+// harder on the last copies, it never fails.
+const scrapeHeadroomHold = 5 * time.Second
+
+// scrapeHeadroomFactor is the headroom a scrape asks for, in multiples of
+// its body's size: the body, the sdk's JSON of it (base64, in a buffer that
+// grows by doubling), the string it converts that to, and the protobuf
+// message. A scrape of 10 000 roles allocates about 6.5 times its 9 MB body;
+// twice that keeps the GC from running on the limit until they are all
+// garbage (in-process at 10 000 roles under GOMEMLIMIT=32MiB: 1.8 s of CPU
+// per scrape without headroom, 210 ms with 6×, 165 ms with 8×, 130 ms with
+// 12×, as without any limit).
+const scrapeHeadroomFactor = 12
+
+// memHeadroom lends transient headroom above the process's soft memory
+// limit. The plugin binary sets a 32 MiB limit by default (cmd/.../main.go)
+// to return idle memory; a scrape of 10 000 roles makes a 9 MB body and
+// about six times that in copies, and with the cached roles' live heap
+// already near the limit the GC would run without pause for the whole
+// scrape: ten times the CPU (BENCHMARKS.md, section e). While any scrape
+// holds headroom the limit is the base limit plus the largest headroom
+// held; without a limit (GOMEMLIMIT=off) nothing changes.
+var memHeadroom struct {
+	mu    sync.Mutex
+	base  int64           // the limit before the first hold, while any is held
+	holds map[*int64]bool // active holds, by identity
+}
+
+// holdMemoryHeadroom raises the soft memory limit by n bytes until release
+// is called (once; later calls do nothing).
+func holdMemoryHeadroom(n int64) (release func()) {
+	memHeadroom.mu.Lock()
+	defer memHeadroom.mu.Unlock()
+	if len(memHeadroom.holds) == 0 {
+		memHeadroom.base = debug.SetMemoryLimit(-1)
+	}
+	if memHeadroom.base == math.MaxInt64 {
+		return func() {}
+	}
+	if memHeadroom.holds == nil {
+		memHeadroom.holds = make(map[*int64]bool)
+	}
+	h := &n
+	memHeadroom.holds[h] = true
+	applyHeadroomLocked()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			memHeadroom.mu.Lock()
+			defer memHeadroom.mu.Unlock()
+			delete(memHeadroom.holds, h)
+			applyHeadroomLocked()
+		})
+	}
+}
+
+func applyHeadroomLocked() {
+	var most int64
+	for h := range memHeadroom.holds {
+		most = max(most, *h)
+	}
+	limit := memHeadroom.base
+	if most > math.MaxInt64-limit {
+		limit = math.MaxInt64
+	} else {
+		limit += most
+	}
+	debug.SetMemoryLimit(limit)
+}
