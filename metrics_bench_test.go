@@ -62,7 +62,7 @@ func BenchmarkMetricsScrape(b *testing.B) {
 // straight to storage and loaded by Initialize as after a restart. The
 // clock is fake and stands still, so no refresh falls due while the
 // benchmark runs and nothing reaches STS.
-func scrapeBackend(b *testing.B, n int) (*backend, logical.Storage) {
+func scrapeBackend(b testing.TB, n int) (*backend, logical.Storage) {
 	b.Helper()
 	ctx := context.Background()
 	storage := new(logical.InmemStorage)
