@@ -1,7 +1,7 @@
 # Targets wrap the scripts under scripts/, which hold the real logic.
 VERSION ?= v0.1.0-dev
 
-.PHONY: dev build test testacc fmt fmtcheck vault
+.PHONY: dev build test testacc fmt fmtcheck vault release
 
 # The main job: plugin + STS emulator + Vault dev server, until Ctrl-C.
 dev:
@@ -15,6 +15,11 @@ build:
 # Everything CI runs: set-up, gofmt, vet, unit, fuzz, Vault build, acceptance.
 test:
 	./scripts/test.sh
+
+# Release binaries (linux/amd64, linux/arm64, darwin/arm64) with the version
+# compiled in, and SHA256SUMS for vault plugin register -sha256, in dist/.
+release:
+	VERSION=$(VERSION) ./scripts/release.sh
 
 # Acceptance tests only (real Vault, CLI, Vault Agent).
 testacc:
