@@ -432,3 +432,20 @@ func TestMetrics_MemoryHeadroom(t *testing.T) {
 		t.Fatalf("without a limit a release set one: %d", got)
 	}
 }
+
+// On a performance standby (same storage, not writable) the refresher does
+// not run: the gauge says 0 there and 1 on the active node, and the
+// standby reports the active node's plan as next_refresh, as its status
+// does.
+func TestMetrics_StandbyRefresherGauge(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	sb, _ := newTestBackend(t, testOpts{storage: f.s, clock: f.clock, standby: true})
+
+	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_refresher_running", nil, 1)
+	sc := scrapeMetrics(t, sb, f.s, "")
+	sc.want("aws_resilient_refresher_running", nil, 0)
+	st := mustDo(t, sb, f.s, logical.ReadOperation, "status/"+testRole, nil).Data
+	sc.want("aws_resilient_role_next_refresh_timestamp_seconds", role(testRole), unixSeconds(statusTime(t, st, "next_refresh")))
+	sc.want("aws_resilient_role_state", map[string]string{"role": testRole, "state": stateFresh}, 1)
+}

@@ -10,6 +10,7 @@ package awsresilient
 // and one seed with -sim.seed=N (-sim.steps sets the length of each run).
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/helper/consts"
 	"github.com/hashicorp/vault/sdk/logical"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
@@ -664,6 +666,15 @@ func (s *sim) check() {
 		}
 	}
 
+	// The refresher may be down on the active node while its start is
+	// retried after a storage error; after a healthy periodic pass it runs.
+	running := -1.0
+	if s.healedPass && s.fs.healthy() {
+		running = 1
+	}
+	s.checkMetrics(s.b, roles, running)
+	s.checkMetrics(s.standby, roles, 0)
+
 	if !s.healedPass || !s.fs.healthy() {
 		return
 	}
@@ -695,6 +706,70 @@ func (s *sim) check() {
 			s.failf("role %s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", name)
 		}
 		_ = now
+	}
+}
+
+// checkMetrics scrapes node's metrics path on the faulty storage. A scrape
+// either fails for a storage error or counts every role in storage, and
+// says of each role what its status/ says on the same node at the same
+// moment: the same state, failed cycles and next refresh. running is what
+// aws_resilient_refresher_running must be there (-1: either).
+func (s *sim) checkMetrics(node *backend, roles map[string]*roleEntry, running float64) {
+	req := func(path string) (*logical.Response, error) {
+		return node.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: path, Storage: s.fs})
+	}
+	resp, err := req("metrics")
+	if err != nil {
+		if !strings.Contains(err.Error(), "injected storage failure") {
+			s.failf("metrics: %v", err)
+		}
+		return
+	}
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(resp.Data[logical.HTTPRawBody].([]byte)))
+	if err != nil {
+		s.failf("metrics do not parse: %v", err)
+		return
+	}
+	gauge := func(name string, labels ...string) (float64, bool) {
+	next:
+		for _, m := range fams[name].GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				if v, _ := labelValue(m, labels[i]); v != labels[i+1] {
+					continue next
+				}
+			}
+			return m.GetGauge().GetValue(), true
+		}
+		return 0, false
+	}
+	s.fig.checks += 2
+	if got, _ := gauge("aws_resilient_roles_defined"); got != float64(len(roles)) {
+		s.failf("metrics count %v roles, storage holds %d", got, len(roles))
+	}
+	if got, _ := gauge("aws_resilient_refresher_running"); running >= 0 && got != running {
+		s.failf("metrics say refresher_running %v, want %v", got, running)
+	}
+	for name := range roles {
+		if s.b.inFlight(name) {
+			continue
+		}
+		st, err := req("status/" + name)
+		if err != nil || st.IsError() {
+			continue
+		}
+		s.fig.checks++
+		if v, ok := gauge("aws_resilient_role_state", "role", name, "state", st.Data["state"].(string)); !ok || v != 1 {
+			s.failf("status/%s is %s, metrics say %v (present %v)", name, st.Data["state"], v, ok)
+		}
+		if v, _ := gauge("aws_resilient_role_failed_cycles", "role", name); v != float64(st.Data["failed_cycles"].(int)) {
+			s.failf("status/%s has %v failed cycles, metrics %v", name, st.Data["failed_cycles"], v)
+		}
+		next, ok := gauge("aws_resilient_role_next_refresh_timestamp_seconds", "role", name)
+		want := st.Data["next_refresh"].(string)
+		if ok != (want != "") || ok && next != unixSeconds(statusTime(s.t, st.Data, "next_refresh")) {
+			s.failf("status/%s next_refresh %q, metrics %v (present %v)", name, want, next, ok)
+		}
 	}
 }
 
