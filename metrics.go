@@ -97,7 +97,25 @@ func newMetrics(version string) *metrics {
 	})
 	build.Set(1)
 	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.rejected, reads, m.coldWait, build)
+	// Every label value known in advance is exported from the start, at 0,
+	// so that rate() and increase() see the first event instead of a series
+	// that appears with it.
+	for _, r := range []string{cycleSuccess, cycleFailure, cycleRateLimited, cycleAborted} {
+		m.cycles.WithLabelValues(r)
+		m.cycleTime.WithLabelValues(r)
+	}
+	for _, r := range rejectionReasons {
+		m.rejected.WithLabelValues(r)
+	}
 	return m
+}
+
+// rejectionReasons are the reasons aws_resilient_credentials_rejected_total
+// counts: validateCredential's, a response without credentials, and a
+// credential expiring before the cached one (commitSuccess).
+var rejectionReasons = []string{
+	"missing", "empty_access_key", "empty_secret_key", "empty_session_token",
+	"expired", "expiration_too_late", "older_than_cached",
 }
 
 // observeSTSCall counts one STS call. endpoint is the endpoint's index: 0 is

@@ -180,6 +180,11 @@ func TestMetrics_AgreeWithStatusAndEmulator(t *testing.T) {
 	sc.want("aws_resilient_retry_window_seconds", nil, 30)
 	sc.want("aws_resilient_role_series_exported", nil, 1)
 	sc.want("aws_resilient_build_info", map[string]string{"version": DevVersion}, 1)
+	for _, r := range rejectionReasons {
+		sc.want("aws_resilient_credentials_rejected_total", map[string]string{"reason": r}, 0)
+	}
+	sc.want("aws_resilient_refresh_cycles_total", map[string]string{"result": "aborted"}, 0)
+	sc.want("aws_resilient_rate_limited_attempts_total", nil, 0)
 
 	// Every series carries the mount, and nothing secret appears anywhere.
 	for name, fam := range sc.families {
@@ -282,9 +287,7 @@ func TestMetrics_RateLimited(t *testing.T) {
 	sc := scrapeMetrics(t, f.b, f.s, "")
 	sc.want("aws_resilient_rate_limited_attempts_total", nil, 2)
 	sc.want("aws_resilient_refresh_cycles_total", map[string]string{"result": "rate_limited"}, 1)
-	if v, ok := sc.value("aws_resilient_refresh_cycles_total", map[string]string{"result": "failure"}); ok {
-		t.Fatalf("%v failed cycles counted, want none", v)
-	}
+	sc.want("aws_resilient_refresh_cycles_total", map[string]string{"result": "failure"}, 0)
 	if got := sc.sum("aws_resilient_sts_calls_total", nil); got != 1 {
 		t.Fatalf("STS calls counted = %v, want 1", got)
 	}
