@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -183,6 +184,7 @@ func (r *run) sectionE() {
 	// Scrapes last: each allocates several times the live heap, which
 	// would count in the RSS figures above.
 	sc := r.measureScrapes(s, a, mount, pid)
+	floor := r.measureRawFloor(s, a, sc.body, sc.n)
 	mib := func(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 	r.logf("e: RSS empty %s (anon %s, file %s), %d roles %s, %d cached %s, after idle %s, after a read pass %s (anon %s, file %s; peak %s); idle CPU %.2f%%; STS calls %d",
 		mib(m0.RSS), mib(m0.Anon), mib(m0.File), len(names), mib(m1.RSS), len(names), mib(m2.RSS), mib(m3.RSS), mib(m4.RSS), mib(m4.Anon), mib(m4.File), mib(m4.HWM),
@@ -207,12 +209,60 @@ func (r *run) sectionE() {
 		Metric: fmt.Sprintf("metrics scrape, %d roles cached (%s): plugin CPU per scrape, mean of %d (wall %s, Vault CPU %s, body %s)",
 			len(names), series, sc.n, ms(sc.wall), ms(sc.vaultCPU), mib(int64(sc.body))),
 		Value: ms(sc.pluginCPU), Target: "< 100ms", Result: bench.Verdict(sc.pluginCPU < 100*time.Millisecond)})
+	r.table.Add(bench.Row{Section: "e",
+		Metric: fmt.Sprintf("  the floor: the null plugin answering a raw body of the same size through the same gRPC hop, plugin CPU per read (Vault CPU %s)",
+			ms(floor.vaultCPU)),
+		Value: ms(floor.pluginCPU), Ratio: fmt.Sprintf("%.2fx", sc.pluginCPU.Seconds()/floor.pluginCPU.Seconds())})
+	r.results["e_scrape_floor"] = map[string]any{
+		"body_bytes": sc.body, "reads": floor.n, "null_plugin_cpu_ms_per_read": floor.pluginCPU.Seconds() * 1000,
+		"vault_cpu_ms_per_read": floor.vaultCPU.Seconds() * 1000, "wall_ms_per_read": floor.wall.Seconds() * 1000,
+	}
 	r.results["e_scrape"] = map[string]any{
 		"roles": len(names), "scrapes": sc.n, "aggregates_only": sc.aggregatesOnly, "body_bytes": sc.body,
 		"plugin_cpu_ms_per_scrape": sc.pluginCPU.Seconds() * 1000, "vault_cpu_ms_per_scrape": sc.vaultCPU.Seconds() * 1000,
 		"wall_ms_per_scrape": sc.wall.Seconds() * 1000, "rss_after_scrapes": sc.rss.RSS, "rss_peak_after_scrapes": sc.rss.HWM,
 	}
 	s.Stop(tb)
+}
+
+// measureRawFloor mounts the null plugin on s, has it hold a raw body of
+// size bytes, and reads it n times as measureScrapes reads the metrics: what
+// carrying a page that big through Vault's plugin gRPC hop costs a plugin
+// that computes nothing.
+func (r *run) measureRawFloor(s *vaulttest.Server, a *api, size, n int) scrapeResult {
+	tb := r.tb
+	exe, err := os.Executable()
+	must(tb, err)
+	sha := s.InstallPlugin(tb, exe, "bench-null")
+	s.CLI(tb, "plugin", "register", "-sha256="+sha, "-command=bench-null", "-args="+bench.NullPluginArg, "secret", "bench-null")
+	s.CLI(tb, "secrets", "enable", "-path=null", "bench-null")
+	must(tb, a.write("null/raw", map[string]any{"size": size}))
+	body, err := a.getRaw("null/raw")
+	must(tb, err)
+	if len(body) != size {
+		tb.Fatalf("e: null/raw returned %d bytes, want %d", len(body), size)
+	}
+	pid := pidsNamed(tb, s, "bench-null")[0]
+	res := scrapeResult{n: max(1, n), body: size}
+	cpu := func() (plugin, vault time.Duration) {
+		p, err := bench.ReadCPU(pid)
+		must(tb, err)
+		v, err := bench.ReadCPU(s.Process.PID())
+		must(tb, err)
+		return p, v
+	}
+	p0, v0 := cpu()
+	t0 := time.Now()
+	for i := 0; i < res.n; i++ {
+		_, err := a.getRaw("null/raw")
+		must(tb, err)
+	}
+	wall := time.Since(t0)
+	p1, v1 := cpu()
+	res.pluginCPU, res.vaultCPU, res.wall = (p1-p0)/time.Duration(res.n), (v1-v0)/time.Duration(res.n), wall/time.Duration(res.n)
+	r.logf("e: %d reads of null/raw (%d bytes each): null plugin CPU %s, Vault CPU %s, wall %s per read",
+		res.n, size, ms(res.pluginCPU), ms(res.vaultCPU), ms(res.wall))
+	return res
 }
 
 // scrapeResult is what measureScrapes found, per scrape.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"sync"
@@ -34,8 +35,32 @@ func ServeNullPlugin() {
 
 type nullBackend struct {
 	*framework.Backend
-	mu   sync.RWMutex // guards data
+	mu   sync.RWMutex // guards data and raw
 	data map[string]interface{}
+	raw  []byte
+}
+
+// rawLine is one line of the raw body, shaped like a per-role series.
+const rawLine = `aws_resilient_null{mount="null",role="role-00000"} 1` + "\n"
+
+func (b *nullBackend) writeRaw(_ context.Context, _ *logical.Request, d *framework.FieldData) (*logical.Response, error) {
+	n := d.Get("size").(int)
+	raw := bytes.Repeat([]byte(rawLine), n/len(rawLine)+1)[:n]
+	b.mu.Lock()
+	b.raw = raw
+	b.mu.Unlock()
+	return nil, nil
+}
+
+func (b *nullBackend) readRaw(context.Context, *logical.Request, *framework.FieldData) (*logical.Response, error) {
+	b.mu.RLock()
+	raw := b.raw
+	b.mu.RUnlock()
+	return &logical.Response{Data: map[string]interface{}{
+		logical.HTTPContentType: "text/plain; version=0.0.4; charset=utf-8",
+		logical.HTTPRawBody:     raw,
+		logical.HTTPStatusCode:  200,
+	}}, nil
 }
 
 func nullFactory(ctx context.Context, conf *logical.BackendConfig) (logical.Backend, error) {
@@ -62,6 +87,19 @@ func nullFactory(ctx context.Context, conf *logical.BackendConfig) (logical.Back
 				Operations: map[logical.Operation]framework.OperationHandler{
 					logical.ReadOperation:   &framework.PathOperation{Callback: b.read(false)},
 					logical.UpdateOperation: &framework.PathOperation{Callback: b.write},
+				},
+			},
+			{
+				// raw answers reads with a raw text/plain body of the size
+				// last written, built once: the floor of a metrics scrape
+				// of that size, which crosses the same gRPC hop.
+				Pattern: "raw",
+				Fields: map[string]*framework.FieldSchema{
+					"size": {Type: framework.TypeInt},
+				},
+				Operations: map[logical.Operation]framework.OperationHandler{
+					logical.ReadOperation:   &framework.PathOperation{Callback: b.readRaw},
+					logical.UpdateOperation: &framework.PathOperation{Callback: b.writeRaw},
 				},
 			},
 			{
