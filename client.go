@@ -76,35 +76,9 @@ func (b *backend) stsEndpoints(ctx context.Context) ([]*stsEndpoint, error) {
 	built := make([]*stsEndpoint, 0, len(urls))
 	var closers []idleCloser
 	for i, u := range urls {
-		opts := []func(*awsconfig.LoadOptions) error{
-			awsconfig.WithRegion(regions[i]),
-			// Our retry blocks are the only retry layer: the SDK's standard
-			// retryer would multiply every attempt by three and hide throttling.
-			awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }),
-		}
-		if cfg.AccessKey != "" {
-			opts = append(opts, awsconfig.WithCredentialsProvider(
-				credentials.NewStaticCredentialsProvider(cfg.AccessKey, cfg.SecretKey, "")))
-		}
-		// Without keys, LoadDefaultConfig resolves the default chain
-		// (environment, shared files, web identity, ECS/EC2 metadata) behind
-		// the SDK's own aws.CredentialsCache.
-		awsCfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+		awsCfg, tr, err := newAWSConfig(ctx, regions[i], cfg.AccessKey, cfg.SecretKey)
 		if err != nil {
-			return nil, &refreshError{Code: "ClientConfigError", Message: sanitizeMessage(err.Error(), cfg.SecretKey), cause: err}
-		}
-		// Start from the SDK's own transport, which honours AWS_CA_BUNDLE and
-		// the proxy settings, but own the *http.Transport so that
-		// resetClients can close its idle connections (the SDK's client
-		// wraps its transport in a type that cannot).
-		tr := awshttp.NewBuildableClient().GetTransport()
-		if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
-			tr = bc.GetTransport()
-		}
-		awsCfg.HTTPClient = &http.Client{
-			Transport: tr,
-			// STS never redirects; following one could leak a signed request.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			return nil, err
 		}
 		closers = append(closers, tr)
 		endpoint := u
@@ -121,6 +95,45 @@ func (b *backend) stsEndpoints(ctx context.Context) ([]*stsEndpoint, error) {
 	b.clients = built
 	b.idle = closers
 	return built, nil
+}
+
+// newAWSConfig is the SDK configuration every client of the plugin uses:
+// region, the static keys (or, without them, the default credential chain),
+// no SDK retries, and an HTTP client of its own whose idle connections the
+// returned closer closes.
+func newAWSConfig(ctx context.Context, region, accessKey, secretKey string) (aws.Config, idleCloser, error) {
+	opts := []func(*awsconfig.LoadOptions) error{
+		awsconfig.WithRegion(region),
+		// Our retry blocks are the only retry layer: the SDK's standard
+		// retryer would multiply every attempt by three and hide throttling.
+		awsconfig.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }),
+	}
+	if accessKey != "" {
+		opts = append(opts, awsconfig.WithCredentialsProvider(
+			credentials.NewStaticCredentialsProvider(accessKey, secretKey, "")))
+	}
+	// Without keys, LoadDefaultConfig resolves the default chain
+	// (environment, shared files, web identity, ECS/EC2 metadata) behind
+	// the SDK's own aws.CredentialsCache.
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return aws.Config{}, nil, &refreshError{Code: "ClientConfigError", Message: sanitizeMessage(err.Error(), secretKey), cause: err}
+	}
+	// Start from the SDK's own transport, which honours AWS_CA_BUNDLE and
+	// the proxy settings, but own the *http.Transport so that its idle
+	// connections can be closed (the SDK's client wraps its transport in a
+	// type that cannot).
+	tr := awshttp.NewBuildableClient().GetTransport()
+	if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
+		tr = bc.GetTransport()
+	}
+	awsCfg.HTTPClient = &http.Client{
+		Transport: tr,
+		// AWS never redirects these calls; following one could leak a
+		// signed request.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return awsCfg, tr, nil
 }
 
 // idleCloser is implemented by *http.Client.
