@@ -105,11 +105,10 @@ type backend struct {
 	cfgStale   atomic.Bool
 	cfgWarned  string // the rule a stored config breaks, once logged (cfgLoadMu)
 
-	// clientMu guards clients and idle, built from config/root on first use
-	// and dropped on any change to it.
+	// clientMu guards clients, built from config/root on first use and
+	// dropped on any change to it.
 	clientMu sync.RWMutex
-	clients  []*stsEndpoint
-	idle     []idleCloser // the clients' HTTP clients, to close their connections
+	clients  *clientSet
 
 	// limiter caps STS calls across all roles; it has its own lock.
 	limiter *rateLimiter

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -35,22 +36,49 @@ type stsEndpoint struct {
 	secretKey string
 }
 
-// stsEndpoints returns the STS clients for the current config/root, building
-// them on first use. The read lock is the fast path; the write lock re-checks
-// because another goroutine may have built them while this one waited.
-func (b *backend) stsEndpoints(ctx context.Context) ([]*stsEndpoint, error) {
+// clientSet is the STS clients built from one config/root, and a count of
+// the attempts using them: a root key rotation deletes the old key only
+// once every attempt that started with it has ended.
+type clientSet struct {
+	eps   []*stsEndpoint
+	idle  []idleCloser // the clients' HTTP transports, to close their connections
+	users sync.WaitGroup
+}
+
+// acquireEndpoints returns the STS clients for the current config/root,
+// building them on first use, and counts the caller among their users until
+// it calls release. The read lock is the fast path; the write lock re-checks
+// because another goroutine may have built them while this one waited. A
+// user is added only while its set is current (under clientMu), so once
+// resetClients has replaced a set, its count can only go down.
+func (b *backend) acquireEndpoints(ctx context.Context) (eps []*stsEndpoint, release func(), err error) {
 	b.clientMu.RLock()
-	eps := b.clients
+	set := b.clients
+	if set != nil {
+		set.users.Add(1)
+	}
 	b.clientMu.RUnlock()
-	if eps != nil {
-		return eps, nil
+	if set != nil {
+		return set.eps, set.users.Done, nil
 	}
 
 	b.clientMu.Lock()
 	defer b.clientMu.Unlock()
-	if b.clients != nil {
-		return b.clients, nil
+	if set := b.clients; set != nil {
+		set.users.Add(1)
+		return set.eps, set.users.Done, nil
 	}
+	set, err = b.buildClients(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.clients = set
+	set.users.Add(1)
+	return set.eps, set.users.Done, nil
+}
+
+// buildClients builds the STS clients from the stored config/root.
+func (b *backend) buildClients(ctx context.Context) (*clientSet, error) {
 	cfg, err := getRootConfig(ctx, b.storage)
 	if err != nil {
 		return nil, &refreshError{Code: "StorageError", Message: "reading config/root failed", Retryable: true, cause: err}
@@ -92,9 +120,7 @@ func (b *backend) stsEndpoints(ctx context.Context) ([]*stsEndpoint, error) {
 		}
 		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey})
 	}
-	b.clients = built
-	b.idle = closers
-	return built, nil
+	return &clientSet{eps: built, idle: closers}, nil
 }
 
 // newAWSConfig is the SDK configuration every client of the plugin uses:
@@ -141,15 +167,41 @@ type idleCloser interface{ CloseIdleConnections() }
 
 // resetClients drops the STS clients so that the next call rebuilds them from
 // the current config/root. Called on every config/root write or delete, in
-// Invalidate for config/root, and in Clean.
-func (b *backend) resetClients() {
+// Invalidate for config/root, and in Clean. It returns the set it dropped
+// (nil if none), whose users a rotation waits for.
+func (b *backend) resetClients() *clientSet {
 	b.clientMu.Lock()
 	defer b.clientMu.Unlock()
-	for _, c := range b.idle {
-		c.CloseIdleConnections()
+	old := b.clients
+	if old != nil {
+		for _, c := range old.idle {
+			c.CloseIdleConnections()
+		}
 	}
 	b.clients = nil
-	b.idle = nil
+	return old
+}
+
+// drained waits until every attempt using the set has ended, or until
+// timeout or ctx ends first; it reports whether they all ended.
+func (s *clientSet) drained(ctx context.Context, timeout time.Duration) bool {
+	if s == nil {
+		return true
+	}
+	done := make(chan struct{})
+	go func() {
+		s.users.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // callTimeout bounds one STS call: shorter than a block, so that a hung call

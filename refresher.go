@@ -403,10 +403,11 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 // before blockEnd means no call. Errors are classified here, once, with the
 // endpoint's own secret key for redaction.
 func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blockEnd time.Time, timeout time.Duration) (*cacheEntry, *refreshError) {
-	eps, err := b.stsEndpoints(ctx)
+	eps, release, err := b.acquireEndpoints(ctx)
 	if err != nil {
 		return nil, classify(err, "")
 	}
+	defer release()
 	var lastErr *refreshError
 	if b.clock.Now().After(blockEnd) {
 		// The attempt waited (for a lock, for storage) past its block: not
