@@ -547,8 +547,8 @@ func checkServed(t *testing.T, w *watcher, want servedExpect) {
 		switch r.AccessKey {
 		case want.c0.AccessKey:
 		case want.c1.AccessKey:
-			if r.At.Before(want.switchAt) {
-				t.Errorf("storage read sent %s holds the new credential, issued only at %s", fmtT(r.At), fmtT(want.switchAt))
+			if r.Recv.Before(want.switchAt) {
+				t.Errorf("storage read answered %s holds the new credential, issued only at %s", fmtT(r.Recv), fmtT(want.switchAt))
 			}
 		default:
 			t.Errorf("storage at %s holds credential %s, neither the first nor the recovered one", fmtT(r.At), r.AccessKey)

@@ -73,7 +73,9 @@ type credRead struct {
 // storeRead is one read of the role's cache entry through sys/raw: what the
 // plugin really stored, not only what it serves.
 type storeRead struct {
-	At         time.Time
+	// At is when the read was sent, Recv when its answer came: a read sent
+	// before a write may still return it.
+	At, Recv   time.Time
 	Present    bool
 	Err        string
 	AccessKey  string
@@ -193,6 +195,7 @@ func (w *watcher) readStore(ctx context.Context) {
 	}
 	r := storeRead{At: time.Now()}
 	code, msg, err := fmGet(ctx, w.v, w.rawPath, &d)
+	r.Recv = time.Now()
 	if ctx.Err() != nil {
 		return
 	}
