@@ -26,24 +26,46 @@ const scrapeHeadroomHold = 5 * time.Second
 const scrapeHeadroomFactor = 12
 
 // memHeadroom lends transient headroom above the process's soft memory
-// limit. The plugin binary sets a 32 MiB limit by default (cmd/.../main.go)
-// to return idle memory; a scrape of 10 000 roles makes a 9 MB body and
-// about six times that in copies, and with the cached roles' live heap
-// already near the limit the GC would run without pause for the whole
-// scrape: ten times the CPU (BENCHMARKS.md, section e). While any scrape
-// holds headroom the limit is the base limit plus the largest headroom
-// held; without a limit (GOMEMLIMIT=off) nothing changes.
+// limit, when that limit is the plugin's own default (see OwnMemoryLimit):
+// the plugin binary sets 32 MiB to return idle memory; a scrape of 10 000
+// roles makes a 9 MB body and about six times that in copies, and with the
+// cached roles' live heap already near the limit the GC would run without
+// pause for the whole scrape: ten times the CPU (BENCHMARKS.md, section e).
+// While scrapes hold headroom the limit is the base limit plus the sum of
+// their holds, at most maxHeadroom. A limit the operator set (GOMEMLIMIT)
+// is never changed: it may be a container's budget.
 var memHeadroom struct {
 	mu    sync.Mutex
+	owned bool            // the limit is the plugin's default, set by main
 	base  int64           // the limit before the first hold, while any is held
 	holds map[*int64]bool // active holds, by identity
 }
 
-// holdMemoryHeadroom raises the soft memory limit by n bytes until release
-// is called (once; later calls do nothing).
+// Per hold and in all, the most headroom lent: a page of 100 000 roles
+// (metrics_max_roles' maximum) would ask for about 1 GB.
+const (
+	maxHoldHeadroom = 256 << 20
+	maxHeadroom     = 512 << 20
+)
+
+// OwnMemoryLimit tells the plugin that the process's soft memory limit is
+// its own default, not the operator's, so that a scrape may lend itself
+// headroom above it. The plugin binary calls it when it sets the default.
+func OwnMemoryLimit() {
+	memHeadroom.mu.Lock()
+	defer memHeadroom.mu.Unlock()
+	memHeadroom.owned = true
+}
+
+// holdMemoryHeadroom raises the soft memory limit by n bytes (at most
+// maxHoldHeadroom) until release is called (once; later calls do nothing).
+// It does nothing when the limit is not the plugin's own or there is none.
 func holdMemoryHeadroom(n int64) (release func()) {
 	memHeadroom.mu.Lock()
 	defer memHeadroom.mu.Unlock()
+	if !memHeadroom.owned {
+		return func() {}
+	}
 	if len(memHeadroom.holds) == 0 {
 		memHeadroom.base = debug.SetMemoryLimit(-1)
 	}
@@ -53,7 +75,8 @@ func holdMemoryHeadroom(n int64) (release func()) {
 	if memHeadroom.holds == nil {
 		memHeadroom.holds = make(map[*int64]bool)
 	}
-	h := &n
+	h := new(int64)
+	*h = min(n, maxHoldHeadroom)
 	memHeadroom.holds[h] = true
 	applyHeadroomLocked()
 	var once sync.Once
@@ -68,15 +91,9 @@ func holdMemoryHeadroom(n int64) (release func()) {
 }
 
 func applyHeadroomLocked() {
-	var most int64
+	var sum int64
 	for h := range memHeadroom.holds {
-		most = max(most, *h)
+		sum += *h
 	}
-	limit := memHeadroom.base
-	if most > math.MaxInt64-limit {
-		limit = math.MaxInt64
-	} else {
-		limit += most
-	}
-	debug.SetMemoryLimit(limit)
+	debug.SetMemoryLimit(memHeadroom.base + min(sum, maxHeadroom))
 }

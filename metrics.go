@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,7 @@ const (
 
 // metrics are the plugin's counters and histograms, kept in a registry of
 // its own (never Prometheus's global one) and served by the metrics path.
-// They live as long as the plugin process, as Prometheus expects of
+// They live as long as the mount's backend, as Prometheus expects of
 // counters. Gauges are not kept here: they are computed from the role state
 // at scrape time (path_metrics.go).
 //
@@ -40,6 +41,11 @@ type metrics struct {
 	rateLimited prometheus.Counter
 	rejected    *prometheus.CounterVec // reason
 
+	// outcomes are the STS outcome label values seen so far (outcomeMu):
+	// at most maxOutcomes, then "other".
+	outcomeMu sync.Mutex
+	outcomes  map[string]bool
+
 	readsOK, readsCold, readsUnavailable prometheus.Counter
 	coldWait                             prometheus.Histogram
 }
@@ -50,7 +56,8 @@ var cycleBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60
 
 func newMetrics(version string) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		reg:      prometheus.NewRegistry(),
+		outcomes: map[string]bool{"ok": true, "other": true},
 		stsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_sts_calls_total",
 			Help: "STS calls made, by action, endpoint (primary or fallback_N) and outcome (ok or the AWS error code).",
@@ -118,9 +125,24 @@ var rejectionReasons = []string{
 	"expired", "expiration_too_late", "older_than_cached",
 }
 
+// maxOutcomes bounds the distinct outcome label values of STS calls: AWS
+// has a few dozen error codes, but whatever answers at an endpoint's address
+// can invent new ones.
+const maxOutcomes = 32
+
 // observeSTSCall counts one STS call. endpoint is the endpoint's index: 0 is
 // the primary, i the i-th fallback; a URL never becomes a label.
 func (m *metrics) observeSTSCall(action string, endpoint int, outcome string, d time.Duration) {
+	outcome = outcomeLabel(outcome)
+	m.outcomeMu.Lock()
+	if !m.outcomes[outcome] {
+		if len(m.outcomes) < maxOutcomes {
+			m.outcomes[outcome] = true
+		} else {
+			outcome = "other"
+		}
+	}
+	m.outcomeMu.Unlock()
 	m.stsCalls.WithLabelValues(action, endpointLabel(endpoint), outcome).Inc()
 	m.stsDuration.WithLabelValues(action).Observe(d.Seconds())
 }
@@ -132,16 +154,23 @@ func endpointLabel(i int) string {
 	return "fallback_" + strconv.Itoa(i)
 }
 
+// countRejection counts a credential that err says was rejected; other
+// errors (and nil) count nothing.
+func (m *metrics) countRejection(err *refreshError) {
+	if err != nil && err.rejected != "" {
+		m.rejected.WithLabelValues(err.rejected).Inc()
+	}
+}
+
 // observeCycle counts a refresh cycle that ran for d.
 func (m *metrics) observeCycle(result string, d time.Duration) {
 	m.cycles.WithLabelValues(result).Inc()
 	m.cycleTime.WithLabelValues(result).Observe(d.Seconds())
 }
 
-// outcomeLabel is an error code as a label value. Codes come from STS (or
-// whatever answers at its address), so one that is not a plain word, or is
-// implausibly long, becomes "other": a misbehaving endpoint cannot grow the
-// series without bound.
+// outcomeLabel is an error code as a label value: one that is not a plain
+// word, or is implausibly long, becomes "other" (and observeSTSCall caps how
+// many distinct ones there are).
 func outcomeLabel(code string) string {
 	if code == "" || len(code) > 64 {
 		return "other"

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"runtime/debug"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +28,18 @@ import (
 //
 //	go test -run XXX -bench BenchmarkMetricsScrape -benchtime 20x .
 func BenchmarkMetricsScrape(b *testing.B) {
+	// As the plugin binary runs (cmd/vault-plugin-secrets-aws-resilient):
+	// its own 32 MiB soft limit unless GOMEMLIMIT says otherwise.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		prev := debug.SetMemoryLimit(32 << 20)
+		OwnMemoryLimit()
+		b.Cleanup(func() {
+			debug.SetMemoryLimit(prev)
+			memHeadroom.mu.Lock()
+			memHeadroom.owned = false
+			memHeadroom.mu.Unlock()
+		})
+	}
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run(fmt.Sprintf("roles=%d", n), func(b *testing.B) {
 			bk, s := scrapeBackend(b, n)

@@ -243,6 +243,12 @@ func TestMetrics_FailingRole(t *testing.T) {
 	sc.want("aws_resilient_roles_defined", nil, 2)
 	sc.want("aws_resilient_roles_cached", nil, 1)
 	sc.want("aws_resilient_refresh_cycles_total", map[string]string{"result": "failure"}, 3)
+	sc.want("aws_resilient_roles_refresh_failing", nil, 1)
+	expiring := 0.0
+	if statusTime(t, st, "expiration").Sub(f.clock.Now()) < 2*30*time.Second {
+		expiring = 1
+	}
+	sc.want("aws_resilient_roles_expiring_while_failing", nil, expiring)
 	sc.want("aws_resilient_creds_reads_total", map[string]string{"result": "503"}, 1)
 
 	emu := f.emu.Stats()
@@ -400,38 +406,65 @@ func TestMetrics_Escaping(t *testing.T) {
 	}
 }
 
-// A scrape lends itself memory headroom above a soft limit and gives it
-// back; with no limit it changes nothing.
+// A scrape lends itself memory headroom above the plugin's own soft limit
+// and gives it back; an operator's limit, or none, it leaves alone.
 func TestMetrics_MemoryHeadroom(t *testing.T) {
 	prev := debug.SetMemoryLimit(-1)
-	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	t.Cleanup(func() {
+		debug.SetMemoryLimit(prev)
+		memHeadroom.mu.Lock()
+		memHeadroom.owned = false
+		memHeadroom.mu.Unlock()
+	})
+	limit := func() int64 { return debug.SetMemoryLimit(-1) }
 
 	debug.SetMemoryLimit(32 << 20)
+	release := holdMemoryHeadroom(10 << 20)
+	if got := limit(); got != 32<<20 {
+		t.Fatalf("an operator's limit was raised to %d", got)
+	}
+	release()
+
+	OwnMemoryLimit()
 	r1 := holdMemoryHeadroom(10 << 20)
-	if got := debug.SetMemoryLimit(-1); got != 42<<20 {
+	if got := limit(); got != 42<<20 {
 		t.Fatalf("limit with one hold = %d, want 42 MiB", got)
 	}
 	r2 := holdMemoryHeadroom(100 << 20)
-	if got := debug.SetMemoryLimit(-1); got != 132<<20 {
-		t.Fatalf("limit with two holds = %d, want base + the larger one", got)
+	if got := limit(); got != 142<<20 {
+		t.Fatalf("limit with two holds = %d, want base + both", got)
 	}
 	r2()
 	r2() // a second release does nothing
-	if got := debug.SetMemoryLimit(-1); got != 42<<20 {
+	if got := limit(); got != 42<<20 {
 		t.Fatalf("limit after the larger hold ended = %d, want 42 MiB", got)
 	}
 	r1()
-	if got := debug.SetMemoryLimit(-1); got != 32<<20 {
+	if got := limit(); got != 32<<20 {
 		t.Fatalf("limit after every hold ended = %d, want 32 MiB", got)
+	}
+	big := []func(){holdMemoryHeadroom(1 << 30)}
+	if got := limit(); got != 32<<20+maxHoldHeadroom {
+		t.Fatalf("a 1 GiB hold raised the limit to %d, want base + %d", got, maxHoldHeadroom)
+	}
+	big = append(big, holdMemoryHeadroom(1<<30), holdMemoryHeadroom(1<<30))
+	if got := limit(); got != 32<<20+maxHeadroom {
+		t.Fatalf("three big holds raised the limit to %d, want base + %d", got, maxHeadroom)
+	}
+	for _, r := range big {
+		r()
+	}
+	if got := limit(); got != 32<<20 {
+		t.Fatalf("limit after the big holds = %d", got)
 	}
 
 	debug.SetMemoryLimit(math.MaxInt64)
 	r := holdMemoryHeadroom(10 << 20)
-	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+	if got := limit(); got != math.MaxInt64 {
 		t.Fatalf("without a limit a hold set one: %d", got)
 	}
 	r()
-	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+	if got := limit(); got != math.MaxInt64 {
 		t.Fatalf("without a limit a release set one: %d", got)
 	}
 }
@@ -451,4 +484,79 @@ func TestMetrics_StandbyRefresherGauge(t *testing.T) {
 	st := mustDo(t, sb, f.s, logical.ReadOperation, "status/"+testRole, nil).Data
 	sc.want("aws_resilient_role_next_refresh_timestamp_seconds", role(testRole), unixSeconds(statusTime(t, st, "next_refresh")))
 	sc.want("aws_resilient_role_state", map[string]string{"role": testRole, "state": stateFresh}, 1)
+}
+
+// A fallback endpoint is labelled by its index, never by its URL, and the
+// calls on each endpoint match what each emulator answered.
+func TestMetrics_FallbackEndpoint(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	fallback := startEmulator(t, stsemu.Config{Now: f.clock.Now, MaxLifetime: 10 * time.Minute})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"sts_fallback_endpoints": fallback.URL()})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+	f.mustReadCreds(testRole)
+
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"endpoint": "primary", "outcome": "ServiceUnavailable"},
+		float64(f.emu.Stats().Count("AssumeRole", "ServiceUnavailable")))
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"endpoint": "fallback_1", "outcome": "ok"},
+		float64(fallback.Stats().Count("AssumeRole", "ok")))
+	if fallback.Stats().Count("AssumeRole", "ok") != 1 {
+		t.Fatalf("the fallback answered %d calls, want 1", fallback.Stats().Count("AssumeRole", "ok"))
+	}
+	for _, u := range []string{f.emu.URL(), fallback.URL(), strings.TrimPrefix(fallback.URL(), "http://")} {
+		if strings.Contains(sc.body, u) {
+			t.Fatalf("the metrics contain the endpoint %s", u)
+		}
+	}
+}
+
+// However many error codes an endpoint invents, the outcome label takes at
+// most maxOutcomes values.
+func TestMetrics_OutcomeCardinality(t *testing.T) {
+	b, s := getTestBackend(t)
+	for i := 0; i < 1000; i++ {
+		b.metrics.observeSTSCall("AssumeRole", 0, fmt.Sprintf("Invented%d", i), time.Millisecond)
+	}
+	b.metrics.observeSTSCall("AssumeRole", 0, "ok", time.Millisecond)
+	sc := scrapeMetrics(t, b, s, "")
+	if n := len(sc.families["aws_resilient_sts_calls_total"].GetMetric()); n > maxOutcomes {
+		t.Fatalf("%d outcome series after 1000 invented codes, want at most %d", n, maxOutcomes)
+	}
+	if got := sc.sum("aws_resilient_sts_calls_total", nil); got != 1001 {
+		t.Fatalf("%v calls counted, want 1001 (none lost to the cap)", got)
+	}
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"outcome": "ok"}, 1)
+}
+
+// Scrapes run while cycles commit, roles change and readers read: under
+// -race (make test) this is the check that a scrape reads only immutable
+// state.
+func TestMetrics_ScrapeDuringCycles(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "metrics", Storage: f.s})
+			if err != nil || resp.IsError() {
+				t.Errorf("scrape: %v %v", err, respErr(resp))
+				return
+			}
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		f.refresh(testRole)
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"ttl": fmt.Sprintf("%ds", 900+i)})
+		f.mustReadCreds(testRole)
+	}
+	close(stop)
+	<-done
+	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_roles_defined", nil, 1)
 }

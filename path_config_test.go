@@ -229,8 +229,8 @@ func TestConfigRefresh_ReadWrite(t *testing.T) {
 		},
 		{
 			name:  "bounds are inclusive",
-			write: map[string]interface{}{"max_retries": 20, "retry_window": "10m", "refresh_fraction": 0.9, "sts_rate_limit": 10000, "sts_burst": 10000, "metrics_max_roles": 1000000},
-			want:  map[string]interface{}{"max_retries": 20, "retry_window": int64(600), "retry_block": 30.0, "refresh_fraction": 0.9, "sts_rate_limit": 10000.0, "sts_burst": 10000, "metrics_max_roles": 1000000},
+			write: map[string]interface{}{"max_retries": 20, "retry_window": "10m", "refresh_fraction": 0.9, "sts_rate_limit": 10000, "sts_burst": 10000, "metrics_max_roles": 100000},
+			want:  map[string]interface{}{"max_retries": 20, "retry_window": int64(600), "retry_block": 30.0, "refresh_fraction": 0.9, "sts_rate_limit": 10000.0, "sts_burst": 10000, "metrics_max_roles": 100000},
 		},
 		{
 			name:  "lower bounds and no rate cap",
@@ -281,9 +281,9 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 		{"sts_burst negative", map[string]interface{}{"sts_burst": -1}, "sts_burst must be between 0 and 10000; got -1"},
 		{"sts_burst too high", map[string]interface{}{"sts_burst": 10001}, "sts_burst must be between 0 and 10000; got 10001"},
 		{"burst 0 with a rate", map[string]interface{}{"sts_burst": 0}, "sts_burst must be between 1 and 10000 when sts_rate_limit is set; got 0"},
-		{"metrics_max_roles negative", map[string]interface{}{"metrics_max_roles": -1}, "metrics_max_roles must be between 0 and 1000000; got -1"},
-		{"metrics_max_roles too high", map[string]interface{}{"metrics_max_roles": 1000001}, "metrics_max_roles must be between 0 and 1000000; got 1000001"},
-		{"metrics_max_roles not a number", map[string]interface{}{"metrics_max_roles": "many"}, "0 to 1000000"},
+		{"metrics_max_roles negative", map[string]interface{}{"metrics_max_roles": -1}, "metrics_max_roles must be between 0 and 100000; got -1"},
+		{"metrics_max_roles too high", map[string]interface{}{"metrics_max_roles": 100001}, "metrics_max_roles must be between 0 and 100000; got 100001"},
+		{"metrics_max_roles not a number", map[string]interface{}{"metrics_max_roles": "many"}, "0 to 100000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -99,11 +99,11 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		samples = make([]roleSample, 0, len(names))
 	}
 	byState := make(map[string]int, len(roleStateNames))
-	var defined, cached, starved int
+	var defined, cached, starved, failing, expiringFailing int
 	for _, name := range names {
 		rs, err := b.state.current(ctx, s, name)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("loading role %q: %w", name, err)
 		}
 		if rs == nil {
 			continue // deleted since the list
@@ -116,6 +116,14 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		}
 		if r.starved {
 			starved++
+		}
+		// The aggregates behind the two per-role alerts, for mounts above
+		// metrics_max_roles (the rules use these thresholds).
+		if rs.status.FailedCycles >= 2 {
+			failing++
+		}
+		if rs.status.FailedCycles >= 1 && rs.cred.validAt(now) && rs.cred.Expiration.Sub(now) < 2*cfg.RetryWindow {
+			expiringFailing++
 		}
 		if !perRole {
 			continue
@@ -175,6 +183,8 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	}
 	gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(defined))
 	gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(cached))
+	gauge("aws_resilient_roles_refresh_failing", "Roles whose last 2 or more refresh cycles failed.", float64(failing))
+	gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed with less than two retry windows of validity left.", float64(expiringFailing))
 	gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(starved))
 	gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.refresherRunning()))
 	gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", cfg.RetryWindow.Seconds())
@@ -305,13 +315,14 @@ func appendEscaped(buf []byte, s string, quote bool) []byte {
 	return buf
 }
 
-// withLabel inserts l into labels, keeping them sorted by name.
+// withLabel returns labels with l inserted, sorted by name, in a new slice:
+// the registry may hand out its own slices.
 func withLabel(labels []*dto.LabelPair, l *dto.LabelPair) []*dto.LabelPair {
 	i := sort.Search(len(labels), func(i int) bool { return labels[i].GetName() >= l.GetName() })
-	labels = append(labels, nil)
-	copy(labels[i+1:], labels[i:])
-	labels[i] = l
-	return labels
+	out := make([]*dto.LabelPair, 0, len(labels)+1)
+	out = append(out, labels[:i]...)
+	out = append(out, l)
+	return append(out, labels[i:]...)
 }
 
 // unixSeconds is t as fractional unix seconds.
@@ -346,7 +357,8 @@ left out and a comment line says so; the aggregates remain.
 Aggregates: roles defined, roles cached, roles per state, roles starved by
 the rate limiter, whether this node runs the refresher, the retry window.
 
-Counters and histograms, since the plugin process started: STS calls by
+Counters and histograms, since the mount's backend started (the plugin
+process started, or Vault reloaded the mount): STS calls by
 action, endpoint (primary, fallback_N) and outcome (ok or the AWS error
 code), their latency; refresh cycles by result and their duration; attempts
 refused by the plugin's own rate limiter; credentials rejected by

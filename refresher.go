@@ -304,6 +304,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		if rerr == nil {
 			cred.IssuedAt = lastAttempt
 			rerr = validateCredential(cred, rs.role, b.clock.Now())
+			b.metrics.countRejection(rerr)
 		}
 		if rerr == nil {
 			next := b.nextRefreshAfterSuccess(cred, cfg.RefreshFraction)
@@ -328,15 +329,13 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 				return cycleResult{err: err, outcome: cycleAborted}
 			}
 			rerr = classify(err, "")
+			b.metrics.countRejection(rerr)
 			if rerr.Code == "StorageError" {
 				b.Logger().Error("writing cached credential failed", "role", name, "error", err)
 			}
 		}
 
 		lastErr = rerr
-		if lastErr.rejected != "" {
-			b.metrics.rejected.WithLabelValues(lastErr.rejected).Inc()
-		}
 		if lastErr.Code != codeRateLimited {
 			upstream = true
 		}
@@ -418,10 +417,10 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 	for i, ep := range eps {
 		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
 		if !ok {
-			b.metrics.rateLimited.Inc()
 			if lastErr != nil {
 				return nil, lastErr
 			}
+			b.metrics.rateLimited.Inc()
 			return nil, &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 		}
 		if err := b.sleepUntil(ctx, at, nil); err != nil {
@@ -438,7 +437,9 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 			return cred, nil
 		}
 		lastErr = classify(err, ep.secretKey)
-		b.metrics.observeSTSCall(action, i, outcomeLabel(lastErr.Code), took)
+		b.metrics.observeSTSCall(action, i, lastErr.Code, took)
+		// Counted here: a fallback's error may replace it.
+		b.metrics.countRejection(lastErr)
 		if ctx.Err() != nil || !lastErr.Retryable {
 			return nil, lastErr
 		}

@@ -762,8 +762,8 @@ func (s *sim) checkMetrics(node *backend, roles map[string]*roleEntry, running f
 		if v, ok := gauge("aws_resilient_role_state", "role", name, "state", st.Data["state"].(string)); !ok || v != 1 {
 			s.failf("status/%s is %s, metrics say %v (present %v)", name, st.Data["state"], v, ok)
 		}
-		if v, _ := gauge("aws_resilient_role_failed_cycles", "role", name); v != float64(st.Data["failed_cycles"].(int)) {
-			s.failf("status/%s has %v failed cycles, metrics %v", name, st.Data["failed_cycles"], v)
+		if v, ok := gauge("aws_resilient_role_failed_cycles", "role", name); !ok || v != float64(st.Data["failed_cycles"].(int)) {
+			s.failf("status/%s has %v failed cycles, metrics %v (present %v)", name, st.Data["failed_cycles"], v, ok)
 		}
 		next, ok := gauge("aws_resilient_role_next_refresh_timestamp_seconds", "role", name)
 		want := st.Data["next_refresh"].(string)

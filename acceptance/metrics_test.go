@@ -166,6 +166,55 @@ func TestMetricsPrometheus(t *testing.T) {
 	vaulttest.WaitFor(t, time.Minute, "AWSResilientRefreshFailing to resolve", func() bool {
 		return prom.AlertState(t, "AWSResilientRefreshFailing") == ""
 	})
+
+	// Every STS call the plugin counted, by action and outcome, is one the
+	// emulator answered, and none is missing. Cycles may still run: the
+	// emulator is read between two scrapes that agree.
+	var emu vaulttest.EmulatorStats
+	vaulttest.WaitFor(t, 30*time.Second, "two scrapes around the emulator's count to agree", func() bool {
+		_, before := getMetrics(t, v, scraper)
+		emu = s.emu.Stats(t)
+		_, after := getMetrics(t, v, scraper)
+		fams = parseExposition(t, after)
+		return bytes.Equal(stsCallLines(before), stsCallLines(after))
+	})
+	counted := map[string]float64{}
+	for _, m := range fams["aws_resilient_sts_calls_total"].GetMetric() {
+		var action, outcome string
+		for _, l := range m.Label {
+			switch l.GetName() {
+			case "action":
+				action = l.GetValue()
+			case "outcome":
+				outcome = l.GetValue()
+			}
+		}
+		counted[action+" "+outcome] += m.GetCounter().GetValue()
+	}
+	for action, outcomes := range emu.ByAction {
+		for outcome, n := range outcomes {
+			if got := counted[action+" "+outcome]; got != float64(n) {
+				t.Errorf("plugin counted %v %s calls with outcome %s, the emulator answered %d", got, action, outcome, n)
+			}
+			delete(counted, action+" "+outcome)
+		}
+	}
+	for k, n := range counted {
+		if n != 0 {
+			t.Errorf("plugin counted %v calls (%s) the emulator never answered", n, k)
+		}
+	}
+}
+
+// stsCallLines is the aws_resilient_sts_calls_total part of a page.
+func stsCallLines(body []byte) []byte {
+	var out []byte
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		if bytes.HasPrefix(line, []byte("aws_resilient_sts_calls_total{")) {
+			out = append(append(out, line...), '\n')
+		}
+	}
+	return out
 }
 
 // createToken makes a token with the given policy and returns it.

@@ -33,6 +33,9 @@ for target in $targets; do
 		-ldflags "-s -w -X main.version=$version" \
 		-o "$out/$bin" ./cmd/$name
 done
-(cd "$out" && sha256sum "${name}_${version}"_* >SHA256SUMS)
+# sha256sum (Linux) or shasum -a 256 (macOS): the same line format.
+sum=(sha256sum)
+command -v sha256sum >/dev/null || sum=(shasum -a 256)
+(cd "$out" && "${sum[@]}" "${name}_${version}"_* >SHA256SUMS)
 cat "$out/SHA256SUMS"
 echo "release binaries and SHA256SUMS in $out" >&2

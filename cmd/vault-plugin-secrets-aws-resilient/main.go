@@ -40,6 +40,9 @@ func main() {
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
+		// The limit is the plugin's own, so a metrics scrape may lend
+		// itself headroom above it; an operator's GOMEMLIMIT is left alone.
+		awsresilient.OwnMemoryLimit()
 	}
 	// No TLSProviderFunc: Vault 1.12 and later connect to plugins with
 	// automatic mTLS, so the plugin needs neither the api package nor the
