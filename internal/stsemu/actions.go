@@ -25,9 +25,9 @@ type call struct {
 // actionFunc runs an action and returns the <ActionResult> value.
 type actionFunc func(e *Emulator, c *call) (any, *apiError)
 
-// actions are the STS actions the emulator serves; only these are counted
-// as STS calls for throttling and faults.
-var actions = map[string]actionFunc{
+// stsActions are the STS actions the emulator serves; only these go
+// through the token bucket.
+var stsActions = map[string]actionFunc{
 	"AssumeRole":         (*Emulator).assumeRole,
 	"GetSessionToken":    (*Emulator).getSessionToken,
 	"GetFederationToken": (*Emulator).getFederationToken,
@@ -318,7 +318,7 @@ func denied(patterns []string, roleArn, roleName string) bool {
 }
 
 func (e *Emulator) getSessionToken(c *call) (any, *apiError) {
-	if c.caller.kind != kindRoot {
+	if c.caller.kind != kindUser {
 		return nil, apiErr(http.StatusForbidden, "AccessDenied", "Cannot call GetSessionToken with session credentials")
 	}
 	d, _, ae := duration(c.params, defaultSessionDuration, maxSessionDuration)
@@ -336,12 +336,18 @@ func (e *Emulator) getSessionToken(c *call) (any, *apiError) {
 	if (serial == "") != (code == "") {
 		return nil, apiErr(http.StatusForbidden, "AccessDenied", "MultiFactorAuthentication failed, SerialNumber and TokenCode must both be provided.")
 	}
-	user := principal{kind: kindSession, arn: c.caller.arn, userID: c.caller.userID}
+	// IAM accepts session credentials only when they were issued with MFA,
+	// so the token remembers which kind it is.
+	kind := kindSession
+	if serial != "" {
+		kind = kindSessionMFA
+	}
+	user := principal{kind: kind, arn: c.caller.arn, userID: c.caller.userID}
 	return getSessionTokenResult{Credentials: e.issueFor(c, user, lifetime(c, d))}, nil
 }
 
 func (e *Emulator) getFederationToken(c *call) (any, *apiError) {
-	if c.caller.kind != kindRoot {
+	if c.caller.kind != kindUser {
 		return nil, apiErr(http.StatusForbidden, "AccessDenied", "Cannot call GetFederationToken with session credentials")
 	}
 	name, present, ae := checkString(c.params, "Name", "name", 2, 32, sessionNameRE)

@@ -13,10 +13,11 @@ import (
 
 // Principal kinds: who signed a request.
 const (
-	kindRoot      = "root"         // the configured root key pair (an IAM user)
-	kindSession   = "session"      // GetSessionToken credentials of that user
-	kindRole      = "assumed-role" // AssumeRole credentials
-	kindFederated = "federated"    // GetFederationToken credentials
+	kindUser       = "user"         // a long-term access key of an IAM user
+	kindSession    = "session"      // GetSessionToken credentials of that user
+	kindSessionMFA = "session-mfa"  // the same, requested with an MFA code
+	kindRole       = "assumed-role" // AssumeRole credentials
+	kindFederated  = "federated"    // GetFederationToken credentials
 )
 
 // principal is the identity behind a verified signature.
@@ -25,6 +26,7 @@ type principal struct {
 	arn         string
 	userID      string
 	accessKeyID string
+	userName    string // the IAM user, for kindUser only (not sealed in tokens)
 }
 
 // tempCred is what an issued session token carries.

@@ -29,6 +29,53 @@ const (
 // another one are rejected like AWS does.
 const stsVersion = "2011-06-15"
 
+// SigV4 signing names of the two APIs.
+const (
+	stsService = "sts"
+	iamService = "iam"
+)
+
+// api is one AWS Query API served on the emulator's single endpoint.
+//
+// A request is routed by its Action: the STS and IAM action names are
+// disjoint, and the Action is known before anything else, so even an
+// unsigned or mis-signed request gets its own API's error, throttling,
+// faults and stats. The credential scope's service is then checked like AWS
+// checks it (authenticate): an IAM action signed for "sts" is 403
+// SignatureDoesNotMatch, as iam.amazonaws.com answers, rather than being
+// served or routed to the other API, which would hide exactly the client
+// bug the check exists to catch. Only a missing or unknown Action falls back
+// on the scope, so that its InvalidAction speaks the API the caller meant.
+type api struct {
+	service   string // SigV4 signing name the credential scope must carry
+	version   string // the only Version accepted
+	namespace string // XML namespace of responses and errors
+	region    string // the only signing region accepted; "" accepts any
+	actions   map[string]actionFunc
+}
+
+var (
+	stsAPI = &api{service: stsService, version: stsVersion, namespace: stsNamespace, actions: stsActions}
+	// IAM is global: AWS accepts only us-east-1 in the scope of its
+	// partition's endpoint, whatever region the client works in.
+	iamAPI = &api{service: iamService, version: iamVersion, namespace: iamNamespace, region: iamRegion, actions: iamActions}
+)
+
+// route picks the API and handler of an action; handler is nil when the
+// action is missing or unknown.
+func route(action, authz string) (*api, actionFunc) {
+	if h, ok := stsAPI.actions[action]; ok {
+		return stsAPI, h
+	}
+	if h, ok := iamAPI.actions[action]; ok {
+		return iamAPI, h
+	}
+	if credentialService(authz) == iamService {
+		return iamAPI, nil
+	}
+	return stsAPI, nil
+}
+
 // controlPrefix is the reserved path of the JSON control API. STS itself only
 // serves "/", so nothing a real client sends can collide with it.
 const controlPrefix = "/_emulator/"
@@ -43,6 +90,7 @@ type Config struct {
 	Account     string        // default "123456789012"
 	AccessKey   string        // root key id; default "AKIAIOSFODNN7EXAMPLE"
 	SecretKey   string        // default "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+	IAMUser     string        // IAM user owning AccessKey; default "sts-emulator"
 	MaxLifetime time.Duration // cap on issued lifetime; default 12h (tests use seconds)
 	Rate        float64       // token bucket req/s; 0 = unlimited
 	Burst       int           // token bucket size; <= 0 means max(1, ceil(Rate))
@@ -68,21 +116,25 @@ type Config struct {
 	// Seed seeds the random source behind probabilistic faults and latency;
 	// 0 picks a random seed.
 	Seed uint64
+
+	// IAMPropagation is how long a key made by CreateAccessKey is still
+	// refused (InvalidClientTokenId) by STS and IAM calls, measured on Now,
+	// like IAM's eventual consistency; 0 means at once. SetIAMPropagation
+	// changes it at runtime for keys created afterwards.
+	IAMPropagation time.Duration
 }
 
-// Emulator is an STS endpoint. It is an http.Handler; Start also serves it on
-// a loopback port. All methods are safe for concurrent use.
+// Emulator is an STS and IAM endpoint. It is an http.Handler; Start also
+// serves it on a loopback port. All methods are safe for concurrent use.
 type Emulator struct {
 	// Immutable after New.
-	account   string
-	accessKey string
-	secretKey string
-	rootArn   string // ARN of the IAM user the root key pair belongs to
-	rootID    string // its unique id (AIDA...)
-	now       func() time.Time
-	signNow   func() time.Time // clock of the skew check; see Config.SigningNow
-	logger    *log.Logger
-	sealKey   []byte // HMAC key that seals issued session tokens and derives their secrets
+	account  string
+	rootArn  string // ARN of the IAM user the root key pair belongs to
+	rootUser string // that user's name
+	now      func() time.Time
+	signNow  func() time.Time // clock of the skew check; see Config.SigningNow
+	logger   *log.Logger
+	sealKey  []byte // HMAC key that seals issued session tokens and derives their secrets
 
 	done      chan struct{} // closed by Close; releases hanging and delayed requests
 	closeOnce sync.Once
@@ -98,7 +150,8 @@ type Emulator struct {
 	faults      faultState
 	rng         *mrand.Rand // not goroutine-safe, hence under mu
 
-	stats recorder // has its own lock: recorded on every call, read rarely
+	stats recorder      // has its own lock: recorded on every call, read rarely
+	iam   *iamDirectory // users and access keys; has its own lock
 
 	// Set only by Start.
 	srv      *http.Server
@@ -118,6 +171,9 @@ func New(cfg Config) *Emulator {
 	if cfg.SecretKey == "" {
 		cfg.SecretKey = DefaultSecretKey
 	}
+	if cfg.IAMUser == "" {
+		cfg.IAMUser = DefaultIAMUser
+	}
 	if cfg.MaxLifetime <= 0 {
 		cfg.MaxLifetime = DefaultMaxLifetime
 	}
@@ -135,19 +191,28 @@ func New(cfg Config) *Emulator {
 	if _, err := rand.Read(sealKey); err != nil {
 		panic("stsemu: reading random seal key: " + err.Error()) // crypto/rand never fails on Linux
 	}
-	e := &Emulator{
-		account:   cfg.Account,
-		accessKey: cfg.AccessKey,
-		secretKey: cfg.SecretKey,
-		rootArn:   "arn:aws:iam::" + cfg.Account + ":user/sts-emulator",
-		rootID:    stableID("AIDA", cfg.Account+"/"+cfg.AccessKey),
-		now:       cfg.Now,
-		signNow:   cfg.SigningNow,
-		logger:    cfg.Logger,
-		sealKey:   sealKey,
-		done:      make(chan struct{}),
-		rng:       mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+	root := &iamUser{
+		name: cfg.IAMUser,
+		// Derived from the first key as before, so the UserId that
+		// GetCallerIdentity reports is unchanged and survives rotation.
+		id:      stableID("AIDA", cfg.Account+"/"+cfg.AccessKey),
+		arn:     "arn:aws:iam::" + cfg.Account + ":user/" + cfg.IAMUser,
+		path:    "/",
+		created: cfg.Now().UTC().Truncate(time.Second),
 	}
+	e := &Emulator{
+		account:  cfg.Account,
+		rootArn:  root.arn,
+		rootUser: root.name,
+		now:      cfg.Now,
+		signNow:  cfg.SigningNow,
+		logger:   cfg.Logger,
+		sealKey:  sealKey,
+		done:     make(chan struct{}),
+		rng:      mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		iam:      newIAMDirectory(cfg.IAMPropagation),
+	}
+	e.iam.addUser(root, cfg.AccessKey, cfg.SecretKey)
 	e.maxLifetime = cfg.MaxLifetime
 	e.deny = append([]string(nil), cfg.Deny...)
 	e.setRateLocked(cfg.Rate, cfg.Burst)
@@ -280,16 +345,17 @@ type settings struct {
 	hang        time.Duration
 }
 
-// ServeHTTP serves the STS Query API on every path except the control API.
+// ServeHTTP serves the STS and IAM Query APIs on every path except the
+// control API.
 func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, controlPrefix) {
 		e.serveControl(w, r)
 		return
 	}
-	e.serveSTS(w, r)
+	e.serveAPI(w, r)
 }
 
-// reply is a finished STS response waiting for the latency to pass.
+// reply is a finished STS or IAM response waiting for the latency to pass.
 type reply struct {
 	status    int
 	body      []byte
@@ -298,7 +364,7 @@ type reply struct {
 	abandoned bool // the client left (or the emulator closed) during a hang
 }
 
-func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
+func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	started := time.Now() // real time: the logged latency is what the client saw
 	now := e.now()
 	reqID := newRequestID()
@@ -307,18 +373,20 @@ func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
 	params, parseErr := requestParams(r, body)
 	action := params.Get("Action")
 	roleArn := params.Get("RoleArn")
-	akid := credentialKeyID(r.Header.Get("Authorization"))
+	authz := r.Header.Get("Authorization")
+	akid := credentialKeyID(authz)
+	a, handler := route(action, authz)
 
 	var rep reply
 	var s settings
 	switch {
 	case readErr != nil:
-		rep = errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedInput", "request body could not be read: "+readErr.Error()))
+		rep = a.errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedInput", "request body could not be read: "+readErr.Error()))
 	case parseErr != nil:
-		rep = errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedQueryString", parseErr.Error()))
+		rep = a.errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedQueryString", parseErr.Error()))
 	default:
-		s = e.callSettings(now, action, roleArn)
-		rep = e.process(r, body, params, action, reqID, now, s)
+		s = e.callSettings(now, a, handler != nil, action, roleArn)
+		rep = e.process(r, body, params, a, handler, action, reqID, now, s)
 	}
 
 	if rep.abandoned || (s.latency > 0 && !e.wait(r.Context(), s.latency)) {
@@ -345,7 +413,7 @@ func (e *Emulator) serveSTS(w http.ResponseWriter, r *http.Request) {
 
 // callSettings takes the throttling decision, picks a fault and copies the
 // knobs this call needs, all under one short critical section.
-func (e *Emulator) callSettings(now time.Time, action, roleArn string) settings {
+func (e *Emulator) callSettings(now time.Time, a *api, known bool, action, roleArn string) settings {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := settings{maxLifetime: e.maxLifetime, deny: e.deny}
@@ -355,48 +423,55 @@ func (e *Emulator) callSettings(now time.Time, action, roleArn string) settings 
 			s.latency += time.Duration(e.rng.Int64N(int64(span) + 1))
 		}
 	}
-	if _, ok := actions[action]; !ok {
+	if !known {
 		return s // unknown actions are neither throttled nor faulted
 	}
-	if e.limiter != nil && !e.limiter.AllowN(now, 1) {
+	// The bucket is STS's request rate. AWS limits IAM separately, and a
+	// rotation's few IAM calls must not eat the refreshes' tokens; throttle
+	// IAM with the Throttling fault instead.
+	if a == stsAPI && e.limiter != nil && !e.limiter.AllowN(now, 1) {
 		s.throttled = true
 		return s // a throttled call never reached STS, so it consumes no fault
 	}
-	s.fault, s.hang = e.faults.pick(roleArn, e.rng)
+	s.fault, s.hang = e.faults.pick(a.service, action, roleArn, e.rng)
 	return s
 }
 
-// process computes the reply for one STS call.
-func (e *Emulator) process(r *http.Request, body []byte, params url.Values, action, reqID string, now time.Time, s settings) reply {
-	handler, ok := actions[action]
-	if !ok {
+// process computes the reply for one STS or IAM call.
+func (e *Emulator) process(r *http.Request, body []byte, params url.Values, a *api, handler actionFunc, action, reqID string, now time.Time, s settings) reply {
+	if handler == nil {
 		if action == "" {
-			return errorReply(reqID, apiErr(http.StatusBadRequest, "MissingAction", "Missing Action"))
+			return a.errorReply(reqID, apiErr(http.StatusBadRequest, "MissingAction", "Missing Action"))
 		}
-		return errorReply(reqID, apiErr(http.StatusBadRequest, "InvalidAction",
+		return a.errorReply(reqID, apiErr(http.StatusBadRequest, "InvalidAction",
 			"Could not find operation "+action+" for version "+params.Get("Version")))
 	}
-	if v := params.Get("Version"); v != stsVersion {
-		return errorReply(reqID, apiErr(http.StatusBadRequest, "InvalidAction",
+	if v := params.Get("Version"); v != a.version {
+		return a.errorReply(reqID, apiErr(http.StatusBadRequest, "InvalidAction",
 			"Could not find operation "+action+" for version "+v))
 	}
 	if s.throttled {
-		return errorReply(reqID, apiErr(http.StatusBadRequest, "Throttling", "Rate exceeded"))
+		return a.errorReply(reqID, apiErr(http.StatusBadRequest, "Throttling", "Rate exceeded"))
 	}
 
 	switch s.fault {
 	case "":
 	case FaultReset:
 		return reply{reset: true, outcome: string(FaultReset)}
+	case FaultResetAfter:
+		// The call takes effect (a key is created, deleted, ...) and only
+		// the answer is lost: the client cannot tell whether it happened.
+		e.serveAction(r, body, params, a, handler, action, reqID, now, s)
+		return reply{reset: true, outcome: string(FaultResetAfter)}
 	case FaultMalformed:
-		return reply{status: http.StatusOK, body: malformedBody(action), outcome: string(FaultMalformed)}
+		return reply{status: http.StatusOK, body: a.malformedBody(action), outcome: string(FaultMalformed)}
 	case FaultHang:
 		if !e.wait(r.Context(), s.hang) {
 			return reply{outcome: string(FaultHang), abandoned: true}
 		}
 		// Once the hang is over the call proceeds normally, as a very slow
 		// STS would: signature time and expiry count from the answer.
-		rep := e.serveAction(r, body, params, action, reqID, e.now(), s, handler)
+		rep := e.serveAction(r, body, params, a, handler, action, reqID, e.now(), s)
 		if rep.outcome == "ok" {
 			rep.outcome = string(FaultHang)
 		}
@@ -404,34 +479,56 @@ func (e *Emulator) process(r *http.Request, body []byte, params url.Values, acti
 	case FaultExpired, FaultEmptyKey:
 		// Applied by the action handler to an otherwise successful answer.
 	default:
-		if ae := faultError(s.fault, action, e.rootArn, params.Get("RoleArn")); ae != nil {
-			rep := errorReply(reqID, ae)
+		callerArn, userName := e.rootArn, e.rootUser
+		if name, arn, ok := e.iam.owner(credentialKeyID(r.Header.Get("Authorization"))); ok {
+			callerArn, userName = arn, name
+		}
+		if u := params.Get("UserName"); u != "" {
+			userName = u
+		}
+		if ae := a.faultError(s.fault, action, callerArn, userName, params.Get("RoleArn")); ae != nil {
+			rep := a.errorReply(reqID, ae)
 			rep.outcome = string(s.fault)
 			return rep
 		}
 		// An unknown fault in a plan set from Go: fail loudly rather than
 		// silently succeed, so the test author notices.
-		return errorReply(reqID, apiErr(http.StatusInternalServerError, "InternalFailure",
+		return a.errorReply(reqID, apiErr(http.StatusInternalServerError, "InternalFailure",
 			"stsemu: unknown fault "+string(s.fault)))
 	}
-	return e.serveAction(r, body, params, action, reqID, now, s, handler)
+	return e.serveAction(r, body, params, a, handler, action, reqID, now, s)
 }
 
 // serveAction authenticates the caller and runs the action.
-func (e *Emulator) serveAction(r *http.Request, body []byte, params url.Values, action, reqID string, now time.Time, s settings, handler actionFunc) reply {
-	caller, ae := e.authenticate(r, body, now)
+func (e *Emulator) serveAction(r *http.Request, body []byte, params url.Values, a *api, handler actionFunc, action, reqID string, now time.Time, s settings) reply {
+	caller, ae := e.authenticate(r, body, a, now)
 	if ae != nil {
-		return errorReply(reqID, ae)
+		return a.errorReply(reqID, ae)
+	}
+	if a == iamAPI {
+		switch {
+		case caller.kind == kindSession || caller.kind == kindFederated:
+			// AWS refuses IAM calls from GetSessionToken credentials without
+			// MFA and from federation tokens, as an invalid token.
+			return a.errorReply(reqID, invalidToken())
+		case s.fault == FaultExpired:
+			// IAM actions issue nothing, so "expired" acts on the caller as
+			// it does for GetCallerIdentity.
+			rep := a.errorReply(reqID, apiErr(http.StatusBadRequest, "ExpiredToken",
+				"The security token included in the request is expired"))
+			rep.outcome = string(FaultExpired)
+			return rep
+		}
 	}
 	out, ae := handler(e, &call{params: params, caller: caller, now: now, set: s})
 	if ae != nil {
-		return errorReply(reqID, ae)
+		return a.errorReply(reqID, ae)
 	}
 	outcome := "ok"
 	if s.fault == FaultExpired || s.fault == FaultEmptyKey {
 		outcome = string(s.fault)
 	}
-	return reply{status: http.StatusOK, body: marshalResponse(action, out, reqID), outcome: outcome}
+	return reply{status: http.StatusOK, body: a.marshalResponse(action, out, reqID), outcome: outcome}
 }
 
 // wait blocks for d, and reports false if the client went away or the

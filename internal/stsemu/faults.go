@@ -3,6 +3,7 @@ package stsemu
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	mrand "math/rand/v2"
 	"slices"
 	"strconv"
@@ -10,7 +11,7 @@ import (
 	"time"
 )
 
-// Fault is a way for an STS call to fail on purpose.
+// Fault is a way for an STS or IAM call to fail on purpose.
 type Fault string
 
 // The fault kinds. The capitalised ones are AWS error codes and produce that
@@ -22,17 +23,18 @@ const (
 	FaultServiceUnavailable   Fault = "ServiceUnavailable"   // 503 ServiceUnavailable
 	FaultAccessDenied         Fault = "AccessDenied"         // 403 AccessDenied
 	FaultReset                Fault = "reset"                // TCP RST instead of a response
+	FaultResetAfter           Fault = "reset_after"          // the call takes effect, then a TCP RST instead of its answer
 	FaultHang                 Fault = "hang"                 // hold the request for FaultPlan.Hang, then answer normally
 	FaultMalformed            Fault = "malformed"            // 200 with truncated XML
 	FaultExpired              Fault = "expired"              // success, but Expiration already past (GetCallerIdentity: ExpiredToken)
-	FaultEmptyKey             Fault = "empty_key"            // success with an empty AccessKeyId (GetCallerIdentity: empty UserId)
+	FaultEmptyKey             Fault = "empty_key"            // success with an empty AccessKeyId (GetCallerIdentity, GetUser: empty UserId)
 )
 
 // AllFaults lists every fault kind.
 func AllFaults() []Fault {
 	return []Fault{
 		FaultThrottling, FaultRequestLimitExceeded, FaultInternalFailure, FaultServiceUnavailable,
-		FaultAccessDenied, FaultReset, FaultHang, FaultMalformed, FaultExpired, FaultEmptyKey,
+		FaultAccessDenied, FaultReset, FaultResetAfter, FaultHang, FaultMalformed, FaultExpired, FaultEmptyKey,
 	}
 }
 
@@ -43,14 +45,22 @@ func (f Fault) Valid() bool { return slices.Contains(AllFaults(), f) }
 // is zero: longer than any sane client timeout.
 const DefaultHang = 30 * time.Second
 
-// FaultPlan says which STS calls fail and how. Faults apply to the four STS
-// actions only, never to the control API, and to calls that passed the
-// throttling bucket.
+// FaultPlan says which calls fail and how. Without Actions it applies to the
+// four STS actions only, as it always has, so a plan written for STS
+// refreshes leaves a credential rotation's IAM calls alone; Actions selects
+// IAM calls. Never the control API, and only calls that passed the
+// throttling bucket. Calls a plan does not select neither fail nor use up
+// its Sequence.
 type FaultPlan struct {
 	Sequence    []FaultStep       // next Count calls get Fault, in order, then normal
 	Probability map[Fault]float64 // independent per-call probability (after Sequence is used up)
 	Hang        time.Duration     // how long the "hang" fault hangs (default 30s or until client gives up)
-	Match       string            // optional: only calls whose RoleArn contains Match are faulted
+	Match       string            // optional: only calls whose RoleArn contains Match (IAM calls have none)
+
+	// Actions, when set, selects the calls instead of "every STS action":
+	// an action name ("CreateAccessKey"), SERVICE:ACTION ("iam:GetUser"),
+	// SERVICE:* ("iam:*" for every IAM call, "sts:*") or "*" for all.
+	Actions []string
 }
 
 // FaultStep is one entry of FaultPlan.Sequence.
@@ -65,12 +75,13 @@ type faultPlanJSON struct {
 	Probability map[Fault]float64 `json:"probability"`
 	Hang        string            `json:"hang,omitempty"`
 	Match       string            `json:"match,omitempty"`
+	Actions     []string          `json:"actions,omitempty"`
 }
 
 // MarshalJSON renders the plan as the control API shows it, with Hang as a
 // Go duration string.
 func (p FaultPlan) MarshalJSON() ([]byte, error) {
-	j := faultPlanJSON{Sequence: p.Sequence, Probability: p.Probability, Match: p.Match}
+	j := faultPlanJSON{Sequence: p.Sequence, Probability: p.Probability, Match: p.Match, Actions: p.Actions}
 	if j.Sequence == nil {
 		j.Sequence = []FaultStep{}
 	}
@@ -89,7 +100,7 @@ func (p *FaultPlan) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	out := FaultPlan{Sequence: j.Sequence, Probability: j.Probability, Match: j.Match}
+	out := FaultPlan{Sequence: j.Sequence, Probability: j.Probability, Match: j.Match, Actions: j.Actions}
 	if j.Hang != "" {
 		d, err := time.ParseDuration(j.Hang)
 		if err != nil {
@@ -130,7 +141,55 @@ func (p FaultPlan) Validate() error {
 	if p.Hang < 0 {
 		return fmt.Errorf("negative hang %s", p.Hang)
 	}
+	for _, a := range p.Actions {
+		if !validActionSelector(a) {
+			return fmt.Errorf("unknown action %q (want an action name, SERVICE:ACTION, SERVICE:* or *; services sts, iam; actions %s)",
+				a, actionNames())
+		}
+	}
 	return nil
+}
+
+// validActionSelector reports whether sel names served actions.
+func validActionSelector(sel string) bool {
+	if sel == "*" {
+		return true
+	}
+	svc, name, scoped := strings.Cut(sel, ":")
+	if !scoped {
+		_, sts := stsActions[sel]
+		_, iam := iamActions[sel]
+		return sts || iam
+	}
+	for _, a := range []*api{stsAPI, iamAPI} {
+		if a.service == svc {
+			_, ok := a.actions[name]
+			return ok || name == "*"
+		}
+	}
+	return false
+}
+
+// selects reports whether the plan applies to a call of action on service.
+func (p FaultPlan) selects(service, action string) bool {
+	if len(p.Actions) == 0 {
+		return service == stsService
+	}
+	for _, sel := range p.Actions {
+		svc, name, scoped := strings.Cut(sel, ":")
+		switch {
+		case sel == "*",
+			!scoped && sel == action,
+			scoped && svc == service && (name == "*" || name == action):
+			return true
+		}
+	}
+	return false
+}
+
+func actionNames() string {
+	names := append(slices.Sorted(maps.Keys(stsActions)), slices.Sorted(maps.Keys(iamActions))...)
+	return strings.Join(names, ", ")
 }
 
 func faultNames() string {
@@ -148,8 +207,10 @@ func faultNames() string {
 //	FAULT=P    afterwards, each call gets FAULT with probability P
 //	hang=DUR   how long the hang fault holds a request (Go duration)
 //	match=STR  only fault calls whose RoleArn contains STR
+//	action=SEL only fault calls SEL selects (repeatable; see FaultPlan.Actions)
 //
-// Example: "Throttling:3,reset,InternalFailure=0.2,hang=5s,match=app".
+// Example: "Throttling:3,reset,InternalFailure=0.2,hang=5s,match=app", or
+// "ServiceUnavailable:1,action=CreateAccessKey".
 func ParseFaultPlan(s string) (FaultPlan, error) {
 	s = strings.TrimSpace(s)
 	var p FaultPlan
@@ -175,6 +236,8 @@ func ParseFaultPlan(s string) (FaultPlan, error) {
 				p.Hang = d
 			case "match":
 				p.Match = v
+			case "action":
+				p.Actions = append(p.Actions, v)
 			default:
 				pr, err := strconv.ParseFloat(v, 64)
 				if err != nil {
@@ -214,6 +277,7 @@ type faultState struct {
 
 func (s *faultState) set(p FaultPlan) {
 	p.Sequence = slices.Clone(p.Sequence)
+	p.Actions = slices.Clone(p.Actions)
 	prob := make(map[Fault]float64, len(p.Probability))
 	s.ordered = s.ordered[:0]
 	for f, pr := range p.Probability {
@@ -229,7 +293,10 @@ func (s *faultState) set(p FaultPlan) {
 }
 
 // pick returns the fault for the next call, if any, and the hang duration.
-func (s *faultState) pick(roleArn string, rng *mrand.Rand) (Fault, time.Duration) {
+func (s *faultState) pick(service, action, roleArn string, rng *mrand.Rand) (Fault, time.Duration) {
+	if !s.plan.selects(service, action) {
+		return "", 0
+	}
 	if s.plan.Match != "" && !strings.Contains(roleArn, s.plan.Match) {
 		return "", 0
 	}
@@ -263,6 +330,7 @@ func (s *faultState) pick(roleArn string, rng *mrand.Rand) (Fault, time.Duration
 // remaining is the plan with Sequence reduced to what is left.
 func (s *faultState) remaining() FaultPlan {
 	p := s.plan
+	p.Actions = slices.Clone(s.plan.Actions)
 	p.Sequence = nil
 	for i := s.step; i < len(s.plan.Sequence); i++ {
 		st := s.plan.Sequence[i]

@@ -13,8 +13,8 @@ import (
 // stsNamespace is the XML namespace of every STS response.
 const stsNamespace = "https://sts.amazonaws.com/doc/2011-06-15/"
 
-// apiError is an STS error response: the HTTP status, AWS's error code and
-// message.
+// apiError is an STS or IAM error response: the HTTP status, AWS's error
+// code and message.
 type apiError struct {
 	status  int
 	code    string
@@ -39,11 +39,12 @@ type errorResponse struct {
 	RequestID string `xml:"RequestId"`
 }
 
-// errorReply renders ae. AWS marks client mistakes "Sender" and its own
-// failures "Receiver"; SDKs use the code, a few tools show the type.
-func errorReply(reqID string, ae *apiError) reply {
+// errorReply renders ae in the API's namespace. AWS marks client mistakes
+// "Sender" and its own failures "Receiver"; SDKs use the code, a few tools
+// show the type.
+func (a *api) errorReply(reqID string, ae *apiError) reply {
 	var doc errorResponse
-	doc.Xmlns = stsNamespace
+	doc.Xmlns = a.namespace
 	doc.Error.Type = "Sender"
 	if ae.status >= 500 {
 		doc.Error.Type = "Receiver"
@@ -67,10 +68,12 @@ type envelope struct {
 	Metadata responseMetadata `xml:"ResponseMetadata"`
 }
 
-func marshalResponse(action string, result any, reqID string) []byte {
+// marshalResponse renders a successful response. A nil result (IAM's
+// DeleteAccessKey, UpdateAccessKey) leaves only the ResponseMetadata.
+func (a *api) marshalResponse(action string, result any, reqID string) []byte {
 	return mustXML(envelope{
 		XMLName:  xml.Name{Local: action + "Response"},
-		Xmlns:    stsNamespace,
+		Xmlns:    a.namespace,
 		Result:   result,
 		Metadata: responseMetadata{RequestID: reqID},
 	})
@@ -134,16 +137,29 @@ func formatExpiration(t time.Time) string {
 
 // malformedBody is what the "malformed" fault returns: the start of a
 // plausible response, cut off mid-element, as a truncated proxy reply looks.
-func malformedBody(action string) []byte {
-	first := "<Credentials><AccessKeyId>ASIA"
-	if action == "GetCallerIdentity" {
-		first = "<Arn>arn:aws:sts::"
+func (a *api) malformedBody(action string) []byte {
+	start := `<` + action + `Response xmlns="` + a.namespace + `">`
+	switch action {
+	case "GetCallerIdentity":
+		return []byte(start + `<GetCallerIdentityResult><Arn>arn:aws:sts::`)
+	case "GetUser":
+		return []byte(start + `<GetUserResult><User><Path>/</Path><UserName>`)
+	case "ListAccessKeys":
+		return []byte(start + `<ListAccessKeysResult><AccessKeyMetadata><member><UserName>`)
+	case "CreateAccessKey":
+		return []byte(start + `<CreateAccessKeyResult><AccessKey><UserName>`)
+	case "DeleteAccessKey", "UpdateAccessKey":
+		// No result to cut: the metadata is. SDKs that ignore the body of
+		// these actions see a success, as they would from AWS.
+		return []byte(start + `<ResponseMetadata><RequestId>`)
 	}
-	return []byte(`<` + action + `Response xmlns="` + stsNamespace + `"><` + action + `Result>` + first)
+	return []byte(start + `<` + action + `Result><Credentials><AccessKeyId>ASIA`)
 }
 
 // faultError maps an error-shaped fault to the response AWS gives for it.
-func faultError(f Fault, action, callerArn, roleArn string) *apiError {
+// callerArn and userName describe the caller as far as its key id tells
+// (the signature is not checked yet); roleArn is the STS call's RoleArn.
+func (a *api) faultError(f Fault, action, callerArn, userName, roleArn string) *apiError {
 	switch f {
 	case FaultThrottling:
 		return apiErr(http.StatusBadRequest, "Throttling", "Rate exceeded")
@@ -156,9 +172,19 @@ func faultError(f Fault, action, callerArn, roleArn string) *apiError {
 		return apiErr(http.StatusServiceUnavailable, "ServiceUnavailable",
 			"The request has failed due to a temporary failure of the server.")
 	case FaultAccessDenied:
+		if a.service == iamService {
+			return iamAccessDenied(callerArn, action, userName)
+		}
 		return accessDenied(callerArn, action, roleArn)
 	}
 	return nil
+}
+
+// iamAccessDenied is IAM's wording for a denial of an action on a user.
+func iamAccessDenied(callerArn, action, userName string) *apiError {
+	return apiErr(http.StatusForbidden, "AccessDenied",
+		"User: "+callerArn+" is not authorized to perform: iam:"+action+" on resource: user "+userName+
+			" because no identity-based policy allows the iam:"+action+" action")
 }
 
 // accessDenied is AWS's wording for an IAM denial.

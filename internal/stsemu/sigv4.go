@@ -107,11 +107,28 @@ func credentialKeyID(authz string) string {
 	return id
 }
 
-// authenticate verifies the request signature and returns who signed it.
-// The order of checks follows AWS: a key that is unknown (or whose session
-// token does not match) is InvalidClientTokenId, an expired session token is
-// ExpiredToken, then the clock skew and finally the signature itself.
-func (e *Emulator) authenticate(r *http.Request, body []byte, now time.Time) (principal, *apiError) {
+// credentialService extracts the service of the credential scope
+// (AKID/DATE/REGION/SERVICE/aws4_request), or "" when there is none.
+func credentialService(authz string) string {
+	_, after, ok := strings.Cut(authz, "Credential=")
+	if !ok {
+		return ""
+	}
+	cred, _, _ := strings.Cut(after, ",")
+	parts := strings.Split(strings.TrimSpace(cred), "/")
+	if len(parts) != 5 {
+		return ""
+	}
+	return parts[3]
+}
+
+// authenticate verifies the request signature for API a and returns who
+// signed it. The order of checks follows AWS: a key that is unknown,
+// deleted, inactive or not yet propagated (or whose session token does not
+// match) is InvalidClientTokenId, an expired session token is ExpiredToken,
+// then the clock skew, the credential scope (service, and region for IAM)
+// and finally the signature itself.
+func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.Time) (principal, *apiError) {
 	authz := r.Header.Get("Authorization")
 	if authz == "" {
 		return principal{}, apiErr(http.StatusForbidden, "MissingAuthenticationToken",
@@ -125,11 +142,14 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, now time.Time) (pr
 	token := r.Header.Get("X-Amz-Security-Token")
 	var p principal
 	var secret string
-	switch {
-	case auth.accessKeyID == e.accessKey && token == "":
-		p = principal{kind: kindRoot, arn: e.rootArn, userID: e.rootID, accessKeyID: e.accessKey}
-		secret = e.secretKey
-	case token != "":
+	if token == "" {
+		// A long-term key: any IAM user's, while it is active and its
+		// creation has propagated.
+		var ok bool
+		if p, secret, ok = e.iam.signingKey(auth.accessKeyID, now); !ok {
+			return principal{}, invalidToken()
+		}
+	} else {
 		tc, ok := e.openToken(token)
 		if !ok || tc.accessKeyID != auth.accessKeyID {
 			return principal{}, invalidToken()
@@ -142,8 +162,6 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, now time.Time) (pr
 		}
 		p = tc.principal
 		secret = e.secretFor(tc.accessKeyID)
-	default:
-		return principal{}, invalidToken()
 	}
 
 	amzDate := r.Header.Get("X-Amz-Date")
@@ -164,9 +182,13 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, now time.Time) (pr
 			fmt.Sprintf("Date in Credential scope does not match YYYYMMDD from ISO-8601 version of date from HTTP: '%s' != '%s', from '%s'.",
 				auth.date, amzDate[:8], amzDate))
 	}
-	if auth.service != "sts" {
+	if auth.service != a.service {
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
-			"Credential should be scoped to correct service: 'sts'. ")
+			"Credential should be scoped to correct service: '"+a.service+"'. ")
+	}
+	if a.region != "" && auth.region != a.region {
+		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
+			"Credential should be scoped to a valid region, not '"+auth.region+"'. ")
 	}
 
 	want := computeSignature(secret, auth, amzDate, canonicalRequest(r, auth.signedHeaders, body))

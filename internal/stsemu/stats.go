@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Stats counts STS calls (not control API calls).
+// Stats counts STS and IAM calls (not control API calls), by action.
 type Stats struct {
 	Total     int                       `json:"total"`
 	ByAction  map[string]map[string]int `json:"by_action"`  // action -> outcome -> count
@@ -39,9 +39,10 @@ func (s Stats) Count(action, outcome string) int {
 	return n
 }
 
-// Call is one recorded STS call. AccessKeyID is the id from the signature's
-// credential scope (never a secret); RoleArn the RoleArn parameter, if any.
-// Outcome is "ok", a fault kind, or the AWS error code returned.
+// Call is one recorded STS or IAM call. AccessKeyID is the id from the
+// signature's credential scope (never a secret); RoleArn the RoleArn
+// parameter, if any. Outcome is "ok", a fault kind, or the AWS error code
+// returned.
 type Call struct {
 	Seq         int64     `json:"seq"`
 	Time        time.Time `json:"time"`
