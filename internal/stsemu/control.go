@@ -12,12 +12,13 @@ import (
 // ConfigView is the control API's view of the runtime-adjustable settings
 // (GET /_emulator/config).
 type ConfigView struct {
-	Rate        float64  `json:"rate"`
-	Burst       int      `json:"burst"`
-	LatencyMin  string   `json:"latency_min"`
-	LatencyMax  string   `json:"latency_max"`
-	MaxLifetime string   `json:"max_lifetime"`
-	Deny        []string `json:"deny"`
+	Rate           float64  `json:"rate"`
+	Burst          int      `json:"burst"`
+	LatencyMin     string   `json:"latency_min"`
+	LatencyMax     string   `json:"latency_max"`
+	MaxLifetime    string   `json:"max_lifetime"`
+	Deny           []string `json:"deny"`
+	IAMPropagation string   `json:"iam_propagation"` // see Config.IAMPropagation
 }
 
 // configUpdate is a POST /_emulator/config body: only the fields sent apply.
@@ -28,6 +29,8 @@ type configUpdate struct {
 	LatencyMax  *string   `json:"latency_max"`
 	MaxLifetime *string   `json:"max_lifetime"`
 	Deny        *[]string `json:"deny"`
+
+	IAMPropagation *string `json:"iam_propagation"`
 }
 
 // ConfigView returns the current runtime settings.
@@ -42,6 +45,9 @@ func (e *Emulator) ConfigView() ConfigView {
 		LatencyMax:  e.latencyMax.String(),
 		MaxLifetime: e.maxLifetime.String(),
 		Deny:        deny,
+		// The IAM directory has its own lock; taking it under e.mu is the
+		// only nesting of the two, so it cannot deadlock.
+		IAMPropagation: e.iam.getPropagation().String(),
 	}
 }
 
@@ -89,6 +95,10 @@ func (e *Emulator) serveControl(w http.ResponseWriter, r *http.Request) {
 		default:
 			allow(w, r, http.MethodGet, http.MethodPost)
 		}
+	case controlPrefix + "iam/users":
+		if allow(w, r, http.MethodGet) {
+			writeJSON(w, http.StatusOK, e.IAMUsers())
+		}
 	case controlPrefix + "faults":
 		switch r.Method {
 		case http.MethodGet:
@@ -109,7 +119,7 @@ func (e *Emulator) serveControl(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		writeJSONError(w, http.StatusNotFound,
-			"unknown control path; try stats, calls, reset, config or faults under "+controlPrefix)
+			"unknown control path; try stats, calls, reset, config, faults or iam/users under "+controlPrefix)
 	}
 }
 
@@ -138,6 +148,10 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 		return err
 	}
 	life, err := parse("max_lifetime", u.MaxLifetime)
+	if err != nil {
+		return err
+	}
+	propagation, err := parse("iam_propagation", u.IAMPropagation)
 	if err != nil {
 		return err
 	}
@@ -175,6 +189,9 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	}
 	if u.Deny != nil {
 		e.deny = append([]string(nil), (*u.Deny)...)
+	}
+	if u.IAMPropagation != nil {
+		e.iam.setPropagation(propagation)
 	}
 	return nil
 }

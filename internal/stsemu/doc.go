@@ -1,12 +1,13 @@
-// Package stsemu is an AWS STS stand-in for tests, the dev server and
-// benchmarks. It speaks the STS Query API (form-encoded POST or GET to "/",
-// Version=2011-06-15, XML responses in AWS's shapes), verifies SigV4
-// signatures against a root key pair and every temporary credential it has
-// issued, and fails on demand: token-bucket throttling, scripted or random
-// faults (throttling, 5xx, connection resets, hangs, malformed XML, expired
-// or empty credentials, AccessDenied) and response latency. Counters and a
-// per-second timeline of calls are readable from Go (Stats, Calls) and over a
-// small JSON control API under /_emulator/.
+// Package stsemu is an AWS STS and IAM stand-in for tests, the dev server
+// and benchmarks. It speaks the STS Query API (form-encoded POST or GET to
+// "/", Version=2011-06-15, XML responses in AWS's shapes) and the access-key
+// part of the IAM Query API (Version=2010-05-08) on the same endpoint,
+// verifies SigV4 signatures against its IAM users' access keys and every
+// temporary credential it has issued, and fails on demand: token-bucket
+// throttling, scripted or random faults (throttling, 5xx, connection resets,
+// hangs, malformed XML, expired or empty credentials, AccessDenied) and
+// response latency. Counters and a per-second timeline of calls are readable
+// from Go (Stats, Calls) and over a small JSON control API under /_emulator/.
 //
 // Use Start in Go tests (it listens on a random loopback port) or New to get
 // a plain http.Handler; cmd/sts-emulator wraps it as a binary. See Example.
@@ -14,12 +15,17 @@
 // # What it checks, in AWS's order
 //
 //  1. Action and Version (InvalidAction, MissingAction).
-//  2. The token bucket (400 Throttling "Rate exceeded"), then the fault plan.
-//  3. The signature: an unknown key id or a session token that does not
-//     belong to it is 403 InvalidClientTokenId; expired issued credentials are
-//     400 ExpiredToken; X-Amz-Date more than 15 minutes from the clock is 403
-//     SignatureDoesNotMatch ("Signature expired: ..."); a wrong signature is
-//     403 SignatureDoesNotMatch. Any region is accepted in the scope.
+//  2. The token bucket (400 Throttling "Rate exceeded"; STS calls only), then
+//     the fault plan.
+//  3. The signature: an unknown, deleted, inactive or not yet propagated key
+//     id, or a session token that does not belong to it, is 403
+//     InvalidClientTokenId; expired issued credentials are 400 ExpiredToken;
+//     X-Amz-Date more than 15 minutes from the clock is 403
+//     SignatureDoesNotMatch ("Signature expired: ..."); a credential scope for
+//     another service is 403 SignatureDoesNotMatch ("Credential should be
+//     scoped to correct service: 'iam'. "), and so is an IAM call scoped to a
+//     region other than us-east-1; a wrong signature is 403
+//     SignatureDoesNotMatch. STS accepts any region in the scope.
 //  4. Parameters: 400 ValidationError with AWS's constraint wording
 //     (DurationSeconds 900-43200 for AssumeRole and 900-129600 for the other
 //     two, RoleSessionName [\w+=,.@-]{2,64}, role ARN
@@ -37,5 +43,57 @@
 // Tokens are self-contained (sealed with a per-emulator key), so the emulator
 // keeps no table of them: memory stays flat however many a benchmark issues,
 // and long-expired credentials still get ExpiredToken. They are valid only
-// for the Emulator that issued them.
+// for the Emulator that issued them, and they outlive the long-term key
+// that requested them (deleting it does not revoke them).
+//
+// # IAM
+//
+// The emulator starts with one IAM user, Config.IAMUser (default
+// "sts-emulator"), holding the configured AccessKey/SecretKey pair. STS
+// calls authenticate with any active, propagated key of any user, and
+// GetCallerIdentity answers with that user's ARN, arn:aws:iam::ACCOUNT:user/NAME.
+// IAM serves GetUser, ListAccessKeys (MaxItems/Marker pages),
+// CreateAccessKey, DeleteAccessKey and UpdateAccessKey (Status Active or
+// Inactive) with IAM's XML shapes and error document (namespace
+// https://iam.amazonaws.com/doc/2010-05-08/). Without UserName each acts on
+// the caller's own user, as IAM does; user names are case-insensitive.
+// AWS's rules:
+//
+//   - at most 2 keys per user, inactive ones included: 409 LimitExceeded
+//     "Cannot exceed quota for AccessKeysPerUser: 2";
+//   - a missing key, or a key of another user than the one named, is 404
+//     NoSuchEntity "The Access Key with id ID cannot be found."; an unknown
+//     user is 404 NoSuchEntity "The user with name NAME cannot be found.";
+//   - an inactive or deleted key fails STS and IAM calls with 403
+//     InvalidClientTokenId "The security token included in the request is
+//     invalid.";
+//   - new keys are "AKIA" and 16 random upper-case base32 characters, with
+//     a 40-character random secret;
+//   - for Config.IAMPropagation after CreateAccessKey (measured on
+//     Config.Now, fixed when the key is made) the new key fails STS and IAM
+//     calls with InvalidClientTokenId, like IAM's eventual consistency,
+//     while ListAccessKeys already lists it;
+//   - IAM refuses GetSessionToken credentials obtained without MFA and
+//     GetFederationToken credentials with InvalidClientTokenId, as AWS does;
+//     role credentials must name the user ("Must specify userName when
+//     calling with non-User credentials"). Policies are not modelled: every
+//     authenticated caller may manage every user's keys.
+//
+// One endpoint serves both APIs, as AWS's SDKs send both to a configured
+// endpoint URL. A request is routed by its Action, whose STS and IAM names
+// are disjoint and which is known before anything is verified, so unsigned
+// and mis-signed requests get their own API's errors, faults and stats; the
+// credential scope is then held to the action's service (and IAM's region),
+// so a client that signs an IAM call for "sts" fails here as it would
+// against AWS instead of being served. A missing or unknown Action is
+// answered in the API its scope names.
+//
+// Faults apply to IAM calls that FaultPlan.Actions selects ("CreateAccessKey",
+// "iam:*", "*", ...); a plan without Actions faults STS calls only, as it
+// always did. The reset_after fault lets the call take effect and then
+// resets the connection, so a client cannot tell whether its key was made
+// or deleted. The token bucket is STS's only: AWS throttles IAM separately.
+// Stats and Calls record IAM calls by action like STS calls. The control API
+// lists users and keys (GET /_emulator/iam/users, never a secret) and sets
+// the propagation delay (POST /_emulator/config {"iam_propagation": "5s"}).
 package stsemu
