@@ -1,5 +1,6 @@
-// Command sts-emulator serves the AWS STS emulator of internal/stsemu on a
-// loopback port, for the dev server, acceptance tests and benchmarks.
+// Command sts-emulator serves the AWS STS and IAM emulator of
+// internal/stsemu on a loopback port, for the dev server, acceptance tests
+// and benchmarks.
 //
 // Once it listens it prints exactly one line to stdout,
 //
@@ -20,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -55,44 +57,71 @@ type options struct {
 
 const usageHeader = `Usage: sts-emulator [flags]
 
-An AWS STS stand-in for tests: the STS Query API (AssumeRole, GetSessionToken,
-GetFederationToken, GetCallerIdentity) with SigV4 verification against the root
-key pair below and every credential it issues, plus throttling, faults and
+An AWS STS and IAM stand-in for tests: the STS Query API (AssumeRole,
+GetSessionToken, GetFederationToken, GetCallerIdentity) and the IAM access-key
+API (GetUser, ListAccessKeys, CreateAccessKey, DeleteAccessKey,
+UpdateAccessKey) on one endpoint, with SigV4 verification against the IAM
+users' keys and every credential it issues, plus throttling, faults and
 latency on demand. It never talks to AWS.
 
-On start it prints "sts-emulator listening on http://ADDR" to stdout; each STS
+On start it prints "sts-emulator listening on http://ADDR" to stdout; each
 call is logged to stderr (action, outcome, status, latency; never a secret).
 
 Flags:
 `
 
 const usageFooter = `
+IAM:
+  One endpoint serves both APIs, told apart by Action (the names are
+  disjoint); the signature's scope must then name the action's service, as
+  AWS requires: IAM calls are signed for service "iam" in region us-east-1
+  (anything else is 403 SignatureDoesNotMatch), STS calls for "sts" in any
+  region. The emulator starts with one IAM user (-iam-user) holding the
+  -access-key/-secret-key pair. Calls without UserName act on the caller's
+  own user. AWS's rules: at most 2 keys per user (409 LimitExceeded), a
+  missing key is 404 NoSuchEntity, and an inactive, deleted or not yet
+  propagated key fails STS and IAM calls with 403 InvalidClientTokenId. STS
+  accepts any active key of any user; credentials STS issued outlive the key
+  that requested them. The -rate bucket is STS's only.
+
 Fault plans (-faults), comma-separated items:
   FAULT:N     the next N calls get FAULT, in order of appearance (":N" defaults to 1)
   FAULT=P     after the sequence, each call gets FAULT with probability P (sum <= 1)
   hang=DUR    how long the hang fault holds a request (default 30s)
-  match=STR   only fault calls whose RoleArn contains STR
+  match=STR   only fault calls whose RoleArn contains STR (IAM calls have none)
+  action=SEL  only fault the calls SEL selects (repeatable): an action name
+              (CreateAccessKey), SERVICE:ACTION (iam:GetUser), SERVICE:* (iam:*)
+              or *; without action= a plan faults STS calls only
   or a JSON object as the control API takes (see below).
   Faults: Throttling, RequestLimitExceeded, InternalFailure (500),
-  ServiceUnavailable (503), AccessDenied (403), reset (TCP RST), hang,
-  malformed (truncated XML), expired (credentials already expired),
-  empty_key (empty AccessKeyId).
+  ServiceUnavailable (503), AccessDenied (403), reset (TCP RST), reset_after
+  (the call takes effect, then TCP RST), hang, malformed (truncated XML),
+  expired (credentials already expired; GetCallerIdentity and IAM calls:
+  ExpiredToken), empty_key (empty AccessKeyId; GetCallerIdentity, GetUser:
+  empty UserId).
   Example: -faults 'Throttling:3,reset,InternalFailure=0.2,hang=5s,match=app'
+  Example: -faults 'reset_after:1,action=CreateAccessKey'
 
 Control API (JSON, unsigned, loopback clients only):
   GET  /_emulator/stats               counts per action and outcome, per-second timeline
   GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id
   POST /_emulator/reset               clear stats and calls
-  GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny"};
-                                      POST applies only the fields sent
+  GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny",
+                                       "iam_propagation"}; POST applies only the fields sent
   GET|POST|DELETE /_emulator/faults   {"sequence":[{"fault":"Throttling","count":3}],
-                                       "probability":{"InternalFailure":0.2},"hang":"20s","match":"app"}
+                                       "probability":{"InternalFailure":0.2},"hang":"20s","match":"app",
+                                       "actions":["iam:*"]}
+  GET  /_emulator/iam/users           [{"user_name","user_id","arn","path","create_date",
+                                        "access_keys":[{"access_key_id","status","create_date",
+                                                        "usable_at","usable"}]}]; never a secret
 
 Example:
   sts-emulator -listen 127.0.0.1:8599 -rate 50 -burst 10 -latency 5ms-20ms
   AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY \
     aws sts assume-role --endpoint-url http://127.0.0.1:8599 --region us-east-1 \
     --role-arn arn:aws:iam::123456789012:role/app --role-session-name dev
+  AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY \
+    aws iam create-access-key --endpoint-url http://127.0.0.1:8599 --region us-east-1
 `
 
 // parseFlags parses args into options; -h returns flag.ErrHelp after
@@ -109,8 +138,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8599", "`address` to listen on (host:port; port 0 picks a free one)")
 	fs.StringVar(&o.cfg.Account, "account", stsemu.DefaultAccount, "AWS account `id` the emulator plays; roles in other accounts get AccessDenied")
-	fs.StringVar(&o.cfg.AccessKey, "access-key", stsemu.DefaultAccessKey, "root access key `id` accepted in signatures (AWS's documentation example)")
-	fs.StringVar(&o.cfg.SecretKey, "secret-key", stsemu.DefaultSecretKey, "root secret `key` paired with -access-key (AWS's documentation example)")
+	fs.StringVar(&o.cfg.AccessKey, "access-key", stsemu.DefaultAccessKey, "access key `id` of the IAM user the emulator starts with (-iam-user); AWS's documentation example")
+	fs.StringVar(&o.cfg.SecretKey, "secret-key", stsemu.DefaultSecretKey, "secret `key` paired with -access-key; AWS's documentation example")
+	// Empty means stsemu's default, so an unset flag leaves Config as it was.
+	fs.StringVar(&o.cfg.IAMUser, "iam-user", "", "`name` of the IAM user holding -access-key (default \""+stsemu.DefaultIAMUser+"\")")
+	fs.DurationVar(&o.cfg.IAMPropagation, "iam-propagation", 0, "how long a key made by CreateAccessKey is still refused by STS and IAM (InvalidClientTokenId), like IAM's eventual consistency")
 	fs.DurationVar(&o.cfg.MaxLifetime, "max-lifetime", stsemu.DefaultMaxLifetime, "cap on the lifetime of issued credentials; they expire at min(DurationSeconds, this)")
 	fs.Float64Var(&o.cfg.Rate, "rate", 0, "token-bucket throttling in `requests/s`; over it calls get 400 Throttling \"Rate exceeded\" (0 = unlimited)")
 	fs.IntVar(&o.cfg.Burst, "burst", 0, "token-bucket `size` (0 = max(1, ceil(rate)))")
@@ -147,9 +179,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usageError{fmt.Errorf("-burst: negative %d", o.cfg.Burst)}
 	case o.cfg.MaxLifetime <= 0:
 		return o, usageError{fmt.Errorf("-max-lifetime: must be positive, got %s", o.cfg.MaxLifetime)}
+	case o.cfg.IAMPropagation < 0:
+		return o, usageError{fmt.Errorf("-iam-propagation: negative %s", o.cfg.IAMPropagation)}
+	case o.cfg.IAMUser != "" && !iamUserName.MatchString(o.cfg.IAMUser):
+		return o, usageError{fmt.Errorf("-iam-user: %q is not an IAM user name ([\\w+=,.@-], 1 to 64 characters)", o.cfg.IAMUser)}
 	}
 	return o, nil
 }
+
+// iamUserName is IAM's CreateUser constraint on user names.
+var iamUserName = regexp.MustCompile(`^[\w+=,.@-]{1,64}$`)
 
 // parseLatency parses "", "50ms" or "10ms-50ms".
 func parseLatency(s string) (lo, hi time.Duration, err error) {
