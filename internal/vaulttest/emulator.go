@@ -34,12 +34,20 @@ type EmulatorStats = stsemu.Stats
 // EmulatorCall is one entry of GET /_emulator/calls.
 type EmulatorCall = stsemu.Call
 
+// EmulatorIAMUser is one entry of GET /_emulator/iam/users: an IAM user and
+// its access keys (ids, status, propagation; never a secret).
+type EmulatorIAMUser = stsemu.IAMUser
+
 // FaultPlan is the body of POST /_emulator/faults.
 type FaultPlan struct {
 	Sequence    []FaultStep        `json:"sequence,omitempty"`
 	Probability map[string]float64 `json:"probability,omitempty"`
 	Hang        string             `json:"hang,omitempty"`
 	Match       string             `json:"match,omitempty"`
+	// Actions selects the calls the plan applies to; empty means every STS
+	// call and no IAM call. Entries: "CreateAccessKey", "iam:GetUser",
+	// "iam:*", "sts:*" or "*".
+	Actions []string `json:"actions,omitempty"`
 }
 
 // FaultStep makes the next Count calls fail with Fault.
@@ -146,8 +154,24 @@ func (e *Emulator) ClearFaults(tb testing.TB) {
 }
 
 // SetConfig applies the fields sent (rate, burst, latency_min, latency_max,
-// max_lifetime, deny), for example map[string]any{"max_lifetime": "40s"}.
+// max_lifetime, deny, iam_propagation), for example
+// map[string]any{"max_lifetime": "40s"}.
 func (e *Emulator) SetConfig(tb testing.TB, fields map[string]any) {
 	tb.Helper()
 	e.control(tb, http.MethodPost, "config", fields, nil)
+}
+
+// IAMUsers returns the emulator's IAM users with their access keys.
+func (e *Emulator) IAMUsers(tb testing.TB) []EmulatorIAMUser {
+	tb.Helper()
+	var u []EmulatorIAMUser
+	e.control(tb, http.MethodGet, "iam/users", nil, &u)
+	return u
+}
+
+// SetIAMPropagation sets how long keys created from now on are refused
+// (InvalidClientTokenId) after CreateAccessKey.
+func (e *Emulator) SetIAMPropagation(tb testing.TB, d time.Duration) {
+	tb.Helper()
+	e.SetConfig(tb, map[string]any{"iam_propagation": d.String()})
 }
