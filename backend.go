@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -76,6 +77,8 @@ type backendOptions struct {
 	wrapSTS func(endpoint string, api stsAPI) stsAPI
 	// onFlight, when set, is told of every refresh cycle as it starts.
 	onFlight func(name string, f *flight)
+	// wrapIAM, when set, wraps each IAM client a rotation builds.
+	wrapIAM func(api iamAPI) iamAPI
 }
 
 type backend struct {
@@ -140,6 +143,16 @@ type backend struct {
 	// reconcileMu serialises reconciler passes (periodic, start retries).
 	reconcileMu sync.Mutex
 
+	// rotateMu serialises root key rotations (and their planning); rootMu
+	// makes config/root's "read, change, write" one step for operator
+	// writes and a rotation's store. rotationTimer and rotationAt, the
+	// scheduled rotation, are guarded by bgMu.
+	rotateMu      sync.Mutex
+	rootMu        sync.Mutex
+	rotationTimer timer
+	rotationAt    time.Time
+	wrapIAM       func(api iamAPI) iamAPI
+
 	// cacheWriteFailures is the test hook's count of cache writes still to
 	// fail; only a binary built with -tags testhooks reads it.
 	cacheWriteFailures atomic.Int64
@@ -152,6 +165,7 @@ func newBackend(opts backendOptions) *backend {
 		testHooks:  opts.testHooks,
 		wrapSTS:    opts.wrapSTS,
 		onFlight:   opts.onFlight,
+		wrapIAM:    opts.wrapIAM,
 		refreshCfg: defaultRefreshConfig(),
 		flights:    make(map[string]*flight),
 		timers:     make(map[string]*schedEntry),
@@ -179,6 +193,7 @@ func newBackend(opts backendOptions) *backend {
 	paths = append(paths, pathsStatus(b)...)
 	paths = append(paths, pathRefresh(b))
 	paths = append(paths, pathMetrics(b))
+	paths = append(paths, pathsRotation(b)...)
 	if b.testHooks {
 		paths = append(paths, testHookPaths(b)...)
 	}
@@ -298,6 +313,10 @@ func (b *backend) clean(ctx context.Context) {
 	if b.startTimer != nil {
 		b.startTimer.Stop()
 		b.startTimer = nil
+	}
+	if b.rotationTimer != nil {
+		b.rotationTimer.Stop()
+		b.rotationTimer = nil
 	}
 	b.bgMu.Unlock()
 	b.bgCancel()

@@ -59,6 +59,11 @@ var nonRetryableCodes = map[string]bool{
 	"InvalidIdentityToken":             true,
 	"OptInRequired":                    true,
 	"NotAuthorized":                    true,
+	// IAM, during a root key rotation: the operator must act first.
+	"LimitExceeded":       true,
+	"NoSuchEntity":        true,
+	"EntityAlreadyExists": true,
+	"InvalidInput":        true,
 	// Ours: the role or the client configuration cannot work as written.
 	"InvalidRole":       true,
 	"ClientConfigError": true,

@@ -41,6 +41,8 @@ type metrics struct {
 	rateLimited prometheus.Counter
 	rejected    *prometheus.CounterVec // reason
 
+	rotations *prometheus.CounterVec // trigger, result
+
 	// outcomes are the STS outcome label values seen so far (outcomeMu):
 	// at most maxOutcomes, then "other".
 	outcomeMu sync.Mutex
@@ -84,6 +86,10 @@ func newMetrics(version string) *metrics {
 			Name: "aws_resilient_credentials_rejected_total",
 			Help: "Credentials STS returned that validation rejected (never cached), by reason.",
 		}, []string{"reason"}),
+		rotations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aws_resilient_root_rotations_total",
+			Help: "Root key rotations (config/rotate-root and rotation_period), by trigger (manual, scheduled) and result (success, failure).",
+		}, []string{"trigger", "result"}),
 		coldWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "aws_resilient_cold_read_wait_seconds",
 			Help:    "How long creds reads that found nothing valid cached waited for a refresh cycle.",
@@ -103,7 +109,7 @@ func newMetrics(version string) *metrics {
 		ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.rejected, reads, m.coldWait, build)
+	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.rejected, reads, m.coldWait, build, m.rotations)
 	// Every label value known in advance is exported from the start, at 0,
 	// so that rate() and increase() see the first event instead of a series
 	// that appears with it.
@@ -113,6 +119,11 @@ func newMetrics(version string) *metrics {
 	}
 	for _, r := range rejectionReasons {
 		m.rejected.WithLabelValues(r)
+	}
+	for _, t := range []string{rotationManual, rotationScheduled} {
+		for _, r := range []string{rotationSuccess, rotationFailure} {
+			m.rotations.WithLabelValues(t, r)
+		}
 	}
 	return m
 }

@@ -34,8 +34,13 @@ const (
 	defaultSTSBurst        = 10
 	maxSTSBurst            = 10000
 	maxFallbackEndpoints   = 10
-	defaultMetricsMaxRoles = 10000
-	maxMetricsMaxRoles     = 100000
+	// rotation_period: at least an hour (IAM keys are not meant to churn;
+	// a -tags testhooks build may lower it for the acceptance tests), at
+	// most a year.
+	defaultMinRotationPeriod = time.Hour
+	maxRotationPeriod        = 8760 * time.Hour
+	defaultMetricsMaxRoles   = 10000
+	maxMetricsMaxRoles       = 100000
 
 	// Cross-field bounds of config/refresh.
 	//
@@ -108,6 +113,14 @@ func pathConfigRoot(b *backend) *framework.Path {
 				Type:        framework.TypeCommaStringSlice,
 				Description: "Signing regions of sts_fallback_endpoints, in the same order; empty means sts_region for all of them.",
 			},
+			"iam_endpoint": {
+				Type:        framework.TypeString,
+				Description: "IAM endpoint URL for root key rotation; empty means AWS's (iam.amazonaws.com). Must be https, except on a loopback address.",
+			},
+			"rotation_period": {
+				Type:        framework.TypeDurationSecond,
+				Description: "Rotate the static access key when it is this old (at a random moment in the last tenth of the period); 0 turns scheduled rotation off. At least 1h, at most 8760h (a year).",
+			},
 		},
 		ExistenceCheck: b.pathConfigRootExistenceCheck,
 		Operations: map[logical.Operation]framework.OperationHandler{
@@ -148,6 +161,10 @@ func pathConfigRoot(b *backend) *framework.Path {
 
 var configRootResponseFields = map[string]*framework.FieldSchema{
 	"access_key":             {Type: framework.TypeString, Description: "AWS access key id; empty when the default credential chain is used.", Required: true},
+	"iam_endpoint":           {Type: framework.TypeString, Description: "IAM endpoint URL for root key rotation; empty means AWS's.", Required: true},
+	"rotation_period":        {Type: framework.TypeDurationSecond, Description: "Scheduled rotation period in seconds; 0 when off.", Required: true},
+	"last_rotated":           {Type: framework.TypeString, Description: "When the access key was last rotated (RFC 3339); empty if never.", Required: true},
+	"next_rotation":          {Type: framework.TypeString, Description: "When the next scheduled rotation is due (RFC 3339); empty when rotation_period is 0.", Required: true},
 	"secret_key_set":         {Type: framework.TypeBool, Description: "Whether a secret key is stored.", Required: true},
 	"region":                 {Type: framework.TypeString, Description: "AWS region.", Required: true},
 	"sts_endpoint":           {Type: framework.TypeString, Description: "STS endpoint URL.", Required: true},
@@ -251,6 +268,10 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 	if err != nil {
 		return nil, err
 	}
+	rot, err := getRotationState(ctx, req.Storage)
+	if err != nil {
+		return nil, err
+	}
 	if cfg == nil {
 		cfg = defaultRootConfig()
 	}
@@ -262,10 +283,18 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 		"sts_region":             cfg.STSRegion,
 		"sts_fallback_endpoints": nonNil(cfg.STSFallbackEndpoints),
 		"sts_fallback_regions":   nonNil(cfg.STSFallbackRegions),
+		"iam_endpoint":           cfg.IAMEndpoint,
+		"rotation_period":        int64(cfg.RotationPeriod / time.Second),
+		"last_rotated":           formatTime(rot.LastRotated),
+		"next_rotation":          formatTime(rot.NextRotation),
 	}}, nil
 }
 
 func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	// One step against a rotation storing its new key: whichever comes
+	// second sees the other's write.
+	b.rootMu.Lock()
+	defer b.rootMu.Unlock()
 	cfg, err := getRootConfig(ctx, req.Storage)
 	if err != nil {
 		return nil, err
@@ -273,6 +302,7 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	if cfg == nil {
 		cfg = defaultRootConfig()
 	}
+	before := *cfg
 	if v, ok := data.GetOk("access_key"); ok {
 		cfg.AccessKey = strings.TrimSpace(v.(string))
 	}
@@ -294,8 +324,19 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	if v, ok := data.GetOk("sts_fallback_regions"); ok {
 		cfg.STSFallbackRegions = trimAll(v.([]string))
 	}
+	if v, ok := data.GetOk("iam_endpoint"); ok {
+		cfg.IAMEndpoint = strings.TrimSpace(v.(string))
+	}
+	if v, ok := data.GetOk("rotation_period"); ok {
+		cfg.RotationPeriod = time.Duration(v.(int)) * time.Second
+	}
 	if msg := cfg.validate(); msg != "" {
 		return logical.ErrorResponse(msg), nil
+	}
+	// The key's age, which scheduled rotation measures, starts when the key
+	// is stored, or when rotation is turned on for a key stored before.
+	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
+		cfg.KeySetAt = b.clock.Now()
 	}
 
 	entry, err := logical.StorageEntryJSON(configRootPath, cfg)
@@ -307,10 +348,18 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	}
 	// After the write, so a client built concurrently cannot keep the old keys.
 	b.resetClients()
+	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
+		if err := b.replanRotation(ctx, req.Storage); err != nil {
+			// config/root is written; the reconciler plans the rotation.
+			b.Logger().Warn("planning the next root key rotation failed; the reconciler retries", "error", err)
+		}
+	}
 	return nil, nil
 }
 
 func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
+	b.rootMu.Lock()
+	defer b.rootMu.Unlock()
 	if err := req.Storage.Delete(ctx, configRootPath); err != nil {
 		return nil, fmt.Errorf("deleting config/root: %w", err)
 	}
@@ -384,6 +433,12 @@ type rootConfig struct {
 	STSRegion            string   `json:"sts_region"`
 	STSFallbackEndpoints []string `json:"sts_fallback_endpoints"`
 	STSFallbackRegions   []string `json:"sts_fallback_regions"`
+	IAMEndpoint          string   `json:"iam_endpoint,omitempty"`
+	// RotationPeriod is the scheduled rotation's period, 0 when off.
+	RotationPeriod time.Duration `json:"rotation_period,omitempty"`
+	// KeySetAt is when AccessKey was stored (by an operator or a rotation),
+	// or when rotation was turned on for a key stored before: the key's age.
+	KeySetAt time.Time `json:"key_set_at,omitempty"`
 }
 
 func defaultRootConfig() *rootConfig {
@@ -427,6 +482,17 @@ func (c *rootConfig) validate() string {
 		if !regionRegex.MatchString(r) {
 			return fmt.Sprintf("sts_fallback_regions must be AWS region names such as %s", defaultRegion)
 		}
+	}
+	if c.IAMEndpoint != "" {
+		if msg := validateEndpoint("iam_endpoint", c.IAMEndpoint); msg != "" {
+			return msg
+		}
+	}
+	if c.RotationPeriod != 0 && (c.RotationPeriod < minRotationPeriod() || c.RotationPeriod > maxRotationPeriod) {
+		return fmt.Sprintf("rotation_period must be 0 (off) or between %s and %s; got %s", minRotationPeriod(), maxRotationPeriod, c.RotationPeriod)
+	}
+	if c.RotationPeriod != 0 && c.AccessKey == "" {
+		return "rotation_period needs a static access_key and secret_key: the default AWS credential chain's keys belong to the environment, and the plugin cannot rotate them"
 	}
 	return ""
 }

@@ -21,6 +21,10 @@ func TestConfigRoot_ReadWriteDelete(t *testing.T) {
 		"sts_region":             "",
 		"sts_fallback_endpoints": []string{},
 		"sts_fallback_regions":   []string{},
+		"iam_endpoint":           "",
+		"rotation_period":        int64(0),
+		"last_rotated":           "",
+		"next_rotation":          "",
 	}
 	if got := mustDo(t, b, s, logical.ReadOperation, "config/root", nil).Data; !reflect.DeepEqual(got, defaults) {
 		t.Fatalf("read before write = %v, want defaults %v", got, defaults)
@@ -52,6 +56,10 @@ func TestConfigRoot_ReadWriteDelete(t *testing.T) {
 				"sts_region":             "eu-west-1",
 				"sts_fallback_endpoints": []string{"https://sts.eu-central-1.amazonaws.com", "http://127.0.0.1:8599"},
 				"sts_fallback_regions":   []string{"eu-central-1", "us-east-1"},
+				"iam_endpoint":           "",
+				"rotation_period":        int64(0),
+				"last_rotated":           "",
+				"next_rotation":          "",
 			},
 		},
 		{
@@ -66,6 +74,10 @@ func TestConfigRoot_ReadWriteDelete(t *testing.T) {
 				"sts_region":             "eu-west-1",
 				"sts_fallback_endpoints": []string{"https://sts.eu-central-1.amazonaws.com", "http://127.0.0.1:8599"},
 				"sts_fallback_regions":   []string{"eu-central-1", "us-east-1"},
+				"iam_endpoint":           "",
+				"rotation_period":        int64(0),
+				"last_rotated":           "",
+				"next_rotation":          "",
 			},
 		},
 		{
@@ -80,6 +92,10 @@ func TestConfigRoot_ReadWriteDelete(t *testing.T) {
 				"sts_region":             "eu-west-1",
 				"sts_fallback_endpoints": []string{},
 				"sts_fallback_regions":   []string{},
+				"iam_endpoint":           "",
+				"rotation_period":        int64(0),
+				"last_rotated":           "",
+				"next_rotation":          "",
 			},
 		},
 	}

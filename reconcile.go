@@ -70,7 +70,8 @@ func (b *backend) reconcile(ctx context.Context) error {
 //   - every warm role (one with a credential or a status) has a cycle
 //     scheduled or in flight;
 //   - mirrored roles that storage no longer has are dropped, and cached
-//     credentials or statuses without a role are deleted.
+//     credentials or statuses without a role are deleted;
+//   - the scheduled root key rotation is armed (or planned anew).
 //
 // It returns the first error; the roles it could reach are reconciled.
 func (b *backend) reconcilePass(ctx context.Context) error {
@@ -121,6 +122,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 				}
 			}
 		}
+	}
+	if err := b.resumeRotation(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("planning the root key rotation: %w", err))
 	}
 	if started {
 		b.Logger().Info("refresher started", "roles", len(names))

@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -19,6 +21,20 @@ import (
 
 // testHooksBuilt reports whether this binary carries the test hooks.
 const testHooksBuilt = true
+
+// testMinRotationPeriodEnv lowers the shortest rotation_period, so that an
+// acceptance test can see a scheduled rotation happen (Vault passes its
+// environment to the plugin).
+const testMinRotationPeriodEnv = "AWS_RESILIENT_TEST_MIN_ROTATION_PERIOD"
+
+// minRotationPeriod is the shortest rotation_period config/root accepts:
+// an hour, or what the test environment says.
+func minRotationPeriod() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(testMinRotationPeriodEnv)); err == nil && d > 0 {
+		return d
+	}
+	return defaultMinRotationPeriod
+}
 
 func testHookPaths(b *backend) []*framework.Path {
 	return []*framework.Path{pathTestStorageFaults(b)}

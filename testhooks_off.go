@@ -3,6 +3,8 @@
 package awsresilient
 
 import (
+	"time"
+
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -12,5 +14,8 @@ import (
 const testHooksBuilt = false
 
 func testHookPaths(*backend) []*framework.Path { return nil }
+
+// minRotationPeriod is the shortest rotation_period config/root accepts.
+func minRotationPeriod() time.Duration { return defaultMinRotationPeriod }
 
 func (b *backend) wrapStorage(s logical.Storage) logical.Storage { return s }

@@ -1,0 +1,578 @@
+package awsresilient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
+	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// configRotationPath stores the root key rotation's record. It sits under
+// config/, which is seal-wrapped.
+const configRotationPath = "config/rotation"
+
+// iamRegion is where IAM, a global service, signs its requests.
+const iamRegion = "us-east-1"
+
+// Rotation triggers and outcomes, as config/rotation and the metrics show
+// them.
+const (
+	rotationManual    = "manual"
+	rotationScheduled = "scheduled"
+	rotationSuccess   = "success"
+	rotationFailure   = "failure"
+)
+
+// rotationDrainTimeout bounds the wait for attempts still using the old key
+// before it is deleted: an attempt ends by its block end (at most 45 s) plus
+// one call's timeout (at most 10 s).
+const rotationDrainTimeout = time.Minute
+
+// iamAPI is the part of *iam.Client a rotation calls.
+type iamAPI interface {
+	GetUser(ctx context.Context, in *iam.GetUserInput, optFns ...func(*iam.Options)) (*iam.GetUserOutput, error)
+	ListAccessKeys(ctx context.Context, in *iam.ListAccessKeysInput, optFns ...func(*iam.Options)) (*iam.ListAccessKeysOutput, error)
+	CreateAccessKey(ctx context.Context, in *iam.CreateAccessKeyInput, optFns ...func(*iam.Options)) (*iam.CreateAccessKeyOutput, error)
+	DeleteAccessKey(ctx context.Context, in *iam.DeleteAccessKeyInput, optFns ...func(*iam.Options)) (*iam.DeleteAccessKeyOutput, error)
+}
+
+// rotationState is the stored config/rotation: what the last rotation did,
+// when the next scheduled one is due, and the keys a rotation left behind
+// that the next one must delete.
+type rotationState struct {
+	LastAttempt time.Time `json:"last_attempt"`
+	LastRotated time.Time `json:"last_rotated"`
+	Trigger     string    `json:"trigger"`
+	Outcome     string    `json:"outcome"`
+	Error       string    `json:"error"`
+	// Failures counts consecutive failed rotations.
+	Failures int `json:"failures"`
+	// NextRotation is when the next scheduled rotation is due; zero when
+	// rotation_period is 0. PlanKeySetAt and PlanPeriod are the config/root
+	// it was planned from: when they differ, the plan is made again.
+	NextRotation time.Time     `json:"next_rotation"`
+	PlanKeySetAt time.Time     `json:"plan_key_set_at"`
+	PlanPeriod   time.Duration `json:"plan_period"`
+	// PendingKeyID is a key a rotation created and did not store, and
+	// RetiredKeyID one it replaced and could not delete: the next rotation
+	// deletes them. Only keys recorded here are ever deleted unasked.
+	PendingKeyID string `json:"pending_key_id,omitempty"`
+	RetiredKeyID string `json:"retired_key_id,omitempty"`
+}
+
+func getRotationState(ctx context.Context, s logical.Storage) (*rotationState, error) {
+	entry, err := s.Get(ctx, configRotationPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading config/rotation: %w", err)
+	}
+	st := new(rotationState)
+	if entry == nil {
+		return st, nil
+	}
+	if err := entry.DecodeJSON(st); err != nil {
+		return nil, fmt.Errorf("decoding config/rotation: %w", err)
+	}
+	return st, nil
+}
+
+func putRotationState(ctx context.Context, s logical.Storage, st *rotationState) error {
+	entry, err := logical.StorageEntryJSON(configRotationPath, st)
+	if err != nil {
+		return err
+	}
+	if err := s.Put(ctx, entry); err != nil {
+		return fmt.Errorf("writing config/rotation: %w", err)
+	}
+	return nil
+}
+
+// rotationError is a failed rotation as the caller sees it: 400 for what
+// the operator must fix, 503 for AWS trouble, with the AWS error code.
+type rotationError struct {
+	status int
+	msg    string
+}
+
+func (e *rotationError) Error() string { return e.msg }
+
+// rotationResponse turns err into the handler's answer: a rotationError becomes a
+// 400 or a coded 503, anything else (storage) a 500.
+func rotationResponse(err error) (*logical.Response, error) {
+	var re *rotationError
+	if !errors.As(err, &re) {
+		return nil, err
+	}
+	if re.status == http.StatusBadRequest {
+		return logical.ErrorResponse(re.msg), nil
+	}
+	return nil, logical.CodedError(re.status, re.msg)
+}
+
+// awsFailure describes an AWS call that failed during step: a 400 when
+// asking again cannot help (AccessDenied, an invalid key, a quota), a 503
+// otherwise. secretKey is redacted from the message.
+func awsFailure(step string, err error, secretKey string) *rotationError {
+	re := classify(err, secretKey)
+	status := http.StatusServiceUnavailable
+	if !re.Retryable {
+		status = http.StatusBadRequest
+	}
+	return &rotationError{status: status, msg: fmt.Sprintf("root key rotation failed at %s: %s", step, re.Error())}
+}
+
+// rootClients builds an IAM client and an STS client signing with the given
+// key pair, against the endpoints of cfg.
+func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
+	iamCfg, iamTr, err := newAWSConfig(ctx, iamRegion, accessKey, secretKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stsRegion := cfg.Region
+	if cfg.STSRegion != "" {
+		stsRegion = cfg.STSRegion
+	}
+	stsCfg, stsTr, err := newAWSConfig(ctx, stsRegion, accessKey, secretKey)
+	if err != nil {
+		iamTr.CloseIdleConnections()
+		return nil, nil, nil, err
+	}
+	var iamClient iamAPI = iam.NewFromConfig(iamCfg, func(o *iam.Options) {
+		if cfg.IAMEndpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.IAMEndpoint)
+		}
+	})
+	var stsClient stsIdentityAPI = sts.NewFromConfig(stsCfg, func(o *sts.Options) {
+		if cfg.STSEndpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
+		}
+	})
+	if b.wrapIAM != nil {
+		iamClient = b.wrapIAM(iamClient)
+	}
+	return iamClient, stsClient, func() { iamTr.CloseIdleConnections(); stsTr.CloseIdleConnections() }, nil
+}
+
+// stsIdentityAPI is the STS call that verifies a new key.
+type stsIdentityAPI interface {
+	GetCallerIdentity(ctx context.Context, in *sts.GetCallerIdentityInput, optFns ...func(*sts.Options)) (*sts.GetCallerIdentityOutput, error)
+}
+
+// rotateRoot replaces the static key in config/root with a new key of the
+// same IAM user, without a failed refresh:
+//
+//  1. GetUser with the current key names the user; keys earlier rotations
+//     left behind (recorded in config/rotation) are deleted; a user that
+//     already has two keys gets a 400 naming LimitExceeded.
+//  2. CreateAccessKey, recorded as pending before anything else happens.
+//  3. The new key is verified with sts:GetCallerIdentity on the refresh
+//     block schedule (IAM takes seconds to propagate a key): the first
+//     attempt at once, attempt i at a random moment in block i.
+//  4. config/root gets the new key, only if nobody changed the key meanwhile
+//     (an operator's write wins, and the new key is deleted).
+//  5. New attempts use the new key; attempts still using the old one end;
+//     then the old key is deleted.
+//
+// A failure before step 4 deletes the new key and leaves config/root as it
+// was. A key that cannot be deleted is recorded for the next rotation.
+// It returns the new access key id.
+func (b *backend) rotateRoot(ctx context.Context, s logical.Storage, trigger string) (string, error) {
+	b.rotateMu.Lock()
+	defer b.rotateMu.Unlock()
+	now := b.clock.Now()
+	st, err := getRotationState(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	newID, rerr := b.rotateSteps(ctx, s, st)
+	st.LastAttempt, st.Trigger = now, trigger
+	if rerr != nil {
+		st.Outcome, st.Error = rotationFailure, rerr.Error()
+		st.Failures++
+	} else {
+		st.Outcome, st.Error, st.Failures = rotationSuccess, "", 0
+		st.LastRotated = now
+	}
+	b.metrics.rotations.WithLabelValues(trigger, st.Outcome).Inc()
+	b.planRotation(ctx, s, st)
+	if err := putRotationState(ctx, s, st); err != nil {
+		b.Logger().Error("recording the root key rotation failed", "error", err)
+		if rerr == nil {
+			// The new key is stored and works; only the record is lost.
+			// A pending key id it held is retried by the next rotation
+			// only if this write lands, so say so.
+			b.Logger().Warn("a key left by this rotation may not be cleaned up by the next one")
+		}
+	}
+	if rerr != nil {
+		b.Logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
+		return "", rerr
+	}
+	b.Logger().Info("root key rotated", "trigger", trigger, "access_key", newID)
+	return newID, nil
+}
+
+// rotateSteps runs the rotation; st is updated in place with the keys it
+// leaves behind, and stored by the caller (and at step 2, before the new key
+// is used anywhere).
+func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState) (string, error) {
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	if cfg == nil || cfg.AccessKey == "" {
+		return "", &rotationError{status: http.StatusBadRequest, msg: "config/rotate-root needs a static access_key and secret_key in config/root; " +
+			"with the default AWS credential chain the keys belong to the environment, and the plugin cannot rotate them"}
+	}
+	oldIAM, _, closeOld, err := b.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
+	if err != nil {
+		return "", awsFailure("building the IAM client", err, cfg.SecretKey)
+	}
+	defer closeOld()
+	callCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, callTimeout(b.getRefreshCfg().block()))
+	}
+
+	// 1. Who are we, and what keys are there?
+	c, cancel := callCtx()
+	user, err := oldIAM.GetUser(c, &iam.GetUserInput{})
+	cancel()
+	if err != nil {
+		return "", awsFailure("iam:GetUser", err, cfg.SecretKey)
+	}
+	if user.User == nil || aws.ToString(user.User.UserName) == "" {
+		return "", &rotationError{status: http.StatusBadRequest, msg: "root key rotation needs the keys of an IAM user; iam:GetUser named none (root account keys or a role cannot be rotated here)"}
+	}
+	userName, userARN := aws.ToString(user.User.UserName), aws.ToString(user.User.Arn)
+	c, cancel = callCtx()
+	list, err := oldIAM.ListAccessKeys(c, &iam.ListAccessKeysInput{UserName: aws.String(userName)})
+	cancel()
+	if err != nil {
+		return "", awsFailure("iam:ListAccessKeys", err, cfg.SecretKey)
+	}
+	var others []iamtypes.AccessKeyMetadata
+	for _, k := range list.AccessKeyMetadata {
+		id := aws.ToString(k.AccessKeyId)
+		if id == cfg.AccessKey {
+			continue
+		}
+		if id != "" && (id == st.PendingKeyID || id == st.RetiredKeyID) {
+			// Left by an earlier rotation: ours to delete.
+			c, cancel = callCtx()
+			_, err := oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(id)})
+			cancel()
+			if err != nil && !isNoSuchEntity(err) {
+				return "", awsFailure("iam:DeleteAccessKey of the key an earlier rotation left", err, cfg.SecretKey)
+			}
+			continue
+		}
+		others = append(others, k)
+	}
+	st.PendingKeyID, st.RetiredKeyID = "", ""
+	if len(others) > 0 {
+		return "", &rotationError{status: http.StatusBadRequest, msg: fmt.Sprintf(
+			"root key rotation cannot create a key: IAM user %q already has its 2 access keys (LimitExceeded), the configured one and %s, "+
+				"which this plugin did not create; delete it if nothing uses it (aws iam delete-access-key --user-name %s --access-key-id %s), then rotate again",
+			userName, aws.ToString(others[0].AccessKeyId), userName, aws.ToString(others[0].AccessKeyId))}
+	}
+
+	// 2. A new key, recorded before it is used, so that a crash from here on
+	// leaves a key the next rotation knows to delete.
+	c, cancel = callCtx()
+	created, err := oldIAM.CreateAccessKey(c, &iam.CreateAccessKeyInput{UserName: aws.String(userName)})
+	cancel()
+	if err != nil {
+		re := awsFailure("iam:CreateAccessKey", err, cfg.SecretKey)
+		if classify(err, "").Code == "LimitExceeded" {
+			re.msg += fmt.Sprintf("; IAM user %q has 2 access keys already: delete the one not in config/root, then rotate again", userName)
+		}
+		return "", re
+	}
+	if created.AccessKey == nil || aws.ToString(created.AccessKey.AccessKeyId) == "" || aws.ToString(created.AccessKey.SecretAccessKey) == "" {
+		return "", &rotationError{status: http.StatusServiceUnavailable, msg: "root key rotation failed at iam:CreateAccessKey: IAM returned no key"}
+	}
+	newID, newSecret := aws.ToString(created.AccessKey.AccessKeyId), aws.ToString(created.AccessKey.SecretAccessKey)
+	deleteNew := func(api iamAPI) {
+		c, cancel := callCtx()
+		defer cancel()
+		if _, err := api.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(newID)}); err != nil && !isNoSuchEntity(err) {
+			st.PendingKeyID = newID
+			b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", newID, "error", classify(err, newSecret).Error())
+		}
+	}
+	st.PendingKeyID = newID
+	if err := putRotationState(ctx, s, st); err != nil {
+		st.PendingKeyID = ""
+		deleteNew(oldIAM)
+		return "", err
+	}
+
+	// 3. Verify the new key where it will be used.
+	if err := b.verifyKey(ctx, cfg, newID, newSecret, userARN); err != nil {
+		deleteNew(oldIAM)
+		return "", err
+	}
+
+	// 4. Store it, unless the key changed under us.
+	stored, err := b.storeRotatedKey(ctx, s, cfg.AccessKey, newID, newSecret)
+	switch {
+	case err != nil && stored == keyUnknown:
+		// Nobody knows which key storage holds: both keys stay, and the
+		// pending record names the new one (if it can be written).
+		return "", fmt.Errorf("storing the rotated root key: %w; both keys are kept until a rotation succeeds", err)
+	case stored == keyOld:
+		deleteNew(oldIAM)
+		if err != nil {
+			return "", err
+		}
+		return "", &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and the new key was deleted"}
+	}
+
+	// 5. New attempts now build clients with the new key. Delete the old key
+	// once the attempts that started with it have ended.
+	st.PendingKeyID = ""
+	old := b.resetClients()
+	if !old.drained(ctx, rotationDrainTimeout) {
+		st.RetiredKeyID = cfg.AccessKey
+		b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", cfg.AccessKey)
+		return newID, nil
+	}
+	newIAM, _, closeNew, err := b.rootClients(ctx, cfg, newID, newSecret)
+	if err == nil {
+		defer closeNew()
+		c, cancel = callCtx()
+		_, err = newIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(cfg.AccessKey)})
+		cancel()
+	}
+	if err != nil && !isNoSuchEntity(err) {
+		st.RetiredKeyID = cfg.AccessKey
+		b.Logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", cfg.AccessKey, "error", classify(err, newSecret).Error())
+	}
+	return newID, nil
+}
+
+func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEntity" }
+
+// verifyKey calls sts:GetCallerIdentity with the new key until it answers as
+// the same IAM user: up to max_retries attempts on the refresh block
+// schedule, the first at once, each within its block and the global STS
+// rate limit.
+func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
+	rcfg := b.getRefreshCfg()
+	block := rcfg.block()
+	_, stsClient, closeFn, err := b.rootClients(ctx, cfg, accessKey, secretKey)
+	if err != nil {
+		return awsFailure("building the STS client", err, secretKey)
+	}
+	defer closeFn()
+	start := b.clock.Now()
+	var last error
+	for i := 0; i < rcfg.MaxRetries; i++ {
+		if i > 0 {
+			if err := b.sleepUntil(ctx, start.Add(time.Duration(i)*block+b.jitter(block)), nil); err != nil {
+				return err
+			}
+		}
+		blockEnd := start.Add(time.Duration(i+1) * block)
+		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
+		if !ok {
+			last = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the block (sts_rate_limit)", Retryable: true}
+			continue
+		}
+		if err := b.sleepUntil(ctx, at, nil); err != nil {
+			return err
+		}
+		c, cancel := context.WithTimeout(ctx, callTimeout(block))
+		out, err := stsClient.GetCallerIdentity(c, &sts.GetCallerIdentityInput{})
+		cancel()
+		switch {
+		case err != nil:
+			last = err
+			b.Logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
+		case aws.ToString(out.Arn) != userARN:
+			return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
+				"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
+		default:
+			return nil
+		}
+	}
+	re := classify(last, secretKey)
+	return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
+		"root key rotation failed at verification: STS did not accept the new key within %d attempts over %s (%s); the new key was deleted and config/root is unchanged",
+		rcfg.MaxRetries, rcfg.RetryWindow, re.Error())}
+}
+
+// Which key config/root holds after storeRotatedKey.
+type storedKey int
+
+const (
+	keyOld storedKey = iota
+	keyNew
+	keyUnknown
+)
+
+// storeRotatedKey writes the new key into config/root if it still holds
+// oldID, under the config/root lock that operator writes take too. A failed
+// write is read back, because storage may have applied it.
+func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
+	b.rootMu.Lock()
+	defer b.rootMu.Unlock()
+	cur, err := getRootConfig(ctx, s)
+	if err != nil {
+		return keyOld, err
+	}
+	if cur == nil || cur.AccessKey != oldID {
+		return keyOld, nil
+	}
+	cur.AccessKey, cur.SecretKey = newID, newSecret
+	cur.KeySetAt = b.clock.Now()
+	entry, err := logical.StorageEntryJSON(configRootPath, cur)
+	if err != nil {
+		return keyOld, err
+	}
+	putErr := s.Put(ctx, entry)
+	if putErr == nil {
+		return keyNew, nil
+	}
+	back, err := getRootConfig(ctx, s)
+	switch {
+	case err != nil:
+		return keyUnknown, putErr
+	case back != nil && back.AccessKey == newID:
+		return keyNew, nil
+	default:
+		return keyOld, fmt.Errorf("writing config/root: %w", putErr)
+	}
+}
+
+// rotationRetryBase and rotationRetryMax bound the pause before a failed
+// scheduled rotation is tried again (jittered, doubling).
+const (
+	rotationRetryBase = time.Minute
+	rotationRetryMax  = time.Hour
+)
+
+// planRotation sets st.NextRotation from config/root's rotation_period and
+// arms the timer where the refresher runs: the key's age reaches the period
+// at a random moment in the last tenth of it, so that mounts configured
+// together do not rotate together; after a failure, a growing pause. A
+// config/root that cannot be read leaves the plan as it was.
+func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotationState) {
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		b.Logger().Warn("reading config/root to plan the next key rotation failed; the reconciler plans it", "error", err)
+		return
+	}
+	st.NextRotation, st.PlanKeySetAt, st.PlanPeriod = time.Time{}, time.Time{}, 0
+	if cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 {
+		st.PlanKeySetAt, st.PlanPeriod = cfg.KeySetAt, cfg.RotationPeriod
+		now := b.clock.Now()
+		next := cfg.KeySetAt.Add(cfg.RotationPeriod - b.jitter(cfg.RotationPeriod/10))
+		if st.Outcome == rotationFailure && st.Failures > 0 {
+			next = st.LastAttempt.Add(b.backoff(rotationRetryBase, st.Failures, rotationRetryMax))
+		}
+		if next.Before(now) {
+			next = now
+		}
+		st.NextRotation = next
+	}
+	b.scheduleRotation(st.NextRotation)
+}
+
+// scheduleRotation arms (or, for the zero time, disarms) the scheduled
+// rotation; it does nothing unless the refresher runs on this node.
+func (b *backend) scheduleRotation(at time.Time) {
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if b.rotationTimer != nil {
+		b.rotationTimer.Stop()
+		b.rotationTimer = nil
+	}
+	b.rotationAt = time.Time{}
+	if !b.running || b.closed || at.IsZero() {
+		return
+	}
+	b.rotationAt = at
+	var t timer
+	t = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() {
+		b.bgMu.Lock()
+		current := b.rotationTimer == t
+		if current {
+			b.rotationTimer, b.rotationAt = nil, time.Time{}
+		}
+		b.bgMu.Unlock()
+		if current {
+			b.goBackground(func(ctx context.Context) { b.scheduledRotation(ctx) })
+		}
+	})
+	b.rotationTimer = t
+}
+
+// scheduledRotation runs a due rotation, unless rotation_period was turned
+// off meanwhile.
+func (b *backend) scheduledRotation(ctx context.Context) {
+	cfg, err := getRootConfig(ctx, b.storage)
+	if err == nil && (cfg == nil || cfg.AccessKey == "" || cfg.RotationPeriod == 0) {
+		return
+	}
+	if err != nil {
+		// Try again after a pause, like a failed rotation.
+		b.Logger().Warn("reading config/root for the scheduled key rotation failed; retrying", "error", err)
+		b.scheduleRotation(b.clock.Now().Add(b.backoff(rotationRetryBase, 1, rotationRetryMax)))
+		return
+	}
+	_, _ = b.rotateRoot(ctx, b.storage, rotationScheduled)
+}
+
+// resumeRotation arms the scheduled rotation from storage; the reconciler
+// calls it on every pass on the node that refreshes.
+func (b *backend) resumeRotation(ctx context.Context) error {
+	if !b.rotateMu.TryLock() {
+		return nil // a rotation runs, and plans when it ends
+	}
+	defer b.rotateMu.Unlock()
+	st, err := getRotationState(ctx, b.storage)
+	if err != nil {
+		return err
+	}
+	cfg, err := getRootConfig(ctx, b.storage)
+	if err != nil {
+		return err
+	}
+	enabled := cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0
+	current := enabled && !st.NextRotation.IsZero() && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
+	switch {
+	case current:
+		b.scheduleRotation(st.NextRotation)
+	case enabled || !st.NextRotation.IsZero():
+		// The plan is missing, or was made for another key or period.
+		b.planRotation(ctx, b.storage, st)
+		return putRotationState(ctx, b.storage, st)
+	default:
+		b.scheduleRotation(time.Time{})
+	}
+	return nil
+}
+
+// replanRotation records a new plan after config/root changed its key or
+// rotation_period. While a rotation runs it does nothing: the rotation
+// plans from config/root when it ends, and the reconciler replans any plan
+// made for another key or period.
+func (b *backend) replanRotation(ctx context.Context, s logical.Storage) error {
+	if !b.rotateMu.TryLock() {
+		return nil
+	}
+	defer b.rotateMu.Unlock()
+	st, err := getRotationState(ctx, s)
+	if err != nil {
+		return err
+	}
+	b.planRotation(ctx, s, st)
+	return putRotationState(ctx, s, st)
+}
