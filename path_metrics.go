@@ -141,6 +141,15 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		samples = append(samples, smp)
 	}
 
+	root, err := getRootConfig(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	rot, err := getRotationState(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+
 	families, err := b.metrics.reg.Gather()
 	if err != nil {
 		return nil, fmt.Errorf("gathering metrics: %w", err)
@@ -189,6 +198,16 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.refresherRunning()))
 	gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", cfg.RetryWindow.Seconds())
 	gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(perRole))
+	gauge("aws_resilient_root_rotation_failures", "Consecutive failed root key rotations (config/rotation failures).", float64(rot.Failures))
+	if root != nil && root.AccessKey != "" && !root.KeySetAt.IsZero() {
+		gauge("aws_resilient_root_key_age_seconds", "How long ago config/root's static access key was stored (by an operator or a rotation).", now.Sub(root.KeySetAt).Seconds())
+	}
+	if !rot.LastRotated.IsZero() {
+		gauge("aws_resilient_root_last_rotation_timestamp_seconds", "When the root key was last rotated (unix seconds).", unixSeconds(rot.LastRotated))
+	}
+	if !rot.NextRotation.IsZero() {
+		gauge("aws_resilient_root_next_rotation_timestamp_seconds", "When the next scheduled root key rotation is due (unix seconds); absent when rotation_period is 0.", unixSeconds(rot.NextRotation))
+	}
 	w.family("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.")
 	for _, st := range roleStateNames {
 		w.sample("aws_resilient_roles", float64(byState[st]), "state", st)

@@ -109,6 +109,17 @@ func TestRotation_ReplacesTheKey(t *testing.T) {
 	if root["last_rotated"] != rot["last_rotated"] || root["next_rotation"] != "" {
 		t.Fatalf("config/root last_rotated %v next_rotation %v", root["last_rotated"], root["next_rotation"])
 	}
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_root_rotations_total", map[string]string{"trigger": "manual", "result": "success"}, 1)
+	sc.want("aws_resilient_root_rotation_failures", nil, 0)
+	sc.want("aws_resilient_root_last_rotation_timestamp_seconds", nil, unixSeconds(statusTime(t, rot, "last_rotated")))
+	sc.want("aws_resilient_root_key_age_seconds", nil, 0) // the fake clock stood still
+	if _, ok := sc.value("aws_resilient_root_next_rotation_timestamp_seconds", nil); ok {
+		t.Fatal("a next-rotation series without rotation_period")
+	}
+	if strings.Contains(sc.body, id) {
+		t.Fatal("the metrics name the access key")
+	}
 	// No secret in any answer.
 	for _, d := range []map[string]interface{}{resp.Data, rot, root} {
 		for k, v := range d {
@@ -455,6 +466,11 @@ func TestRotation_Scheduled(t *testing.T) {
 	if rot["trigger"] != rotationScheduled || rot["failures"] != 1 || rot["next_rotation"] != formatTime(retryAt) {
 		t.Fatalf("after a failed scheduled rotation: %v, want a retry at %s", rot, formatTime(retryAt))
 	}
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_root_rotation_failures", nil, 1)
+	sc.want("aws_resilient_root_rotations_total", map[string]string{"trigger": "scheduled", "result": "failure"}, 1)
+	sc.want("aws_resilient_root_next_rotation_timestamp_seconds", nil, unixSeconds(retryAt))
+	sc.want("aws_resilient_root_key_age_seconds", nil, (10 * time.Hour).Seconds())
 	emu.ClearFaults()
 	old := rootKeyID(t, f)
 	done := make(chan struct{})
