@@ -30,6 +30,10 @@ const (
 	rotationFailure   = "failure"
 )
 
+// rotationTimeout bounds a whole rotation: a few IAM calls, a verification
+// of at most one retry window (10 minutes at most) and the drain.
+const rotationTimeout = 15 * time.Minute
+
 // rotationDrainTimeout bounds the wait for attempts still using the old key
 // before it is deleted: an attempt ends by its block end (at most 45 s) plus
 // one call's timeout (at most 10 s).
@@ -182,7 +186,13 @@ type stsIdentityAPI interface {
 // A failure before step 4 deletes the new key and leaves config/root as it
 // was. A key that cannot be deleted is recorded for the next rotation.
 // It returns the new access key id.
-func (b *backend) rotateRoot(ctx context.Context, s logical.Storage, trigger string) (string, error) {
+func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger string) (string, error) {
+	// Not the request's context: a client that gives up half-way must not
+	// stop a rotation between creating a key and recording what became of
+	// it. The plugin stopping does (its records let the next rotation clean
+	// up), and so does the bound.
+	ctx, cancel := context.WithTimeout(b.bgCtx, rotationTimeout)
+	defer cancel()
 	b.rotateMu.Lock()
 	defer b.rotateMu.Unlock()
 	now := b.clock.Now()

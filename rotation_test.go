@@ -498,3 +498,18 @@ func TestRotation_Scheduled(t *testing.T) {
 		t.Fatalf("rotation_period 0 left a plan: %v, timer %v", root["next_rotation"], f.b.rotationAt)
 	}
 }
+
+// A client that gives up does not stop a rotation half-way: it completes,
+// and nothing is left on the user.
+func TestRotation_OutlivesTheRequest(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	resp, err := f.b.HandleRequest(ctx, &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	if err != nil || resp.IsError() {
+		t.Fatalf("rotate-root with a cancelled request: err=%v resp=%v", err, respErr(resp))
+	}
+	if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != rootKeyID(t, f) {
+		t.Fatalf("keys %v, stored %s", keys, rootKeyID(t, f))
+	}
+}
