@@ -112,6 +112,9 @@ type backend struct {
 	// dropped on any change to it.
 	clientMu sync.RWMutex
 	clients  *clientSet
+	// retiredSets are dropped client sets that attempts still used when
+	// they were dropped (see resetClients).
+	retiredSets []*clientSet
 
 	// limiter caps STS calls across all roles; it has its own lock.
 	limiter *rateLimiter

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -40,9 +41,22 @@ type stsEndpoint struct {
 // the attempts using them: a root key rotation deletes the old key only
 // once every attempt that started with it has ended.
 type clientSet struct {
-	eps   []*stsEndpoint
-	idle  []idleCloser // the clients' HTTP transports, to close their connections
-	users sync.WaitGroup
+	eps  []*stsEndpoint
+	idle []idleCloser // the clients' HTTP transports, to close their connections
+	// accessKey is the static key the clients sign with ("" for the
+	// default chain).
+	accessKey string
+	users     sync.WaitGroup
+	active    atomic.Int32 // users, readable (users is not)
+}
+
+func (s *clientSet) acquire() (release func()) {
+	s.users.Add(1)
+	s.active.Add(1)
+	return func() {
+		s.active.Add(-1)
+		s.users.Done()
+	}
 }
 
 // acquireEndpoints returns the STS clients for the current config/root,
@@ -55,26 +69,24 @@ func (b *backend) acquireEndpoints(ctx context.Context) (eps []*stsEndpoint, rel
 	b.clientMu.RLock()
 	set := b.clients
 	if set != nil {
-		set.users.Add(1)
+		release = set.acquire()
 	}
 	b.clientMu.RUnlock()
 	if set != nil {
-		return set.eps, set.users.Done, nil
+		return set.eps, release, nil
 	}
 
 	b.clientMu.Lock()
 	defer b.clientMu.Unlock()
 	if set := b.clients; set != nil {
-		set.users.Add(1)
-		return set.eps, set.users.Done, nil
+		return set.eps, set.acquire(), nil
 	}
 	set, err = b.buildClients(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	b.clients = set
-	set.users.Add(1)
-	return set.eps, set.users.Done, nil
+	return set.eps, set.acquire(), nil
 }
 
 // buildClients builds the STS clients from the stored config/root.
@@ -120,7 +132,7 @@ func (b *backend) buildClients(ctx context.Context) (*clientSet, error) {
 		}
 		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey})
 	}
-	return &clientSet{eps: built, idle: closers}, nil
+	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
 }
 
 // newAWSConfig is the SDK configuration every client of the plugin uses:
@@ -167,30 +179,47 @@ type idleCloser interface{ CloseIdleConnections() }
 
 // resetClients drops the STS clients so that the next call rebuilds them from
 // the current config/root. Called on every config/root write or delete, in
-// Invalidate for config/root, and in Clean. It returns the set it dropped
-// (nil if none), whose users a rotation waits for.
-func (b *backend) resetClients() *clientSet {
+// Invalidate for config/root, and in Clean. A dropped set that attempts
+// still use is kept among the retired sets until they end, so that a
+// rotation can wait for every attempt signing with the old key, whoever
+// dropped its set.
+func (b *backend) resetClients() {
 	b.clientMu.Lock()
 	defer b.clientMu.Unlock()
-	old := b.clients
-	if old != nil {
+	if old := b.clients; old != nil {
 		for _, c := range old.idle {
 			c.CloseIdleConnections()
 		}
+		b.retiredSets = append(b.retiredSets, old)
 	}
 	b.clients = nil
-	return old
+	live := b.retiredSets[:0]
+	for _, s := range b.retiredSets {
+		if s.active.Load() > 0 {
+			live = append(live, s)
+		}
+	}
+	b.retiredSets = live
 }
 
-// drained waits until every attempt using the set has ended, or until
-// timeout or ctx ends first; it reports whether they all ended.
-func (s *clientSet) drained(ctx context.Context, timeout time.Duration) bool {
-	if s == nil {
-		return true
+// drainKey waits until every attempt signing with accessKey, in a set that
+// is no longer current, has ended, or until timeout or ctx ends first; it
+// reports whether they all ended. The timeout is real time: it bounds a wait
+// for HTTP calls, not a schedule.
+func (b *backend) drainKey(ctx context.Context, accessKey string, timeout time.Duration) bool {
+	b.clientMu.Lock()
+	var sets []*clientSet
+	for _, s := range b.retiredSets {
+		if s.accessKey == accessKey {
+			sets = append(sets, s)
+		}
 	}
+	b.clientMu.Unlock()
 	done := make(chan struct{})
 	go func() {
-		s.users.Wait()
+		for _, s := range sets {
+			s.users.Wait()
+		}
 		close(done)
 	}()
 	t := time.NewTimer(timeout)

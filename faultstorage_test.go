@@ -40,6 +40,8 @@ type faultRule struct {
 	count      int
 	// applied: a Put or Delete is carried out, then reported failed.
 	applied bool
+	// skip: this many matching calls succeed before the rule fails any.
+	skip int
 }
 
 func newFaultStorage(s logical.Storage, seed uint64) *faultStorage {
@@ -49,6 +51,13 @@ func newFaultStorage(s logical.Storage, seed uint64) *faultStorage {
 		injected: map[string]int{},
 		calls:    map[string]int{},
 	}
+}
+
+// failAfter adds a rule that lets skip matching calls through first.
+func (f *faultStorage) failAfter(op, prefix string, skip, count int, applied bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rules = append(f.rules, &faultRule{op: op, prefix: prefix, count: count, applied: applied, skip: skip})
 }
 
 // failNext adds a rule.
@@ -92,6 +101,10 @@ func (f *faultStorage) decide(op, key string) (fail, apply bool) {
 	f.calls[op]++
 	for _, r := range f.rules {
 		if r.count > 0 && (r.op == "" || r.op == op) && strings.HasPrefix(key, r.prefix) {
+			if r.skip > 0 {
+				r.skip--
+				continue
+			}
 			r.count--
 			f.injected[op]++
 			return true, r.applied

@@ -121,7 +121,7 @@ func newMetrics(version string) *metrics {
 		m.rejected.WithLabelValues(r)
 	}
 	for _, t := range []string{rotationManual, rotationScheduled} {
-		for _, r := range []string{rotationSuccess, rotationFailure} {
+		for _, r := range []string{rotationSuccess, rotationFailure, rotationSuperseded} {
 			m.rotations.WithLabelValues(t, r)
 		}
 	}

@@ -62,7 +62,7 @@ var rotationResponseFields = map[string]*framework.FieldSchema{
 	"last_attempt":   {Type: framework.TypeString, Description: "When the last rotation was tried (RFC 3339); empty if never.", Required: true},
 	"last_rotated":   {Type: framework.TypeString, Description: "When a rotation last succeeded (RFC 3339); empty if never.", Required: true},
 	"trigger":        {Type: framework.TypeString, Description: "What started the last rotation: manual or scheduled.", Required: true},
-	"outcome":        {Type: framework.TypeString, Description: "success or failure; empty if never tried.", Required: true},
+	"outcome":        {Type: framework.TypeString, Description: "success, failure, or superseded (an operator stored a key during the rotation); empty if never tried.", Required: true},
 	"error":          {Type: framework.TypeString, Description: "Why the last rotation failed (with the AWS error code); empty after a success.", Required: true},
 	"failures":       {Type: framework.TypeInt, Description: "Consecutive failed rotations.", Required: true},
 	"next_rotation":  {Type: framework.TypeString, Description: "When the next scheduled rotation is due (RFC 3339); empty when rotation_period is 0.", Required: true},

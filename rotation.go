@@ -28,6 +28,8 @@ const (
 	rotationScheduled = "scheduled"
 	rotationSuccess   = "success"
 	rotationFailure   = "failure"
+	// rotationSuperseded: an operator stored a key during the rotation.
+	rotationSuperseded = "superseded"
 )
 
 // rotationTimeout bounds a whole rotation: a few IAM calls, a verification
@@ -69,6 +71,9 @@ type rotationState struct {
 	// deletes them. Only keys recorded here are ever deleted unasked.
 	PendingKeyID string `json:"pending_key_id,omitempty"`
 	RetiredKeyID string `json:"retired_key_id,omitempty"`
+	// CreatingSince is set while a rotation is about to create a key whose
+	// id it does not know yet: a key the user got from then on is ours.
+	CreatingSince time.Time `json:"creating_since,omitempty"`
 }
 
 func getRotationState(ctx context.Context, s logical.Storage) (*rotationState, error) {
@@ -172,27 +177,52 @@ type stsIdentityAPI interface {
 // same IAM user, without a failed refresh:
 //
 //  1. GetUser with the current key names the user; keys earlier rotations
-//     left behind (recorded in config/rotation) are deleted; a user that
-//     already has two keys gets a 400 naming LimitExceeded.
-//  2. CreateAccessKey, recorded as pending before anything else happens.
+//     left behind (recorded in config/rotation, or created after a recorded
+//     intent to create one) are deleted; a user that already has two keys
+//     gets a 400 naming LimitExceeded.
+//  2. CreateAccessKey, with the intent recorded before and the key after,
+//     before it is used anywhere.
 //  3. The new key is verified with sts:GetCallerIdentity on the refresh
 //     block schedule (IAM takes seconds to propagate a key): the first
 //     attempt at once, attempt i at a random moment in block i.
-//  4. config/root gets the new key, only if nobody changed the key meanwhile
+//  4. Both keys are recorded (new as pending, old as retired), then
+//     config/root gets the new key, only if nobody changed the key meanwhile
 //     (an operator's write wins, and the new key is deleted).
 //  5. New attempts use the new key; attempts still using the old one end;
 //     then the old key is deleted.
 //
 // A failure before step 4 deletes the new key and leaves config/root as it
-// was. A key that cannot be deleted is recorded for the next rotation.
-// It returns the new access key id.
+// was. Whatever a rotation cannot delete, or does not get to, is recorded
+// before the step that could leave it, and the next rotation deletes it
+// (never the key config/root holds). It returns the new access key id.
+//
+// A scheduled rotation runs only if it is still due once it holds the
+// rotation lock: another may have run meanwhile.
 func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger string) (string, error) {
 	// Not the request's context: a client that gives up half-way must not
 	// stop a rotation between creating a key and recording what became of
 	// it. The plugin stopping does (its records let the next rotation clean
-	// up), and so does the bound.
-	ctx, cancel := context.WithTimeout(b.bgCtx, rotationTimeout)
-	defer cancel()
+	// up), and so does the bound. Clean waits for it.
+	var (
+		newID string
+		err   error
+		ran   bool
+	)
+	ran = b.runBackground(func(bg context.Context) {
+		ctx, cancel := context.WithTimeout(bg, rotationTimeout)
+		defer cancel()
+		newID, err = b.rotateLocked(ctx, s, trigger)
+	})
+	if !ran {
+		return "", &rotationError{status: http.StatusServiceUnavailable, msg: "the plugin is shutting down"}
+	}
+	return newID, err
+}
+
+// errNotDue ends a scheduled rotation that another rotation made moot.
+var errNotDue = errors.New("not due")
+
+func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (string, error) {
 	b.rotateMu.Lock()
 	defer b.rotateMu.Unlock()
 	now := b.clock.Now()
@@ -200,25 +230,37 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 	if err != nil {
 		return "", err
 	}
+	if trigger == rotationScheduled {
+		cfg, err := getRootConfig(ctx, s)
+		if err != nil {
+			return "", err
+		}
+		due := cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 && !st.NextRotation.IsZero() &&
+			!st.NextRotation.After(now) && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
+		if !due {
+			return "", errNotDue
+		}
+	}
 	newID, rerr := b.rotateSteps(ctx, s, st)
 	st.LastAttempt, st.Trigger = now, trigger
-	if rerr != nil {
-		st.Outcome, st.Error = rotationFailure, rerr.Error()
-		st.Failures++
-	} else {
+	var superseded *rotationError
+	switch {
+	case rerr == nil:
 		st.Outcome, st.Error, st.Failures = rotationSuccess, "", 0
 		st.LastRotated = now
+	case errors.As(rerr, &superseded) && superseded.status == http.StatusConflict:
+		// The operator stored a key meanwhile: nothing failed.
+		st.Outcome, st.Error = rotationSuperseded, rerr.Error()
+	default:
+		st.Outcome, st.Error = rotationFailure, rerr.Error()
+		st.Failures++
 	}
 	b.metrics.rotations.WithLabelValues(trigger, st.Outcome).Inc()
 	b.planRotation(ctx, s, st)
 	if err := putRotationState(ctx, s, st); err != nil {
-		b.Logger().Error("recording the root key rotation failed", "error", err)
-		if rerr == nil {
-			// The new key is stored and works; only the record is lost.
-			// A pending key id it held is retried by the next rotation
-			// only if this write lands, so say so.
-			b.Logger().Warn("a key left by this rotation may not be cleaned up by the next one")
-		}
+		// Every key to clean up was recorded before the step that could
+		// leave it; this write only brings the record up to date.
+		b.Logger().Error("recording the root key rotation's outcome failed", "error", err)
 	}
 	if rerr != nil {
 		b.Logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
@@ -228,9 +270,12 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 	return newID, nil
 }
 
-// rotateSteps runs the rotation; st is updated in place with the keys it
-// leaves behind, and stored by the caller (and at step 2, before the new key
-// is used anywhere).
+// iamCallTimeout bounds one IAM call. It is not derived from the refresh
+// block: a CreateAccessKey cut short may still have made its key.
+const iamCallTimeout = 10 * time.Second
+
+// rotateSteps runs the rotation; st is updated in place, and written
+// before each step that could leave a key behind.
 func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState) (string, error) {
 	cfg, err := getRootConfig(ctx, s)
 	if err != nil {
@@ -245,9 +290,7 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		return "", awsFailure("building the IAM client", err, cfg.SecretKey)
 	}
 	defer closeOld()
-	callCtx := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(ctx, callTimeout(b.getRefreshCfg().block()))
-	}
+	callCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, iamCallTimeout) }
 
 	// 1. Who are we, and what keys are there?
 	c, cancel := callCtx()
@@ -270,21 +313,25 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 	for _, k := range list.AccessKeyMetadata {
 		id := aws.ToString(k.AccessKeyId)
 		if id == cfg.AccessKey {
+			continue // config/root's key is never cleaned up
+		}
+		ours := id != "" && (id == st.PendingKeyID || id == st.RetiredKeyID)
+		if !st.CreatingSince.IsZero() && k.CreateDate != nil && !k.CreateDate.Before(st.CreatingSince) {
+			// Created after a rotation said it was about to create one,
+			// whose answer never arrived.
+			ours = true
+		}
+		if !ours {
+			others = append(others, k)
 			continue
 		}
-		if id != "" && (id == st.PendingKeyID || id == st.RetiredKeyID) {
-			// Left by an earlier rotation: ours to delete.
-			c, cancel = callCtx()
-			_, err := oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(id)})
-			cancel()
-			if err != nil && !isNoSuchEntity(err) {
-				return "", awsFailure("iam:DeleteAccessKey of the key an earlier rotation left", err, cfg.SecretKey)
-			}
-			continue
+		c, cancel = callCtx()
+		_, err := oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(id)})
+		cancel()
+		if err != nil && !isNoSuchEntity(err) {
+			return "", awsFailure("iam:DeleteAccessKey of the key an earlier rotation left", err, cfg.SecretKey)
 		}
-		others = append(others, k)
 	}
-	st.PendingKeyID, st.RetiredKeyID = "", ""
 	if len(others) > 0 {
 		return "", &rotationError{status: http.StatusBadRequest, msg: fmt.Sprintf(
 			"root key rotation cannot create a key: IAM user %q already has its 2 access keys (LimitExceeded), the configured one and %s, "+
@@ -292,8 +339,15 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 			userName, aws.ToString(others[0].AccessKeyId), userName, aws.ToString(others[0].AccessKeyId))}
 	}
 
-	// 2. A new key, recorded before it is used, so that a crash from here on
-	// leaves a key the next rotation knows to delete.
+	// 2. A new key. The intent is recorded first: if the answer is lost, the
+	// next rotation knows a key made from now on is ours. The key is
+	// recorded as soon as it is known.
+	st.PendingKeyID, st.RetiredKeyID = "", ""
+	// IAM dates keys to the second: whole seconds, from this one on.
+	st.CreatingSince = b.clock.Now().Truncate(time.Second)
+	if err := putRotationState(ctx, s, st); err != nil {
+		return "", err
+	}
 	c, cancel = callCtx()
 	created, err := oldIAM.CreateAccessKey(c, &iam.CreateAccessKeyInput{UserName: aws.String(userName)})
 	cancel()
@@ -308,48 +362,57 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		return "", &rotationError{status: http.StatusServiceUnavailable, msg: "root key rotation failed at iam:CreateAccessKey: IAM returned no key"}
 	}
 	newID, newSecret := aws.ToString(created.AccessKey.AccessKeyId), aws.ToString(created.AccessKey.SecretAccessKey)
-	deleteNew := func(api iamAPI) {
+	deleteNew := func(api iamAPI, signingSecret string) {
 		c, cancel := callCtx()
 		defer cancel()
 		if _, err := api.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(newID)}); err != nil && !isNoSuchEntity(err) {
-			st.PendingKeyID = newID
-			b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", newID, "error", classify(err, newSecret).Error())
+			b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", newID,
+				"error", sanitizeMessage(classify(err, signingSecret).Error(), newSecret))
+			return
 		}
-	}
-	st.PendingKeyID = newID
-	if err := putRotationState(ctx, s, st); err != nil {
 		st.PendingKeyID = ""
-		deleteNew(oldIAM)
+	}
+	st.PendingKeyID, st.CreatingSince = newID, time.Time{}
+	if err := putRotationState(ctx, s, st); err != nil {
+		// The intent is on record: the next rotation deletes the key if
+		// this one cannot.
+		deleteNew(oldIAM, cfg.SecretKey)
 		return "", err
 	}
 
 	// 3. Verify the new key where it will be used.
 	if err := b.verifyKey(ctx, cfg, newID, newSecret, userARN); err != nil {
-		deleteNew(oldIAM)
+		deleteNew(oldIAM, cfg.SecretKey)
 		return "", err
 	}
 
-	// 4. Store it, unless the key changed under us.
+	// 4. Record both keys, so that wherever the rest stops, the next
+	// rotation deletes the one config/root does not hold. Then store the
+	// new key, unless the key changed under us.
+	st.RetiredKeyID = cfg.AccessKey
+	if err := putRotationState(ctx, s, st); err != nil {
+		deleteNew(oldIAM, cfg.SecretKey)
+		return "", err
+	}
 	stored, err := b.storeRotatedKey(ctx, s, cfg.AccessKey, newID, newSecret)
 	switch {
 	case err != nil && stored == keyUnknown:
-		// Nobody knows which key storage holds: both keys stay, and the
-		// pending record names the new one (if it can be written).
+		// Nobody knows which key storage holds. Both work, both are on
+		// record, and the clients are rebuilt from whatever it holds.
 		return "", fmt.Errorf("storing the rotated root key: %w; both keys are kept until a rotation succeeds", err)
 	case stored == keyOld:
-		deleteNew(oldIAM)
+		st.RetiredKeyID = ""
+		deleteNew(oldIAM, cfg.SecretKey)
 		if err != nil {
 			return "", err
 		}
 		return "", &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and the new key was deleted"}
 	}
 
-	// 5. New attempts now build clients with the new key. Delete the old key
-	// once the attempts that started with it have ended.
+	// 5. Attempts now build clients with the new key. Delete the old key
+	// once every attempt signing with it has ended.
 	st.PendingKeyID = ""
-	old := b.resetClients()
-	if !old.drained(ctx, rotationDrainTimeout) {
-		st.RetiredKeyID = cfg.AccessKey
+	if !b.drainKey(ctx, cfg.AccessKey, rotationDrainTimeout) {
 		b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", cfg.AccessKey)
 		return newID, nil
 	}
@@ -361,21 +424,25 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		cancel()
 	}
 	if err != nil && !isNoSuchEntity(err) {
-		st.RetiredKeyID = cfg.AccessKey
-		b.Logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", cfg.AccessKey, "error", classify(err, newSecret).Error())
+		b.Logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", cfg.AccessKey,
+			"error", sanitizeMessage(classify(err, newSecret).Error(), cfg.SecretKey))
+		return newID, nil
 	}
+	st.RetiredKeyID = ""
 	return newID, nil
 }
 
 func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEntity" }
 
 // verifyKey calls sts:GetCallerIdentity with the new key until it answers as
-// the same IAM user: up to max_retries attempts on the refresh block
-// schedule, the first at once, each within its block and the global STS
-// rate limit.
+// the same IAM user, on the refresh block schedule (the first attempt at
+// once, each within its block and the global STS rate limit), with at least
+// minVerifyAttempts attempts over at least minVerifyBlock each: IAM's
+// propagation takes seconds whatever config/refresh says.
 func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
 	rcfg := b.getRefreshCfg()
-	block := rcfg.block()
+	block := max(rcfg.block(), minVerifyBlock)
+	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
 	_, stsClient, closeFn, err := b.rootClients(ctx, cfg, accessKey, secretKey)
 	if err != nil {
 		return awsFailure("building the STS client", err, secretKey)
@@ -383,7 +450,7 @@ func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 	defer closeFn()
 	start := b.clock.Now()
 	var last error
-	for i := 0; i < rcfg.MaxRetries; i++ {
+	for i := 0; i < attempts; i++ {
 		if i > 0 {
 			if err := b.sleepUntil(ctx, start.Add(time.Duration(i)*block+b.jitter(block)), nil); err != nil {
 				return err
@@ -415,8 +482,15 @@ func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 	re := classify(last, secretKey)
 	return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
 		"root key rotation failed at verification: STS did not accept the new key within %d attempts over %s (%s); the new key was deleted and config/root is unchanged",
-		rcfg.MaxRetries, rcfg.RetryWindow, re.Error())}
+		attempts, time.Duration(attempts)*block, re.Error())}
 }
+
+// The verification's floor, whatever config/refresh says: IAM propagates a
+// new key within seconds, rarely more.
+const (
+	minVerifyAttempts = 6
+	minVerifyBlock    = 5 * time.Second
+)
 
 // Which key config/root holds after storeRotatedKey.
 type storedKey int
@@ -448,13 +522,17 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	}
 	putErr := s.Put(ctx, entry)
 	if putErr == nil {
+		b.resetClients()
 		return keyNew, nil
 	}
 	back, err := getRootConfig(ctx, s)
 	switch {
 	case err != nil:
+		// Rebuilt from whichever key storage holds, on next use.
+		b.resetClients()
 		return keyUnknown, putErr
 	case back != nil && back.AccessKey == newID:
+		b.resetClients()
 		return keyNew, nil
 	default:
 		return keyOld, fmt.Errorf("writing config/root: %w", putErr)
@@ -485,7 +563,12 @@ func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotat
 		now := b.clock.Now()
 		next := cfg.KeySetAt.Add(cfg.RotationPeriod - b.jitter(cfg.RotationPeriod/10))
 		if st.Outcome == rotationFailure && st.Failures > 0 {
-			next = st.LastAttempt.Add(b.backoff(rotationRetryBase, st.Failures, rotationRetryMax))
+			// Not before the pause after the failure, nor before the key
+			// is due: a manual rotation that failed long before makes no
+			// young key due.
+			if retry := st.LastAttempt.Add(b.backoff(rotationRetryBase, st.Failures, rotationRetryMax)); retry.After(next) {
+				next = retry
+			}
 		}
 		if next.Before(now) {
 			next = now
@@ -571,10 +654,11 @@ func (b *backend) resumeRotation(ctx context.Context) error {
 }
 
 // replanRotation records a new plan after config/root changed its key or
-// rotation_period. While a rotation runs it does nothing: the rotation
-// plans from config/root when it ends, and the reconciler replans any plan
-// made for another key or period.
-func (b *backend) replanRotation(ctx context.Context, s logical.Storage) error {
+// rotation_period; a new key also clears the failures of the old one. While
+// a rotation runs it does nothing: the rotation plans from config/root when
+// it ends, and the reconciler replans any plan made for another key or
+// period.
+func (b *backend) replanRotation(ctx context.Context, s logical.Storage, newKey bool) error {
 	if !b.rotateMu.TryLock() {
 		return nil
 	}
@@ -582,6 +666,9 @@ func (b *backend) replanRotation(ctx context.Context, s logical.Storage) error {
 	st, err := getRotationState(ctx, s)
 	if err != nil {
 		return err
+	}
+	if newKey {
+		st.Failures, st.Error = 0, ""
 	}
 	b.planRotation(ctx, s, st)
 	return putRotationState(ctx, s, st)

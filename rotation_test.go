@@ -330,6 +330,7 @@ func TestRotation_CleansUpAfterAnInterruptedOne(t *testing.T) {
 // stores nothing and deletes its own key.
 func TestRotation_OperatorWriteWins(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "720h"})
 	f.emu.SetIAMPropagation(7 * time.Second) // the verification sleeps into block 2
 	done := make(chan result, 1)
 	go func() {
@@ -357,12 +358,33 @@ func TestRotation_OperatorWriteWins(t *testing.T) {
 	if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != stsemu.DefaultAccessKey {
 		t.Fatalf("the rotation's own key was left on the user: keys %v", keys)
 	}
+	// Nothing failed: the operator's new key is due a full period from its
+	// write, not after a failure's pause.
+	rot := mustDo(t, f.b, f.s, logical.ReadOperation, "config/rotation", nil).Data
+	if rot["outcome"] != rotationSuperseded || rot["failures"] != 0 {
+		t.Fatalf("config/rotation after an operator's write won: %v", rot)
+	}
+	if next := statusTime(t, rot, "next_rotation"); next.Before(f.clock.Now().Add(700 * time.Hour)) {
+		t.Fatalf("next_rotation %s: the operator's new key would be rotated within %s", next, next.Sub(f.clock.Now()))
+	}
 }
 
 // A cycle whose STS call is under way with the old key when the rotation
 // stores the new one finishes with the old key: the old key is deleted
 // only after it, and no attempt fails.
 func TestRotation_WaitsForAttemptsUsingTheOldKey(t *testing.T) {
+	for _, configWrite := range []bool{false, true} {
+		name := "rotation alone"
+		if configWrite {
+			// A config/root write drops the clients while the attempt runs:
+			// the rotation must still wait for it.
+			name = "a config/root write in between"
+		}
+		t.Run(name, func(t *testing.T) { testRotationWaitsForAttempts(t, configWrite) })
+	}
+}
+
+func testRotationWaitsForAttempts(t *testing.T, configWrite bool) {
 	gate := make(chan struct{})
 	var opened sync.Once
 	open := func() { opened.Do(func() { close(gate) }) }
@@ -388,6 +410,9 @@ func TestRotation_WaitsForAttemptsUsingTheOldKey(t *testing.T) {
 		cycle <- resp.Data
 	}()
 	<-entered // the cycle's AssumeRole is under way with the old key
+	if configWrite {
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "24h"})
+	}
 	rotated := make(chan result, 1)
 	go func() {
 		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
@@ -511,5 +536,112 @@ func TestRotation_OutlivesTheRequest(t *testing.T) {
 	}
 	if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != rootKeyID(t, f) {
 		t.Fatalf("keys %v, stored %s", keys, rootKeyID(t, f))
+	}
+}
+
+// iamHook calls before ahead of every IAM call a rotation makes.
+type iamHook struct {
+	iamAPI
+	before func(action string)
+}
+
+func (h *iamHook) GetUser(ctx context.Context, in *iam.GetUserInput, o ...func(*iam.Options)) (*iam.GetUserOutput, error) {
+	h.before("GetUser")
+	return h.iamAPI.GetUser(ctx, in, o...)
+}
+
+func (h *iamHook) DeleteAccessKey(ctx context.Context, in *iam.DeleteAccessKeyInput, o ...func(*iam.Options)) (*iam.DeleteAccessKeyOutput, error) {
+	h.before("DeleteAccessKey")
+	return h.iamAPI.DeleteAccessKey(ctx, in, o...)
+}
+
+// Keys a rotation could not delete stay on record even when its last
+// write is lost, so that the next rotation deletes them rather than refuse
+// them as someone else's.
+func TestRotation_RecordsBeforeEachRiskyStep(t *testing.T) {
+	t.Run("the old key's delete and the final record both fail", func(t *testing.T) {
+		fs := newFaultStorage(new(logical.InmemStorage), 12)
+		f := rotationFixture(t, fixtureOpts{storage: fs})
+		old := rootKeyID(t, f)
+		f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:DeleteAccessKey"}, Probability: map[stsemu.Fault]float64{stsemu.FaultServiceUnavailable: 1}})
+		f.b.wrapIAM = func(api iamAPI) iamAPI {
+			return &iamHook{iamAPI: api, before: func(action string) {
+				if action == "DeleteAccessKey" {
+					fs.failNext("put", configRotationPath, 1, false) // the outcome's record
+				}
+			}}
+		}
+		resp, err := f.rotate()
+		if err != nil || resp.IsError() {
+			t.Fatalf("rotate-root: err=%v resp=%v", err, respErr(resp))
+		}
+		f.b.wrapIAM = nil
+		f.emu.ClearFaults()
+		if keys := userKeys(t, f.emu); len(keys) != 2 || keys[0] != old {
+			t.Fatalf("keys %v, want the old one left beside the new", keys)
+		}
+		resp, err = f.rotate()
+		if err != nil || resp.IsError() {
+			t.Fatalf("the next rotation: err=%v resp=%v", err, respErr(resp))
+		}
+		if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != resp.Data["access_key"] {
+			t.Fatalf("keys %v, want only %v", keys, resp.Data["access_key"])
+		}
+	})
+	t.Run("storage cannot tell which key it holds", func(t *testing.T) {
+		fs := newFaultStorage(new(logical.InmemStorage), 13)
+		f := rotationFixture(t, fixtureOpts{storage: fs})
+		f.mustReadCreds(testRole)
+		old := rootKeyID(t, f)
+		// The new key's write lands but reports a failure, and the read
+		// back fails too (config/root is read twice before).
+		fs.failNext("put", configRootPath, 1, true)
+		fs.failAfter("get", configRootPath, 2, 1, false)
+		resp, err := f.rotate()
+		if err == nil || !strings.Contains(err.Error(), "both keys are kept") {
+			t.Fatalf("rotate-root: err=%v resp=%v, want a storage error keeping both keys", err, respErr(resp))
+		}
+		stored := rootKeyID(t, f)
+		if stored == old || len(userKeys(t, f.emu)) != 2 {
+			t.Fatalf("stored %s, keys %v: want the new key stored and both kept", stored, userKeys(t, f.emu))
+		}
+		// The clients were rebuilt: refreshes sign with the stored key.
+		wantWorkingKey(t, f)
+		resp, err = f.rotate()
+		if err != nil || resp.IsError() {
+			t.Fatalf("the next rotation: err=%v resp=%v", err, respErr(resp))
+		}
+		if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != resp.Data["access_key"] {
+			t.Fatalf("keys %v, want only %v", keys, resp.Data["access_key"])
+		}
+	})
+	t.Run("the answer to CreateAccessKey is lost", func(t *testing.T) {
+		f := rotationFixture(t, fixtureOpts{})
+		f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:CreateAccessKey"}, Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultResetAfter, Count: 1}}})
+		resp, err := f.rotate()
+		wantCoded(t, resp, err, http.StatusServiceUnavailable, "iam:CreateAccessKey")
+		if keys := userKeys(t, f.emu); len(keys) != 2 {
+			t.Fatalf("keys %v: the lost answer's key should exist", keys)
+		}
+		resp, err = f.rotate()
+		if err != nil || resp.IsError() {
+			t.Fatalf("the next rotation: err=%v resp=%v", err, respErr(resp))
+		}
+		if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != resp.Data["access_key"] {
+			t.Fatalf("keys %v, want only %v", keys, resp.Data["access_key"])
+		}
+	})
+}
+
+// A scheduled rotation that another rotation made moot does nothing.
+func TestRotation_ScheduledOnlyWhenDue(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "24h"})
+	old := rootKeyID(t, f)
+	if _, err := f.b.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
+		t.Fatalf("a scheduled rotation 24h early: %v, want errNotDue", err)
+	}
+	if rootKeyID(t, f) != old || len(userKeys(t, f.emu)) != 1 {
+		t.Fatal("a rotation that was not due changed the key")
 	}
 }
