@@ -1,7 +1,7 @@
 # Targets wrap the scripts under scripts/, which hold the real logic.
 VERSION ?= v0.1.0-dev
 
-.PHONY: dev build test testacc fmt fmtcheck vault release
+.PHONY: dev build test testacc fmt fmtcheck vault release compat
 
 # The main job: plugin + STS emulator + Vault dev server, until Ctrl-C.
 dev:
@@ -20,6 +20,11 @@ test:
 # compiled in, and SHA256SUMS for vault plugin register -sha256, in dist/.
 release:
 	VERSION=$(VERSION) ./scripts/release.sh
+
+# The acceptance suite against every Vault version in tools/vault-versions;
+# writes docs/compat.md (not run by CI; commit its result).
+compat:
+	./scripts/compat.sh
 
 # Acceptance tests only (real Vault, CLI, Vault Agent).
 testacc:

@@ -11,7 +11,9 @@
 #                including the seeded fault simulation (TestSimulation), and
 #                the test-hook build's own tests (-tags testhooks)
 #  6. fuzz       every FuzzXxx target for 5s each
-#  7. vault      the pinned Vault, built once into the cache (~11 min cold)
+#  7. vault      the pinned Vault and the other supported versions (for the
+#                Vault upgrade test), each built once into the cache
+#                (~11 min each cold)
 #  8. build      plugin (and its -tags testhooks build) and STS emulator
 #  9. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator,
 #                a real Prometheus
@@ -140,10 +142,15 @@ for pkg in $(go list ./...); do
 done
 echo "$fuzzed fuzz targets run"
 
-section vault "Vault binary (scripts/vault.sh)"
+section vault "Vault binaries (scripts/vault.sh): the pinned one, and the others for the upgrade test"
 VAULT_BIN=$(./scripts/vault.sh)
 export VAULT_BIN
 "$VAULT_BIN" version
+for v in $(grep -v '^#' tools/vault-versions | tail -n +2); do
+	bin=$(./scripts/vault.sh "$v")
+	export "VAULT_BIN_${v//./_}=$bin"
+	"$bin" version
+done
 
 section build "plugin and STS emulator"
 bindir=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-test.XXXXXX")

@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
-# vault.sh builds the Vault server pinned in tools/vault once, into a cache
-# directory outside the repository, and prints the binary's path on stdout.
-# Later runs reuse it. The same binary is the `vault` CLI and `vault agent`.
+# vault.sh [VERSION] builds a Vault server pinned in tools/vault-VERSION once,
+# into a cache directory outside the repository, and prints the binary's
+# path on stdout. Later runs reuse it. The same binary is the `vault` CLI and
+# `vault agent`. Without VERSION: the first version in tools/vault-versions,
+# the one the tests, the dev server and the benchmarks use.
 #
 # Why build it: these machines reach only package registries, so Vault comes
 # from the Go module proxy like any other module. A cold build takes about
 # 11 minutes on 2 cores; everything else in the repo is quick.
 #
 # Environment:
-#   VAULT_BIN    use this binary instead (it is checked, not built)
+#   VAULT_BIN    use this binary instead for the default version (it is
+#                checked, not built)
 #   XDG_CACHE_HOME / HOME  decide the cache directory
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-# The version is whatever tools/vault/go.mod requires, so bumping Vault is a
-# one-line change there and the cache directory follows it.
-version=$(awk '$1 == "require" && $2 == "github.com/hashicorp/vault" { print $3 }' tools/vault/go.mod)
+default=$(grep -v '^#' tools/vault-versions | head -n 1)
+version=${1:-$default}
 version=${version#v}
-if [[ -z "$version" ]]; then
-	echo "vault.sh: cannot find the github.com/hashicorp/vault requirement in tools/vault/go.mod" >&2
+mod="tools/vault-${version}"
+if ! grep -qx "$version" <(grep -v '^#' tools/vault-versions) || [[ ! -f "$mod/go.mod" ]]; then
+	echo "vault.sh: Vault $version is not supported; tools/vault-versions lists: $(grep -v '^#' tools/vault-versions | tr '\n' ' ')" >&2
+	exit 2
+fi
+# The module must pin exactly that version: the cache directory follows it.
+pinned=$(awk '$1 == "require" && $2 == "github.com/hashicorp/vault" { print $3 }' "$mod/go.mod")
+if [[ "$pinned" != "v${version}" ]]; then
+	echo "vault.sh: $mod/go.mod requires github.com/hashicorp/vault ${pinned:-nothing}, not v${version}" >&2
 	exit 1
 fi
 
@@ -32,7 +41,7 @@ check() {
 	[[ "$out" == "Vault v${version}"* ]]
 }
 
-if [[ -n "${VAULT_BIN:-}" ]]; then
+if [[ -n "${VAULT_BIN:-}" && "$version" == "$default" ]]; then
 	if ! check "$VAULT_BIN"; then
 		echo "vault.sh: VAULT_BIN=$VAULT_BIN is not a working Vault v${version}" >&2
 		exit 1
@@ -61,7 +70,7 @@ tmp=$(mktemp "$cache/.vault-build.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
 # -mod=readonly: go.sum is committed, so a fresh clone builds without tidy and
 # a drifted go.mod fails loudly instead of being rewritten.
-(cd "$root/tools/vault" && go build -mod=readonly -o "$tmp" github.com/hashicorp/vault) >&2
+(cd "$root/$mod" && go build -mod=readonly -o "$tmp" github.com/hashicorp/vault) >&2
 chmod 0755 "$tmp"
 if ! check "$tmp"; then
 	echo "vault.sh: the built binary does not report Vault v${version}" >&2

@@ -43,6 +43,9 @@ type ServerOptions struct {
 	Env []string
 	// Dir holds configuration, storage and logs (default tb.TempDir()).
 	Dir string
+	// Bin is the Vault binary (default VaultBin: $VAULT_BIN or the pinned
+	// version).
+	Bin string
 }
 
 // Server is a running Vault server.
@@ -91,11 +94,14 @@ func StartServer(tb testing.TB, opts ServerOptions) *Server {
 	if opts.Dir == "" {
 		opts.Dir = tb.TempDir()
 	}
+	if opts.Bin == "" {
+		opts.Bin = VaultBin(tb)
+	}
 	s := &Server{
 		Dir:       opts.Dir,
 		PluginDir: filepath.Join(opts.Dir, "plugins"),
 		opts:      opts,
-		bin:       VaultBin(tb),
+		bin:       opts.Bin,
 		client:    &http.Client{Timeout: 90 * time.Second},
 	}
 	if err := os.MkdirAll(s.PluginDir, 0o700); err != nil {
@@ -272,6 +278,27 @@ func (s *Server) Start(tb testing.TB) {
 	}
 	s.Process.Restart(tb)
 	s.bringUp(tb, false)
+}
+
+// StartWith starts a stopped non-dev server again, as Start does, with
+// another Vault binary on the same configuration and storage: an upgrade
+// (or downgrade) of Vault under the data and the plugin. The CLI runs with
+// the new binary from then on.
+func (s *Server) StartWith(tb testing.TB, bin string) {
+	tb.Helper()
+	s.bin = bin
+	s.Process.bin = bin
+	s.Start(tb)
+}
+
+// Version returns what `vault version` of the server's binary prints.
+func (s *Server) Version(tb testing.TB) string {
+	tb.Helper()
+	r := s.Exec(tb, "", "", "version")
+	if r.Code != 0 {
+		tb.Fatalf("vault version: %s", r.Stderr)
+	}
+	return strings.TrimSpace(r.Stdout)
 }
 
 // Restart is Stop followed by Start.

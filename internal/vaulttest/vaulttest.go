@@ -167,6 +167,47 @@ func VaultBin(tb testing.TB) string {
 	})
 }
 
+// VaultVersions returns the supported Vault versions, from
+// tools/vault-versions; the first is the one VaultBin returns by default.
+func VaultVersions(tb testing.TB) []string {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(RepoRoot(tb), "tools", "vault-versions"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			out = append(out, line)
+		}
+	}
+	if len(out) == 0 {
+		tb.Fatal("tools/vault-versions lists no version")
+	}
+	return out
+}
+
+// VaultBinVersion returns the Vault binary of one supported version:
+// $VAULT_BIN_<version with dots as underscores> (VAULT_BIN_1_21_0), or the
+// one scripts/vault.sh builds once into the user's cache directory.
+func VaultBinVersion(tb testing.TB, version string) string {
+	tb.Helper()
+	root := RepoRoot(tb)
+	return builtBinary(tb, "vault "+version, func(string) (string, error) {
+		if p := os.Getenv("VAULT_BIN_" + strings.ReplaceAll(version, ".", "_")); p != "" {
+			return p, nil
+		}
+		cmd := exec.Command(filepath.Join(root, "scripts", "vault.sh"), version)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("scripts/vault.sh %s: %v\n%s", version, err, stderr.String())
+		}
+		return strings.TrimSpace(string(out)), nil
+	})
+}
+
 // PluginBin builds the plugin with the given version injected through
 // -ldflags -X and returns the binary's path. $PLUGIN_BIN, when set, is used
 // for DefaultPluginVersion instead of building.

@@ -1,4 +1,4 @@
-module github.com/aws-resilient/vault-plugin-secrets-aws-resilient/tools/vault
+module github.com/aws-resilient/vault-plugin-secrets-aws-resilient/tools/vault-1.19.0
 
 go 1.23.3
 
