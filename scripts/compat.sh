@@ -16,7 +16,6 @@ fi
 
 mapfile -t versions < <(grep -v '^#' tools/vault-versions | sed '/^$/d')
 out=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-compat.XXXXXX")
-trap 'rm -rf "$out"' EXIT
 
 # Every version's binary first (each ~11 min cold, then cached), so that
 # the upgrade test finds the ones it needs whichever version is under test.
@@ -76,4 +75,10 @@ for v in versions:
 print("| **all** | " + " | ".join(totals) + " |")
 PY
 echo "wrote docs/compat.md" >&2
+if ((rc == 0)); then
+	rm -rf "$out"
+else
+	# A failing test's output, from go test -json, stays for reading.
+	echo "go test -json output kept in $out" >&2
+fi
 exit "$rc"

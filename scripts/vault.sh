@@ -41,13 +41,18 @@ check() {
 	[[ "$out" == "Vault v${version}"* ]]
 }
 
-if [[ -n "${VAULT_BIN:-}" && "$version" == "$default" ]]; then
-	if ! check "$VAULT_BIN"; then
-		echo "vault.sh: VAULT_BIN=$VAULT_BIN is not a working Vault v${version}" >&2
-		exit 1
-	fi
-	echo "$VAULT_BIN"
-	exit 0
+# VAULT_BIN picks the binary when no version is asked for: any supported
+# version (make compat runs the dev server test on each).
+if [[ -n "${VAULT_BIN:-}" && -z "${1:-}" ]]; then
+	for v in $(grep -v '^#' tools/vault-versions); do
+		version=$v
+		if check "$VAULT_BIN"; then
+			echo "$VAULT_BIN"
+			exit 0
+		fi
+	done
+	echo "vault.sh: VAULT_BIN=$VAULT_BIN is not a working Vault of a supported version ($(grep -v '^#' tools/vault-versions | tr '\n' ' '))" >&2
+	exit 1
 fi
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/aws-resilient/vault-${version}"
