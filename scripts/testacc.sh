@@ -8,14 +8,8 @@ cd "$(dirname "$0")/.."
 
 VAULT_BIN=$(./scripts/vault.sh)
 export VAULT_BIN
-# The other supported versions, for the Vault upgrade test.
-for v in $(grep -v '^#' tools/vault-versions | tail -n +2); do
-	var="VAULT_BIN_${v//./_}"
-	if [[ -z "${!var:-}" ]]; then
-		bin=$(./scripts/vault.sh "$v")
-		export "$var=$bin"
-	fi
-done
+# The Vault upgrade test runs when VAULT_BIN_<version> names the other
+# versions' binaries (make compat sets them).
 export VAULT_ACC=1
 # Each test starts its own servers and mostly waits on timers, so they run
 # side by side regardless of the core count; -parallel defaults to GOMAXPROCS.
