@@ -244,6 +244,17 @@ func (r *run) measureRawFloor(s *vaulttest.Server, a *api, size, n int) scrapeRe
 	}
 	pid := pidsNamed(tb, s, "bench-null")[0]
 	res := scrapeResult{n: max(1, n), body: size}
+	res.pluginCPU, res.vaultCPU, res.wall = r.timeReads(s, a, "null/raw", pid, res.n)
+	r.logf("e: %d reads of null/raw (%d bytes each): null plugin CPU %s, Vault CPU %s, wall %s per read",
+		res.n, size, ms(res.pluginCPU), ms(res.vaultCPU), ms(res.wall))
+	return res
+}
+
+// timeReads reads path n times in a row and returns the mean CPU of the
+// plugin process pid and of Vault (utime+stime from /proc) and the mean wall
+// time per read.
+func (r *run) timeReads(s *vaulttest.Server, a *api, path string, pid, n int) (pluginCPU, vaultCPU, wall time.Duration) {
+	tb := r.tb
 	cpu := func() (plugin, vault time.Duration) {
 		p, err := bench.ReadCPU(pid)
 		must(tb, err)
@@ -253,16 +264,13 @@ func (r *run) measureRawFloor(s *vaulttest.Server, a *api, size, n int) scrapeRe
 	}
 	p0, v0 := cpu()
 	t0 := time.Now()
-	for i := 0; i < res.n; i++ {
-		_, err := a.getRaw("null/raw")
+	for i := 0; i < n; i++ {
+		_, err := a.getRaw(path)
 		must(tb, err)
 	}
-	wall := time.Since(t0)
+	elapsed := time.Since(t0)
 	p1, v1 := cpu()
-	res.pluginCPU, res.vaultCPU, res.wall = (p1-p0)/time.Duration(res.n), (v1-v0)/time.Duration(res.n), wall/time.Duration(res.n)
-	r.logf("e: %d reads of null/raw (%d bytes each): null plugin CPU %s, Vault CPU %s, wall %s per read",
-		res.n, size, ms(res.pluginCPU), ms(res.vaultCPU), ms(res.wall))
-	return res
+	return (p1 - p0) / time.Duration(n), (v1 - v0) / time.Duration(n), elapsed / time.Duration(n)
 }
 
 // scrapeResult is what measureScrapes found, per scrape.
@@ -288,22 +296,7 @@ func (r *run) measureScrapes(s *vaulttest.Server, a *api, mount string, pluginPI
 	}
 	res := scrapeResult{n: max(1, r.o.scrapes), body: len(body),
 		aggregatesOnly: bytes.Contains(body, []byte("per-role series are omitted"))}
-	cpu := func() (plugin, vault time.Duration) {
-		p, err := bench.ReadCPU(pluginPID)
-		must(tb, err)
-		v, err := bench.ReadCPU(s.Process.PID())
-		must(tb, err)
-		return p, v
-	}
-	p0, v0 := cpu()
-	t0 := time.Now()
-	for i := 0; i < res.n; i++ {
-		_, err := a.getRaw(path)
-		must(tb, err)
-	}
-	wall := time.Since(t0)
-	p1, v1 := cpu()
-	res.pluginCPU, res.vaultCPU, res.wall = (p1-p0)/time.Duration(res.n), (v1-v0)/time.Duration(res.n), wall/time.Duration(res.n)
+	res.pluginCPU, res.vaultCPU, res.wall = r.timeReads(s, a, path, pluginPID, res.n)
 	res.rss, err = bench.ReadMem(pluginPID)
 	must(tb, err)
 	r.logf("e: %d scrapes of %s (%d bytes each): plugin CPU %s, Vault CPU %s, wall %s per scrape; plugin RSS after them %.1f MiB (peak %.1f MiB)",
