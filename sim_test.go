@@ -203,9 +203,15 @@ func (s *sim) start() {
 	config := logical.TestBackendConfig()
 	config.StorageView = s.fs
 	config.Logger = hclog.NewNullLogger()
+	s.mu.Lock()
+	s.cycles = map[string][]*simCycle{} // the cycles of this backend, from its start
+	s.mu.Unlock()
+	// onFlight runs on the backend's own goroutines, which may start inside
+	// Initialize, before s.b is set: it must not read s.b.
+	var b *backend
 	b, err := newBackendWith(context.Background(), config, backendOptions{
 		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrap,
-		onFlight: s.onFlight,
+		onFlight: func(name string, f *flight) { s.onFlight(b, name, f) },
 	})
 	if err != nil {
 		s.t.Fatal(err)
@@ -214,9 +220,6 @@ func (s *sim) start() {
 		s.t.Fatalf("Initialize returned %v; it must retry by itself instead", err)
 	}
 	s.b = b
-	s.mu.Lock()
-	s.cycles = map[string][]*simCycle{}
-	s.mu.Unlock()
 
 	if s.standby != nil {
 		s.standby.Cleanup(context.Background())
@@ -238,10 +241,11 @@ func (s *sim) start() {
 	s.stored.takeWritten() // what was written before it started, it read
 }
 
-func (s *sim) onFlight(name string, f *flight) {
+func (s *sim) onFlight(b *backend, name string, f *flight) {
+	window := b.getRefreshCfg().RetryWindow
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cycles[name] = append(s.cycles[name], &simCycle{f: f, start: s.clk.Now(), window: s.b.getRefreshCfg().RetryWindow})
+	s.cycles[name] = append(s.cycles[name], &simCycle{f: f, start: s.clk.Now(), window: window})
 }
 
 func (s *sim) logf(format string, args ...interface{}) {
