@@ -11,10 +11,9 @@
 #                including the seeded fault simulation (TestSimulation), and
 #                the test-hook build's own tests (-tags testhooks)
 #  6. fuzz       every FuzzXxx target for 5s each
-#  7. vault      the pinned Vault, built once into the cache (~11 min cold);
-#                the other versions only for make compat, which runs the
-#                Vault upgrade test (a second cold build would put a fresh
-#                machine's run near CI's 60 minutes)
+#  7. vault      every Vault in tools/vault-versions, each built once into
+#                the cache (~11 min cold each): the suite runs on the first,
+#                the upgrade test moves from the first to the last
 #  8. build      plugin (and its -tags testhooks build) and STS emulator
 #  9. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator,
 #                a real Prometheus
@@ -143,10 +142,10 @@ for pkg in $(go list ./...); do
 done
 echo "$fuzzed fuzz targets run"
 
-section vault "Vault binary (scripts/vault.sh)"
-VAULT_BIN=$(./scripts/vault.sh)
-export VAULT_BIN
-"$VAULT_BIN" version
+section vault "Vault binaries (scripts/vault.sh), every supported version"
+for v in $(grep -v '^#' tools/vault-versions); do
+	"$(./scripts/vault.sh "$v")" version
+done
 
 section build "plugin and STS emulator"
 bindir=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-test.XXXXXX")
