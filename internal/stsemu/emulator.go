@@ -3,6 +3,7 @@ package stsemu
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log"
 	mrand "math/rand/v2"
@@ -374,7 +375,10 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	action := params.Get("Action")
 	roleArn := params.Get("RoleArn")
 	authz := r.Header.Get("Authorization")
-	akid := credentialKeyID(authz)
+	rec := Call{Time: now, Action: action, RoleArn: roleArn, AccessKeyID: credentialKeyID(authz)}
+	if sessionActions[action] {
+		rec.RoleSessionName, rec.SourceIdentity = params.Get("RoleSessionName"), params.Get("SourceIdentity")
+	}
 	a, handler := route(action, authz)
 
 	var rep reply
@@ -393,13 +397,15 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 		// The client gave up or the emulator is closing. Returning normally
 		// would make net/http send an empty 200, which a client could take
 		// for success, so drop the connection instead.
-		e.finish(now, started, action, rep.outcome, roleArn, akid, 0)
+		rec.Outcome = rep.outcome
+		e.finish(rec, started, 0)
 		resetConnection(w)
 		return
 	}
 	// Record before answering: a test that reads Stats right after its
 	// call returns must find the call counted.
-	e.finish(now, started, action, rep.outcome, roleArn, akid, rep.status)
+	rec.Outcome = rep.outcome
+	e.finish(rec, started, rep.status)
 	if rep.reset {
 		resetConnection(w)
 		return
@@ -546,14 +552,24 @@ func (e *Emulator) wait(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// finish records the call and logs one line about it.
-func (e *Emulator) finish(now, started time.Time, action, outcome, roleArn, akid string, status int) {
-	e.stats.record(Call{Time: now, Action: action, Outcome: outcome, RoleArn: roleArn, AccessKeyID: akid})
+// sessionActions are the actions with RoleSessionName and SourceIdentity
+// parameters, which the call log and the log line carry. GetSessionToken
+// has neither, and GetFederationToken's Name names a federated user, not a
+// session.
+var sessionActions = map[string]bool{"AssumeRole": true}
+
+// finish records the call c and logs one line about it.
+func (e *Emulator) finish(c Call, started time.Time, status int) {
+	e.stats.record(c)
 	if e.logger != nil {
-		// Only ids and ARNs: a secret key, session token or signature never
-		// reaches the log.
-		e.logger.Printf("action=%s outcome=%s status=%d latency=%s role_arn=%q access_key_id=%s",
-			orDash(action), outcome, status, time.Since(started).Round(time.Microsecond), roleArn, orDash(akid))
+		// Only ids, ARNs and names: a secret key, session token or
+		// signature never reaches the log.
+		line := fmt.Sprintf("action=%s outcome=%s status=%d latency=%s role_arn=%q access_key_id=%s",
+			orDash(c.Action), c.Outcome, status, time.Since(started).Round(time.Microsecond), c.RoleArn, orDash(c.AccessKeyID))
+		if sessionActions[c.Action] {
+			line += fmt.Sprintf(" role_session_name=%q source_identity=%q", c.RoleSessionName, c.SourceIdentity)
+		}
+		e.logger.Print(line)
 	}
 }
 

@@ -58,7 +58,7 @@ func TestStatsAndCalls(t *testing.T) {
 
 	calls := e.Calls()
 	want := []Call{
-		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey},
+		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey, RoleSessionName: "test-session"},
 		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey},
 		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId)},
 	}
@@ -254,7 +254,7 @@ func TestLogLines(t *testing.T) {
 	logged := buf.String()
 	lines := strings.Split(strings.TrimSpace(logged), "\n")
 	wantLines := []*regexp.Regexp{
-		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE$`),
+		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity=""$`),
 		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE$`),
 		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16}$`),
 	}

@@ -41,15 +41,20 @@ func (s Stats) Count(action, outcome string) int {
 
 // Call is one recorded STS or IAM call. AccessKeyID is the id from the
 // signature's credential scope (never a secret); RoleArn the RoleArn
-// parameter, if any. Outcome is "ok", a fault kind, or the AWS error code
-// returned.
+// parameter, if any. RoleSessionName and SourceIdentity are those
+// parameters of an AssumeRole call as sent, valid or not, and "" when absent
+// or for other actions; a source identity inherited from the caller's own
+// session is not a parameter and is not recorded here. Outcome is "ok", a
+// fault kind, or the AWS error code returned.
 type Call struct {
-	Seq         int64     `json:"seq"`
-	Time        time.Time `json:"time"`
-	Action      string    `json:"action"`
-	Outcome     string    `json:"outcome"`
-	RoleArn     string    `json:"role_arn"`
-	AccessKeyID string    `json:"access_key_id"`
+	Seq             int64     `json:"seq"`
+	Time            time.Time `json:"time"`
+	Action          string    `json:"action"`
+	Outcome         string    `json:"outcome"`
+	RoleArn         string    `json:"role_arn"`
+	AccessKeyID     string    `json:"access_key_id"`
+	RoleSessionName string    `json:"role_session_name"`
+	SourceIdentity  string    `json:"source_identity"`
 }
 
 // maxCalls bounds the call log: a long-lived dev server or a benchmark that

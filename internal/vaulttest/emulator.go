@@ -31,7 +31,8 @@ type Emulator struct {
 // from its JSON.
 type EmulatorStats = stsemu.Stats
 
-// EmulatorCall is one entry of GET /_emulator/calls.
+// EmulatorCall is one entry of GET /_emulator/calls, including the
+// RoleSessionName and SourceIdentity an AssumeRole sent.
 type EmulatorCall = stsemu.Call
 
 // EmulatorIAMUser is one entry of GET /_emulator/iam/users: an IAM user and
@@ -127,7 +128,8 @@ func (e *Emulator) Stats(tb testing.TB) EmulatorStats {
 	return s
 }
 
-// Calls returns every STS call the emulator has answered since the last reset.
+// Calls returns every STS and IAM call the emulator has answered since the
+// last reset, oldest first.
 func (e *Emulator) Calls(tb testing.TB) []EmulatorCall {
 	tb.Helper()
 	var c []EmulatorCall

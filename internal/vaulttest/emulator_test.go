@@ -39,9 +39,11 @@ func TestEmulatorControl(t *testing.T) {
 	if life := time.Until(*out.Credentials.Expiration); life > 31*time.Second {
 		t.Fatalf("-max-lifetime 30s not applied: credential valid for %s", life)
 	}
-	// access_key_id is the key that signed the call, not the one issued.
+	// access_key_id is the key that signed the call, not the one issued;
+	// the session name comes through the binary's JSON as sent.
 	calls := e.Calls(t)
-	if len(calls) != 1 || calls[0].Action != "AssumeRole" || calls[0].Outcome != "ok" || calls[0].AccessKeyID != e.AccessKey {
+	if len(calls) != 1 || calls[0].Action != "AssumeRole" || calls[0].Outcome != "ok" || calls[0].AccessKeyID != e.AccessKey ||
+		calls[0].RoleSessionName != "harness" || calls[0].SourceIdentity != "" {
 		t.Fatalf("calls: %+v", calls)
 	}
 
