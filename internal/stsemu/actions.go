@@ -264,7 +264,9 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	if _, _, ae := checkString(p, "ExternalId", "externalId", 2, 1224, externalIDRE); ae != nil {
 		return nil, ae
 	}
-	sourceIdentity, _, ae := checkString(p, "SourceIdentity", "sourceIdentity", 2, 64, sessionNameRE)
+	// AWS also reserves the prefix "aws:" (in any case); the pattern has no
+	// ':', so such a value already fails it, with AWS's pattern wording.
+	sourceIdentity, sourceIdentitySent, ae := checkString(p, "SourceIdentity", "sourceIdentity", 2, 64, sessionNameRE)
 	if ae != nil {
 		return nil, ae
 	}
@@ -288,12 +290,26 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	if account != e.account || denied(c.set.deny, roleArn, roleName) {
 		return nil, accessDenied(c.caller.arn, "AssumeRole", roleArn)
 	}
+	// A source identity, once set, stays with every session chained from
+	// it: AWS carries it over when the request names none and denies a
+	// request that names another. AWS documents the denial but not its
+	// message; this is its usual AccessDenied wording for the permission
+	// that setting a source identity needs.
+	if inherited := c.caller.sourceIdentity; inherited != "" {
+		if sourceIdentitySent && sourceIdentity != inherited {
+			return nil, accessDenied(c.caller.arn, "SetSourceIdentity", roleArn)
+		}
+		sourceIdentity = inherited
+	}
 
+	// The assumed-role ARN names the role without its path, and the
+	// session by the name the caller chose: AWS's GetCallerIdentity shape.
 	roleID := stableID("AROA", roleArn)
 	user := principal{
-		kind:   kindRole,
-		arn:    "arn:aws:sts::" + account + ":assumed-role/" + roleName + "/" + session,
-		userID: roleID + ":" + session,
+		kind:           kindRole,
+		arn:            "arn:aws:sts::" + account + ":assumed-role/" + roleName + "/" + session,
+		userID:         roleID + ":" + session,
+		sourceIdentity: sourceIdentity,
 	}
 	var res assumeRoleResult
 	res.SourceIdentity = sourceIdentity

@@ -27,6 +27,12 @@ type principal struct {
 	userID      string
 	accessKeyID string
 	userName    string // the IAM user, for kindUser only (not sealed in tokens)
+
+	// sourceIdentity is the SourceIdentity of an assumed-role session
+	// (kindRole only). It is sealed in the token because AWS carries it
+	// into every role assumed with that session; see assumeRole. The
+	// session name needs no field of its own: arn and userID end in it.
+	sourceIdentity string
 }
 
 // tempCred is what an issued session token carries.
@@ -78,7 +84,7 @@ func (e *Emulator) secretFor(accessKeyID string) string {
 // sealToken encodes tc as mac(32) | len(2) | fields | random padding.
 func (e *Emulator) sealToken(tc tempCred) string {
 	fields := strings.Join([]string{
-		tc.kind, tc.accessKeyID, tc.arn, tc.userID,
+		tc.kind, tc.accessKeyID, tc.arn, tc.userID, tc.sourceIdentity,
 		string(binary.BigEndian.AppendUint64(nil, uint64(tc.expires.UnixNano()))),
 	}, "\x00")
 	raw := make([]byte, 0, 2+len(fields)+tokenPadding)
@@ -110,16 +116,17 @@ func (e *Emulator) openToken(token string) (tempCred, bool) {
 	}
 	f := strings.Split(string(raw[2:2+n]), "\x00")
 	// The expiry is 8 binary bytes and may itself contain NULs; it is last,
-	// so rejoin everything after the fourth field.
-	if len(f) < 5 {
+	// so rejoin everything after the fifth field. The others never contain
+	// a NUL: their AWS patterns exclude it.
+	if len(f) < 6 {
 		return tempCred{}, false
 	}
-	exp := strings.Join(f[4:], "\x00")
+	exp := strings.Join(f[5:], "\x00")
 	if len(exp) != 8 {
 		return tempCred{}, false
 	}
 	return tempCred{
-		principal: principal{kind: f[0], accessKeyID: f[1], arn: f[2], userID: f[3]},
+		principal: principal{kind: f[0], accessKeyID: f[1], arn: f[2], userID: f[3], sourceIdentity: f[4]},
 		expires:   time.Unix(0, int64(binary.BigEndian.Uint64([]byte(exp)))),
 	}, true
 }

@@ -28,12 +28,14 @@
 //     SignatureDoesNotMatch. STS accepts any region in the scope.
 //  4. Parameters: 400 ValidationError with AWS's constraint wording
 //     (DurationSeconds 900-43200 for AssumeRole and 900-129600 for the other
-//     two, RoleSessionName [\w+=,.@-]{2,64}, role ARN
+//     two, RoleSessionName and SourceIdentity [\w+=,.@-]{2,64} (so a source
+//     identity cannot start with AWS's reserved "aws:"), role ARN
 //     arn:aws:iam::<12 digits>:role/<path/name>, policy at most 2048
 //     characters); a policy that is not a JSON object is 400
 //     MalformedPolicyDocument, as AWS answers.
 //  5. AssumeRole of a role in another account, or matching a deny pattern,
-//     is 403 AccessDenied.
+//     is 403 AccessDenied; so is role chaining from a session whose source
+//     identity differs from the SourceIdentity sent (see below).
 //
 // # Issued credentials
 //
@@ -45,6 +47,22 @@
 // and long-expired credentials still get ExpiredToken. They are valid only
 // for the Emulator that issued them, and they outlive the long-term key
 // that requested them (deleting it does not revoke them).
+//
+// # Session names and source identity
+//
+// AssumeRole credentials answer GetCallerIdentity as AWS's do: Arn
+// arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION, where ROLE is the last
+// segment of the role ARN (its path dropped) and SESSION the RoleSessionName,
+// and UserId ROLEID:SESSION, ROLEID being the role's stable AROA id that
+// AssumedRoleId also reports. A SourceIdentity is echoed in the AssumeRole
+// response and sealed into the issued token, and it follows role chaining
+// as in AWS: a role assumed with that session inherits it when the request
+// sends none, may send the same value, and gets 403 AccessDenied for
+// another (AWS does not document that message; the emulator's names
+// sts:SetSourceIdentity). Each AssumeRole in Calls and GET /_emulator/calls
+// records RoleSessionName and SourceIdentity (role_session_name,
+// source_identity) as sent, "" when absent, inherited values not included;
+// other actions record "". The log line of an AssumeRole ends with both.
 //
 // # IAM
 //
