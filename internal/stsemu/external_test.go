@@ -145,6 +145,62 @@ func TestAWSCLI(t *testing.T) {
 	}
 }
 
+// TestAWSCLISourceIdentity checks that the awscli sends --source-identity
+// as the emulator reads it, and that the credential it gets back names the
+// session in GetCallerIdentity's assumed-role ARN and UserId.
+func TestAWSCLISourceIdentity(t *testing.T) {
+	bin := requireTool(t, "aws", "--version")
+	e := startEmulator(t, Config{})
+
+	out, stderr, err := awsCLI(t, bin, e, DefaultAccessKey, DefaultSecretKey, "",
+		"sts", "assume-role", "--role-arn", "arn:aws:iam::123456789012:role/cli/app", "--role-session-name", "entity-7",
+		"--source-identity", "alice@example.com")
+	if err != nil {
+		t.Fatalf("aws sts assume-role --source-identity: %v\n%s", err, stderr)
+	}
+	var ar struct {
+		Credentials struct {
+			AccessKeyID     string `json:"AccessKeyId"`
+			SecretAccessKey string
+			SessionToken    string
+		}
+		AssumedRoleUser struct {
+			AssumedRoleID string `json:"AssumedRoleId"`
+		}
+		SourceIdentity string
+	}
+	if err := json.Unmarshal([]byte(out), &ar); err != nil {
+		t.Fatalf("assume-role output: %v", err)
+	}
+	if ar.SourceIdentity != "alice@example.com" {
+		t.Errorf("assume-role SourceIdentity = %q, want alice@example.com", ar.SourceIdentity)
+	}
+
+	c := ar.Credentials
+	out, stderr, err = awsCLI(t, bin, e, c.AccessKeyID, c.SecretAccessKey, c.SessionToken, "sts", "get-caller-identity")
+	if err != nil {
+		t.Fatalf("aws sts get-caller-identity: %v\n%s", err, stderr)
+	}
+	var id struct {
+		Arn    string
+		UserID string `json:"UserId"`
+	}
+	if err := json.Unmarshal([]byte(out), &id); err != nil {
+		t.Fatal(err)
+	}
+	if want := "arn:aws:sts::123456789012:assumed-role/app/entity-7"; id.Arn != want {
+		t.Errorf("get-caller-identity Arn = %q, want %q", id.Arn, want)
+	}
+	if !strings.HasPrefix(id.UserID, "AROA") || !strings.HasSuffix(id.UserID, ":entity-7") || id.UserID != ar.AssumedRoleUser.AssumedRoleID {
+		t.Errorf("get-caller-identity UserId = %q, want the AssumedRoleId %q (AROA...:entity-7)", id.UserID, ar.AssumedRoleUser.AssumedRoleID)
+	}
+
+	calls := e.Calls()
+	if len(calls) != 2 || calls[0].RoleSessionName != "entity-7" || calls[0].SourceIdentity != "alice@example.com" {
+		t.Errorf("calls = %+v, want the AssumeRole with session entity-7 and source identity alice@example.com first", calls)
+	}
+}
+
 func TestBotocore(t *testing.T) {
 	py := requireTool(t, "python3", "-c", "import botocore")
 	e := startEmulator(t, Config{})
