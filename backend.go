@@ -77,6 +77,9 @@ type backendOptions struct {
 	wrapSTS func(endpoint string, api stsAPI) stsAPI
 	// onFlight, when set, is told of every refresh cycle as it starts.
 	onFlight func(name string, f *flight)
+	// onPlan, when set, is called (under bgMu) after every change of the
+	// refresher's plan: tests with a fake clock wake their waiters with it.
+	onPlan func()
 	// wrapIAM, when set, wraps each IAM client a rotation builds.
 	wrapIAM func(api iamAPI) iamAPI
 }
@@ -93,6 +96,7 @@ type backend struct {
 	testHooks bool
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
+	onPlan    func()
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -128,16 +132,23 @@ type backend struct {
 	flightMu sync.Mutex
 	flights  map[string]*flight
 
-	// bgMu guards timers, running, closed, startTimer and startFailures.
+	// bgMu guards plan and its timer, running, closed, startTimer and
+	// startFailures.
 	// bgWG counts every goroutine the backend starts; Clean waits for it
 	// after cancelling bgCtx.
-	bgMu     sync.RWMutex
-	timers   map[string]*schedEntry
-	running  bool // the refresher schedules cycles (write-safe node, started)
-	closed   bool
-	bgWG     sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelFunc
+	bgMu sync.RWMutex
+	// plan holds every scheduled role's next cycle; planTimer, armed for
+	// the earliest, is the refresher's only timer between cycles. planGen
+	// tells the current timer's callback from one that was replaced.
+	plan        *dueHeap
+	planTimer   timer
+	planTimerAt time.Time
+	planGen     uint64
+	running     bool // the refresher schedules cycles (write-safe node, started)
+	closed      bool
+	bgWG        sync.WaitGroup
+	bgCtx       context.Context
+	bgCancel    context.CancelFunc
 	// startTimer retries a start or reconcile pass that storage failed, with
 	// backoff (startFailures in a row), before the next periodic pass.
 	startTimer    timer
@@ -168,10 +179,11 @@ func newBackend(opts backendOptions) *backend {
 		testHooks:  opts.testHooks,
 		wrapSTS:    opts.wrapSTS,
 		onFlight:   opts.onFlight,
+		onPlan:     opts.onPlan,
 		wrapIAM:    opts.wrapIAM,
 		refreshCfg: defaultRefreshConfig(),
 		flights:    make(map[string]*flight),
-		timers:     make(map[string]*schedEntry),
+		plan:       newDueHeap(),
 	}
 	b.state = newRoleStates(b)
 	if b.clock == nil {
@@ -309,9 +321,10 @@ func (b *backend) clean(ctx context.Context) {
 	b.bgMu.Lock()
 	b.closed = true
 	b.running = false
-	for name, e := range b.timers {
-		e.t.Stop()
-		delete(b.timers, name)
+	b.plan.clear()
+	if b.planTimer != nil {
+		b.planTimer.Stop()
+		b.planTimer = nil
 	}
 	if b.startTimer != nil {
 		b.startTimer.Stop()

@@ -105,6 +105,51 @@ func (c *fakeClock) notifyLocked() {
 	c.changed = make(chan struct{})
 }
 
+// Poke wakes every waiter so that it checks its condition again. A backend
+// built by newTestBackend pokes its clock whenever its refresher's plan
+// changes, since a plan change need not touch the clock's timers.
+func (c *fakeClock) Poke() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.notifyLocked()
+}
+
+// Sleepers returns the number of timers a goroutine is blocked on
+// (NewTimer), leaving scheduled callbacks (AfterFunc) aside.
+func (c *fakeClock) Sleepers() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, x := range c.timers {
+		if x.fn == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// WaitUntil waits until cond holds. Unlike waitFor, cond runs without the
+// clock's lock, so it may look at the backend; it is checked again after
+// every change of the clock and every Poke.
+func (c *fakeClock) WaitUntil(tb testing.TB, cond func() bool, describe func() string) {
+	tb.Helper()
+	deadline := time.NewTimer(waitLimit)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		ch := c.changed
+		c.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			tb.Fatalf("fake clock: gave up waiting: %s", describe())
+		}
+	}
+}
+
 // Pending returns the number of timers waiting to fire.
 func (c *fakeClock) Pending() int {
 	c.mu.Lock()

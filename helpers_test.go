@@ -76,6 +76,7 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 	opts := backendOptions{rand: o.rand, testHooks: o.testHooks && testHooksBuilt, wrapSTS: o.wrapSTS, onFlight: o.onFlight}
 	if o.clock != nil {
 		opts.clock = o.clock
+		opts.onPlan = o.clock.Poke
 	}
 	b, err := newBackendWith(context.Background(), config, opts)
 	if err != nil {

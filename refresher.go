@@ -172,13 +172,6 @@ func (b *backend) inFlight(name string) bool {
 	return b.flights[name] != nil
 }
 
-// schedEntry is a role's pending refresh: one clock timer per role, so the
-// refresher does no work between due times however many roles there are.
-type schedEntry struct {
-	t  timer
-	at time.Time
-}
-
 // schedule sets the role's next refresh cycle to start at at, replacing any
 // earlier plan. It does nothing unless the refresher runs on this node.
 // roleStates calls it under the role's store lock.
@@ -188,46 +181,81 @@ func (b *backend) schedule(name string, at time.Time) {
 	if !b.running || b.closed {
 		return
 	}
-	if old := b.timers[name]; old != nil {
-		old.t.Stop()
+	b.plan.set(name, at)
+	b.armLocked()
+	if b.onPlan != nil {
+		b.onPlan()
 	}
-	e := &schedEntry{at: at}
-	// e.t is assigned before bgMu is released, and fire takes bgMu first, so
-	// fire always sees the complete entry even when the timer fires at once.
-	e.t = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() { b.fire(name, e) })
-	b.timers[name] = e
 }
 
-// fire runs when a role's timer expires: it starts (or joins) the cycle.
-// The timer's entry goes only once the flight is registered, all under
-// flightMu: whoever looks (the reconciler, under the role's store lock) sees
-// the role scheduled or in flight, never neither, and schedules no second
-// cycle.
-func (b *backend) fire(name string, e *schedEntry) {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	b.bgMu.RLock()
-	current := !b.closed && b.timers[name] == e
-	b.bgMu.RUnlock()
-	if !current {
+// armLocked keeps the one plan timer set for the earliest due time. It runs
+// under bgMu after every change of the plan; a timer already set for that
+// time is left alone.
+func (b *backend) armLocked() {
+	at, ok := b.plan.earliest()
+	if ok && b.planTimer != nil && b.planTimerAt.Equal(at) {
 		return
 	}
-	b.startFlightLocked(name, false)
+	if b.planTimer != nil {
+		b.planTimer.Stop()
+		b.planTimer = nil
+	}
+	if !ok {
+		return
+	}
+	b.planGen++
+	gen := b.planGen
+	b.planTimerAt = at
+	b.planTimer = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() { b.fireDue(gen) })
+}
+
+// fireDue runs when the plan timer expires: it starts (or joins) the cycle
+// of every role due by now, earliest first, and sets the timer for the next.
+// The entries leave the plan and their flights are registered under
+// flightMu held throughout: whoever looks (the reconciler, under the role's
+// store lock) sees a role scheduled or in flight, never neither, and
+// schedules no second cycle.
+func (b *backend) fireDue(gen uint64) {
+	b.flightMu.Lock()
+	defer b.flightMu.Unlock()
 	b.bgMu.Lock()
-	if b.timers[name] == e {
-		delete(b.timers, name)
+	if gen == b.planGen {
+		b.planTimer = nil // it fired: nothing to stop
+	}
+	if b.closed {
+		b.bgMu.Unlock()
+		return
+	}
+	due := b.plan.popDue(b.clock.Now())
+	b.armLocked()
+	if len(due) > 0 && b.onPlan != nil {
+		b.onPlan()
 	}
 	b.bgMu.Unlock()
+	for _, e := range due {
+		b.startFlightLocked(e.name, false)
+	}
 }
 
 // unschedule drops the role's pending refresh.
 func (b *backend) unschedule(name string) {
 	b.bgMu.Lock()
 	defer b.bgMu.Unlock()
-	if e := b.timers[name]; e != nil {
-		e.t.Stop()
-		delete(b.timers, name)
+	if _, ok := b.plan.get(name); !ok {
+		return
 	}
+	b.plan.drop(name)
+	b.armLocked()
+	if b.onPlan != nil {
+		b.onPlan()
+	}
+}
+
+// plannedRoles returns how many roles have a next cycle planned on this node.
+func (b *backend) plannedRoles() int {
+	b.bgMu.RLock()
+	defer b.bgMu.RUnlock()
+	return b.plan.len()
 }
 
 // scheduledAt returns when the role's next cycle is due on this node.
@@ -235,10 +263,7 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 	// A read lock: creds reads of lease=false roles call this on the hot path.
 	b.bgMu.RLock()
 	defer b.bgMu.RUnlock()
-	if e := b.timers[name]; e != nil {
-		return e.at, true
-	}
-	return time.Time{}, false
+	return b.plan.get(name)
 }
 
 // runCycle makes up to max_retries attempts to fetch and store a new

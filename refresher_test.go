@@ -724,10 +724,14 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 		}
 		return n
 	}
-	// Every role always has exactly one timer when its goroutines are idle:
-	// its cycle's next attempt (or rate-limit slot), or its next refresh.
+	// Every role is always waiting on exactly one thing when its goroutines
+	// are idle: its cycle's next attempt (or rate-limit slot), a clock
+	// sleeper, or its next refresh, an entry in the refresher's plan.
+	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
 	for step := 0; ; step++ {
-		clk.BlockUntil(t, roles)
+		clk.WaitUntil(t, func() bool { return idle() >= roles }, func() string {
+			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
+		})
 		if refreshed() == roles {
 			break
 		}
