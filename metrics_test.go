@@ -176,6 +176,7 @@ func TestMetrics_AgreeWithStatusAndEmulator(t *testing.T) {
 	}
 	sc.want("aws_resilient_roles_defined", nil, 1)
 	sc.want("aws_resilient_roles_cached", nil, 1)
+	sc.want("aws_resilient_roles_scheduled", nil, 1)
 	sc.want("aws_resilient_refresher_running", nil, 1)
 	sc.want("aws_resilient_retry_window_seconds", nil, 30)
 	sc.want("aws_resilient_role_series_exported", nil, 1)
@@ -478,9 +479,12 @@ func TestMetrics_StandbyRefresherGauge(t *testing.T) {
 	f.mustReadCreds(testRole)
 	sb, _ := newTestBackend(t, testOpts{storage: f.s, clock: f.clock, standby: true})
 
-	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_refresher_running", nil, 1)
+	active := scrapeMetrics(t, f.b, f.s, "")
+	active.want("aws_resilient_refresher_running", nil, 1)
+	active.want("aws_resilient_roles_scheduled", nil, 1)
 	sc := scrapeMetrics(t, sb, f.s, "")
 	sc.want("aws_resilient_refresher_running", nil, 0)
+	sc.want("aws_resilient_roles_scheduled", nil, 0)
 	st := mustDo(t, sb, f.s, logical.ReadOperation, "status/"+testRole, nil).Data
 	sc.want("aws_resilient_role_next_refresh_timestamp_seconds", role(testRole), unixSeconds(statusTime(t, st, "next_refresh")))
 	sc.want("aws_resilient_role_state", map[string]string{"role": testRole, "state": stateFresh}, 1)

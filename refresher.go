@@ -258,6 +258,24 @@ func (b *backend) plannedRoles() int {
 	return b.plan.len()
 }
 
+// rolesInPlan returns how many roles the refresher on this node has in hand:
+// a next cycle planned, or a cycle running. Right after a start or a
+// failover it counts up to the number of warm roles as the reconciler
+// reaches them.
+func (b *backend) rolesInPlan() int {
+	b.flightMu.Lock()
+	defer b.flightMu.Unlock()
+	b.bgMu.RLock()
+	defer b.bgMu.RUnlock()
+	n := b.plan.len()
+	for name := range b.flights {
+		if _, ok := b.plan.get(name); !ok {
+			n++
+		}
+	}
+	return n
+}
+
 // scheduledAt returns when the role's next cycle is due on this node.
 func (b *backend) scheduledAt(name string) (time.Time, bool) {
 	// A read lock: creds reads of lease=false roles call this on the hot path.
