@@ -154,6 +154,10 @@ type backend struct {
 	startTimer    timer
 	startFailures int
 
+	// startDone is closed when Initialize's first pass (reconciler or,
+	// on a standby, mirror warm-up) has ended.
+	startDone chan struct{}
+
 	// reconcileMu serialises reconciler passes (periodic, start retries).
 	reconcileMu sync.Mutex
 
@@ -184,6 +188,7 @@ func newBackend(opts backendOptions) *backend {
 		refreshCfg: defaultRefreshConfig(),
 		flights:    make(map[string]*flight),
 		plan:       newDueHeap(),
+		startDone:  make(chan struct{}),
 	}
 	b.state = newRoleStates(b)
 	if b.clock == nil {
@@ -263,20 +268,40 @@ func (b *backend) HandleRequest(ctx context.Context, req *logical.Request) (*log
 // leaves the mount without a refresher. On a performance standby nothing
 // runs: roles are loaded on first access, and the active node's writes
 // arrive through Invalidate.
-func (b *backend) initialize(ctx context.Context, req *logical.InitializationRequest) error {
+func (b *backend) initialize(_ context.Context, req *logical.InitializationRequest) error {
 	if b.storage == nil {
 		b.storage = b.wrapStorage(req.Storage)
 	}
-	if !b.WriteSafeReplicationState() {
-		b.warmMirror(ctx)
-		return nil
-	}
-	if err := b.reconcile(ctx); err != nil {
-		// Vault only logs an Initialize error and keeps the mount: the
-		// retry is ours to make.
-		b.Logger().Error("refresher start failed, retrying", "error", err)
+	// Vault waits on Initialize before the mount serves anything, and the
+	// first pass reads every role: with many roles that takes longer than a
+	// mount start should. It runs in the background; requests meanwhile load
+	// what they need on demand.
+	started := b.goBackground(func(ctx context.Context) {
+		defer close(b.startDone)
+		if !b.WriteSafeReplicationState() {
+			b.warmMirror(ctx)
+			return
+		}
+		if err := b.reconcile(ctx); err != nil {
+			// The retry is ours to make: reconcile has armed it.
+			b.Logger().Error("refresher start failed, retrying", "error", err)
+		}
+	})
+	if !started {
+		close(b.startDone)
 	}
 	return nil
+}
+
+// waitStarted waits until the first pass that Initialize began has ended
+// (successfully or not), or ctx is done.
+func (b *backend) waitStarted(ctx context.Context) error {
+	select {
+	case <-b.startDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // warmMirror loads config/refresh and every role into memory on a node that

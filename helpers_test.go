@@ -38,6 +38,9 @@ func getTestBackend(tb testing.TB) (*backend, logical.Storage) {
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: config.StorageView}); err != nil {
 		tb.Fatal(err)
 	}
+	if err := b.(*backend).waitStarted(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
 	tb.Cleanup(func() { b.Cleanup(context.Background()) })
 	return b.(*backend), config.StorageView
 }
@@ -83,6 +86,9 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 		tb.Fatal(err)
 	}
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s}); err != nil {
+		tb.Fatal(err)
+	}
+	if err := b.waitStarted(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { b.Cleanup(context.Background()) })

@@ -219,6 +219,9 @@ func (s *sim) start() {
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
 		s.t.Fatalf("Initialize returned %v; it must retry by itself instead", err)
 	}
+	if err := b.waitStarted(context.Background()); err != nil {
+		s.t.Fatal(err)
+	}
 	s.b = b
 
 	if s.standby != nil {
@@ -235,6 +238,9 @@ func (s *sim) start() {
 		s.t.Fatal(err)
 	}
 	if err := sb.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := sb.waitStarted(context.Background()); err != nil {
 		s.t.Fatal(err)
 	}
 	s.standby = sb
