@@ -101,9 +101,12 @@ func TestCreds_NeverServesExpired(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	first := f.mustReadCreds(testRole)
 	exp := cached(t, f.s, testRole).Expiration
-	// STS is down from here on, so the background refresh due on the way
-	// cannot replace the credential.
+	// STS is down from here on, so no cycle can replace the credential.
+	// The background refresh is dropped: it would run its failing cycles
+	// on its own while the clock jumps, and this test is about what reads
+	// serve.
 	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+	f.b.unschedule(testRole)
 
 	f.clock.AdvanceTo(exp.Add(-minServeValidity - time.Nanosecond))
 	resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
