@@ -92,7 +92,10 @@ func (t *fakeTimer) fire(now time.Time) {
 	if t.fn != nil {
 		t.c.busy.Add(1)
 		go func() {
-			defer t.c.busy.Add(-1)
+			defer func() {
+				t.c.busy.Add(-1)
+				t.c.Poke() // waiters may be waiting for the callback to end
+			}()
 			t.fn()
 		}()
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
@@ -94,21 +95,30 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 
 	var errs []error
 	listed := make(map[string]bool, len(names))
+	passStart := b.clock.Now()
+	var overdue []overdueRole
 	for _, name := range names {
 		listed[name] = true
-		if err := b.reconcileRole(ctx, name, false); err != nil {
+		od, err := b.reconcileRole(ctx, name, false, passStart)
+		if err != nil {
 			errs = append(errs, err)
+		} else if od != nil {
+			overdue = append(overdue, *od)
 		}
 	}
 	// A mirrored role the list did not show may have been deleted, or
 	// created since the list was read: it is read again.
 	for _, name := range b.state.names() {
 		if !listed[name] {
-			if err := b.reconcileRole(ctx, name, true); err != nil {
+			od, err := b.reconcileRole(ctx, name, true, passStart)
+			if err != nil {
 				errs = append(errs, err)
+			} else if od != nil {
+				overdue = append(overdue, *od)
 			}
 		}
 	}
+	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart)...)
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
 		keys, err := s.List(ctx, prefix)
 		if err != nil {
@@ -132,9 +142,19 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// overdueRole is a warm role whose next cycle was due before the pass
+// reached it (after a restart or a failover: it fell due while no node
+// refreshed).
+type overdueRole struct {
+	name   string
+	expiry time.Time // the cached credential's; zero when none is usable
+}
+
 // reconcileRole brings one role in line with storage, under its store lock;
-// reread reads it from storage even when it is mirrored.
-func (b *backend) reconcileRole(ctx context.Context, name string, reread bool) error {
+// reread reads it from storage even when it is mirrored. A warm role with
+// nothing planned or running is scheduled at its plan, unless that plan is
+// due by passStart: such a role is returned instead, for scheduleOverdue.
+func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, passStart time.Time) (*overdueRole, error) {
 	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
@@ -143,27 +163,69 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool) e
 	}
 	rs, err := b.state.currentLocked(ctx, b.storage, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if rs == nil {
-		return nil
+		return nil, nil
 	}
 	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
-		return err
+		return nil, err
 	}
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
-		return nil
+		return nil, nil
+	}
+	if _, ok := b.scheduledAt(name); ok || b.inFlight(name) {
+		return nil, nil
+	}
+	at := b.plannedRefresh(rs)
+	if !at.After(passStart) {
+		od := &overdueRole{name: name}
+		if rs.cred != nil {
+			od.expiry = rs.cred.Expiration
+		}
+		return od, nil
+	}
+	b.schedule(name, at)
+	return nil, nil
+}
+
+// scheduleOverdue plans the roles that fell due before the pass reached
+// them, all due at once but in order of expiry, the soonest (or those with
+// no usable credential) first: the plan starts cycles due at the same time
+// in the order they were planned, so when sts_rate_limit makes them queue,
+// the credentials closest to expiry are refreshed first, not the first in
+// storage-list order. Each is checked again under its store lock, since the
+// role may have changed, been read or been deleted since the pass saw it.
+func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time) []error {
+	sort.SliceStable(overdue, func(i, j int) bool { return overdue[i].expiry.Before(overdue[j].expiry) })
+	var errs []error
+	for _, od := range overdue {
+		if err := b.scheduleOverdueRole(ctx, od.name, passStart); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStart time.Time) error {
+	lock := b.state.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	rs, err := b.state.currentLocked(ctx, b.storage, name)
+	if err != nil || rs == nil || !rs.warm() {
+		return err
 	}
 	if _, ok := b.scheduledAt(name); ok || b.inFlight(name) {
 		return nil
 	}
-	now := b.clock.Now()
 	at := b.plannedRefresh(rs)
-	if at.Before(now) {
-		at = now
+	if at.After(passStart) {
+		// Its plan moved (a cycle ran meanwhile and committed).
+		b.schedule(name, at)
+		return nil
 	}
-	b.schedule(name, at)
+	b.schedule(name, passStart)
 	return nil
 }
 

@@ -727,9 +727,10 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 	// Every role is always waiting on exactly one thing when its goroutines
 	// are idle: its cycle's next attempt (or rate-limit slot), a clock
 	// sleeper, or its next refresh, an entry in the refresher's plan.
+	// A plan timer that fired and has not returned yet is starting cycles.
 	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
 	for step := 0; ; step++ {
-		clk.WaitUntil(t, func() bool { return idle() >= roles }, func() string {
+		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.busy.Load() == 0 }, func() string {
 			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
 		})
 		if refreshed() == roles {

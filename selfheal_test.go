@@ -665,9 +665,9 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
 	}
 	// A reconciler pass now sees the role scheduled and leaves it alone.
-	if err := f.b.reconcileRole(context.Background(), testRole, false); err != nil {
+	if od, err := f.b.reconcileRole(context.Background(), testRole, false, f.clock.Now()); err != nil || od != nil {
 		f.b.flightMu.Unlock()
-		t.Fatal(err)
+		t.Fatalf("reconcileRole: overdue %v, error %v; want neither", od, err)
 	}
 	f.b.flightMu.Unlock()
 

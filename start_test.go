@@ -2,12 +2,15 @@ package awsresilient
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
 // gateStorage holds every List of roles/ until gate is closed, and says on
@@ -82,5 +85,65 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	}
 	if at, ok := b.scheduledAt(testRole); !ok || !at.Equal(plan) {
 		t.Fatalf("after the first pass the role is scheduled at %v (%v), want %v, its recorded plan", at, ok, plan)
+	}
+}
+
+// Credentials that fell due while no node refreshed (storage as an earlier
+// active node left it) are refreshed soonest expiry first, not in
+// storage-list order: the roles are listed r0..r4 but expire in another
+// order, and their cycles start in expiry order, all at once.
+func TestStartRefreshesOverdueSoonestExpiryFirst(t *testing.T) {
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: 10 * time.Minute})
+	storage := new(logical.InmemStorage)
+	now := clk.Now()
+	put := func(key string, v interface{}) {
+		e, err := logical.StorageEntryJSON(key, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Put(t.Context(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(configRootPath, &rootConfig{AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey, Region: "us-east-1", STSEndpoint: emu.URL()})
+	// Minutes left on each role's credential; all are past their refresh
+	// point (a 60-minute credential refreshes with 30 minutes left).
+	left := map[string]int{"r0": 9, "r1": 3, "r2": 7, "r3": 1, "r4": 5}
+	for name, m := range left {
+		put(rolePrefix+name, &roleEntry{CredentialType: credentialTypeAssumedRole, RoleARN: testRoleARN + "-" + name, TTL: time.Hour})
+		put(cachePrefix+name, &cacheEntry{
+			AccessKey: "ASIAOLD" + name, SecretKey: "old-secret", SessionToken: "old-token",
+			IssuedAt: now.Add(time.Duration(m-60) * time.Minute), Expiration: now.Add(time.Duration(m) * time.Minute),
+		})
+	}
+	type start struct {
+		name string
+		at   time.Time
+	}
+	var mu sync.Mutex
+	var starts []start
+	log := &callLog{clock: clk}
+	newTestBackend(t, testOpts{clock: clk, rand: randMin, wrapSTS: log.wrap, storage: storage, onFlight: func(name string, _ *flight) {
+		mu.Lock()
+		defer mu.Unlock()
+		starts = append(starts, start{name, clk.Now()})
+	}})
+	waitFor(t, "five cycles to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(starts) == len(left)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var got []string
+	for _, s := range starts {
+		if !s.at.Equal(now) {
+			t.Errorf("%s started at %v, want at once (%v)", s.name, s.at, now)
+		}
+		got = append(got, s.name)
+	}
+	if want := []string{"r3", "r1", "r4", "r2", "r0"}; !slices.Equal(got, want) {
+		t.Fatalf("overdue roles started in the order %v, want soonest expiry first %v", got, want)
 	}
 }
