@@ -12,7 +12,8 @@
 # Environment:
 #   VAULT_BIN    use this binary instead for the default version (it is
 #                checked, not built)
-#   XDG_CACHE_HOME / HOME  decide the cache directory
+#   XDG_CACHE_HOME / HOME  decide the cache directory (binaries, and the
+#                build cache their compilation uses)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -75,7 +76,12 @@ tmp=$(mktemp "$cache/.vault-build.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
 # -mod=readonly: go.sum is committed, so a fresh clone builds without tidy and
 # a drifted go.mod fails loudly instead of being rewritten.
-(cd "$root/$mod" && go build -mod=readonly -o "$tmp" github.com/hashicorp/vault) >&2
+# Vault's compiled packages go to a build cache of their own beside the
+# binaries, shared by the versions (they have much in common): an empty
+# Vault cache then really means a cold build, and the repository's own
+# tests do not evict it from the user's Go cache, nor it theirs.
+(cd "$root/$mod" && GOCACHE="${XDG_CACHE_HOME:-$HOME/.cache}/aws-resilient/go-build" \
+	go build -mod=readonly -o "$tmp" github.com/hashicorp/vault) >&2
 chmod 0755 "$tmp"
 if ! check "$tmp"; then
 	echo "vault.sh: the built binary does not report Vault v${version}" >&2
