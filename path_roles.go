@@ -55,10 +55,11 @@ func pathsRoles(b *backend) []*framework.Path {
 				OperationPrefix: operationPrefixAWSResilient,
 				OperationSuffix: "roles",
 			},
+			Fields: listPageFields,
 			Operations: map[logical.Operation]framework.OperationHandler{
 				logical.ListOperation: &framework.PathOperation{
 					Callback: b.pathRolesList,
-					Summary:  "List the roles.",
+					Summary:  "List the roles, in order, a page at a time with after and limit.",
 					Responses: map[int][]framework.Response{
 						http.StatusOK: {{
 							Description: "OK",
@@ -195,12 +196,61 @@ func (b *backend) pathRolesExistenceCheck(ctx context.Context, req *logical.Requ
 	return role != nil, nil
 }
 
-func (b *backend) pathRolesList(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	names, err := req.Storage.List(ctx, rolePrefix)
+func (b *backend) pathRolesList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	names, err := listRolesPage(ctx, req.Storage, data)
+	if err != nil {
+		return nil, err
+	}
+	return logical.ListResponse(names), nil
+}
+
+// listPageFields are the paging parameters of LIST roles/ and status/,
+// defined as OpenBao's paginated LIST endpoints define them (its ListPage):
+// Vault's own sdk has no paged storage List, so the names are listed in
+// full and the page is cut from them, which costs a sort and a slice but
+// keeps the response, and status/'s per-role work, to the page.
+var listPageFields = map[string]*framework.FieldSchema{
+	"after": {
+		Type: framework.TypeString,
+		Description: "Optional: list only the role names that sort after this one (byte order). " +
+			"The name need not exist; pass the last name of the previous page to get the next.",
+	},
+	"limit": {
+		Type: framework.TypeInt,
+		Description: "Optional: return at most this many role names, an integer; " +
+			"0 or less (the default) returns all of them.",
+	},
+}
+
+// listRolesPage returns the role names in byte order, those after data's
+// after and at most limit of them. It lists storage, the roles' truth,
+// and reads no entry.
+func listRolesPage(ctx context.Context, s logical.Storage, data *framework.FieldData) ([]string, error) {
+	names, err := s.List(ctx, rolePrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing roles: %w", err)
 	}
-	return logical.ListResponse(names), nil
+	// Storage lists in order on the backends Vault ships, but no interface
+	// promises it, and after is only a cursor on a sorted list.
+	if !sort.StringsAreSorted(names) {
+		sort.Strings(names)
+	}
+	return pageOf(names, data.Get("after").(string), data.Get("limit").(int)), nil
+}
+
+// pageOf returns the part of sorted that comes strictly after after, cut to
+// limit entries when limit is positive. Non-positive limits mean no limit,
+// as in OpenBao, so that a client's "no limit" of 0 or -1 both work.
+func pageOf(sorted []string, after string, limit int) []string {
+	i := sort.SearchStrings(sorted, after)
+	if i < len(sorted) && sorted[i] == after {
+		i++
+	}
+	page := sorted[i:]
+	if limit > 0 && limit < len(page) {
+		page = page[:limit]
+	}
+	return page
 }
 
 func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -481,7 +531,20 @@ func sortedKeys(m map[string]string) []string {
 
 const pathRolesListHelpSyn = `List the roles.`
 
-const pathRolesListHelpDesc = `Lists the names of all roles defined on this mount.`
+const pathRolesListHelpDesc = `
+Lists the names of the roles defined on this mount, sorted in byte order.
+
+Large mounts can be listed a page at a time: after=<name> returns only the
+names that sort after <name> (which need not exist), and limit=<n> returns at
+most n names (0 or less, the default, returns all). To walk every role, pass
+the last name of each page as the next page's after; an empty page (which
+Vault answers with 404, as for an empty list) means the end. Pages are not a
+snapshot: a role created or deleted between two pages shows up or not
+according to where its name sorts.
+
+Over HTTP the parameters go in the query string:
+GET /v1/<mount>/roles?list=true&after=<name>&limit=<n>
+`
 
 const pathRolesHelpSyn = `Manage the roles whose credentials the plugin caches and refreshes.`
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sort"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
@@ -28,10 +27,11 @@ func pathsStatus(b *backend) []*framework.Path {
 				OperationPrefix: operationPrefixAWSResilient,
 				OperationSuffix: "statuses",
 			},
+			Fields: listPageFields,
 			Operations: map[logical.Operation]framework.OperationHandler{
 				logical.ListOperation: &framework.PathOperation{
 					Callback: b.pathStatusList,
-					Summary:  "List every role with its refresh state.",
+					Summary:  "List the roles with their refresh state, in order, a page at a time with after and limit.",
 					Responses: map[int][]framework.Response{
 						http.StatusOK: {{
 							Description: "OK",
@@ -87,12 +87,13 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"rate_limited_since":  {Type: framework.TypeString, Description: "Since when every attempt for the role was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
 }
 
-func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	names, err := req.Storage.List(ctx, rolePrefix)
+func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	// Paging first: key_info costs a lookup per role, so only the page's
+	// roles pay it.
+	names, err := listRolesPage(ctx, req.Storage, data)
 	if err != nil {
-		return nil, fmt.Errorf("listing roles: %w", err)
+		return nil, err
 	}
-	sort.Strings(names)
 	info := make(map[string]interface{}, len(names))
 	for _, name := range names {
 		data, err := b.statusData(ctx, req.Storage, name)
@@ -247,8 +248,18 @@ func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntr
 const pathStatusListHelpSyn = `List every role with its refresh state.`
 
 const pathStatusListHelpDesc = `
-Lists role names; key_info gives each role's state, expiration and
-next_refresh. See status/<name> for the meaning of each state.
+Lists role names, sorted in byte order; key_info gives each listed role's
+state, expiration and next_refresh. See status/<name> for the meaning of each
+state.
+
+after and limit page the list as on LIST roles/: after=<name> returns only
+the roles that sort after <name> (which need not exist), limit=<n> at most n
+of them (0 or less, the default, returns all). Pass the last name of a page
+as the next page's after; an empty page (404 over HTTP) means the end. Only
+the page's roles are looked up for key_info, so a small limit keeps the
+request cheap on a large mount.
+
+Over HTTP: GET /v1/<mount>/status?list=true&after=<name>&limit=<n>
 `
 
 const pathStatusHelpSyn = `Read how the refresher is doing for a role.`

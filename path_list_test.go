@@ -1,0 +1,165 @@
+package awsresilient
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// listKeys returns a LIST response's keys; nil when it has none, which is
+// how an empty list (a 404 over HTTP) comes back.
+func listKeys(t *testing.T, resp *logical.Response) []string {
+	t.Helper()
+	raw, ok := resp.Data["keys"]
+	if !ok {
+		return nil
+	}
+	keys, ok := raw.([]string)
+	if !ok {
+		t.Fatalf("keys is %T, want []string", raw)
+	}
+	return keys
+}
+
+// TestList_Paging runs the same after/limit table against LIST roles/ and
+// LIST status/, which page the same sorted role names.
+func TestList_Paging(t *testing.T) {
+	b, s := getTestBackend(t)
+	// Written out of order: the answer is sorted whatever the write order.
+	all := []string{"alpha", "bravo", "charlie", "delta", "echo"}
+	for _, name := range []string{"delta", "alpha", "echo", "charlie", "bravo"} {
+		mustDo(t, b, s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"credential_type": "session_token"})
+	}
+
+	cases := []struct {
+		name string
+		data map[string]interface{}
+		want []string
+	}{
+		{"no parameters", nil, all},
+		{"empty after", map[string]interface{}{"after": ""}, all},
+		{"after a key", map[string]interface{}{"after": "bravo"}, all[2:]},
+		{"after a key that does not exist", map[string]interface{}{"after": "bz"}, all[2:]},
+		{"after a prefix of the first key", map[string]interface{}{"after": "a"}, all},
+		{"after the last key", map[string]interface{}{"after": "echo"}, nil},
+		{"after every key", map[string]interface{}{"after": "zulu"}, nil},
+		{"limit", map[string]interface{}{"limit": 2}, all[:2]},
+		{"after and limit", map[string]interface{}{"after": "alpha", "limit": 2}, all[1:3]},
+		{"limit cut by the end", map[string]interface{}{"after": "charlie", "limit": 3}, all[3:]},
+		{"limit equal to the count", map[string]interface{}{"limit": 5}, all},
+		{"limit larger than the count", map[string]interface{}{"limit": 1000}, all},
+		{"limit 0 means no limit", map[string]interface{}{"limit": 0}, all},
+		{"negative limit means no limit", map[string]interface{}{"limit": -1}, all},
+		// Over HTTP both arrive from the query string, as strings.
+		{"limit as a query string", map[string]interface{}{"after": "alpha", "limit": "1"}, all[1:2]},
+	}
+	for _, path := range []string{"roles/", "status/"} {
+		for _, tc := range cases {
+			t.Run(path+tc.name, func(t *testing.T) {
+				resp := mustDo(t, b, s, logical.ListOperation, path, tc.data)
+				if got := listKeys(t, resp); !reflect.DeepEqual(got, tc.want) {
+					t.Fatalf("keys = %v, want %v", got, tc.want)
+				}
+				if path != "status/" {
+					return
+				}
+				// key_info describes the page, no more and no less.
+				info, _ := resp.Data["key_info"].(map[string]interface{})
+				if len(info) != len(tc.want) {
+					t.Fatalf("key_info has %d roles, want %d: %v", len(info), len(tc.want), info)
+				}
+				for _, name := range tc.want {
+					if st, ok := info[name].(map[string]interface{}); !ok || st["state"] != stateEmpty {
+						t.Fatalf("key_info[%s] = %v, want state %s", name, info[name], stateEmpty)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestList_PagingBadValues: a value that is not of the field's type is a 400
+// naming the field, before any listing. The sdk's message ends with the
+// field's description, which is where the valid range is stated.
+func TestList_PagingBadValues(t *testing.T) {
+	b, s := getTestBackend(t)
+	mustDo(t, b, s, logical.CreateOperation, "roles/alpha", map[string]interface{}{"credential_type": "session_token"})
+
+	cases := []struct {
+		name string
+		data map[string]interface{}
+		want []string
+	}{
+		{"limit not a number", map[string]interface{}{"limit": "ten"}, []string{`"limit"`, "an integer", "0 or less"}},
+		{"limit not an integer", map[string]interface{}{"limit": "1.5"}, []string{`"limit"`, "an integer"}},
+		{"limit out of range", map[string]interface{}{"limit": "99999999999999999999"}, []string{`"limit"`, "out of range"}},
+		{"after not a string", map[string]interface{}{"after": map[string]interface{}{"a": 1}}, []string{`"after"`, "sort after"}},
+	}
+	for _, path := range []string{"roles/", "status/"} {
+		for _, tc := range cases {
+			t.Run(path+tc.name, func(t *testing.T) {
+				resp, err := do(t, b, s, logical.ListOperation, path, tc.data)
+				wantBadRequest(t, resp, err, tc.want...)
+			})
+		}
+	}
+}
+
+// TestList_PagingWalk pages through every role with after set to the last
+// name of the previous page, the way a client walks a large mount, and
+// gets each role exactly once, in order.
+func TestList_PagingWalk(t *testing.T) {
+	b, s := getTestBackend(t)
+	var want []string
+	for _, name := range []string{"a", "a-1", "a.b", "aa", "b", "b_c", "c", "z"} {
+		mustDo(t, b, s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"credential_type": "session_token"})
+		want = append(want, name)
+	}
+	full := listKeys(t, mustDo(t, b, s, logical.ListOperation, "roles/", nil))
+	if !reflect.DeepEqual(full, want) {
+		t.Fatalf("full list = %v, want %v", full, want)
+	}
+	for _, path := range []string{"roles/", "status/"} {
+		for _, limit := range []int{1, 3, len(want)} {
+			var got []string
+			after := ""
+			for pages := 0; ; pages++ {
+				if pages > len(want) {
+					t.Fatalf("%s limit %d: no end after %d pages", path, limit, pages)
+				}
+				page := listKeys(t, mustDo(t, b, s, logical.ListOperation, path, map[string]interface{}{"after": after, "limit": limit}))
+				if len(page) == 0 {
+					break
+				}
+				if len(page) > limit {
+					t.Fatalf("%s limit %d: page of %d", path, limit, len(page))
+				}
+				got = append(got, page...)
+				after = page[len(page)-1]
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s limit %d: walked %v, want %v", path, limit, got, want)
+			}
+		}
+	}
+}
+
+// TestList_HelpExplainsPaging: path help is where `vault path-help` users
+// learn the parameters, since `vault list` cannot send them.
+func TestList_HelpExplainsPaging(t *testing.T) {
+	b, s := getTestBackend(t)
+	for _, path := range []string{"roles/", "status/"} {
+		resp, err := b.HandleRequest(t.Context(), &logical.Request{Operation: logical.HelpOperation, Path: path, Storage: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		help, _ := resp.Data["help"].(string)
+		for _, want := range []string{"after=<name>", "limit=<n>", "list=true&after="} {
+			if !strings.Contains(help, want) {
+				t.Fatalf("help for %s does not mention %q:\n%s", path, want, help)
+			}
+		}
+	}
+}
