@@ -94,19 +94,31 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 	if err != nil {
 		return nil, err
 	}
+	// The three fields are statusData's, but the clock, the refresh config
+	// and the replication state are read once for the page: in a plugin
+	// the replication state is a round trip to Vault, and once per role it
+	// took a 100 000-role list past Vault's 90 s request limit.
+	now := b.clock.Now()
+	cfg := b.getRefreshCfg()
+	refresher := b.WriteSafeReplicationState()
 	info := make(map[string]interface{}, len(names))
 	for _, name := range names {
-		data, err := b.statusData(ctx, req.Storage, name)
+		rs, err := b.state.current(ctx, req.Storage, name)
 		if err != nil {
 			return nil, err
 		}
-		if data == nil {
-			continue
+		if rs == nil {
+			continue // deleted since the listing
+		}
+		r := b.report(name, rs, now, cfg, refresher)
+		expiration := ""
+		if rs.cred != nil {
+			expiration = formatTime(rs.cred.Expiration)
 		}
 		info[name] = map[string]interface{}{
-			"state":        data["state"],
-			"expiration":   data["expiration"],
-			"next_refresh": data["next_refresh"],
+			"state":        r.state,
+			"expiration":   expiration,
+			"next_refresh": formatTime(r.next),
 		}
 	}
 	return logical.ListResponseWithInfo(names, info), nil
