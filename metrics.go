@@ -39,6 +39,7 @@ type metrics struct {
 	cycles      *prometheus.CounterVec   // result
 	cycleTime   *prometheus.HistogramVec // result
 	rateLimited prometheus.Counter
+	queued      prometheus.Counter
 	rejected    *prometheus.CounterVec // reason
 
 	rotations *prometheus.CounterVec // trigger, result
@@ -82,6 +83,10 @@ func newMetrics(version string) *metrics {
 			Name: "aws_resilient_rate_limited_attempts_total",
 			Help: "Attempts that the plugin's own rate limiter (sts_rate_limit) refused a call slot before their block ended.",
 		}),
+		queued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aws_resilient_rate_limit_queued_attempts_total",
+			Help: "Background attempts that found no sts_rate_limit slot left in their block and queued for the next free one, moving their block.",
+		}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_credentials_rejected_total",
 			Help: "Credentials STS returned that validation rejected (never cached), by reason.",
@@ -109,7 +114,7 @@ func newMetrics(version string) *metrics {
 		ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.rejected, reads, m.coldWait, build, m.rotations)
+	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.rejected, reads, m.coldWait, build, m.rotations)
 	// Every label value known in advance is exported from the start, at 0,
 	// so that rate() and increase() see the first event instead of a series
 	// that appears with it.

@@ -85,6 +85,17 @@ func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
 	return at, true
 }
 
+// capacity returns how many calls the limiter grants within d from a quiet
+// start (burst + d/interval), or the largest int when there is no cap.
+func (l *rateLimiter) capacity(d time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.interval == 0 {
+		return int(^uint(0) >> 1)
+	}
+	return int(l.burst + int64(d/l.interval))
+}
+
 // nextFree returns the earliest time, at or after now, at which reserve would
 // grant a slot if nobody else reserved one first. It consumes nothing.
 func (l *rateLimiter) nextFree(now time.Time) time.Time {

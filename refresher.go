@@ -31,6 +31,9 @@ type flight struct {
 	gen uint64
 	// background: started by the schedule, not by a waiting caller.
 	background bool
+	// slot, when set, is the sts_rate_limit slot the cycle took as it
+	// started in a herd: it starts there and makes its first call then.
+	slot time.Time
 	// hurry is closed when a caller starts waiting on the cycle: an attempt
 	// not yet made then goes at once instead of after its jitter.
 	hurry     chan struct{}
@@ -79,7 +82,7 @@ type cycleResult struct {
 func (b *backend) startFlight(name string, urgent bool) *flight {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
-	return b.startFlightLocked(name, urgent)
+	return b.startFlightLocked(name, urgent, false)
 }
 
 // coldFlight is startFlight for a cold read: when a cycle stored a valid
@@ -93,7 +96,7 @@ func (b *backend) coldFlight(name string) *flight {
 	if rs := b.state.peek(name); rs != nil && !rs.stale && b.flights[name] == nil && rs.cred.validAt(b.clock.Now()) {
 		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
 	}
-	return b.startFlightLocked(name, true)
+	return b.startFlightLocked(name, true, false)
 }
 
 // doneFlight is a flight that has already ended with res.
@@ -103,7 +106,10 @@ func doneFlight(gen uint64, res cycleResult) *flight {
 	return f
 }
 
-func (b *backend) startFlightLocked(name string, urgent bool) *flight {
+// startFlightLocked is startFlight with flightMu held. herd (background
+// cycles only) makes a new cycle take its sts_rate_limit slot now, up to its queue horizon; the cycle then starts at that slot and
+// makes its first attempt there, without jitter.
+func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
 	// The generation is read under flightMu, so two callers racing a role
 	// change agree on which flight is current.
 	rs := b.state.peek(name)
@@ -124,6 +130,12 @@ func (b *backend) startFlightLocked(name string, urgent bool) *flight {
 	}
 	ctx, cancel := context.WithCancel(b.bgCtx)
 	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
+	if herd && !urgent && prev == nil {
+		now := b.clock.Now()
+		if at, ok := b.limiter.reserve(now, queueHorizon(now, b.getRefreshCfg(), rs.cred)); ok {
+			f.slot = at
+		}
+	}
 	if urgent {
 		f.hurryUp()
 	}
@@ -232,8 +244,15 @@ func (b *backend) fireDue(gen uint64) {
 		b.onPlan()
 	}
 	b.bgMu.Unlock()
+	// More roles due at once than sts_rate_limit lets call within one
+	// block: their jitter is moot, the limiter spaces them anyway. Each
+	// takes its slot now, in the plan's order (due time, then expiry for
+	// roles that fell due while no node refreshed), so they call in that
+	// order with no slot left idle, instead of racing for slots at jittered
+	// times and giving up blocks.
+	herd := len(due) > 1 && len(due) > b.limiter.capacity(b.getRefreshCfg().block())
 	for _, e := range due {
-		b.startFlightLocked(e.name, false)
+		b.startFlightLocked(e.name, false, herd)
 	}
 }
 
@@ -299,6 +318,9 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	timeout := callTimeout(block)
 
 	start := b.clock.Now()
+	if !f.slot.IsZero() {
+		start = f.slot
+	}
 	var (
 		lastErr     *refreshError
 		attempts    int
@@ -315,11 +337,16 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
 	for i := 0; i < n; i++ {
-		at := start.Add(time.Duration(i)*block + b.jitter(block))
+		reserved := i == 0 && !f.slot.IsZero()
+		at := start.Add(time.Duration(i) * block)
+		if !reserved {
+			at = at.Add(b.jitter(block))
+		}
 		// Only the first attempt hurries for a waiting caller; retries keep
-		// their jitter, which is what spreads a herd.
+		// their jitter, which is what spreads a herd. An attempt with its
+		// slot taken waits for that slot.
 		var hurry <-chan struct{}
-		if i == 0 {
+		if i == 0 && !reserved {
 			hurry = f.hurry
 		}
 		if err := b.sleepUntil(ctx, at, hurry); err != nil {
@@ -337,8 +364,17 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		attempts++
 		lastAttempt = b.clock.Now()
 		blockEnd := start.Add(time.Duration(i+1) * block)
+		var queueUntil time.Time
+		if f.background {
+			queueUntil = queueHorizon(start, cfg, rs.cred)
+		}
 
-		cred, rerr := b.attempt(ctx, name, rs.role, blockEnd, timeout)
+		cred, rerr, movedEnd := b.attempt(ctx, name, rs.role, blockEnd, timeout, queueUntil, block, reserved)
+		if !movedEnd.IsZero() {
+			// The attempt queued for a slot past its block: the cycle's
+			// blocks now run from the block that slot opened.
+			start = movedEnd.Add(-time.Duration(i+1) * block)
+		}
 		if ctx.Err() != nil {
 			// Clean is running (storage may be going away) or a newer
 			// definition superseded the cycle: write nothing.
@@ -438,36 +474,70 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	return cycleResult{cred: cred, status: st, next: next, err: lastErr, outcome: outcome}
 }
 
+// queueHorizon is the latest sts_rate_limit slot a background cycle queues
+// for when its block has none left: the start of its own last block, or, when
+// later, one retry window before its cached credential expires (so that a
+// whole cycle still fits after the queued call).
+func queueHorizon(start time.Time, cfg refreshConfig, cred *cacheEntry) time.Time {
+	h := start.Add(cfg.RetryWindow - cfg.block())
+	if cred != nil {
+		if t := cred.Expiration.Add(-cfg.RetryWindow); t.After(h) {
+			h = t
+		}
+	}
+	return h
+}
+
 // attempt makes one attempt: the primary endpoint, then each fallback while
 // the error is retryable. Every call starts before blockEnd, after taking a
 // slot from the global rate limiter (waiting for it inside the block), and
 // must answer by blockEnd (or within minCallTime): no slot or no time left
 // before blockEnd means no call. Errors are classified here, once, with the
 // endpoint's own secret key for redaction.
-func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blockEnd time.Time, timeout time.Duration) (*cacheEntry, *refreshError) {
+//
+// When the limiter has no slot left in the block and queueUntil is set (a
+// background cycle), the attempt queues for the next free slot up to
+// queueUntil instead of giving the block up: our own limiter is then the
+// constraint, not STS, and the roles it holds back take its slots in the
+// order they asked, with no slot left idle. The block moves to start at
+// that slot, and its new end is returned (zero when it did not move).
+//
+// reserved says the first call's slot is already taken (a herd's cycle).
+func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blockEnd time.Time, timeout time.Duration, queueUntil time.Time, block time.Duration, reserved bool) (*cacheEntry, *refreshError, time.Time) {
 	eps, release, err := b.acquireEndpoints(ctx)
 	if err != nil {
-		return nil, classify(err, "")
+		return nil, classify(err, ""), time.Time{}
 	}
 	defer release()
 	var lastErr *refreshError
+	var moved time.Time
 	if b.clock.Now().After(blockEnd) {
 		// The attempt waited (for a lock, for storage) past its block: not
 		// our rate limiter's doing, and no call may start now.
-		return nil, &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}
+		return nil, &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}, moved
 	}
 	action := role.stsAction()
 	for i, ep := range eps {
-		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
+		at, ok := b.clock.Now(), true
+		if i > 0 || !reserved {
+			at, ok = b.limiter.reserve(b.clock.Now(), blockEnd)
+		}
+		if !ok && i == 0 && queueUntil.After(blockEnd) {
+			if at, ok = b.limiter.reserve(b.clock.Now(), queueUntil); ok {
+				blockEnd = at.Add(block)
+				moved = blockEnd
+				b.metrics.queued.Inc()
+			}
+		}
 		if !ok {
 			if lastErr != nil {
-				return nil, lastErr
+				return nil, lastErr, moved
 			}
 			b.metrics.rateLimited.Inc()
-			return nil, &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
+			return nil, &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}, moved
 		}
 		if err := b.sleepUntil(ctx, at, nil); err != nil {
-			return nil, classify(err, "")
+			return nil, classify(err, ""), moved
 		}
 		d := min(timeout, max(blockEnd.Sub(b.clock.Now()), min(timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
@@ -477,17 +547,17 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 		took := b.clock.Now().Sub(called)
 		if err == nil {
 			b.metrics.observeSTSCall(action, i, "ok", took)
-			return cred, nil
+			return cred, nil, moved
 		}
 		lastErr = classify(err, ep.secretKey)
 		b.metrics.observeSTSCall(action, i, lastErr.Code, took)
 		// Counted here: a fallback's error may replace it.
 		b.metrics.countRejection(lastErr)
 		if ctx.Err() != nil || !lastErr.Retryable {
-			return nil, lastErr
+			return nil, lastErr, moved
 		}
 	}
-	return nil, lastErr
+	return nil, lastErr, moved
 }
 
 // validateCredential accepts a credential only if it can be served: all three

@@ -1,0 +1,180 @@
+package awsresilient
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+)
+
+// herdStorage is storage as an earlier active node left it: n roles with
+// one-hour credentials, role i's expiring at exp(i), and config/refresh with
+// the given limit, a 6 s window of six 1 s blocks and refresh_fraction 0.5.
+func herdStorage(t *testing.T, emuURL string, n int, exp func(i int) time.Time, rate float64, burst int) logical.Storage {
+	t.Helper()
+	storage := new(logical.InmemStorage)
+	put := func(key string, v interface{}) {
+		e, err := logical.StorageEntryJSON(key, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Put(t.Context(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(configRootPath, &rootConfig{AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey, Region: "us-east-1", STSEndpoint: emuURL})
+	cfg := defaultRefreshConfig()
+	cfg.RetryWindow, cfg.MaxRetries, cfg.STSRateLimit, cfg.STSBurst = 6*time.Second, 6, rate, burst
+	cfg.RefreshFraction = 0.5
+	put(configRefreshPath, &cfg)
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("r%03d", i)
+		put(rolePrefix+name, &roleEntry{CredentialType: credentialTypeAssumedRole, RoleARN: testRoleARN + "-" + name, TTL: time.Hour})
+		put(cachePrefix+name, &cacheEntry{
+			AccessKey: fmt.Sprintf("ASIAOLD%013d", i), SecretKey: "old-secret", SessionToken: "old-token",
+			IssuedAt: exp(i).Add(-time.Hour), Expiration: exp(i),
+		})
+	}
+	return storage
+}
+
+// TestRefresh_HerdQueuesForTheLimiterInExpiryOrder: 100 roles fall due at
+// once with sts_rate_limit 10/s and burst 1, far more than one 1 s block
+// can call. Our own limiter is the constraint, so the roles queue for it:
+// the calls go exactly one interval apart from the start (no slot left
+// idle, 9.9 s for 100 calls, the physical limit), soonest expiry first, each
+// role refreshed in its first cycle, none refused, none throttled.
+func TestRefresh_HerdQueuesForTheLimiterInExpiryOrder(t *testing.T) {
+	const roles, rate, burst = 100, 10, 1
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	perm := rand.New(rand.NewPCG(7, 7)).Perm(roles)
+	// All fell due while no node refreshed; role i expires 60 s +
+	// perm[i] × 10 s from now.
+	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time {
+		return now.Add(60*time.Second + time.Duration(perm[i])*10*time.Second)
+	}, rate, burst)
+
+	// randMax: were the jitter used, every attempt would come at the end
+	// of its block.
+	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMax, storage: storage})
+	driveUntilRefreshed(t, clk, b, roles, now.Add(30*time.Minute))
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	var order, want []string
+	for k, c := range calls {
+		if at := now.Add(time.Duration(k) * time.Second / rate); !c.Time.Equal(at) {
+			t.Fatalf("call %d at +%v, want +%v: the limiter was left idle or overrun", k, c.Time.Sub(now), at.Sub(now))
+		}
+		if c.Outcome != "ok" {
+			t.Fatalf("call %d: %s", k, c.Outcome)
+		}
+		order = append(order, c.RoleArn)
+	}
+	byExpiry := make([]int, roles)
+	for i := range byExpiry {
+		byExpiry[i] = i
+	}
+	sort.Slice(byExpiry, func(i, j int) bool { return perm[byExpiry[i]] < perm[byExpiry[j]] })
+	for _, i := range byExpiry {
+		want = append(want, fmt.Sprintf("%s-r%03d", testRoleARN, i))
+	}
+	if !slices.Equal(order, want) {
+		t.Fatalf("calls in the order\n%v\nwant soonest expiry first\n%v", order, want)
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0: the herd queued", n)
+	}
+}
+
+// TestRefresh_DueOneByOneQueueForTheLimiter: 30 roles fall due 10 ms apart,
+// each alone (no herd at any instant), with sts_rate_limit 5/s and burst 1:
+// a 1 s block holds 5 slots, so from the sixth on an attempt finds none
+// left in its block. It queues for the next free slot instead of giving the
+// block up: the calls go exactly 200 ms apart in the order the roles fell
+// due, every role refreshed in its first cycle, none refused.
+func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
+	const roles, rate, burst = 30, 5, 1
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	// A one-hour credential is due with half its life left (randMin: no
+	// start jitter): role i at now + 1 s + i × 10 ms.
+	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time {
+		return now.Add(30*time.Minute + time.Second + time.Duration(i)*10*time.Millisecond)
+	}, rate, burst)
+	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMin, storage: storage})
+	driveUntilRefreshed(t, clk, b, roles, now.Add(time.Hour))
+
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	first := now.Add(time.Second)
+	for k, c := range calls {
+		if at := first.Add(time.Duration(k) * time.Second / rate); !c.Time.Equal(at) {
+			t.Fatalf("call %d at +%v, want +%v", k, c.Time.Sub(now), at.Sub(now))
+		}
+		if want := fmt.Sprintf("%s-r%03d", testRoleARN, k); c.RoleArn != want || c.Outcome != "ok" {
+			t.Fatalf("call %d: %s %s, want %s ok", k, c.RoleArn, c.Outcome, want)
+		}
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+	}
+	// Role k is due at +1 s + k × 10 ms and its slot is +1 s + k × 200 ms:
+	// from k = 6 on the slot is past its 1 s block.
+	if n := counterValue(t, b.metrics.queued); n != roles-6 {
+		t.Fatalf("%v attempts queued past their block, want %d", n, roles-6)
+	}
+}
+
+// driveUntilRefreshed moves the fake clock from one timer to the next,
+// each time once every role waits on something (a sleeper or a plan), until
+// every role's credential expires after horizon.
+func driveUntilRefreshed(t *testing.T, clk *fakeClock, b *backend, roles int, horizon time.Time) {
+	t.Helper()
+	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
+	refreshed := func() int {
+		n := 0
+		for i := 0; i < roles; i++ {
+			if _, cred, _, _ := b.state.lookup(fmt.Sprintf("r%03d", i)); cred != nil && cred.Expiration.After(horizon) {
+				n++
+			}
+		}
+		return n
+	}
+	for step := 0; ; step++ {
+		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.busy.Load() == 0 }, func() string {
+			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
+		})
+		if refreshed() == roles {
+			return
+		}
+		if step > 1000 {
+			t.Fatalf("only %d of %d roles refreshed", refreshed(), roles)
+		}
+		clk.AdvanceToNext(t)
+	}
+}
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
