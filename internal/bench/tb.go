@@ -29,11 +29,13 @@ type TB struct {
 	// Keep leaves the temporary directory (server logs) in place.
 	Keep bool
 
-	mu       sync.Mutex // guards cleanups, failed and tmp
+	mu       sync.Mutex // guards cleanups, failed, tmp and closing
 	cleanups []func()
 	failed   bool
 	tmp      string
-	closed   bool
+	// closing is set by the first Close and closed when its cleanups are
+	// done; a later Close waits for it.
+	closing chan struct{}
 }
 
 // NewTB returns a TB that logs to out.
@@ -58,14 +60,20 @@ func (t *TB) Run(fn func()) (err error) {
 }
 
 // Close runs the cleanups, newest first, and removes the temporary
-// directory. It is safe to call more than once and from a signal handler.
+// directory. It is safe to call more than once and from a signal handler: a
+// second call returns when the first one has finished, so the driver's main
+// goroutine, whose work fails as the handler stops the servers under it,
+// cannot exit the process while the handler is still stopping them.
 func (t *TB) Close() {
 	t.mu.Lock()
-	if t.closed {
+	if t.closing != nil {
+		done := t.closing
 		t.mu.Unlock()
+		<-done
 		return
 	}
-	t.closed = true
+	t.closing = make(chan struct{})
+	defer close(t.closing)
 	fns := t.cleanups
 	t.cleanups = nil
 	tmp := t.tmp
