@@ -3,12 +3,20 @@
 # and cmd/aws-resilient-bench, then runs the driver, which starts its own
 # Vault dev server(s) and emulators, prints one table with every target's
 # pass/fail, and writes the charts, table.txt and results.json to docs/bench/
-# (change with -out). Arguments go to the driver: -quick for a ~3 minute
-# smoke run, -sections a,c to pick sections, -h for every knob.
+# (change with -out). Arguments go to the driver: -quick for a ~5 minute
+# smoke run, -sections a,c to pick sections, -roles 10000 for section f's
+# size, -h for every knob. A run of some sections only replaces their rows
+# in table.txt and results.json and keeps the others'.
 #
 # Not run by CI, and a missed target never fails it: the exit status is
-# non-zero only when the bench cannot run. A full run takes about 10 minutes
-# on 2 cores; it needs the pinned Vault (scripts/vault.sh builds it once).
+# non-zero only when the bench cannot run. A full run takes about 14 minutes
+# on 2 cores (section f, scale, about 6 of them at its default -roles 2000);
+# it needs the pinned Vault (scripts/vault.sh builds it once).
+#
+# Environment:
+#   PLUGIN_REF  build the plugin from this commit (git archive) instead of
+#               the working tree, and report that commit: what another
+#               engineer has not committed yet is then not measured
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +35,15 @@ mkdir "$work/tmp"
 
 # The harness registers the plugin as v0.1.0-dev; the compiled-in version
 # must match (Vault checks).
-go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient
+if [[ -n "${PLUGIN_REF:-}" ]]; then
+	PLUGIN_COMMIT=$(git rev-parse --short "$PLUGIN_REF^{commit}")
+	export PLUGIN_COMMIT
+	mkdir "$work/plugin-src"
+	git archive "$PLUGIN_COMMIT" | tar -x -C "$work/plugin-src"
+	(cd "$work/plugin-src" && go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient)
+else
+	go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient
+fi
 go build -o "$work/sts-emulator" ./cmd/sts-emulator
 go build -o "$work/aws-resilient-bench" ./cmd/aws-resilient-bench
 export PLUGIN_BIN="$work/vault-plugin-secrets-aws-resilient"

@@ -20,6 +20,13 @@
 //	   Vault server, so nothing else shares the plugin process), then the
 //	   plugin's and Vault's CPU per metrics scrape of those roles (target:
 //	   under 100 ms of plugin CPU)
+//	f  scale, with -roles roles on raft storage: plugin and Vault RSS as the
+//	   mount fills, mount start after a plugin reload and after a Vault
+//	   restart (until every role is scheduled), failover of a 3-node raft
+//	   cluster (until every role is scheduled on the new active node, STS
+//	   calls in the minute after it, expired credentials served), a herd of
+//	   every role due at once at 50 req/s, and plugin CPU per scheduled
+//	   refresh with -roles roles vs -scale-baseline roles
 //
 // Charts (PNG) and the raw figures (results.json) go to -out. The bench
 // never fails on a missed target; it exits non-zero only when it cannot
@@ -70,6 +77,15 @@ type options struct {
 	logLevel      string
 	readStorage   string
 	pprof         bool
+
+	roles            int
+	scaleBaseline    int
+	scaleHA          bool
+	scaleTickers     int
+	scaleTickWindow  time.Duration
+	scaleHerdRate    int
+	scaleHerdBurst   int
+	scalePluginBurst int
 }
 
 func main() {
@@ -78,7 +94,7 @@ func main() {
 		return
 	}
 	var o options
-	flag.StringVar(&o.sections, "sections", "a,b,c,d,e", "comma-separated sections to run")
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
 	flag.IntVar(&o.rounds, "rounds", 3, "a: rounds; each runs every read for -duration (the median round counts)")
@@ -103,9 +119,17 @@ func main() {
 	flag.IntVar(&o.cacheRoles, "cache-roles", 10000, "e: roles cached")
 	flag.IntVar(&o.scrapes, "scrapes", 20, "e: metrics scrapes measured, one at a time (the mean counts)")
 	flag.StringVar(&o.cacheEnv, "cache-plugin-env", "", "e: comma-separated KEY=VALUE for the plugin process (e.g. GOGC=50 or GODEBUG=gctrace=1)")
+	flag.IntVar(&o.roles, "roles", 2000, "f: roles on the mount (raft storage)")
+	flag.IntVar(&o.scaleBaseline, "scale-baseline", 1000, "f: the smaller mount the scheduler cost is compared with (at most -roles/2)")
+	flag.BoolVar(&o.scaleHA, "scale-ha", true, "f: also run the 3-node raft cluster failover")
+	flag.IntVar(&o.scaleTickers, "scale-tickers", 100, "f: roles refreshed every ~5 s while the scheduler cost is measured")
+	flag.DurationVar(&o.scaleTickWindow, "scale-tick-window", 15*time.Second, "f: how long the scheduler cost is measured at each size")
+	flag.IntVar(&o.scaleHerdRate, "scale-herd-rate", 50, "f: herd: plugin sts_rate_limit and emulator rate limit, req/s")
+	flag.IntVar(&o.scaleHerdBurst, "scale-herd-sts-burst", 50, "f: herd: emulator burst")
+	flag.IntVar(&o.scalePluginBurst, "scale-herd-plugin-burst", 25, "f: herd: plugin sts_burst")
 	flag.StringVar(&o.logLevel, "vault-log-level", "warn", "Vault servers' -log-level (plugin stderr shows at debug)")
 	keep := flag.Bool("keep", false, "keep the servers' directories and logs (under $TMPDIR)")
-	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 3 minutes)")
+	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 6 minutes)")
 	flag.Parse()
 	if *quick {
 		o.dur, o.rounds = 2*time.Second, 1
@@ -113,6 +137,7 @@ func main() {
 		o.herdRoles, o.herdLife = 200, 40*time.Second
 		o.sfRounds = 1
 		o.cacheRoles, o.scrapes = 2000, 5
+		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
 	}
 
 	tb := bench.NewTB("aws-resilient-bench", os.Stderr)
@@ -192,9 +217,14 @@ func (r *run) all() {
 	if out, err := exec.Command(vaultBin, "version").Output(); err == nil {
 		vaultVersion = strings.TrimSpace(string(out))
 	}
-	commit := "?"
-	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
+	// scripts/bench.sh sets PLUGIN_COMMIT when it built the plugin from a
+	// commit (PLUGIN_REF) rather than from the working tree.
+	commit := os.Getenv("PLUGIN_COMMIT")
+	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil && commit == "" {
 		commit = strings.TrimSpace(string(out))
+	}
+	if commit == "" {
+		commit = "?"
 	}
 	r.results["machine"] = m
 	r.results["vault_version"] = vaultVersion
@@ -202,7 +232,10 @@ func (r *run) all() {
 	r.results["options"] = fmt.Sprintf("%+v", r.o)
 	r.logf("building the plugin and emulator, starting Vault")
 	vaulttest.EmulatorBin(r.tb)
-	r.vault, r.api = r.startVault()
+	// Sections e and f start servers of their own.
+	if r.want("a") || r.want("b") || r.want("c") || r.want("d") {
+		r.vault, r.api = r.startVault()
+	}
 
 	if r.want("a") {
 		r.sectionA()
@@ -219,6 +252,9 @@ func (r *run) all() {
 	if r.want("e") {
 		r.sectionE()
 	}
+	if r.want("f") {
+		r.sectionF()
+	}
 
 	var head strings.Builder
 	fmt.Fprintf(&head, "aws-resilient bench, %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
@@ -228,14 +264,66 @@ func (r *run) all() {
 	var tbl strings.Builder
 	r.table.Write(&tbl)
 	fmt.Print("\n" + head.String() + tbl.String())
-	if err := os.WriteFile(filepath.Join(r.o.out, "table.txt"), []byte(head.String()+tbl.String()), 0o644); err != nil {
+	text, results := head.String()+tbl.String(), r.results
+	if ran := r.ran(); len(ran) < len(allSections) {
+		text, results = r.merge(text, ran)
+	}
+	if err := os.WriteFile(filepath.Join(r.o.out, "table.txt"), []byte(text), 0o644); err != nil {
 		r.tb.Fatal(err)
 	}
-	b, _ := json.MarshalIndent(r.results, "", "  ")
+	b, _ := json.MarshalIndent(results, "", "  ")
 	if err := os.WriteFile(filepath.Join(r.o.out, "results.json"), b, 0o644); err != nil {
 		r.tb.Fatal(err)
 	}
 	r.logf("wrote %s/{table.txt,results.json} and the charts", r.o.out)
+}
+
+// allSections are the sections a full run has.
+var allSections = []string{"a", "b", "c", "d", "e", "f"}
+
+// ran returns the sections this run measured, in order.
+func (r *run) ran() []string {
+	var out []string
+	for _, s := range allSections {
+		if r.want(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// merge keeps, for a run of some sections only, what -out already holds
+// for the others: their rows in table.txt (under the header of the run that
+// measured them) and their keys in results.json, where this run's machine,
+// versions and options go under "<sections>_run" (e.g. f_run) beside the
+// full run's.
+func (r *run) merge(text string, ran []string) (string, map[string]any) {
+	old, _ := os.ReadFile(filepath.Join(r.o.out, "table.txt"))
+	text = bench.MergeTable(string(old), text, ran)
+	prev := map[string]any{}
+	if b, err := os.ReadFile(filepath.Join(r.o.out, "results.json")); err == nil {
+		_ = json.Unmarshal(b, &prev)
+	}
+	runKey := strings.Join(ran, "") + "_run"
+	for k := range prev {
+		for _, s := range ran {
+			if strings.HasPrefix(k, s+"_") || k == runKey {
+				delete(prev, k)
+			}
+		}
+	}
+	meta := map[string]any{}
+	for _, k := range []string{"machine", "vault_version", "plugin_commit", "options"} {
+		meta[k] = r.results[k]
+	}
+	meta["date"] = time.Now().UTC().Format(time.RFC3339)
+	prev[runKey] = meta
+	for k, v := range r.results {
+		if _, isMeta := meta[k]; !isMeta {
+			prev[k] = v
+		}
+	}
+	return text, prev
 }
 
 func ms(d time.Duration) string {
