@@ -82,7 +82,13 @@ type backendOptions struct {
 	onPlan func()
 	// wrapIAM, when set, wraps each IAM client a rotation builds.
 	wrapIAM func(api iamAPI) iamAPI
+	// passWorkers is how many roles a reconciler pass reconciles at once;
+	// 0 means defaultPassWorkers. The simulation uses 1 to replay exactly.
+	passWorkers int
 }
+
+// defaultPassWorkers: storage reads of a reconciler pass in flight at once.
+const defaultPassWorkers = 16
 
 type backend struct {
 	*framework.Backend
@@ -97,6 +103,8 @@ type backend struct {
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
 	onPlan    func()
+	// passWorkers: see backendOptions.
+	passWorkers int
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -178,19 +186,23 @@ type backend struct {
 
 func newBackend(opts backendOptions) *backend {
 	b := &backend{
-		clock:      opts.clock,
-		rand:       opts.rand,
-		testHooks:  opts.testHooks,
-		wrapSTS:    opts.wrapSTS,
-		onFlight:   opts.onFlight,
-		onPlan:     opts.onPlan,
-		wrapIAM:    opts.wrapIAM,
-		refreshCfg: defaultRefreshConfig(),
-		flights:    make(map[string]*flight),
-		plan:       newDueHeap(),
-		startDone:  make(chan struct{}),
+		clock:       opts.clock,
+		rand:        opts.rand,
+		testHooks:   opts.testHooks,
+		wrapSTS:     opts.wrapSTS,
+		onFlight:    opts.onFlight,
+		onPlan:      opts.onPlan,
+		passWorkers: opts.passWorkers,
+		wrapIAM:     opts.wrapIAM,
+		refreshCfg:  defaultRefreshConfig(),
+		flights:     make(map[string]*flight),
+		plan:        newDueHeap(),
+		startDone:   make(chan struct{}),
 	}
 	b.state = newRoleStates(b)
+	if b.passWorkers == 0 {
+		b.passWorkers = defaultPassWorkers
+	}
 	if b.clock == nil {
 		b.clock = realClock{}
 	}
@@ -316,11 +328,11 @@ func (b *backend) warmMirror(ctx context.Context) {
 		b.Logger().Warn("listing roles failed; they load on first access", "error", err)
 		return
 	}
-	for _, name := range names {
+	b.forEachParallel(names, func(name string) {
 		if _, err := b.state.current(ctx, b.storage, name); err != nil {
 			b.Logger().Warn("loading role failed; it loads on first access", "role", name, "error", err)
 		}
-	}
+	})
 }
 
 // invalidate only forgets: when storage changes under this node (on a

@@ -211,7 +211,8 @@ func (s *sim) start() {
 	var b *backend
 	b, err := newBackendWith(context.Background(), config, backendOptions{
 		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrap,
-		onFlight: func(name string, f *flight) { s.onFlight(b, name, f) },
+		onFlight:    func(name string, f *flight) { s.onFlight(b, name, f) },
+		passWorkers: 1, // the seed replays only with one role at a time
 	})
 	if err != nil {
 		s.t.Fatal(err)
@@ -233,7 +234,7 @@ func (s *sim) start() {
 	sconf.StorageView = s.fs
 	sconf.Logger = hclog.NewNullLogger()
 	sconf.System = sv
-	sb, err := newBackendWith(context.Background(), sconf, backendOptions{clock: s.clk, rand: newSeededRand(s.rng.Uint64())})
+	sb, err := newBackendWith(context.Background(), sconf, backendOptions{clock: s.clk, rand: newSeededRand(s.rng.Uint64()), passWorkers: 1})
 	if err != nil {
 		s.t.Fatal(err)
 	}
