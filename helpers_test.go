@@ -497,6 +497,18 @@ func cached(t *testing.T, s logical.Storage, name string) *cacheEntry {
 	return c
 }
 
+// putJSON stores v as JSON under key, as the plugin would have.
+func putJSON(tb testing.TB, s logical.Storage, key string, v any) {
+	tb.Helper()
+	e, err := logical.StorageEntryJSON(key, v)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.Put(context.Background(), e); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // waitFor waits, in real time, for a condition that other goroutines will
 // establish without the fake clock moving (an HTTP call finishing, a
 // goroutine exiting). It checks often and gives up after waitLimit.

@@ -20,15 +20,7 @@ import (
 func herdStorage(t *testing.T, emuURL string, n int, exp func(i int) time.Time, rate float64, burst int) logical.Storage {
 	t.Helper()
 	storage := new(logical.InmemStorage)
-	put := func(key string, v interface{}) {
-		e, err := logical.StorageEntryJSON(key, v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := storage.Put(t.Context(), e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(key string, v any) { putJSON(t, storage, key, v) }
 	put(configRootPath, &rootConfig{AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey, Region: "us-east-1", STSEndpoint: emuURL})
 	cfg := defaultRefreshConfig()
 	cfg.RetryWindow, cfg.MaxRetries, cfg.STSRateLimit, cfg.STSBurst = 6*time.Second, 6, rate, burst
@@ -66,7 +58,7 @@ func TestRefresh_HerdQueuesForTheLimiterInExpiryOrder(t *testing.T) {
 	// randMax: were the jitter used, every attempt would come at the end
 	// of its block.
 	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMax, storage: storage})
-	driveUntilRefreshed(t, clk, b, roles, now.Add(30*time.Minute))
+	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)))
 	calls := emu.Calls()
 	if len(calls) != roles {
 		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
@@ -115,7 +107,7 @@ func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
 		return now.Add(30*time.Minute + time.Second + time.Duration(i)*10*time.Millisecond)
 	}, rate, burst)
 	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMin, storage: storage})
-	driveUntilRefreshed(t, clk, b, roles, now.Add(time.Hour))
+	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(time.Hour)))
 
 	calls := emu.Calls()
 	if len(calls) != roles {
@@ -142,20 +134,12 @@ func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
 }
 
 // driveUntilRefreshed moves the fake clock from one timer to the next,
-// each time once every role waits on something (a sleeper or a plan), until
-// every role's credential expires after horizon.
-func driveUntilRefreshed(t *testing.T, clk *fakeClock, b *backend, roles int, horizon time.Time) {
+// each time once every role waits on something (a clock sleeper: an
+// attempt or a rate-limit slot; or its next refresh in the plan) and no
+// plan callback is starting cycles, until refreshed() reports all roles.
+func driveUntilRefreshed(t *testing.T, clk *fakeClock, b *backend, roles int, refreshed func() int) {
 	t.Helper()
 	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
-	refreshed := func() int {
-		n := 0
-		for i := 0; i < roles; i++ {
-			if _, cred, _, _ := b.state.lookup(fmt.Sprintf("r%03d", i)); cred != nil && cred.Expiration.After(horizon) {
-				n++
-			}
-		}
-		return n
-	}
 	for step := 0; ; step++ {
 		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.busy.Load() == 0 }, func() string {
 			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
@@ -163,10 +147,24 @@ func driveUntilRefreshed(t *testing.T, clk *fakeClock, b *backend, roles int, ho
 		if refreshed() == roles {
 			return
 		}
-		if step > 1000 {
+		if step > 10000 {
 			t.Fatalf("only %d of %d roles refreshed", refreshed(), roles)
 		}
 		clk.AdvanceToNext(t)
+	}
+}
+
+// expiringAfter counts roles r000.. whose mirrored credential expires
+// after horizon.
+func expiringAfter(b *backend, roles int, horizon time.Time) func() int {
+	return func() int {
+		n := 0
+		for i := 0; i < roles; i++ {
+			if _, cred, _, _ := b.state.lookup(fmt.Sprintf("r%03d", i)); cred != nil && cred.Expiration.After(horizon) {
+				n++
+			}
+		}
+		return n
 	}
 }
 

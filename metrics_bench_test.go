@@ -78,18 +78,9 @@ func BenchmarkMetricsScrape(b *testing.B) {
 // benchmark runs and nothing reaches STS.
 func scrapeBackend(b testing.TB, n int) (*backend, logical.Storage) {
 	b.Helper()
-	ctx := context.Background()
 	storage := new(logical.InmemStorage)
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	put := func(key string, v any) {
-		e, err := logical.StorageEntryJSON(key, v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := storage.Put(ctx, e); err != nil {
-			b.Fatal(err)
-		}
-	}
+	put := func(key string, v any) { putJSON(b, storage, key, v) }
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("role-%05d", i)
 		role := &roleEntry{CredentialType: credentialTypeAssumedRole, RoleARN: testRoleARN + "-" + name, TTL: time.Hour}

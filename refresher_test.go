@@ -691,15 +691,7 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 	// together, five minutes from expiry, so all are due now.
 	storage := new(logical.InmemStorage)
 	now := clk.Now()
-	put := func(key string, v interface{}) {
-		e, err := logical.StorageEntryJSON(key, v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := storage.Put(t.Context(), e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(key string, v any) { putJSON(t, storage, key, v) }
 	put(configRootPath, &rootConfig{AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey, Region: "us-east-1", STSEndpoint: emu.URL()})
 	old := map[string]string{}
 	for i := 0; i < roles; i++ {
@@ -724,23 +716,7 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 		}
 		return n
 	}
-	// Every role is always waiting on exactly one thing when its goroutines
-	// are idle: its cycle's next attempt (or rate-limit slot), a clock
-	// sleeper, or its next refresh, an entry in the refresher's plan.
-	// A plan timer that fired and has not returned yet is starting cycles.
-	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
-	for step := 0; ; step++ {
-		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.busy.Load() == 0 }, func() string {
-			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
-		})
-		if refreshed() == roles {
-			break
-		}
-		if step > 10000 {
-			t.Fatalf("only %d of %d roles refreshed", refreshed(), roles)
-		}
-		clk.AdvanceToNext(t)
-	}
+	driveUntilRefreshed(t, clk, b, roles, refreshed)
 
 	times := log.times()
 	if len(times) != roles {

@@ -97,15 +97,7 @@ func TestStartRefreshesOverdueSoonestExpiryFirst(t *testing.T) {
 	emu := startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: 10 * time.Minute})
 	storage := new(logical.InmemStorage)
 	now := clk.Now()
-	put := func(key string, v interface{}) {
-		e, err := logical.StorageEntryJSON(key, v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := storage.Put(t.Context(), e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(key string, v any) { putJSON(t, storage, key, v) }
 	put(configRootPath, &rootConfig{AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey, Region: "us-east-1", STSEndpoint: emu.URL()})
 	// Minutes left on each role's credential; all are past their refresh
 	// point (a 60-minute credential refreshes with 30 minutes left).
