@@ -152,6 +152,7 @@ type backend struct {
 	planTimer   timer
 	planTimerAt time.Time
 	planGen     uint64
+	planHeld    int  // holdPlan calls not yet released
 	running     bool // the refresher schedules cycles (write-safe node, started)
 	closed      bool
 	bgWG        sync.WaitGroup

@@ -239,6 +239,11 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 // role may have changed, been read or been deleted since the pass saw it.
 func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time) []error {
 	sort.SliceStable(overdue, func(i, j int) bool { return overdue[i].expiry.Before(overdue[j].expiry) })
+	if len(overdue) > 1 {
+		// One batch: the first ones must not start on their own before the
+		// rest are planned, or they would miss their place in the queue.
+		defer b.holdPlan()()
+	}
 	var errs []error
 	for _, od := range overdue {
 		if err := b.scheduleOverdueRole(ctx, od.name, passStart); err != nil {

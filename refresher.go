@@ -204,6 +204,9 @@ func (b *backend) schedule(name string, at time.Time) {
 // under bgMu after every change of the plan; a timer already set for that
 // time is left alone.
 func (b *backend) armLocked() {
+	if b.planHeld > 0 {
+		return // holdPlan's release arms it
+	}
 	at, ok := b.plan.earliest()
 	if ok && b.planTimer != nil && b.planTimerAt.Equal(at) {
 		return
@@ -219,6 +222,28 @@ func (b *backend) armLocked() {
 	gen := b.planGen
 	b.planTimerAt = at
 	b.planTimer = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() { b.fireDue(gen) })
+}
+
+// holdPlan keeps the plan timer from firing while a batch of roles is
+// planned, so that roles planned for the same instant start together, in
+// plan order, as one batch (see fireDue's herd); the returned func ends the
+// hold and arms the timer.
+func (b *backend) holdPlan() (release func()) {
+	b.bgMu.Lock()
+	b.planHeld++
+	if b.planTimer != nil {
+		b.planTimer.Stop()
+		b.planTimer = nil
+	}
+	b.bgMu.Unlock()
+	return func() {
+		b.bgMu.Lock()
+		defer b.bgMu.Unlock()
+		b.planHeld--
+		if !b.closed {
+			b.armLocked()
+		}
+	}
 }
 
 // fireDue runs when the plan timer expires: it starts (or joins) the cycle
