@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -135,11 +136,18 @@ func (r *run) sectionF() {
 	for i := range sr.names {
 		sr.names[i] = fmt.Sprintf("f-%06d", i)
 	}
-	r.logf("f: scale, %d roles (scheduler cost against %d), raft storage", sr.n, sr.base)
+	r.logf("f: scale, %d roles (scheduler cost against %d), raft storage, parts %s", sr.n, sr.base, o.scaleParts)
 	start := time.Now()
-	r.scaleSingle(sr)
+	if r.scalePart("memory") || r.scalePart("start") {
+		r.scaleSingle(sr)
+	}
+	if r.scalePart("herd") {
+		t := time.Now()
+		sr.herd = r.scaleHerd(sr)
+		sr.phases["herd"] = time.Since(t).Seconds()
+	}
 	var ha *haResult
-	if o.scaleHA {
+	if r.scalePart("ha") {
 		t := time.Now()
 		ha = r.scaleHA(sr)
 		sr.phases["ha"] = time.Since(t).Seconds()
@@ -147,6 +155,24 @@ func (r *run) sectionF() {
 	sr.phases["total"] = time.Since(start).Seconds()
 	r.logf("f: done in %.0fs %v", sr.phases["total"], roundPhases(sr.phases))
 	r.scaleReport(sr, ha)
+}
+
+// scalePart reports whether -scale-parts asks for part.
+func (r *run) scalePart(part string) bool {
+	for _, p := range strings.Split(r.o.scaleParts, ",") {
+		if strings.TrimSpace(p) == part {
+			return true
+		}
+	}
+	return false
+}
+
+// scalePluginEnv is -scale-plugin-env as a list.
+func (r *run) scalePluginEnv() []string {
+	if r.o.scaleEnv == "" {
+		return nil
+	}
+	return strings.Split(r.o.scaleEnv, ",")
 }
 
 func roundPhases(p map[string]float64) map[string]int {
@@ -159,12 +185,12 @@ func roundPhases(p map[string]float64) map[string]int {
 
 // scaleSingle runs the single-server parts: the fill (memory at each stage
 // and the scheduler cost at two sizes) and mount start after a reload and
-// after a restart; then it stops that server and runs the herd.
+// after a restart.
 func (r *run) scaleSingle(sr *scaleRun) {
 	o, tb := r.o, r.tb
 	t := time.Now()
 	sr.s = vaulttest.StartServer(tb, vaulttest.ServerOptions{Storage: "raft", LogLevel: "info"})
-	sr.s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{})
+	sr.s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{Env: r.scalePluginEnv()})
 	r.logf("f: vault %s (raft): log %s", sr.s.Addr, sr.s.Process.LogPath)
 	sr.a = newAPI(sr.s)
 	sr.emu = vaulttest.StartEmulator(tb)
@@ -200,8 +226,10 @@ func (r *run) scaleSingle(sr *scaleRun) {
 		warmed += bulk - have
 		warmTime += warm
 		r.logf("f: %d roles: created %d in %.1fs, cached them in %.1fs", st, bulk-have, create.Seconds(), warm.Seconds())
-		if tick {
+		if tick && r.scalePart("memory") {
 			sr.ticks = append(sr.ticks, r.scaleTick(sr, sr.names[bulk:st], st))
+		} else if tick {
+			r.scaleFill(sr.a, scaleMount, sr.names[bulk:st])
 		}
 		have = st
 		time.Sleep(2 * time.Second)
@@ -213,21 +241,18 @@ func (r *run) scaleSingle(sr *scaleRun) {
 	sr.warmRate = float64(warmed) / max(warmTime.Seconds(), 0.001)
 	sr.phases["fill"] = time.Since(t).Seconds()
 
-	t = time.Now()
-	sr.starts = append(sr.starts,
-		r.scaleReload(sr, true),
-		r.scaleReload(sr, false),
-		r.scaleRestart(sr))
-	sr.phases["start"] = time.Since(t).Seconds()
-
+	if r.scalePart("start") {
+		t = time.Now()
+		sr.starts = append(sr.starts,
+			r.scaleReload(sr, true),
+			r.scaleReload(sr, false),
+			r.scaleRestart(sr))
+		sr.phases["start"] = time.Since(t).Seconds()
+	}
 	// The herd and the cluster come next: nothing of this server may share
 	// the cores with them.
 	sr.s.Stop(tb)
 	sr.emu.Process.Stop(5 * time.Second)
-
-	t = time.Now()
-	sr.herd = r.scaleHerd(sr)
-	sr.phases["herd"] = time.Since(t).Seconds()
 }
 
 // scaleMem reads the RSS of s's one plugin process and of s itself.

@@ -33,7 +33,7 @@ func (r *run) scaleHA(sr *scaleRun) *haResult {
 			s.Stop(tb)
 		}
 	}()
-	c.SetupPlugin(tb, vaulttest.DefaultPluginVersion)
+	c.SetupPlugin(tb, vaulttest.DefaultPluginVersion, r.scalePluginEnv()...)
 	active := c.WaitActive(tb, time.Minute)
 	a := newAPI(active)
 	emu := vaulttest.StartEmulator(tb)

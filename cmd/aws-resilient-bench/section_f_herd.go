@@ -54,7 +54,7 @@ func (r *run) scaleHerd(sr *scaleRun) *scaleHerdResult {
 	n, rate := sr.n, o.scaleHerdRate
 	s := vaulttest.StartServer(tb, vaulttest.ServerOptions{Storage: "raft", LogLevel: "info"})
 	defer s.Stop(tb)
-	s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{})
+	s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{Env: r.scalePluginEnv()})
 	a := newAPI(s)
 	emu := vaulttest.StartEmulator(tb)
 	defer emu.Process.Stop(5 * time.Second)
@@ -73,7 +73,13 @@ func (r *run) scaleHerd(sr *scaleRun) *scaleHerdResult {
 	//   (1-f) L >= F + 10 s  and  0.9 f L >= H + F  (0.9: the plugin's
 	//   start delay of up to a tenth of the margin)
 	// whose least L is their sum.
-	F := float64(n)/max(sr.warmRate, 1)*1.5 + 5
+	warmRate := sr.warmRate
+	if warmRate == 0 {
+		// No fill ran (-scale-parts herd): assume this machine's pace on
+		// a loaded day, 100 roles a second.
+		warmRate = 100
+	}
+	F := float64(n)/warmRate*1.5 + 5
 	H := 1.3*float64(n)/float64(rate) + 30
 	L := F + 10 + (H+F)/0.9
 	f := (H + F) / (0.9 * L)

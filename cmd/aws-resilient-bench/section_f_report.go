@@ -38,18 +38,20 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 	r.results["f_scale"] = fr
 
 	// Memory.
-	empty, last := sr.points[0], sr.points[len(sr.points)-1]
-	slope, _ := fitLine(sr.points[1:])
-	fr["plugin_rss_bytes_per_role"] = slope
-	extra := float64(last.PluginRSS) + slope*float64(scaleTargetRoles-last.Roles)
-	target := fmt.Sprintf("< 200 MiB at %d", scaleTargetRoles)
-	r.table.Add(bench.Row{Section: "f",
-		Metric: fmt.Sprintf("plugin RSS, %d roles cached, raft (empty mount %s, peak %s; Vault RSS %s)", n, mib(empty.PluginRSS), mib(last.PluginPeak), mib(last.VaultRSS)),
-		Value:  mib(last.PluginRSS), Target: target, Result: atSize(scaleTargetRoles, last.PluginRSS < 200<<20)})
-	if n < scaleTargetRoles && len(sr.points) > 2 {
+	if len(sr.points) > 1 {
+		empty, last := sr.points[0], sr.points[len(sr.points)-1]
+		slope, _ := fitLine(sr.points[1:])
+		fr["plugin_rss_bytes_per_role"] = slope
+		extra := float64(last.PluginRSS) + slope*float64(scaleTargetRoles-last.Roles)
+		target := fmt.Sprintf("< 200 MiB at %d", scaleTargetRoles)
 		r.table.Add(bench.Row{Section: "f",
-			Metric: fmt.Sprintf("  plugin RSS per role over the %d stages (%s), extrapolated to %d roles", len(sr.points)-1, stageList(sr.points[1:]), scaleTargetRoles),
-			Value:  fmt.Sprintf("%.2f KiB/role, %s", slope/1024, mib(int64(extra)))})
+			Metric: fmt.Sprintf("plugin RSS, %d roles cached, raft (empty mount %s, peak %s; Vault RSS %s)", n, mib(empty.PluginRSS), mib(last.PluginPeak), mib(last.VaultRSS)),
+			Value:  mib(last.PluginRSS), Target: target, Result: atSize(scaleTargetRoles, last.PluginRSS < 200<<20)})
+		if n < scaleTargetRoles && len(sr.points) > 2 {
+			r.table.Add(bench.Row{Section: "f",
+				Metric: fmt.Sprintf("  plugin RSS per role over the %d stages (%s), extrapolated to %d roles", len(sr.points)-1, stageList(sr.points[1:]), scaleTargetRoles),
+				Value:  fmt.Sprintf("%.2f KiB/role, %s", slope/1024, mib(int64(extra)))})
+		}
 	}
 
 	// Mount start.
@@ -125,7 +127,9 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 			Value: fmt.Sprintf("%.2f vs %.2f ms", t.PluginMs, b.PluginMs), Ratio: ratio(rt),
 			Target: "flat (<= 1.25x)", Result: bench.Verdict(rt >= 0 && rt <= 1.25)})
 	}
-	r.scaleRSSChart(sr)
+	if len(sr.points) > 1 {
+		r.scaleRSSChart(sr)
+	}
 }
 
 func ratio(v float64) string {
