@@ -12,7 +12,9 @@ import (
 // plus how the herd was set up.
 type scaleHerdResult struct {
 	herdResult
-	Rate, PluginBurst, STSBurst int
+	Rate        int `json:"sts_rate_limit"`
+	PluginBurst int `json:"plugin_sts_burst"`
+	STSBurst    int `json:"emulator_burst"`
 	// LifetimeSecs and Fraction: the credentials being replaced.
 	LifetimeSecs float64 `json:"lifetime_seconds"`
 	Fraction     float64 `json:"refresh_fraction"`

@@ -217,7 +217,13 @@ func (r *run) scaleRSSChart(sr *scaleRun) {
 		anon.X, anon.Y = append(anon.X, x), append(anon.Y, toMiB(p.PluginAnon))
 		vault.X, vault.Y = append(vault.X, x), append(vault.Y, toMiB(p.VaultRSS))
 	}
+	top := 200.0
+	for _, y := range vault.Y {
+		top = max(top, y)
+	}
 	ch := bench.Chart{
+		// Room above the highest line for the legend.
+		YMax:    math.Ceil(top*1.35/50) * 50,
 		Title:   fmt.Sprintf("Memory with every role's credential cached, 0 to %d roles (one mount, raft storage)", sr.n),
 		XLabel:  "roles cached",
 		YLabel:  "RSS, MiB",
