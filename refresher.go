@@ -107,8 +107,9 @@ func doneFlight(gen uint64, res cycleResult) *flight {
 }
 
 // startFlightLocked is startFlight with flightMu held. herd (background
-// cycles only) makes a new cycle take its sts_rate_limit slot now, up to its queue horizon; the cycle then starts at that slot and
-// makes its first attempt there, without jitter.
+// cycles only) makes a new cycle take its sts_rate_limit slot now, up to
+// its queue horizon; the cycle then starts at that slot and makes its first
+// attempt there, without jitter.
 func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
 	// The generation is read under flightMu, so two callers racing a role
 	// change agree on which flight is current.
@@ -259,7 +260,9 @@ func (b *backend) fireDue(gen uint64) {
 	if gen == b.planGen {
 		b.planTimer = nil // it fired: nothing to stop
 	}
-	if b.closed {
+	if b.closed || b.planHeld > 0 {
+		// A timer that fired as a hold began: the hold's release arms
+		// another, and the batch starts whole.
 		b.bgMu.Unlock()
 		return
 	}
