@@ -46,7 +46,8 @@ func TestVaultUpgradeUnderThePlugin(t *testing.T) {
 	rootBefore := v.Read(t, mount+"/config/root").Data
 	refreshBefore := v.Read(t, mount+"/config/refresh").Data
 	roleBefore := v.Read(t, mount+"/roles/app").Data
-	nextBefore := parseTime(t, s.statusOf(t, "app"), "next_refresh")
+	statusBefore := s.statusOf(t, "app")
+	nextBefore := parseTime(t, statusBefore, "next_refresh")
 
 	start := time.Now()
 	v.Stop(t)
@@ -58,6 +59,9 @@ func TestVaultUpgradeUnderThePlugin(t *testing.T) {
 	if time.Now().After(nextBefore) {
 		t.Fatalf("the upgrade took until after the scheduled refresh (%s); the test cannot tell a resumed refresh from a cold start", nextBefore)
 	}
+	// Right away, before the slower checks below: on a loaded machine they
+	// can outlast the plan, and the refresh would have run.
+	resumed := s.statusOf(t, "app")
 
 	// The same credentials, from storage, with no STS call.
 	for _, r := range roles {
@@ -96,10 +100,15 @@ func TestVaultUpgradeUnderThePlugin(t *testing.T) {
 		}
 	}
 
-	// The refresher resumed: app is refreshed on schedule, unread.
-	rescheduled := parseTime(t, s.statusOf(t, "app"), "next_refresh")
+	// The refresher resumed: app is refreshed on schedule, unread. Its
+	// plan, read just after the upgrade, is the one made before it (or, if
+	// the status read came after the plan, the refresh ran on time).
 	margin := lifetime / 2
 	due := before["app"].Expiration.Add(-margin)
+	rescheduled := parseTime(t, resumed, "next_refresh")
+	if resumed.Str("last_success") != statusBefore.Str("last_success") {
+		rescheduled = parseTime(t, resumed, "last_success")
+	}
 	if rescheduled.Before(due.Add(-time.Second)) || rescheduled.After(due.Add(margin/10+time.Second)) {
 		t.Fatalf("next_refresh after the upgrade %s, want within [%s, %s]", rescheduled.Format(time.RFC3339Nano),
 			due.Format(time.RFC3339), due.Add(margin/10).Format(time.RFC3339))
@@ -108,8 +117,10 @@ func TestVaultUpgradeUnderThePlugin(t *testing.T) {
 		c := s.readCreds(t, "app")
 		return c.AccessKey != before["app"].AccessKey, "app was not refreshed after the upgrade"
 	})
-	if d := time.Since(rescheduled); d > 2*time.Second+3*time.Second {
-		t.Fatalf("app refreshed %s after its scheduled time", d.Round(time.Millisecond))
+	// When the refresh ran is the status's record, not when this test,
+	// polling on a loaded machine, noticed it.
+	if ran := parseTime(t, s.statusOf(t, "app"), "last_success"); ran.Before(rescheduled) || ran.Sub(rescheduled) > 5*time.Second {
+		t.Fatalf("app refreshed at %s, want within 5s of its scheduled time %s", ran.Format(time.RFC3339Nano), rescheduled.Format(time.RFC3339Nano))
 	}
 
 	// And a cycle on demand works on the new Vault.
