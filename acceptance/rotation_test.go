@@ -38,8 +38,11 @@ const (
 	// rotation's own GetCallerIdentity shares the limiter.
 	rotRate = 40
 	// rotPeriod is the scheduled tests' rotation_period; the testhooks build
-	// accepts it with AWS_RESILIENT_TEST_MIN_ROTATION_PERIOD=10s.
-	rotPeriod = 20 * time.Second
+	// accepts it with AWS_RESILIENT_TEST_MIN_ROTATION_PERIOD=10s. It leaves
+	// room for the test's own set-up between setting the key and the first
+	// rotation: ten vault CLI runs took over 20 s in make compat's 8
+	// parallel tests, and the poll then began after a second rotation.
+	rotPeriod = 40 * time.Second
 	// rotLate is how long after its planned moment a scheduled rotation may
 	// start on a 2-core runner busy with other Vault servers: the timer
 	// firing, one storage read, and (for last_rotated) nothing else, since
