@@ -24,7 +24,10 @@ func TestVaultUpgradeUnderThePlugin(t *testing.T) {
 	}
 	oldBin, newBin := vaulttest.VaultBinVersion(t, from), vaulttest.VaultBinVersion(t, to)
 
-	const lifetime = 60 * time.Second
+	// Long enough that the set-up, the upgrade and the checks after it fit
+	// before the first plan even on a loaded machine (at 60 s, make compat
+	// once read app after its refresh).
+	const lifetime = 120 * time.Second
 	emu := vaulttest.StartEmulator(t, "-max-lifetime", lifetime.String())
 	v := vaulttest.StartServer(t, vaulttest.ServerOptions{Storage: "raft", Bin: oldBin})
 	if got := v.Version(t); !strings.HasPrefix(got, "Vault v"+from) {
