@@ -199,6 +199,10 @@ func TestList_StatusAsksVaultPerList(t *testing.T) {
 	if err := b.Initialize(ctx, &logical.InitializationRequest{Storage: s}); err != nil {
 		t.Fatal(err)
 	}
+	// The first pass, in the background, asks for the state too.
+	if err := b.waitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { b.Cleanup(ctx) })
 	const roles = 20
 	for i := 0; i < roles; i++ {
