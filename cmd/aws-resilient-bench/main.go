@@ -27,6 +27,12 @@
 //	   calls in the minute after it, expired credentials served), a herd of
 //	   every role due at once at 50 req/s, and plugin CPU per scheduled
 //	   refresh with -roles roles vs -scale-baseline roles
+//	g  per-entity credentials (cache_scope=entity): -entities userpass users
+//	   (each a Vault entity) log in and read -entity-roles roles, cold
+//	   reads twice at once, then spread over -entity-duration while the
+//	   emulator's short lifetimes make every entry refresh; STS calls per
+//	   credential (target 1.000), entries held, and plugin RSS per entry
+//	   (a Vault server of its own)
 //
 // Charts (PNG) and the raw figures (results.json) go to -out. The bench
 // never fails on a missed target; it exits non-zero only when it cannot
@@ -87,6 +93,13 @@ type options struct {
 	scaleHerdRate    int
 	scaleHerdBurst   int
 	scalePluginBurst int
+
+	entities    int
+	entityRoles int
+	entityReads int
+	entityLife  time.Duration
+	entityDur   time.Duration
+	entityEnv   string
 }
 
 func main() {
@@ -95,7 +108,7 @@ func main() {
 		return
 	}
 	var o options
-	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f", "comma-separated sections to run")
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
 	flag.IntVar(&o.rounds, "rounds", 3, "a: rounds; each runs every read for -duration (the median round counts)")
@@ -129,6 +142,12 @@ func main() {
 	flag.IntVar(&o.scaleHerdRate, "scale-herd-rate", 50, "f: herd: plugin sts_rate_limit and emulator rate limit, req/s")
 	flag.IntVar(&o.scaleHerdBurst, "scale-herd-sts-burst", 50, "f: herd: emulator burst")
 	flag.IntVar(&o.scalePluginBurst, "scale-herd-plugin-burst", 25, "f: herd: plugin sts_burst")
+	flag.IntVar(&o.entities, "entities", 100, "g: userpass users, one Vault entity each")
+	flag.IntVar(&o.entityRoles, "entity-roles", 10, "g: cache_scope=entity roles every entity reads")
+	flag.IntVar(&o.entityReads, "entity-reads", 3, "g: reads of each role by each entity, spread over -entity-duration (the first, cold, sent twice at once)")
+	flag.DurationVar(&o.entityLife, "entity-lifetime", time.Minute, "g: credential lifetime (emulator max_lifetime); entries refresh every ~2/3 of it")
+	flag.DurationVar(&o.entityDur, "entity-duration", 150*time.Second, "g: from the first cold read to the count")
+	flag.StringVar(&o.entityEnv, "entity-plugin-env", "", "g: comma-separated KEY=VALUE for the plugin process (e.g. GOMEMLIMIT=1GiB)")
 	flag.StringVar(&o.logLevel, "vault-log-level", "warn", "Vault servers' -log-level (plugin stderr shows at debug)")
 	keep := flag.Bool("keep", false, "keep the servers' directories and logs (under $TMPDIR)")
 	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 6 minutes)")
@@ -140,6 +159,7 @@ func main() {
 		o.sfRounds = 1
 		o.cacheRoles, o.scrapes = 2000, 5
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
+		o.entities, o.entityDur = 20, 90*time.Second
 	}
 
 	tb := bench.NewTB("aws-resilient-bench", os.Stderr)
@@ -234,7 +254,7 @@ func (r *run) all() {
 	r.results["options"] = fmt.Sprintf("%+v", r.o)
 	r.logf("building the plugin and emulator, starting Vault")
 	vaulttest.EmulatorBin(r.tb)
-	// Sections e and f start servers of their own.
+	// Sections e, f and g start servers of their own.
 	if r.want("a") || r.want("b") || r.want("c") || r.want("d") {
 		r.vault, r.api = r.startVault()
 	}
@@ -256,6 +276,9 @@ func (r *run) all() {
 	}
 	if r.want("f") {
 		r.sectionF()
+	}
+	if r.want("g") {
+		r.sectionG()
 	}
 
 	var head strings.Builder
@@ -281,7 +304,7 @@ func (r *run) all() {
 }
 
 // allSections are the sections a full run has.
-var allSections = []string{"a", "b", "c", "d", "e", "f"}
+var allSections = []string{"a", "b", "c", "d", "e", "f", "g"}
 
 // ran returns the sections this run measured, in order.
 func (r *run) ran() []string {

@@ -44,7 +44,10 @@ func (a *api) do(method, path string, body, out any) error {
 	if err != nil {
 		return err
 	}
-	req.Header.Set("X-Vault-Token", a.token)
+	// No token for a login (section g's userpass logins).
+	if a.token != "" {
+		req.Header.Set("X-Vault-Token", a.token)
+	}
 	resp, err := a.c.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)

@@ -14,6 +14,31 @@ import (
 // such series. It is enough for reading one gauge of the plugin's metrics
 // path; it is not a parser for the whole format.
 func PromValue(body []byte, name string) (float64, bool) {
+	var v float64
+	found := false
+	promSeries(body, name, func(x float64) bool {
+		v, found = x, true
+		return false
+	})
+	return v, found
+}
+
+// PromSum returns the sum of every series of the metric name (any labels),
+// and false when the body has none: the total of a counter that a label
+// splits, such as the entity credentials dropped for each reason.
+func PromSum(body []byte, name string) (float64, bool) {
+	var sum float64
+	found := false
+	promSeries(body, name, func(x float64) bool {
+		sum, found = sum+x, true
+		return true
+	})
+	return sum, found
+}
+
+// promSeries calls fn with the value of each series of the metric name, in
+// order, until fn returns false.
+func promSeries(body []byte, name string, fn func(v float64) bool) {
 	for len(body) > 0 {
 		line := body
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -45,9 +70,10 @@ func PromValue(body []byte, name string) (float64, bool) {
 		if err != nil {
 			continue
 		}
-		return v, true
+		if !fn(v) {
+			return
+		}
 	}
-	return 0, false
 }
 
 // LogLineTimes returns the timestamps of the lines of a Vault server log

@@ -39,6 +39,32 @@ aws_resilient_retry_window_seconds{mount="a}b"} 30
 	}
 }
 
+func TestPromSum(t *testing.T) {
+	body := []byte(`# TYPE aws_resilient_entity_credentials_dropped_total counter
+aws_resilient_entity_credentials_dropped_total{mount="bench-g",reason="idle"} 3
+aws_resilient_entity_credentials_dropped_total{mount="bench-g",reason="entity_gone"} 2
+aws_resilient_entity_credentials_dropped_totals 100
+aws_resilient_entity_credentials{mount="bench-g"} 1000
+`)
+	tests := []struct {
+		name string
+		want float64
+		ok   bool
+	}{
+		{"aws_resilient_entity_credentials_dropped_total", 5, true},
+		{"aws_resilient_entity_credentials", 1000, true},
+		{"aws_resilient_entity", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := PromSum(body, tt.name)
+			if got != tt.want || ok != tt.ok {
+				t.Fatalf("PromSum(%s) = %v, %v; want %v, %v", tt.name, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
 func TestLogLineTimes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "vault.log")
 	log := `==> Vault server started! Log data will stream in below:
