@@ -200,7 +200,7 @@ func newBackend(opts backendOptions) *backend {
 		plan:        newDueHeap(),
 		startDone:   make(chan struct{}),
 	}
-	b.state = newRoleStates(b)
+	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() })
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers
 	}

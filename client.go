@@ -257,8 +257,9 @@ func (r *roleEntry) stsAction() string {
 	return "unknown"
 }
 
-// fetch makes one STS call for the role on this endpoint.
-func (ep *stsEndpoint) fetch(ctx context.Context, name string, role *roleEntry) (*cacheEntry, error) {
+// fetch makes one STS call for the role on this endpoint, naming the session
+// as sess says.
+func (ep *stsEndpoint) fetch(ctx context.Context, sess stsSession, role *roleEntry) (*cacheEntry, error) {
 	duration := aws.Int32(int32(role.TTL / time.Second))
 	var (
 		creds *ststypes.Credentials
@@ -268,10 +269,13 @@ func (ep *stsEndpoint) fetch(ctx context.Context, name string, role *roleEntry) 
 	case credentialTypeAssumedRole:
 		in := &sts.AssumeRoleInput{
 			RoleArn:         aws.String(role.RoleARN),
-			RoleSessionName: aws.String(role.sessionName(name)),
+			RoleSessionName: aws.String(sess.name),
 			DurationSeconds: duration,
 			PolicyArns:      policyDescriptors(role.PolicyARNs),
 			Tags:            stsTags(role.SessionTags),
+		}
+		if sess.sourceIdentity != "" {
+			in.SourceIdentity = aws.String(sess.sourceIdentity)
 		}
 		if role.ExternalID != "" {
 			in.ExternalId = aws.String(role.ExternalID)
@@ -295,7 +299,7 @@ func (ep *stsEndpoint) fetch(ctx context.Context, name string, role *roleEntry) 
 		creds = out.Credentials
 	case credentialTypeFederationToken:
 		in := &sts.GetFederationTokenInput{
-			Name:            aws.String(role.sessionName(name)),
+			Name:            aws.String(sess.name),
 			DurationSeconds: duration,
 			PolicyArns:      policyDescriptors(role.PolicyARNs),
 			Tags:            stsTags(role.SessionTags),

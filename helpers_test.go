@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -55,6 +56,41 @@ type testOpts struct {
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
 	logger    hclog.Logger // default: discard
+	entities  *entityView  // Vault's identity store, as EntityInfo sees it
+}
+
+// entityView is a system view whose EntityInfo answers from a map that a
+// test changes (creates, renames, deletes entities), as Vault's identity
+// store would.
+type entityView struct {
+	logical.SystemView
+	mu   sync.Mutex
+	ents map[string]*logical.Entity
+}
+
+func newEntityView() *entityView { return &entityView{ents: map[string]*logical.Entity{}} }
+
+func (v *entityView) EntityInfo(id string) (*logical.Entity, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e := v.ents[id]
+	if e == nil {
+		return nil, nil
+	}
+	return &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata)}, nil
+}
+
+// set creates or replaces an entity.
+func (v *entityView) set(id, name string, metadata map[string]string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.ents[id] = &logical.Entity{ID: id, Name: name, Metadata: metadata}
+}
+
+func (v *entityView) remove(id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.ents, id)
 }
 
 // newTestBackend builds a backend with injected clock, rand and STS wrapper,
@@ -75,6 +111,10 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 		sv := logical.TestSystemView()
 		sv.ReplicationStateVal = consts.ReplicationPerformanceStandby
 		config.System = sv
+	}
+	if o.entities != nil {
+		o.entities.SystemView = config.System
+		config.System = o.entities
 	}
 	opts := backendOptions{rand: o.rand, testHooks: o.testHooks && testHooksBuilt, wrapSTS: o.wrapSTS, onFlight: o.onFlight}
 	if o.clock != nil {
@@ -341,6 +381,7 @@ type fixtureOpts struct {
 	storage     logical.Storage
 	noRole      bool
 	logger      hclog.Logger
+	entities    *entityView
 }
 
 func newFixture(t *testing.T, o fixtureOpts) *fixture {
@@ -368,7 +409,7 @@ func newFixtureWith(t *testing.T, o fixtureOpts, clk *fakeClock, emu *stsemu.Emu
 	log := &callLog{clock: clk}
 	flights := make(chan *flight, 10000)
 	b, s := newTestBackend(t, testOpts{
-		clock: clk, rand: o.rand, wrapSTS: log.wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger,
+		clock: clk, rand: o.rand, wrapSTS: log.wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger, entities: o.entities,
 		onFlight: func(_ string, fl *flight) { flights <- fl },
 	})
 	f := &fixture{t: t, b: b, s: s, clock: clk, emu: emu, log: log, flights: flights}
@@ -395,11 +436,18 @@ type result struct {
 // the timers its cycle sleeps on until it returns.
 func (f *fixture) driven(op logical.Operation, path string) (*logical.Response, error) {
 	f.t.Helper()
+	return f.drivenReq(&logical.Request{Operation: op, Path: path})
+}
+
+// drivenReq is driven for a request the test builds (with an EntityID, say).
+func (f *fixture) drivenReq(req *logical.Request) (*logical.Response, error) {
+	f.t.Helper()
+	req.Storage = f.s
 	done := make(chan struct{})
 	var r result
 	go func() {
 		defer close(done)
-		r.resp, r.err = f.b.HandleRequest(context.Background(), &logical.Request{Operation: op, Path: path, Storage: f.s})
+		r.resp, r.err = f.b.HandleRequest(context.Background(), req)
 	}()
 	f.clock.DriveUntil(f.t, done)
 	return r.resp, r.err

@@ -44,6 +44,8 @@ type metrics struct {
 
 	rotations *prometheus.CounterVec // trigger, result
 
+	entityDrops *prometheus.CounterVec // reason
+
 	// outcomes are the STS outcome label values seen so far (outcomeMu):
 	// at most maxOutcomes, then "other".
 	outcomeMu sync.Mutex
@@ -95,6 +97,10 @@ func newMetrics(version string) *metrics {
 			Name: "aws_resilient_root_rotations_total",
 			Help: "Root key rotations (config/rotate-root and rotation_period), by trigger (manual, scheduled) and result (success, failure).",
 		}, []string{"trigger", "result"}),
+		entityDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aws_resilient_entity_credentials_dropped_total",
+			Help: "Entity credentials (cache_scope=entity) dropped instead of refreshed, by reason: idle (unread for entity_idle_ttl) or entity_gone (the Vault entity was deleted).",
+		}, []string{"reason"}),
 		coldWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "aws_resilient_cold_read_wait_seconds",
 			Help:    "How long creds reads that found nothing valid cached waited for a refresh cycle.",
@@ -114,7 +120,7 @@ func newMetrics(version string) *metrics {
 		ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.rejected, reads, m.coldWait, build, m.rotations)
+	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.rejected, reads, m.coldWait, build, m.rotations, m.entityDrops)
 	// Every label value known in advance is exported from the start, at 0,
 	// so that rate() and increase() see the first event instead of a series
 	// that appears with it.
@@ -124,6 +130,9 @@ func newMetrics(version string) *metrics {
 	}
 	for _, r := range rejectionReasons {
 		m.rejected.WithLabelValues(r)
+	}
+	for _, r := range []string{dropIdle, dropEntityGone} {
+		m.entityDrops.WithLabelValues(r)
 	}
 	for _, t := range []string{rotationManual, rotationScheduled} {
 		for _, r := range []string{rotationSuccess, rotationFailure, rotationSuperseded} {
@@ -176,6 +185,11 @@ func (m *metrics) countRejection(err *refreshError) {
 	if err != nil && err.rejected != "" {
 		m.rejected.WithLabelValues(err.rejected).Inc()
 	}
+}
+
+// entityDropped counts an entity credential dropped for reason.
+func (m *metrics) entityDropped(reason string) {
+	m.entityDrops.WithLabelValues(reason).Inc()
 }
 
 // observeCycle counts a refresh cycle that ran for d.

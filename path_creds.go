@@ -140,12 +140,66 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 			role, cred = rs.role, rs.cred
 		}
 	}
+	if role.entityScoped() {
+		return b.entityCredsRead(ctx, req, name)
+	}
 	now := b.clock.Now()
 	if cred.validAt(now) {
 		b.metrics.readsOK.Inc()
-		return b.credsResponse(name, role, cred, now), nil
+		return b.credsResponse(name, name, role, cred, now), nil
 	}
+	return b.coldRead(ctx, req, name, role)
+}
 
+// entityCredsRead serves the credential cached for the role and the Vault
+// entity of the request's token (cache_scope=entity). A cached read costs
+// one map lookup and records the read; a cold one admits the entity (within
+// max_entities) and waits for a cycle, as a role's cold read does.
+func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, name string) (*logical.Response, error) {
+	if req.EntityID == "" {
+		return logical.ErrorResponse("role %q has cache_scope=entity, and the token has no Vault entity "+
+			"(root tokens and some batch and orphan tokens have none): log in through an auth method, "+
+			"which gives the token an entity, to read a credential of your own", name), nil
+	}
+	key := entityKey(name, req.EntityID)
+	now := b.clock.Now()
+	if rs := b.state.peek(key); rs != nil && !rs.stale && rs.cred.validAt(now) {
+		rs.use.touch(now)
+		b.metrics.readsOK.Inc()
+		return b.credsResponse(name, key, rs.role, rs.cred, now), nil
+	}
+	if !b.WriteSafeReplicationState() {
+		return nil, logical.ErrReadOnly
+	}
+	e, err := b.System().EntityInfo(req.EntityID)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the token's entity: %w", err)
+	}
+	if e == nil {
+		return logical.ErrorResponse("the token's Vault entity %s does not exist (deleted since the login?)", req.EntityID), nil
+	}
+	rs, err := b.state.admit(ctx, req.Storage, key, now)
+	var tooMany errTooManyEntities
+	switch {
+	case errors.As(err, &tooMany):
+		return logical.ErrorResponse("role %q: %s", name, tooMany.Error()), nil
+	case err != nil:
+		return nil, err
+	case rs == nil:
+		return logical.ErrorResponse("role %q not found", name), nil
+	}
+	if rs.cred.validAt(now) {
+		b.metrics.readsOK.Inc()
+		return b.credsResponse(name, key, rs.role, rs.cred, now), nil
+	}
+	return b.coldRead(ctx, req, key, rs.role)
+}
+
+// coldRead serves a read that found nothing valid cached for key (a role, or
+// a role's entity): it joins or starts a refresh cycle and waits for it.
+func (b *backend) coldRead(ctx context.Context, req *logical.Request, key string, role *roleEntry) (*logical.Response, error) {
+	name := roleOf(key)
+	now := b.clock.Now()
 	// Cold: nothing valid is cached. Only a node that may write storage can
 	// fetch; a performance standby hands the request to the active node.
 	if !b.WriteSafeReplicationState() {
@@ -156,7 +210,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
-		f = b.coldFlight(name)
+		f = b.coldFlight(key)
 		f.waiters.Add(1)
 		select {
 		case <-f.done:
@@ -172,15 +226,15 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 			b.metrics.readsCold.Inc()
 			// How to serve it (lease or not) may have changed without a new
 			// generation: take the current definition for that.
-			if cur, _, gen, ok := b.state.lookup(name); ok && gen == f.gen {
+			if cur, _, gen, ok := b.state.lookup(key); ok && gen == f.gen {
 				role = cur
 			}
-			return b.credsResponse(name, role, f.res.cred, now), nil
+			return b.credsResponse(name, key, role, f.res.cred, now), nil
 		}
 		if !errors.Is(f.res.err, errRoleChanged) {
 			break
 		}
-		if rs, err := b.state.current(ctx, req.Storage, name); err != nil {
+		if rs, err := b.state.current(ctx, req.Storage, key); err != nil {
 			return nil, err
 		} else if rs == nil {
 			return logical.ErrorResponse("role %q not found", name), nil
@@ -199,7 +253,8 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 // credsResponse builds the answer from the mirrored role and credential: a
 // lease for the remaining validity, or for a lease=false role no lease and
 // the ttl/rotation_period pair Vault Agent reads as a rotating secret.
-func (b *backend) credsResponse(name string, role *roleEntry, cred *cacheEntry, now time.Time) *logical.Response {
+// key is the credential's (the role's name, or its entity key).
+func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEntry, now time.Time) *logical.Response {
 	data := map[string]interface{}{
 		"access_key":     cred.AccessKey,
 		"secret_key":     cred.SecretKey,
@@ -211,7 +266,7 @@ func (b *backend) credsResponse(name string, role *roleEntry, cred *cacheEntry, 
 	}
 	if role.NoLease {
 		cfg := b.getRefreshCfg()
-		scheduled, ok := b.scheduledAt(name)
+		scheduled, ok := b.scheduledAt(key)
 		ttl := rotationTTL(now, cred, cfg.RefreshFraction, cfg.block(), scheduled, ok)
 		data["ttl"] = int64(ttl / time.Second)
 		data["rotation_period"] = int64(cred.Expiration.Sub(cred.IssuedAt).Round(time.Second) / time.Second)
@@ -323,8 +378,16 @@ plugin expects the replacement credential in the cache (at least 1, less
 than the remaining validity). Vault Agent treats such a response as a
 rotating secret and reads it again after ttl+1 seconds.
 
+For a role with cache_scope=entity, each Vault entity gets a credential of
+its own, cached and refreshed like a role's, whose STS session is named by
+the role's session_name_template with the entity name as SourceIdentity. A
+token without an entity (the root token) gets a 400; so does a new entity
+when the role already holds max_entities of them. An entity credential that
+nobody reads for entity_idle_ttl is dropped instead of refreshed.
+
 When nothing valid is cached (first read, or after a role change) one refresh
-cycle runs in the request, shared by all concurrent readers of the role. An
+cycle runs in the request, shared by all concurrent readers of the role (or
+of the role and entity). An
 expired credential is never served: with nothing valid and the refresh
 failing, the answer is a 503 carrying the upstream error code and message.
 `

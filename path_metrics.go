@@ -209,6 +209,16 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	if !rot.NextRotation.IsZero() {
 		gauge("aws_resilient_root_next_rotation_timestamp_seconds", "When the next scheduled root key rotation is due (unix seconds); absent when rotation_period is 0.", unixSeconds(rot.NextRotation))
 	}
+	entityStates := map[string]int{}
+	for _, sum := range b.summarizeEntities("", now, cfg, active) {
+		for st, n := range sum.byState {
+			entityStates[st] += n
+		}
+	}
+	w.family("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.")
+	for _, st := range roleStateNames {
+		w.sample("aws_resilient_entity_credentials", float64(entityStates[st]), "state", st)
+	}
 	w.family("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.")
 	for _, st := range roleStateNames {
 		w.sample("aws_resilient_roles", float64(byState[st]), "state", st)

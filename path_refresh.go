@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sort"
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -50,15 +51,29 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 	if rs == nil {
 		return logical.ErrorResponse("role %q not found", name), nil
 	}
-	f := b.startFlight(name, true)
-	f.waiters.Add(1)
-	select {
-	case <-f.done:
-	case <-ctx.Done():
-		return nil, logical.CodedError(http.StatusServiceUnavailable, "the request ended before the refresh cycle finished")
+	keys := []string{name}
+	if rs.role.entityScoped() {
+		// Every entity credential of the role, each in its own cycle.
+		keys = keys[:0]
+		for key := range b.state.entityEntries(name)[name] {
+			keys = append(keys, key)
+		}
+		sort.Strings(keys)
 	}
-	if errors.Is(f.res.err, errShuttingDown) {
-		return nil, logical.CodedError(http.StatusServiceUnavailable, "the plugin is shutting down")
+	flights := make([]*flight, len(keys))
+	for i, key := range keys {
+		flights[i] = b.startFlight(key, true)
+		flights[i].waiters.Add(1)
+	}
+	for _, f := range flights {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return nil, logical.CodedError(http.StatusServiceUnavailable, "the request ended before the refresh cycle finished")
+		}
+		if errors.Is(f.res.err, errShuttingDown) {
+			return nil, logical.CodedError(http.StatusServiceUnavailable, "the plugin is shutting down")
+		}
 	}
 	// A failed cycle is not an error of this request: its outcome is in the
 	// status (last_error, failed_cycles), and the cached credential, if any,
@@ -81,4 +96,7 @@ Runs one refresh cycle for the role (or joins the one already running) and
 returns the resulting status, as status/<name> does. A failed cycle is
 reported in the status (last_error, failed_cycles) and leaves the cached
 credential in place.
+
+For a role with cache_scope=entity, one cycle runs for each entity credential
+the role holds, and the status reports them in aggregate.
 `

@@ -130,6 +130,34 @@ func pathsRoles(b *backend) []*framework.Path {
 						"after ttl+1 seconds. Changing only this field keeps the cached credential.",
 					Default: true,
 				},
+				"cache_scope": {
+					Type: framework.TypeString,
+					Description: "role (default): one cached credential shared by every reader of the role. entity: " +
+						"one cached, background-refreshed credential per Vault entity that reads the role, its STS " +
+						"session named after the entity (session_name_template) with the entity name as " +
+						"SourceIdentity, so CloudTrail tells the readers apart. assumed_role only.",
+					Default:       cacheScopeRole,
+					AllowedValues: []interface{}{cacheScopeRole, cacheScopeEntity},
+				},
+				"session_name_template": {
+					Type: framework.TypeString,
+					Description: "cache_scope=entity only: Go template for the RoleSessionName over .EntityName, " +
+						".EntityID, .RoleName and .Metadata (the entity's metadata map); default " +
+						defaultSessionNameTemplate + ". The result is made to match [\\w+=,.@-] (other characters " +
+						"become -) and cut to 64 characters; vault-<entity id> is used when fewer than 2 remain.",
+				},
+				"entity_idle_ttl": {
+					Type: framework.TypeDurationSecond,
+					Description: "cache_scope=entity only: an entity's credential that nobody has read for this long is " +
+						"dropped at its next refresh instead of refreshed; 0 (default) means two credential lifetimes (2 x ttl). " +
+						"Changing it keeps the cached credentials.",
+				},
+				"max_entities": {
+					Type: framework.TypeInt,
+					Description: "cache_scope=entity only: the most entities the role caches a credential for; the read of " +
+						"a new entity beyond it is refused with a 400. 0 (default) means 1000. Changing it keeps the " +
+						"cached credentials.",
+				},
 			},
 			ExistenceCheck: b.pathRolesExistenceCheck,
 			Operations: map[logical.Operation]framework.OperationHandler{
@@ -177,15 +205,19 @@ func pathsRoles(b *backend) []*framework.Path {
 }
 
 var roleResponseFields = map[string]*framework.FieldSchema{
-	"credential_type":   {Type: framework.TypeString, Description: "assumed_role, session_token or federation_token.", Required: true},
-	"role_arn":          {Type: framework.TypeString, Description: "ARN of the IAM role to assume.", Required: true},
-	"external_id":       {Type: framework.TypeString, Description: "External ID passed to AssumeRole.", Required: true},
-	"role_session_name": {Type: framework.TypeString, Description: "Session (or federated user) name sent to STS.", Required: true},
-	"policy_document":   {Type: framework.TypeString, Description: "Inline session policy.", Required: true},
-	"policy_arns":       {Type: framework.TypeCommaStringSlice, Description: "Managed session policy ARNs.", Required: true},
-	"session_tags":      {Type: framework.TypeKVPairs, Description: "Session tags.", Required: true},
-	"ttl":               {Type: framework.TypeDurationSecond, Description: "Requested credential lifetime in seconds.", Required: true},
-	"lease":             {Type: framework.TypeBool, Description: "Whether creds/<name> returns a Vault lease.", Required: true},
+	"credential_type":       {Type: framework.TypeString, Description: "assumed_role, session_token or federation_token.", Required: true},
+	"role_arn":              {Type: framework.TypeString, Description: "ARN of the IAM role to assume.", Required: true},
+	"external_id":           {Type: framework.TypeString, Description: "External ID passed to AssumeRole.", Required: true},
+	"role_session_name":     {Type: framework.TypeString, Description: "Session (or federated user) name sent to STS.", Required: true},
+	"policy_document":       {Type: framework.TypeString, Description: "Inline session policy.", Required: true},
+	"policy_arns":           {Type: framework.TypeCommaStringSlice, Description: "Managed session policy ARNs.", Required: true},
+	"session_tags":          {Type: framework.TypeKVPairs, Description: "Session tags.", Required: true},
+	"ttl":                   {Type: framework.TypeDurationSecond, Description: "Requested credential lifetime in seconds.", Required: true},
+	"lease":                 {Type: framework.TypeBool, Description: "Whether creds/<name> returns a Vault lease.", Required: true},
+	"cache_scope":           {Type: framework.TypeString, Description: "role or entity.", Required: true},
+	"session_name_template": {Type: framework.TypeString, Description: "cache_scope=entity: the session name template in effect."},
+	"entity_idle_ttl":       {Type: framework.TypeDurationSecond, Description: "cache_scope=entity: seconds an unread entity credential is kept."},
+	"max_entities":          {Type: framework.TypeInt, Description: "cache_scope=entity: the most entities cached."},
 }
 
 func (b *backend) pathRolesExistenceCheck(ctx context.Context, req *logical.Request, data *framework.FieldData) (bool, error) {
@@ -266,7 +298,7 @@ func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data 
 	if tags == nil {
 		tags = map[string]string{}
 	}
-	return &logical.Response{Data: map[string]interface{}{
+	d := map[string]interface{}{
 		"credential_type":   role.CredentialType,
 		"role_arn":          role.RoleARN,
 		"external_id":       role.ExternalID,
@@ -276,7 +308,15 @@ func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data 
 		"session_tags":      tags,
 		"ttl":               int64(role.TTL / time.Second),
 		"lease":             !role.NoLease,
-	}}, nil
+		"cache_scope":       cacheScopeRole,
+	}
+	if role.entityScoped() {
+		d["cache_scope"] = cacheScopeEntity
+		d["session_name_template"] = role.sessionTemplate()
+		d["entity_idle_ttl"] = int64(role.entityIdleTTL() / time.Second)
+		d["max_entities"] = role.maxEntities()
+	}
+	return &logical.Response{Data: d}, nil
 }
 
 func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -324,12 +364,15 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	if v, ok := data.GetOk("lease"); ok {
 		role.NoLease = !v.(bool)
 	}
+	if msg := applyEntityFields(role, data); msg != "" {
+		return logical.ErrorResponse(msg), nil
+	}
 	if msg := role.validate(name); msg != "" {
 		return logical.ErrorResponse(msg), nil
 	}
 	role.normalize()
 
-	if old != nil && old.equal(role) && old.NoLease == role.NoLease {
+	if old != nil && reflect.DeepEqual(old, role) {
 		// Nothing to change. The comparison is with storage, which a failed
 		// earlier write left as it was or with the new definition complete.
 		return nil, nil
@@ -353,6 +396,48 @@ func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, dat
 	return nil, nil
 }
 
+// applyEntityFields applies the cache_scope fields sent. The per-entity
+// settings are only valid with cache_scope=entity: sent with role scope they
+// are a mistake (400), kept from an earlier entity-scoped definition they
+// are cleared.
+func applyEntityFields(role *roleEntry, data *framework.FieldData) string {
+	if v, ok := data.GetOk("cache_scope"); ok {
+		role.CacheScope = v.(string)
+	}
+	if v, ok := data.GetOk("session_name_template"); ok {
+		role.SessionNameTemplate = v.(string)
+	}
+	if v, ok := data.GetOk("entity_idle_ttl"); ok {
+		if v.(int) < 0 {
+			return "entity_idle_ttl must not be negative"
+		}
+		role.EntityIdleTTL = time.Duration(v.(int)) * time.Second
+	}
+	if v, ok := data.GetOk("max_entities"); ok {
+		if v.(int) < 0 {
+			return fmt.Sprintf("max_entities must not be negative; got %d", v.(int))
+		}
+		role.MaxEntities = v.(int)
+	}
+	switch role.CacheScope {
+	case cacheScopeRole:
+		role.CacheScope = "" // stored as before the field existed
+	case "", cacheScopeEntity:
+	default:
+		return fmt.Sprintf("cache_scope must be role or entity; got %q", role.CacheScope)
+	}
+	if role.entityScoped() {
+		return ""
+	}
+	for _, f := range []string{"session_name_template", "entity_idle_ttl", "max_entities"} {
+		if _, ok := data.GetOk(f); ok {
+			return fmt.Sprintf("%s is only valid with cache_scope=entity", f)
+		}
+	}
+	role.SessionNameTemplate, role.EntityIdleTTL, role.MaxEntities = "", 0, 0
+	return ""
+}
+
 // roleEntry is the stored roles/<name>.
 type roleEntry struct {
 	CredentialType  string            `json:"credential_type"`
@@ -366,11 +451,20 @@ type roleEntry struct {
 	// NoLease is the API's lease=false, stored inverted so that roles
 	// written before the field existed keep serving leases.
 	NoLease bool `json:"no_lease,omitempty"`
+	// CacheScope is "" for role scope (stored as before the field existed)
+	// or cacheScopeEntity; the other three apply to entity scope only.
+	CacheScope          string        `json:"cache_scope,omitempty"`
+	SessionNameTemplate string        `json:"session_name_template,omitempty"`
+	EntityIdleTTL       time.Duration `json:"entity_idle_ttl,omitempty"`
+	MaxEntities         int           `json:"max_entities,omitempty"`
 }
 
 // validate returns a message naming what is wrong and what is allowed, or ""
 // when the role can be sent to STS as written.
 func (r *roleEntry) validate(name string) string {
+	if r.entityScoped() && r.CredentialType != credentialTypeAssumedRole {
+		return fmt.Sprintf("cache_scope=entity needs credential_type assumed_role (the session carries the entity's name); got %s", r.CredentialType)
+	}
 	switch r.CredentialType {
 	case credentialTypeAssumedRole:
 		if r.RoleARN == "" {
@@ -405,6 +499,14 @@ func (r *roleEntry) validate(name string) string {
 		}
 		if len(r.SessionTags) != 0 {
 			return "session_tags are not valid for credential_type session_token"
+		}
+	} else if r.entityScoped() {
+		// The template names each entity's session.
+		if r.RoleSessionName != "" {
+			return "role_session_name is not valid with cache_scope=entity: session_name_template names each entity's session"
+		}
+		if err := checkSessionTemplate(r.sessionTemplate()); err != nil {
+			return fmt.Sprintf("session_name_template is not a valid template: %s", err)
 		}
 	} else {
 		maxLen := maxSessionNameLength
@@ -472,15 +574,15 @@ func (r *roleEntry) normalize() {
 	}
 }
 
-// equal reports whether two definitions issue the same credentials. NoLease
-// is left out: it changes how a credential is served, not what STS issues,
-// so toggling it must not drop the cache or bump the generation.
+// equal reports whether two definitions issue the same credentials. lease,
+// entity_idle_ttl and max_entities are left out (roleEntry.issuing): they
+// change how credentials are served and kept, not what STS issues, so
+// changing them must not drop the cache or bump the generation.
 func (r *roleEntry) equal(o *roleEntry) bool {
 	if r == nil || o == nil {
 		return r == o
 	}
-	a, c := *r, *o
-	a.NoLease, c.NoLease = false, false
+	a, c := r.issuing(), o.issuing()
 	return reflect.DeepEqual(&a, &c)
 }
 
@@ -490,7 +592,7 @@ func (r *roleEntry) sessionName(name string) string {
 	if r.RoleSessionName != "" {
 		return r.RoleSessionName
 	}
-	if r.CredentialType == credentialTypeSessionToken {
+	if r.CredentialType == credentialTypeSessionToken || r.entityScoped() {
 		return ""
 	}
 	sn := "vault-" + name
@@ -566,7 +668,18 @@ non-renewable Vault lease, or with lease=false without one, adding ttl and
 rotation_period data fields that Vault Agent reads as a rotating secret.
 Changing lease alone keeps the cached credential.
 
-Any change to what a role issues drops its cached credential, so the next
-read fetches one for the new definition. Deleting a role deletes its cached
+cache_scope (default role) chooses who shares a credential. role: every
+reader of the role gets the same one. entity: each Vault entity reading the
+role gets its own, cached and refreshed in the background like a role's, its
+STS session named by session_name_template (default vault-{{.EntityName}},
+over .EntityName, .EntityID, .RoleName and .Metadata) and its SourceIdentity
+set to the entity name, so CloudTrail attributes every action to a Vault
+identity; the role's trust policy must allow sts:SetSourceIdentity. An entity
+credential unread for entity_idle_ttl (default 2 x ttl) is dropped rather
+than refreshed, and max_entities (default 1000) caps how many the role holds.
+Changing lease, entity_idle_ttl or max_entities keeps cached credentials.
+
+Any change to what a role issues drops its cached credential (every entity's
+too), so the next read fetches one for the new definition. Deleting a role deletes its cached
 credential and status.
 `

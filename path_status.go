@@ -84,6 +84,9 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"attempts_last_cycle": {Type: framework.TypeInt, Description: "Attempts made in the last refresh cycle.", Required: true},
 	"failed_cycles":       {Type: framework.TypeInt, Description: "Consecutive failed cycles since the last success.", Required: true},
 	"last_error":          {Type: framework.TypeString, Description: "AWS error code and message of the last failed cycle; empty after a success.", Required: true},
+	"cache_scope":         {Type: framework.TypeString, Description: "role or entity. For entity, state is the worst state among the role's entity credentials and the credential fields are empty.", Required: true},
+	"entities":            {Type: framework.TypeInt, Description: "cache_scope=entity: entity credentials the role holds."},
+	"entity_states":       {Type: framework.TypeMap, Description: "cache_scope=entity: how many entity credentials are in each state."},
 	"rate_limited_since":  {Type: framework.TypeString, Description: "Since when every attempt for the role was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
 }
 
@@ -102,6 +105,7 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 	cfg := b.getRefreshCfg()
 	refresher := b.WriteSafeReplicationState()
 	info := make(map[string]interface{}, len(names))
+	var entities map[string]entitySummary // computed on the first entity-scoped role
 	for _, name := range names {
 		rs, err := b.state.current(ctx, req.Storage, name)
 		if err != nil {
@@ -115,11 +119,19 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 		if rs.cred != nil {
 			expiration = formatTime(rs.cred.Expiration)
 		}
-		info[name] = map[string]interface{}{
+		ki := map[string]interface{}{
 			"state":        r.state,
 			"expiration":   expiration,
 			"next_refresh": formatTime(r.next),
 		}
+		if rs.role != nil && rs.role.entityScoped() {
+			if entities == nil {
+				entities = b.summarizeEntities("", now, cfg, refresher)
+			}
+			ki["state"] = entities[name].state()
+			ki["entities"] = entities[name].count
+		}
+		info[name] = ki
 	}
 	return logical.ListResponseWithInfo(names, info), nil
 }
@@ -172,6 +184,19 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	if cred != nil {
 		d["expiration"] = formatTime(cred.Expiration)
 		d["issued_at"] = formatTime(cred.IssuedAt)
+	}
+	d["cache_scope"] = cacheScopeRole
+	if rs.role.entityScoped() {
+		// The role's own entry holds no credential: its entities' do.
+		sum := b.summarizeEntities(name, now, cfg, b.WriteSafeReplicationState())[name]
+		states := map[string]interface{}{}
+		for _, st := range roleStateNames {
+			states[st] = sum.byState[st]
+		}
+		d["cache_scope"] = cacheScopeEntity
+		d["state"] = sum.state()
+		d["entities"] = sum.count
+		d["entity_states"] = states
 	}
 	return d, nil
 }
@@ -239,6 +264,9 @@ type statusEntry struct {
 	// slot by our own rate limiter (no STS call made); zero once a cycle
 	// reaches STS.
 	RateLimitedSince time.Time `json:"rate_limited_since,omitempty"`
+	// LastRead is when an entity credential was last read, as of the last
+	// commit (entity_idle_ttl is counted from it after a restart).
+	LastRead time.Time `json:"last_read,omitempty"`
 }
 
 // getStatus returns the stored status, or nil, nil when there is none.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,6 +108,7 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	// Each role costs a few storage reads, one gRPC round trip each; with
 	// tens of thousands of roles they go several at a time. Roles are
 	// independent (each under its own store lock).
+	var entityRoles []string
 	b.forEachParallel(names, func(name string) {
 		od, err := b.reconcileRole(ctx, name, false, passStart)
 		mu.Lock()
@@ -116,7 +118,35 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 		} else if od != nil {
 			overdue = append(overdue, *od)
 		}
+		if rs := b.state.peek(name); rs != nil && rs.role != nil && rs.role.entityScoped() {
+			entityRoles = append(entityRoles, name)
+		}
 	})
+	// Entity credentials (cache_scope=entity) are reconciled like roles,
+	// each under its role's store lock; idle ones are dropped.
+	sort.Strings(entityRoles)
+	for _, name := range entityRoles {
+		ids, err := listEntityIDs(ctx, s, name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = entityKey(name, id)
+			listed[keys[i]] = true
+		}
+		b.forEachParallel(keys, func(key string) {
+			od, err := b.reconcileRole(ctx, key, false, passStart)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else if od != nil {
+				overdue = append(overdue, *od)
+			}
+		})
+	}
 	// A mirrored role the list did not show may have been deleted, or
 	// created since the list was read: it is read again.
 	for _, name := range b.state.names() {
@@ -137,6 +167,16 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 			continue
 		}
 		for _, name := range keys {
+			if folder, ok := strings.CutSuffix(name, entitySep); ok {
+				// Entity credentials of a role that is gone or no longer
+				// entity-scoped.
+				if rs := b.state.peek(folder); !listed[folder] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
+					if err := b.dropOrphanEntities(ctx, folder); err != nil {
+						errs = append(errs, err)
+					}
+				}
+				continue
+			}
 			if !listed[name] {
 				if err := b.dropOrphan(ctx, prefix, name); err != nil {
 					errs = append(errs, err)
@@ -210,6 +250,15 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 	}
 	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
 		return nil, err
+	}
+	if rs.use != nil && rs.idle(b.clock.Now()) {
+		// An entity credential nobody read for entity_idle_ttl.
+		if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
+			return nil, err
+		}
+		b.metrics.entityDropped(dropIdle)
+		b.Logger().Info("dropped entity credential", "role", roleOf(name), "reason", dropIdle)
+		return nil, nil
 	}
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
@@ -301,6 +350,27 @@ func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
 		return fmt.Errorf("deleting orphaned %s%s: %w", prefix, name, err)
 	}
 	b.Logger().Info("deleted orphaned entry", "key", prefix+name)
+	return nil
+}
+
+// dropOrphanEntities deletes the entity credentials stored under a role
+// that is gone or not entity-scoped, after checking under the store lock.
+func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
+	lock := b.state.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	role, err := getRole(ctx, b.storage, name)
+	if err != nil || (role != nil && role.entityScoped()) {
+		return err
+	}
+	for _, k := range b.state.entityKeysLocked(name) {
+		b.state.markLocked(k, true)
+		b.unschedule(k)
+	}
+	if err := deleteEntityData(ctx, b.storage, name); err != nil {
+		return err
+	}
+	b.Logger().Info("deleted orphaned entity credentials", "role", name)
 	return nil
 }
 

@@ -364,6 +364,17 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		}
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
+	if _, entityID := splitKey(name); entityID != "" && f.background {
+		// An entity credential nobody read for entity_idle_ttl is dropped
+		// here, at its refresh, instead of costing another STS call.
+		dropped, err := b.dropIdleEntity(ctx, name, start, dropIdle)
+		if err != nil {
+			b.Logger().Warn("dropping idle entity credential failed", "role", roleOf(name), "error", err)
+		}
+		if dropped {
+			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
+		}
+	}
 	for i := 0; i < n; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
 		at := start.Add(time.Duration(i) * block)
@@ -397,7 +408,24 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 			queueUntil = queueHorizon(start, cfg, rs.cred)
 		}
 
-		cred, rerr, movedEnd := b.attempt(ctx, name, rs.role, blockEnd, timeout, queueUntil, block, reserved)
+		sess, serr := b.sessionFor(name, rs.role)
+		if errors.Is(serr, errEntityGone) && f.background {
+			// Nobody can read it any more: drop it rather than refresh.
+			if _, err := b.dropIdleEntity(ctx, name, b.clock.Now(), dropEntityGone); err != nil {
+				b.Logger().Warn("dropping entity credential failed", "role", roleOf(name), "error", err)
+			}
+			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
+		}
+		var (
+			cred     *cacheEntry
+			rerr     *refreshError
+			movedEnd time.Time
+		)
+		if serr != nil {
+			rerr = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
+		} else {
+			cred, rerr, movedEnd = b.attempt(ctx, name, sess, rs.role, blockEnd, timeout, queueUntil, block, reserved)
+		}
 		if !movedEnd.IsZero() {
 			// The attempt queued for a slot past its block: the cycle's
 			// blocks now run from the block that slot opened.
@@ -531,7 +559,7 @@ func queueHorizon(start time.Time, cfg refreshConfig, cred *cacheEntry) time.Tim
 // that slot, and its new end is returned (zero when it did not move).
 //
 // reserved says the first call's slot is already taken (a herd's cycle).
-func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blockEnd time.Time, timeout time.Duration, queueUntil time.Time, block time.Duration, reserved bool) (*cacheEntry, *refreshError, time.Time) {
+func (b *backend) attempt(ctx context.Context, name string, sess stsSession, role *roleEntry, blockEnd time.Time, timeout time.Duration, queueUntil time.Time, block time.Duration, reserved bool) (*cacheEntry, *refreshError, time.Time) {
 	eps, release, err := b.acquireEndpoints(ctx)
 	if err != nil {
 		return nil, classify(err, ""), time.Time{}
@@ -570,7 +598,7 @@ func (b *backend) attempt(ctx context.Context, name string, role *roleEntry, blo
 		d := min(timeout, max(blockEnd.Sub(b.clock.Now()), min(timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
 		called := b.clock.Now()
-		cred, err := ep.fetch(callCtx, name, role)
+		cred, err := ep.fetch(callCtx, sess, role)
 		cancel()
 		took := b.clock.Now().Sub(called)
 		if err == nil {

@@ -50,6 +50,9 @@ type roleStates struct {
 	// role writes and deletes, cycle commits, reloads and the reconciler.
 	locks []*locksutil.LockEntry
 
+	// now is the backend's clock.
+	now func() time.Time
+
 	// sched is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
 	// role change's unschedule cannot cross.
@@ -88,14 +91,22 @@ type roleState struct {
 	// stale entry without it still holds a credential issued for the
 	// current definition, which may be served while storage cannot be read.
 	defUnsure bool
+	// use is when an entity credential was last read; nil for a role's
+	// own entry. Every copy of the entry shares it.
+	use *entityUse
+	// known: storage holds a credential or a status for the entity (its
+	// first read was admitted). Only entity entries use it.
+	known bool
 }
 
-func newRoleStates(sched scheduler) *roleStates {
-	return &roleStates{m: make(map[string]*roleState), locks: locksutil.CreateLocks(), sched: sched}
+func newRoleStates(sched scheduler, now func() time.Time) *roleStates {
+	return &roleStates{m: make(map[string]*roleState), locks: locksutil.CreateLocks(), sched: sched, now: now}
 }
 
-func (r *roleStates) lockFor(name string) *locksutil.LockEntry {
-	return locksutil.LockForKey(r.locks, name)
+// lockFor returns the store lock of the key's role: an entity credential
+// shares its role's lock, so a role change and an entity commit cannot cross.
+func (r *roleStates) lockFor(key string) *locksutil.LockEntry {
+	return locksutil.LockForKey(r.locks, roleOf(key))
 }
 
 // lookup returns the mirrored role definition, credential and generation.
@@ -145,11 +156,13 @@ func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name 
 // storage and publishes them. A read that fails changes nothing. The
 // generation survives a reload that finds the same definition.
 func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
-	role, err := getRole(ctx, s, name)
+	roleName, entityID := splitKey(name)
+	role, err := getRole(ctx, s, roleName)
 	if err != nil {
 		return nil, err
 	}
-	if role == nil {
+	if role == nil || (entityID != "" && !role.entityScoped()) {
+		// An entity credential exists only under an entity-scoped role.
 		r.mu.Lock()
 		delete(r.m, name)
 		r.mu.Unlock()
@@ -173,10 +186,26 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 		}
 	}
 	next.status, next.statusDirty = repairStatus(st, next.cred)
+	next.known = cred != nil || st != nil
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.m[name]
+	if entityID != "" {
+		// The last read is the later of what this node saw and what the
+		// last commit (on any node) recorded; an entry never recorded is
+		// as good as read now, so that it is not dropped before its use.
+		read := next.status.LastRead
+		if read.IsZero() {
+			read = r.now()
+		}
+		if old != nil && old.use != nil {
+			next.use = old.use
+		} else {
+			next.use = newEntityUse(read)
+		}
+		next.use.touch(read)
+	}
 	if old != nil && old.role.equal(role) {
 		next.gen = old.gen
 		if old.statusDirty && old.status.LastAttempt.After(next.status.LastAttempt) {
@@ -284,7 +313,8 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return err
 	}
 	if old != nil && old.equal(role) {
-		// Only how the credential is served changed (lease): the cache, the
+		// Only how the credential is served or kept changed (lease,
+		// entity_idle_ttl, max_entities): the cache, the
 		// schedule and the generation stay.
 		if err := s.Put(ctx, entry); err != nil {
 			// The write may or may not have been applied.
@@ -293,18 +323,23 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		}
 		// A mirrored entry takes the new lease setting; one not mirrored or
 		// marked for reload is read whole on its next access anyway.
+		ents := r.entityKeysLocked(name)
 		r.mu.Lock()
-		if rs := r.m[name]; rs != nil && !rs.stale {
-			copied := *rs
-			copied.role = role
-			r.m[name] = &copied
+		for _, k := range append(ents, name) {
+			if rs := r.m[k]; rs != nil && !rs.stale {
+				copied := *rs
+				copied.role = role
+				r.m[k] = &copied
+			}
 		}
 		r.mu.Unlock()
 		return nil
 	}
-	r.markLocked(name, true)
-	r.sched.unschedule(name)
+	ents := r.markRoleLocked(name)
 	if err := deleteRoleData(ctx, s, name); err != nil {
+		return err
+	}
+	if err := deleteEntityData(ctx, s, name); err != nil {
 		return err
 	}
 	if err := s.Put(ctx, entry); err != nil {
@@ -312,8 +347,26 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 	}
 	r.mu.Lock()
 	r.m[name] = &roleState{role: role, status: &statusEntry{}, gen: r.m[name].gen}
+	for _, k := range ents {
+		delete(r.m, k)
+	}
 	r.mu.Unlock()
 	return nil
+}
+
+// markRoleLocked marks the role and each of its mirrored entity credentials
+// for reload with a new generation, and drops their plans, before a change
+// deletes them: no cycle started before can commit. It returns the entity
+// keys.
+func (r *roleStates) markRoleLocked(name string) []string {
+	r.markLocked(name, true)
+	r.sched.unschedule(name)
+	ents := r.entityKeysLocked(name)
+	for _, k := range ents {
+		r.markLocked(k, true)
+		r.sched.unschedule(k)
+	}
+	return ents
 }
 
 // deleteRoleLocked deletes the role with its cached credential and status.
@@ -321,9 +374,11 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 // a cache without a role would be an orphan (the reconciler removes those
 // too).
 func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, name string) error {
-	r.markLocked(name, true)
-	r.sched.unschedule(name)
+	ents := r.markRoleLocked(name)
 	if err := deleteRoleData(ctx, s, name); err != nil {
+		return err
+	}
+	if err := deleteEntityData(ctx, s, name); err != nil {
 		return err
 	}
 	if err := s.Delete(ctx, rolePrefix+name); err != nil {
@@ -331,6 +386,9 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 	}
 	r.mu.Lock()
 	delete(r.m, name)
+	for _, k := range ents {
+		delete(r.m, k)
+	}
 	r.mu.Unlock()
 	return nil
 }
@@ -369,6 +427,9 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	if rs.cred != nil && cred.Expiration.Before(rs.cred.Expiration) {
 		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
 	}
+	if rs.use != nil {
+		st.LastRead = rs.use.last()
+	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()
 	entry, err := logical.StorageEntryJSON(cachePrefix+name, &stored)
@@ -384,7 +445,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	}
 	dirty := putStatus(ctx, s, name, st) != nil
 	r.mu.Lock()
-	r.m[name] = &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty}
+	r.m[name] = &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty, use: rs.use, known: true}
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
 	return nil
@@ -407,10 +468,13 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 		return nil, nil, time.Time{}, errRoleChanged
 	}
 	st, next := build(rs.status, rs.cred)
+	if rs.use != nil {
+		st.LastRead = rs.use.last()
+	}
 	dirty := putStatus(ctx, s, name, st) != nil
 	r.mu.Lock()
 	copied := *rs
-	copied.status, copied.statusDirty = st, dirty
+	copied.status, copied.statusDirty, copied.known = st, dirty, true
 	r.m[name] = &copied
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
@@ -450,13 +514,21 @@ func putStatus(ctx context.Context, s logical.Storage, name string, st *statusEn
 	return s.Put(ctx, entry)
 }
 
-// hash identifies what a definition issues (everything but lease). A cached
+// issuing is the part of the definition that decides what STS issues: all of
+// it but lease, entity_idle_ttl and max_entities, which say how credentials
+// are served and kept.
+func (r *roleEntry) issuing() roleEntry {
+	c := *r
+	c.NoLease, c.EntityIdleTTL, c.MaxEntities = false, 0, 0
+	return c
+}
+
+// hash identifies what a definition issues (roleEntry.issuing). A cached
 // credential records the hash of the definition it was issued for, so a
 // credential can never be served for another definition, whatever order a
 // failed sequence of writes left in storage.
 func (r *roleEntry) hash() string {
-	c := *r
-	c.NoLease = false
+	c := r.issuing()
 	b, _ := json.Marshal(&c) // a struct of strings, slices and maps: cannot fail
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:16])

@@ -1,0 +1,430 @@
+package awsresilient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/template"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// Cache scopes of a role: one credential for every reader (role), or one per
+// Vault entity that reads it (entity), named after the entity so that
+// CloudTrail can tell the readers apart.
+const (
+	cacheScopeRole   = "role"
+	cacheScopeEntity = "entity"
+
+	defaultSessionNameTemplate = "vault-{{.EntityName}}"
+	defaultMaxEntities         = 1000
+)
+
+// entitySep joins a role name and an entity ID into the key of an entity
+// credential. Role names match framework.GenericNameRegex, which has no
+// slash, and Vault's entity IDs are UUIDs, so a key splits one way only. The
+// key is also the credential's storage key below cache/ and status/.
+const entitySep = "/"
+
+// entityKey is the key of the role's credential for the entity.
+func entityKey(role, entityID string) string { return role + entitySep + entityID }
+
+// splitKey returns the role and, for an entity credential, the entity ID.
+func splitKey(key string) (role, entityID string) {
+	role, entityID, _ = strings.Cut(key, entitySep)
+	return role, entityID
+}
+
+// roleOf returns the role a key belongs to.
+func roleOf(key string) string {
+	if i := strings.Index(key, entitySep); i >= 0 {
+		return key[:i]
+	}
+	return key
+}
+
+// entityScoped reports whether the role caches a credential per entity.
+func (r *roleEntry) entityScoped() bool { return r.CacheScope == cacheScopeEntity }
+
+// entityIdleTTL is how long an entity credential nobody reads is kept:
+// the configured value, or two credential lifetimes.
+func (r *roleEntry) entityIdleTTL() time.Duration {
+	if r.EntityIdleTTL > 0 {
+		return r.EntityIdleTTL
+	}
+	return 2 * r.TTL
+}
+
+// maxEntities is the most entity credentials the role keeps.
+func (r *roleEntry) maxEntities() int {
+	if r.MaxEntities > 0 {
+		return r.MaxEntities
+	}
+	return defaultMaxEntities
+}
+
+// sessionTemplate returns the role's session name template text.
+func (r *roleEntry) sessionTemplate() string {
+	if r.SessionNameTemplate != "" {
+		return r.SessionNameTemplate
+	}
+	return defaultSessionNameTemplate
+}
+
+// sessionVars are what session_name_template may use.
+type sessionVars struct {
+	EntityName string
+	EntityID   string
+	RoleName   string
+	Metadata   map[string]string
+}
+
+// templates caches parsed session name templates by their text: a cycle
+// renders one per STS call.
+var templates sync.Map // string -> *template.Template
+
+func parseSessionTemplate(text string) (*template.Template, error) {
+	if t, ok := templates.Load(text); ok {
+		return t.(*template.Template), nil
+	}
+	t, err := template.New("session_name_template").Option("missingkey=zero").Parse(text)
+	if err != nil {
+		return nil, err
+	}
+	templates.Store(text, t)
+	return t, nil
+}
+
+// checkSessionTemplate parses the template and runs it on a sample entity,
+// so that a role write finds its errors rather than a refresh.
+func checkSessionTemplate(text string) error {
+	t, err := parseSessionTemplate(text)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	return t.Execute(&buf, sessionVars{
+		EntityName: "entity_0a1b2c3d", EntityID: "00000000-0000-0000-0000-000000000000",
+		RoleName: "role", Metadata: map[string]string{},
+	})
+}
+
+// stsSession is what names an STS session: RoleSessionName (or the federated
+// user's Name) and, for an entity credential, SourceIdentity.
+type stsSession struct {
+	name           string
+	sourceIdentity string
+}
+
+// errEntityGone: the entity a credential was cached for no longer exists.
+var errEntityGone = errors.New("the Vault entity no longer exists")
+
+// sessionFor names the STS session for the key: the role's own session name,
+// or, for an entity credential, the role's template rendered for the entity
+// as Vault knows it now (so a renamed entity's new name shows from its next
+// refresh) with the entity name as SourceIdentity.
+func (b *backend) sessionFor(key string, role *roleEntry) (stsSession, error) {
+	name, entityID := splitKey(key)
+	if entityID == "" {
+		return stsSession{name: role.sessionName(name)}, nil
+	}
+	e, err := b.System().EntityInfo(entityID)
+	if err != nil {
+		return stsSession{}, fmt.Errorf("looking up entity %s: %w", entityID, err)
+	}
+	if e == nil {
+		return stsSession{}, errEntityGone
+	}
+	return role.entitySession(name, e)
+}
+
+// entitySession renders the role's session name for the entity and its
+// source identity, both cut to what STS accepts.
+func (r *roleEntry) entitySession(roleName string, e *logical.Entity) (stsSession, error) {
+	t, err := parseSessionTemplate(r.sessionTemplate())
+	if err != nil {
+		return stsSession{}, err
+	}
+	var buf bytes.Buffer
+	md := e.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	if err := t.Execute(&buf, sessionVars{EntityName: e.Name, EntityID: e.ID, RoleName: roleName, Metadata: md}); err != nil {
+		return stsSession{}, fmt.Errorf("rendering session_name_template: %w", err)
+	}
+	return stsSession{
+		name:           stsName(buf.String(), "vault-"+e.ID),
+		sourceIdentity: stsName(e.Name, e.ID),
+	}, nil
+}
+
+// stsName makes s a valid RoleSessionName or SourceIdentity: characters
+// outside [\w+=,.@-] become '-', and it is cut to 64 characters. With fewer
+// than 2 left, fallback (made valid likewise) is used.
+func stsName(s, fallback string) string {
+	clean := func(s string) string {
+		var sb strings.Builder
+		for _, c := range s {
+			if sb.Len() >= maxSessionNameLength {
+				break
+			}
+			switch {
+			case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.ContainsRune("_+=,.@-", c):
+				sb.WriteRune(c)
+			default:
+				sb.WriteByte('-')
+			}
+		}
+		return sb.String()
+	}
+	if out := clean(s); len(out) >= 2 {
+		return out
+	}
+	return clean(fallback)
+}
+
+// entityUse records when an entity credential was last read. It is shared by
+// every published copy of the entry (roleState is replaced on each change),
+// so a cached read records itself with one atomic store.
+type entityUse struct {
+	lastRead atomic.Int64 // unix nanoseconds
+}
+
+func newEntityUse(at time.Time) *entityUse {
+	u := new(entityUse)
+	u.lastRead.Store(at.UnixNano())
+	return u
+}
+
+// touch records a read at now; it never moves the time back.
+func (u *entityUse) touch(now time.Time) {
+	n := now.UnixNano()
+	for {
+		old := u.lastRead.Load()
+		if old >= n || u.lastRead.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+func (u *entityUse) last() time.Time { return time.Unix(0, u.lastRead.Load()) }
+
+// idle reports whether the entity credential has gone unread for the role's
+// entity_idle_ttl at now.
+func (rs *roleState) idle(now time.Time) bool {
+	return rs.use != nil && now.Sub(rs.use.last()) >= rs.role.entityIdleTTL()
+}
+
+// errTooManyEntities: a new entity would exceed the role's max_entities.
+type errTooManyEntities struct{ max int }
+
+func (e errTooManyEntities) Error() string {
+	return fmt.Sprintf("the role already caches credentials for max_entities=%d entities; raise max_entities or lower entity_idle_ttl", e.max)
+}
+
+// admit makes sure the role keeps an entry for the entity and records the
+// read, before a cold read fetches the entity's first credential. A new
+// entity is counted against max_entities and its entry is created with a
+// status recording the read, under the role's store lock, so that two new
+// entities cannot both take the last place. It returns nil, nil when the
+// role is gone or no longer entity-scoped.
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
+	lock := r.lockFor(key)
+	lock.Lock()
+	defer lock.Unlock()
+	rs, err := r.currentLocked(ctx, s, key)
+	if err != nil || rs == nil {
+		return rs, err
+	}
+	if rs.known {
+		rs.use.touch(now)
+		return rs, nil
+	}
+	name, _ := splitKey(key)
+	ids, err := listEntityIDs(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) >= rs.role.maxEntities() {
+		return nil, errTooManyEntities{max: rs.role.maxEntities()}
+	}
+	st := *rs.status
+	st.LastRead = now
+	if err := putStatus(ctx, s, key, &st); err != nil {
+		// It may have been written: read it again on the next access.
+		r.markLocked(key, false)
+		return nil, fmt.Errorf("recording the first read of %q: %w", key, err)
+	}
+	rs.use.touch(now)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := *rs
+	next.status, next.known = &st, true
+	r.m[key] = &next
+	return &next, nil
+}
+
+// listEntityIDs returns the IDs of the entities the role has an entry for in
+// storage (a cached credential, a status or both), sorted.
+func listEntityIDs(ctx context.Context, s logical.Storage, name string) ([]string, error) {
+	seen := map[string]bool{}
+	for _, prefix := range []string{cachePrefix, statusPrefix} {
+		keys, err := s.List(ctx, prefix+name+entitySep)
+		if err != nil {
+			return nil, fmt.Errorf("listing entity entries of role %q: %w", name, err)
+		}
+		for _, k := range keys {
+			if !strings.HasSuffix(k, "/") {
+				seen[k] = true
+			}
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// deleteEntityData deletes every entity entry of the role from storage.
+func deleteEntityData(ctx context.Context, s logical.Storage, name string) error {
+	for _, prefix := range []string{cachePrefix, statusPrefix} {
+		keys, err := s.List(ctx, prefix+name+entitySep)
+		if err != nil {
+			return fmt.Errorf("listing entity entries of role %q: %w", name, err)
+		}
+		for _, k := range keys {
+			if err := s.Delete(ctx, prefix+name+entitySep+k); err != nil {
+				return fmt.Errorf("deleting entity entry %s%s%s%s: %w", prefix, name, entitySep, k, err)
+			}
+		}
+	}
+	return nil
+}
+
+// entityKeysLocked returns the mirrored entity keys of the role. The mirror
+// is scanned: role changes are rare, operator-driven events.
+func (r *roleStates) entityKeysLocked(name string) []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	prefix := name + entitySep
+	var keys []string
+	for k := range r.m {
+		if strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// dropEntityLocked deletes an entity credential nobody reads any more (or
+// whose entity is gone) with its status, so that it costs no more STS calls.
+// The entry is marked for reload with a new generation first: a cycle
+// running for it cannot commit, and a failure half-way leaves an entry that
+// the next access reads back from storage.
+func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, key string) error {
+	r.markLocked(key, true)
+	r.sched.unschedule(key)
+	if err := deleteRoleData(ctx, s, key); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	delete(r.m, key)
+	r.mu.Unlock()
+	return nil
+}
+
+// dropIdleEntity drops the entity credential when it is idle at now, under
+// its store lock; it reports whether it did.
+func (b *backend) dropIdleEntity(ctx context.Context, key string, now time.Time, reason string) (bool, error) {
+	lock := b.state.lockFor(key)
+	lock.Lock()
+	defer lock.Unlock()
+	rs, err := b.state.currentLocked(ctx, b.storage, key)
+	if err != nil || rs == nil {
+		return false, err
+	}
+	if reason == dropIdle && !rs.idle(now) {
+		return false, nil
+	}
+	if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
+		return false, err
+	}
+	b.metrics.entityDropped(reason)
+	b.Logger().Info("dropped entity credential", "role", roleOf(key), "entity_id", key[len(roleOf(key))+1:], "reason", reason)
+	return true, nil
+}
+
+// Reasons an entity credential is dropped, as the metric labels them.
+const (
+	dropIdle       = "idle"
+	dropEntityGone = "entity_gone"
+)
+
+// entityEntries returns the mirrored entity credentials, by role: all roles'
+// when name is "", else the one role's. One scan of the mirror.
+func (r *roleStates) entityEntries(name string) map[string]map[string]*roleState {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := map[string]map[string]*roleState{}
+	for k, rs := range r.m {
+		role, id := splitKey(k)
+		if id == "" || (name != "" && role != name) {
+			continue
+		}
+		if out[role] == nil {
+			out[role] = map[string]*roleState{}
+		}
+		out[role][k] = rs
+	}
+	return out
+}
+
+// entitySummary is what status/<name> and the metrics say about an
+// entity-scoped role's credentials: how many, and how many in each state.
+type entitySummary struct {
+	count   int
+	byState map[string]int
+}
+
+// stateSeverity orders states from the worst: the state of an entity-scoped
+// role is its worst entity's.
+var stateSeverity = []string{stateExpired, stateEmpty, stateStale, stateRefreshing, stateFresh}
+
+// state is the worst state of the role's entity credentials; empty when it
+// has none.
+func (s entitySummary) state() string {
+	for _, st := range stateSeverity {
+		if s.byState[st] > 0 {
+			return st
+		}
+	}
+	return stateEmpty
+}
+
+// summarizeEntities reports on the entity credentials of the role ("" for
+// every role), by role.
+func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfig, refresher bool) map[string]entitySummary {
+	out := map[string]entitySummary{}
+	for role, entries := range b.state.entityEntries(name) {
+		s := entitySummary{byState: map[string]int{}}
+		for key, rs := range entries {
+			if rs.role == nil {
+				continue // a placeholder marked for reload
+			}
+			s.count++
+			s.byState[b.report(key, rs, now, cfg, refresher).state]++
+		}
+		out[role] = s
+	}
+	return out
+}
