@@ -245,6 +245,8 @@ func TestEntityIdleCredentialIsDropped(t *testing.T) {
 	if d := time.Until(aliceDue.Add(2 * time.Second)); d > 0 {
 		time.Sleep(d)
 	}
+	t.Logf("alice read at %s, her refresh point by %s; bob refreshed at %s",
+		aliceReadAt.Format(time.RFC3339), aliceDue.Format(time.RFC3339), s.sessionCalls(t, "app", bob.session())[1].Time.Format(time.RFC3339))
 	if calls := s.sessionCalls(t, "app", alice.session()); len(calls) != 1 {
 		t.Fatalf("alice read once and then idled for %s (entity_idle_ttl %s, refresh point by %s): %d AssumeRole calls for her session, want 1:\n%s",
 			time.Since(aliceReadAt).Round(time.Second), idle, aliceDue.Format(time.RFC3339), len(calls), callsString(calls))
