@@ -253,6 +253,12 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 		return nil, err
 	}
 	if len(ids) >= rs.role.maxEntities() {
+		// Keep no entry in memory for an entity refused.
+		r.mu.Lock()
+		if r.m[key] == rs {
+			delete(r.m, key)
+		}
+		r.mu.Unlock()
 		return nil, errTooManyEntities{max: rs.role.maxEntities()}
 	}
 	st := *rs.status
@@ -310,9 +316,9 @@ func deleteEntityData(ctx context.Context, s logical.Storage, name string) error
 	return nil
 }
 
-// entityKeysLocked returns the mirrored entity keys of the role. The mirror
+// entityKeys returns the mirrored entity keys of the role. The mirror
 // is scanned: role changes are rare, operator-driven events.
-func (r *roleStates) entityKeysLocked(name string) []string {
+func (r *roleStates) entityKeys(name string) []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	prefix := name + entitySep

@@ -99,6 +99,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		samples = make([]roleSample, 0, len(names))
 	}
 	byState := make(map[string]int, len(roleStateNames))
+	var entities map[string]entitySummary // on the first entity-scoped role
 	var defined, cached, starved, failing, expiringFailing int
 	for _, name := range names {
 		rs, err := b.state.current(ctx, s, name)
@@ -110,6 +111,14 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		}
 		defined++
 		r := b.report(name, rs, now, cfg, active)
+		if rs.role != nil && rs.role.entityScoped() {
+			// As status/<name> says: its entities' worst state, and no
+			// plan of its own.
+			if entities == nil {
+				entities = b.summarizeEntities("", now, cfg, active)
+			}
+			r = roleReport{state: entities[name].state()}
+		}
 		byState[r.state]++
 		if rs.cred.validAt(now) {
 			cached++

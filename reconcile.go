@@ -363,7 +363,7 @@ func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
 	if err != nil || (role != nil && role.entityScoped()) {
 		return err
 	}
-	for _, k := range b.state.entityKeysLocked(name) {
+	for _, k := range b.state.entityKeys(name) {
 		b.state.markLocked(k, true)
 		b.unschedule(k)
 	}

@@ -271,13 +271,20 @@ func (r *roleStates) markLocked(name string, bump bool) {
 // forget marks the role for reload (Invalidate). definition says whether
 // the role's definition itself may have changed.
 func (r *roleStates) forget(name string, definition bool) {
+	keys := []string{name}
+	if definition {
+		// The role's entity credentials hang on its definition too.
+		keys = append(keys, r.entityKeys(name)...)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rs := r.m[name]; rs != nil {
-		copied := *rs
-		copied.stale = true
-		copied.defUnsure = copied.defUnsure || definition
-		r.m[name] = &copied
+	for _, k := range keys {
+		if rs := r.m[k]; rs != nil {
+			copied := *rs
+			copied.stale = true
+			copied.defUnsure = copied.defUnsure || definition
+			r.m[k] = &copied
+		}
 	}
 }
 
@@ -323,7 +330,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		}
 		// A mirrored entry takes the new lease setting; one not mirrored or
 		// marked for reload is read whole on its next access anyway.
-		ents := r.entityKeysLocked(name)
+		ents := r.entityKeys(name)
 		r.mu.Lock()
 		for _, k := range append(ents, name) {
 			if rs := r.m[k]; rs != nil && !rs.stale {
@@ -361,7 +368,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 func (r *roleStates) markRoleLocked(name string) []string {
 	r.markLocked(name, true)
 	r.sched.unschedule(name)
-	ents := r.entityKeysLocked(name)
+	ents := r.entityKeys(name)
 	for _, k := range ents {
 		r.markLocked(k, true)
 		r.sched.unschedule(k)

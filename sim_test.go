@@ -51,6 +51,8 @@ var simRegressionSeeds = []uint64{1, 2, 3, 1796080221980187938, 1796081682306288
 // simFigures add up over the runs of a test.
 type simFigures struct {
 	runs, steps, storageFaults, stsCalls, stsFaults, checks, served, restarts int
+	// entityServed counts credentials served by entity-scoped roles.
+	entityServed int
 }
 
 func TestSimulation(t *testing.T) {
@@ -80,8 +82,8 @@ func TestSimulation(t *testing.T) {
 			run(seed)
 		}
 	}
-	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted), %d credentials served, %d restarts, %d invariant checks",
-		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.served, total.restarts, total.checks)
+	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted), %d credentials served (%d of them per entity), %d restarts, %d invariant checks",
+		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.served, total.entityServed, total.restarts, total.checks)
 }
 
 func (f *simFigures) add(o simFigures) {
@@ -93,6 +95,7 @@ func (f *simFigures) add(o simFigures) {
 	f.checks += o.checks
 	f.served += o.served
 	f.restarts += o.restarts
+	f.entityServed += o.entityServed
 }
 
 // sim is one run: the world, the backend under test, and what the model
@@ -128,6 +131,12 @@ type sim struct {
 	// cycles are the cycles started, in order, per role.
 	mu     sync.Mutex
 	cycles map[string][]*simCycle
+
+	// ents is Vault's identity store as both nodes see it; entity names
+	// are never reused, so a source identity names one entity for good.
+	ents     *entityView
+	entityOf map[string]string // entity name, current or past -> entity ID
+	renames  int
 }
 
 type simExp struct {
@@ -144,6 +153,17 @@ type simCycle struct {
 	calls  atomic.Int32
 }
 
+// simEntityIDs are the Vault entities that read entity-scoped roles.
+var simEntityIDs = []string{
+	"00000000-0000-0000-0000-00000000000a",
+	"00000000-0000-0000-0000-00000000000b",
+	"00000000-0000-0000-0000-00000000000c",
+}
+
+// simSessionTemplate names an entity's session <role>.<entity name>, so that
+// the simulation's STS wrapper can tell which credential a call is for.
+const simSessionTemplate = "{{.RoleName}}.{{.EntityName}}"
+
 var (
 	simRoleNames = []string{"r0", "r1", "r2", "r3"}
 	simARNs      = []string{
@@ -155,19 +175,26 @@ var (
 
 func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
 	s := &sim{
-		t:      t,
-		seed:   seed,
-		rng:    rand.New(rand.NewPCG(seed, seed^0xc0ffee)),
-		rng2:   newSeededRand(seed ^ 0xbadcafe),
-		clk:    newFakeClock(time.Now().Truncate(time.Second)),
-		mem:    new(logical.InmemStorage),
-		maxExp: map[string]simExp{},
-		cycles: map[string][]*simCycle{},
+		t:        t,
+		seed:     seed,
+		rng:      rand.New(rand.NewPCG(seed, seed^0xc0ffee)),
+		rng2:     newSeededRand(seed ^ 0xbadcafe),
+		clk:      newFakeClock(time.Now().Truncate(time.Second)),
+		mem:      new(logical.InmemStorage),
+		maxExp:   map[string]simExp{},
+		cycles:   map[string][]*simCycle{},
+		ents:     newEntityView(),
+		entityOf: map[string]string{},
+	}
+	for i, id := range simEntityIDs {
+		name := fmt.Sprintf("e%d", i)
+		s.ents.set(id, name, nil)
+		s.entityOf[name] = id
 	}
 	s.stored = &storedKeys{Storage: s.mem, keys: map[string]bool{}, deletes: map[string]int{}}
 	s.fs = newFaultStorage(s.stored, seed)
 	s.emu = startEmulator(t, stsemu.Config{Now: s.clk.Now, SigningNow: time.Now, MaxLifetime: time.Hour, Seed: seed})
-	s.sts = &simSTS{s: s, issued: map[string]string{}, inCall: map[string]int{}}
+	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, inCall: map[string]int{}}
 	s.start()
 	mustDo(t, s.b, s.fs, logical.UpdateOperation, "config/root", map[string]interface{}{
 		"access_key": stsemu.DefaultAccessKey, "secret_key": stsemu.DefaultSecretKey,
@@ -203,6 +230,7 @@ func (s *sim) start() {
 	config := logical.TestBackendConfig()
 	config.StorageView = s.fs
 	config.Logger = hclog.NewNullLogger()
+	config.System = sharedEntities{config.System, s.ents}
 	s.mu.Lock()
 	s.cycles = map[string][]*simCycle{} // the cycles of this backend, from its start
 	s.mu.Unlock()
@@ -233,7 +261,7 @@ func (s *sim) start() {
 	sconf := logical.TestBackendConfig()
 	sconf.StorageView = s.fs
 	sconf.Logger = hclog.NewNullLogger()
-	sconf.System = sv
+	sconf.System = sharedEntities{sv, s.ents}
 	sb, err := newBackendWith(context.Background(), sconf, backendOptions{clock: s.clk, rand: newSeededRand(s.rng.Uint64()), passWorkers: 1})
 	if err != nil {
 		s.t.Fatal(err)
@@ -247,6 +275,15 @@ func (s *sim) start() {
 	s.standby = sb
 	s.stored.takeWritten() // what was written before it started, it read
 }
+
+// sharedEntities gives a node its own system view over the one identity
+// store both nodes share.
+type sharedEntities struct {
+	logical.SystemView
+	store *entityView
+}
+
+func (x sharedEntities) EntityInfo(id string) (*logical.Entity, error) { return x.store.EntityInfo(id) }
 
 func (s *sim) onFlight(b *backend, name string, f *flight) {
 	window := b.getRefreshCfg().RetryWindow
@@ -282,8 +319,10 @@ func (s *sim) step(i int) {
 		s.logf("delete %s: %s", name, outcome(resp, err))
 	case r < 20:
 		s.writeConfig()
-	case r < 50:
+	case r < 48:
 		s.readCreds(s.pick(simRoleNames))
+	case r < 50:
+		s.changeEntity()
 	case r < 53:
 		name := s.pick(simRoleNames)
 		resp, err := s.driven(logical.UpdateOperation, "refresh/"+name, nil)
@@ -310,6 +349,9 @@ func (s *sim) step(i int) {
 		s.fig.restarts++
 	default:
 		key := s.pick([]string{rolePrefix, cachePrefix, statusPrefix}) + s.pick(simRoleNames)
+		if !strings.HasPrefix(key, rolePrefix) && s.rng.IntN(2) == 0 {
+			key += entitySep + s.pick(simEntityIDs)
+		}
 		s.logf("invalidate %s", key)
 		s.b.InvalidateKey(context.Background(), key)
 	}
@@ -335,9 +377,10 @@ func (s *sim) replicate() {
 // active node's; a cold read is handed to the active node; status shows the
 // active node's record.
 func (s *sim) readStandby(name string) {
-	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.fs})
+	entityID := s.pickEntity()
+	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.fs, EntityID: entityID})
 	if err == nil && !resp.IsError() {
-		s.checkServed(name, resp, "standby")
+		s.checkServed(name, entityID, resp, "standby")
 	} else if err != nil && err != logical.ErrReadOnly && !strings.Contains(err.Error(), "injected storage failure") {
 		s.failf("standby read creds/%s: %v", name, err)
 	}
@@ -389,8 +432,54 @@ func (s *sim) writeRole() {
 	if s.rng.IntN(4) == 0 {
 		data["lease"] = s.rng.IntN(2) == 0
 	}
+	cur, _ := getRole(context.Background(), s.mem, name)
+	switch {
+	case s.rng.IntN(3) == 0:
+		// Switch scope (or write the same one again).
+		data["cache_scope"] = s.pick([]string{cacheScopeRole, cacheScopeEntity, cacheScopeEntity})
+		if data["cache_scope"] == cacheScopeEntity {
+			data["session_name_template"] = simSessionTemplate
+			data["entity_idle_ttl"] = []int{0, 300, 1800}[s.rng.IntN(3)]
+		}
+	case cur != nil && cur.entityScoped() && s.rng.IntN(3) == 0:
+		// Change how entity credentials are kept: they stay cached.
+		if s.rng.IntN(2) == 0 {
+			data["entity_idle_ttl"] = []int{0, 300, 1800}[s.rng.IntN(3)]
+		} else {
+			data["max_entities"] = []int{0, 1, 2}[s.rng.IntN(3)]
+		}
+	}
 	resp, err := s.do(logical.UpdateOperation, "roles/"+name, data)
 	s.logf("write role %s %v: %s", name, data, outcome(resp, err))
+}
+
+// pickEntity is the entity of a request's token: mostly one of the
+// simulation's entities, sometimes none (a root token).
+func (s *sim) pickEntity() string {
+	if s.rng.IntN(4) == 0 {
+		return ""
+	}
+	return s.pick(simEntityIDs)
+}
+
+// changeEntity renames an entity (to a name never used before), deletes it,
+// or brings a deleted one back, as Vault's identity store allows.
+func (s *sim) changeEntity() {
+	id := s.pick(simEntityIDs)
+	e, _ := s.ents.EntityInfo(id)
+	switch {
+	case e != nil && s.rng.IntN(3) == 0:
+		s.ents.remove(id)
+		s.logf("delete entity %s (%s)", id, e.Name)
+	default:
+		s.renames++
+		name := fmt.Sprintf("e%d", len(s.entityOf))
+		s.sts.mu.Lock()
+		s.entityOf[name] = id
+		s.sts.mu.Unlock()
+		s.ents.set(id, name, nil)
+		s.logf("entity %s is now named %s", id, name)
+	}
 }
 
 // changeDuringCycle changes or deletes a role (or makes storage forget it)
@@ -501,12 +590,17 @@ func (s *sim) do(op logical.Operation, path string, data map[string]interface{})
 // driven runs a request that may wait on a refresh cycle, moving the clock
 // through the cycle's sleeps (and whatever else falls due meanwhile).
 func (s *sim) driven(op logical.Operation, path string, data map[string]interface{}) (*logical.Response, error) {
+	return s.drivenReq(&logical.Request{Operation: op, Path: path, Data: data})
+}
+
+func (s *sim) drivenReq(req *logical.Request) (*logical.Response, error) {
+	req.Storage = s.fs
 	done := make(chan struct{})
 	var resp *logical.Response
 	var err error
 	go func() {
 		defer close(done)
-		resp, err = s.do(op, path, data)
+		resp, err = s.b.HandleRequest(context.Background(), req)
 	}()
 	s.drive(done)
 	return resp, err
@@ -561,17 +655,18 @@ func (s *sim) settle() {
 }
 
 func (s *sim) readCreds(name string) {
-	resp, err := s.driven(logical.ReadOperation, "creds/"+name, nil)
-	s.logf("read creds/%s: %s", name, outcome(resp, err))
+	entityID := s.pickEntity()
+	resp, err := s.drivenReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, EntityID: entityID})
+	s.logf("read creds/%s as %q: %s", name, entityID, outcome(resp, err))
 	if err != nil || resp.IsError() {
 		return
 	}
-	s.checkServed(name, resp, "active")
+	s.checkServed(name, entityID, resp, "active")
 }
 
 // checkServed checks a credential a node served: complete, unexpired, really
 // stored, and issued for the role's current definition.
-func (s *sim) checkServed(name string, resp *logical.Response, node string) {
+func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string) {
 	s.fig.served++
 	now := s.clk.Now()
 	d := resp.Data
@@ -602,7 +697,19 @@ func (s *sim) checkServed(name string, resp *logical.Response, node string) {
 	if issuedFor != role.RoleARN {
 		s.failf("%s served creds/%s issued for %q, but the role is %q", node, name, issuedFor, role.RoleARN)
 	}
-	s.fig.checks += 4
+	// An entity-scoped role serves each entity its own credential; a
+	// role-scoped one serves one without a source identity to everyone.
+	src := s.sts.sourceOf(d["access_key"].(string))
+	switch {
+	case role.entityScoped() && (entityID == "" || s.entityOf[src] != entityID):
+		s.failf("%s served creds/%s to entity %q with a credential issued to source identity %q (entity %q)", node, name, entityID, src, s.entityOf[src])
+	case !role.entityScoped() && src != "":
+		s.failf("%s served role-scoped creds/%s with a credential issued to source identity %q", node, name, src)
+	}
+	if role.entityScoped() {
+		s.fig.entityServed++
+	}
+	s.fig.checks += 5
 }
 
 // check verifies every invariant against the truth in storage.
@@ -651,6 +758,42 @@ func (s *sim) check() {
 		s.maxExp[name] = simExp{hash: c.RoleHash, epoch: epoch, exp: c.Expiration}
 	}
 
+	// Entity credentials: only under an entity-scoped role, issued for its
+	// current definition and to their own entity, never going back.
+	entityKeys := map[string]bool{}
+	for _, name := range simRoleNames {
+		ids, err := listEntityIDs(ctx, s.mem, name)
+		if err != nil {
+			s.failf("%v", err)
+		}
+		role := roles[name]
+		s.fig.checks++
+		if len(ids) > 0 && (role == nil || !role.entityScoped()) {
+			s.failf("role %s is deleted or not entity-scoped, but storage keeps entity entries %v", name, ids)
+		}
+		for _, id := range ids {
+			key := entityKey(name, id)
+			entityKeys[key] = true
+			c, _ := getCacheEntry(ctx, s.mem, key)
+			if c == nil {
+				delete(s.maxExp, key)
+				continue
+			}
+			s.fig.checks += 2
+			if c.RoleHash != role.hash() || s.sts.issuedFor(c.AccessKey) != role.RoleARN {
+				s.failf("%s has a stored credential issued for %q (hash %s, want %s)", key, s.sts.issuedFor(c.AccessKey), c.RoleHash, role.hash())
+			}
+			if src := s.sts.sourceOf(c.AccessKey); s.entityOf[src] != id {
+				s.failf("%s has a stored credential issued to source identity %q", key, src)
+			}
+			epoch := s.stored.deletesOf(key)
+			if prev, ok := s.maxExp[key]; ok && prev.hash == c.RoleHash && prev.epoch == epoch && c.Expiration.Before(prev.exp) {
+				s.failf("%s: stored expiration went back from %v to %v", key, prev.exp, c.Expiration)
+			}
+			s.maxExp[key] = simExp{hash: c.RoleHash, epoch: epoch, exp: c.Expiration}
+		}
+	}
+
 	// At most one STS call per role at a time, and no back-to-back cycles.
 	if v := s.sts.violation.Load(); v != nil {
 		s.failf("%s", *v)
@@ -658,9 +801,9 @@ func (s *sim) check() {
 	s.checkCyclePace()
 
 	// Status agrees with the schedule on this node.
-	for name := range roles {
-		if s.b.inFlight(name) {
-			continue
+	for name, role := range roles {
+		if s.b.inFlight(name) || role.entityScoped() {
+			continue // an entity-scoped role's own entry is never planned
 		}
 		resp, err := s.do(logical.ReadOperation, "status/"+name, nil)
 		if err != nil || resp.IsError() {
@@ -692,10 +835,30 @@ func (s *sim) check() {
 	// Storage is healthy and a periodic pass has run since: memory agrees
 	// with storage, and every warm role has a cycle scheduled or in flight.
 	for _, name := range s.b.state.names() {
-		if roles[name] == nil {
+		role := roles[roleOf(name)]
+		if role == nil || roleOf(name) != name && !role.entityScoped() {
 			if rs := s.b.state.peek(name); rs != nil && !rs.stale {
-				s.failf("role %s is deleted in storage but mirrored", name)
+				s.failf("%s is deleted (or its role not entity-scoped) in storage but mirrored", name)
 			}
+		}
+	}
+	for key := range entityKeys {
+		s.fig.checks += 2
+		rs := s.b.state.peek(key)
+		if rs == nil {
+			s.failf("%s is in storage but not mirrored after a healthy pass", key)
+		}
+		if rs.stale {
+			continue // marked for reload: the next access reads storage
+		}
+		stored, _ := getCacheEntry(ctx, s.mem, key)
+		if (rs.cred == nil) != (stored == nil) || rs.cred != nil && rs.cred.AccessKey != stored.AccessKey {
+			s.failf("%s: mirrored credential %v, stored %v", key, rs.cred != nil, stored != nil)
+		}
+		st, _ := getStatus(ctx, s.mem, key)
+		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
+		if _, scheduled := s.b.scheduledAt(key); warm && !scheduled && !s.b.inFlight(key) {
+			s.failf("%s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", key)
 		}
 	}
 	for name, role := range roles {
@@ -819,6 +982,7 @@ type simSTS struct {
 	calls     atomic.Int64
 	mu        sync.Mutex
 	issued    map[string]string // access key id -> role ARN
+	sources   map[string]string // access key id -> SourceIdentity
 	inCall    map[string]int
 	violation atomic.Pointer[string]
 	// short makes issued credentials expire sooner than STS said.
@@ -837,7 +1001,7 @@ func (w *simSTS) setDuring(name string, f func()) {
 func (w *simSTS) takeDuring(name string) func() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.during == nil || w.duringRole != name {
+	if w.during == nil || w.duringRole != roleOf(name) {
 		return nil
 	}
 	f := w.during
@@ -853,6 +1017,24 @@ func (w *simSTS) issuedFor(akid string) string {
 	return w.issued[akid]
 }
 
+func (w *simSTS) sourceOf(akid string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sources[akid]
+}
+
+// keyOf is the credential an AssumeRole call is for: vault-<role> for a
+// role, <role>.<entity name> (simSessionTemplate) for an entity.
+func (w *simSTS) keyOf(in *sts.AssumeRoleInput) string {
+	session := aws.ToString(in.RoleSessionName)
+	if role, entity, ok := strings.Cut(session, "."); ok {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return entityKey(role, w.s.entityOf[entity])
+	}
+	return strings.TrimPrefix(session, "vault-")
+}
+
 type simClient struct {
 	w   *simSTS
 	api stsAPI
@@ -860,7 +1042,7 @@ type simClient struct {
 
 func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o ...func(*sts.Options)) (*sts.AssumeRoleOutput, error) {
 	w := c.w
-	name := strings.TrimPrefix(aws.ToString(in.RoleSessionName), "vault-")
+	name := w.keyOf(in)
 	w.calls.Add(1)
 	w.mu.Lock()
 	w.inCall[name]++
@@ -890,6 +1072,7 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 	w.inCall[name]--
 	if err == nil && out.Credentials != nil {
 		w.issued[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.RoleArn)
+		w.sources[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.SourceIdentity)
 	}
 	w.mu.Unlock()
 	return out, err
