@@ -42,7 +42,8 @@ fmtcheck:
 	if [ -n "$$out" ]; then echo "not gofmt-formatted (run make fmt):"; echo "$$out"; exit 1; fi
 
 # Benchmarks against KV, the built-in aws engine and baseline refresh
-# policies: one table, charts in docs/bench/ (not run by CI).
+# policies, at scale and with per-entity credentials: one table, charts in
+# docs/bench/ (not run by CI).
 .PHONY: bench
 bench:
 	./scripts/bench.sh

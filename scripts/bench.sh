@@ -5,13 +5,15 @@
 # pass/fail, and writes the charts, table.txt and results.json to docs/bench/
 # (change with -out). Arguments go to the driver: -quick for a ~5 minute
 # smoke run, -sections a,c to pick sections, -roles 10000 for section f's
-# size, -h for every knob. A run of some sections only replaces their rows
-# in table.txt and results.json and keeps the others'.
+# size, -entities 100 -entity-roles 10 for section g's (per-entity
+# credentials), -h for every knob. A run of some sections only replaces
+# their rows in table.txt and results.json and keeps the others'.
 #
 # Not run by CI, and a missed target never fails it: the exit status is
-# non-zero only when the bench cannot run. A full run takes about 14 minutes
-# on 2 cores (section f, scale, about 6 of them at its default -roles 2000);
-# it needs the pinned Vault (scripts/vault.sh builds it once).
+# non-zero only when the bench cannot run. A full run takes about 17 minutes
+# on 2 cores (section f, scale, about 6 of them at its default -roles 2000;
+# section g, per-entity credentials, about 3); it needs the pinned Vault
+# (scripts/vault.sh builds it once).
 #
 # Environment:
 #   PLUGIN_REF  build the plugin from this commit (git archive) instead of
