@@ -106,6 +106,9 @@ type backend struct {
 	// passWorkers: see backendOptions.
 	passWorkers int
 
+	// index is the schedule index (schedindex.go); it has its own locks.
+	index *schedIndex
+
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
 	state *roleStates
@@ -154,6 +157,7 @@ type backend struct {
 	planGen     uint64
 	planHeld    int  // holdPlan calls not yet released
 	running     bool // the refresher schedules cycles (write-safe node, started)
+	passDone    bool // a reconciler pass has completed without error
 	closed      bool
 	bgWG        sync.WaitGroup
 	bgCtx       context.Context
@@ -200,7 +204,8 @@ func newBackend(opts backendOptions) *backend {
 		plan:        newDueHeap(),
 		startDone:   make(chan struct{}),
 	}
-	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() })
+	b.index = new(schedIndex)
+	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers
 	}
@@ -295,6 +300,9 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 			b.warmMirror(ctx)
 			return
 		}
+		// Plan every warm role from the schedule index first, in a few
+		// reads; the full pass then checks each role against its record.
+		b.startFromIndex(ctx)
 		if err := b.reconcile(ctx); err != nil {
 			// The retry is ours to make: reconcile has armed it.
 			b.Logger().Error("refresher start failed, retrying", "error", err)

@@ -13,6 +13,9 @@ type schedEntry struct {
 	seq uint64
 	// idx is the entry's place in the heap; -1 once it left it.
 	idx int
+	// hint: planned from the schedule index at start, not yet checked
+	// against the role's own record (see schedindex.go).
+	hint bool
 }
 
 // dueHeap is the refresher's whole plan: every scheduled role's next cycle
@@ -32,14 +35,17 @@ func newDueHeap() *dueHeap {
 }
 
 // set plans the role's next cycle at at, replacing any earlier plan.
-func (h *dueHeap) set(name string, at time.Time) {
+func (h *dueHeap) set(name string, at time.Time) { h.put(name, at, false) }
+
+// put is set, for a hint (an unchecked plan) when hint is true.
+func (h *dueHeap) put(name string, at time.Time, hint bool) {
 	h.seq++
 	if e := h.byName[name]; e != nil {
-		e.at, e.seq = at, h.seq
+		e.at, e.seq, e.hint = at, h.seq, hint
 		heap.Fix((*dueOrder)(h), e.idx)
 		return
 	}
-	e := &schedEntry{name: name, at: at, seq: h.seq}
+	e := &schedEntry{name: name, at: at, seq: h.seq, hint: hint}
 	h.byName[name] = e
 	heap.Push((*dueOrder)(h), e)
 }
@@ -57,6 +63,12 @@ func (h *dueHeap) get(name string) (time.Time, bool) {
 		return e.at, true
 	}
 	return time.Time{}, false
+}
+
+// checked reports whether the role has a plan that is not a hint.
+func (h *dueHeap) checked(name string) bool {
+	e := h.byName[name]
+	return e != nil && !e.hint
 }
 
 // earliest returns the first due time; ok is false when nothing is planned.

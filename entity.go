@@ -346,6 +346,7 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 	r.mu.Lock()
 	delete(r.m, key)
 	r.mu.Unlock()
+	r.index.drop(ctx, s, key)
 	return nil
 }
 

@@ -195,6 +195,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		}
 		d["cache_scope"] = cacheScopeEntity
 		d["state"] = sum.state()
+		d["next_refresh"] = "" // each entity credential has its own plan
 		d["entities"] = sum.count
 		d["entity_states"] = states
 	}

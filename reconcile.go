@@ -91,9 +91,10 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 		b.bgMu.Unlock()
 		return nil
 	}
-	started := !b.running
 	b.running = true
+	first := !b.passDone
 	b.bgMu.Unlock()
+	idx := newPassIndex()
 
 	var (
 		errs    []error
@@ -110,7 +111,7 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	// independent (each under its own store lock).
 	var entityRoles []string
 	b.forEachParallel(names, func(name string) {
-		od, err := b.reconcileRole(ctx, name, false, passStart)
+		od, err := b.reconcileRole(ctx, name, false, passStart, idx)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -137,7 +138,7 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 			listed[keys[i]] = true
 		}
 		b.forEachParallel(keys, func(key string) {
-			od, err := b.reconcileRole(ctx, key, false, passStart)
+			od, err := b.reconcileRole(ctx, key, false, passStart, idx)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -151,7 +152,7 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	// created since the list was read: it is read again.
 	for _, name := range b.state.names() {
 		if !listed[name] {
-			od, err := b.reconcileRole(ctx, name, true, passStart)
+			od, err := b.reconcileRole(ctx, name, true, passStart, idx)
 			if err != nil {
 				errs = append(errs, err)
 			} else if od != nil {
@@ -159,7 +160,12 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 			}
 		}
 	}
-	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart)...)
+	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
+	// The schedule index now says what the pass found; keys it did not
+	// reach (an error, a cycle running) keep their entries.
+	if err := b.index.repair(ctx, s, idx.want, func(key string) bool { return !idx.reached[key] || b.inFlight(key) }); err != nil {
+		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
+	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
 		keys, err := s.List(ctx, prefix)
 		if err != nil {
@@ -187,10 +193,36 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	if err := b.resumeRotation(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("planning the root key rotation: %w", err))
 	}
-	if started {
-		b.Logger().Info("refresher started", "roles", len(names))
+	if first && len(errs) == 0 {
+		b.bgMu.Lock()
+		b.passDone = true
+		b.bgMu.Unlock()
+		b.Logger().Info("first reconciler pass done", "roles", len(names), "took", b.clock.Now().Sub(passStart))
 	}
 	return errors.Join(errs...)
+}
+
+// passIndex collects what a pass found for the schedule index: each warm
+// key's plan and expiry (want), and every key it reconciled (reached).
+type passIndex struct {
+	mu      sync.Mutex
+	want    map[string]indexItem
+	reached map[string]bool
+}
+
+func newPassIndex() *passIndex {
+	return &passIndex{want: map[string]indexItem{}, reached: map[string]bool{}}
+}
+
+func (p *passIndex) record(key string, plan, exp time.Time, warm bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reached[key] = true
+	if warm {
+		p.want[key] = newIndexItem(plan, exp)
+	} else {
+		delete(p.want, key)
+	}
 }
 
 // overdueRole is a warm role whose next cycle was due before the pass
@@ -234,7 +266,7 @@ func (b *backend) forEachParallel(names []string, f func(name string)) {
 // reread reads it from storage even when it is mirrored. A warm role with
 // nothing planned or running is scheduled at its plan, unless that plan is
 // due by passStart: such a role is returned instead, for scheduleOverdue.
-func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, passStart time.Time) (*overdueRole, error) {
+func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
 	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
@@ -246,6 +278,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 		return nil, err
 	}
 	if rs == nil {
+		idx.record(name, time.Time{}, time.Time{}, false)
 		return nil, nil
 	}
 	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
@@ -258,24 +291,32 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 		}
 		b.metrics.entityDropped(dropIdle)
 		b.Logger().Info("dropped entity credential", "role", roleOf(name), "reason", dropIdle)
+		idx.record(name, time.Time{}, time.Time{}, false)
 		return nil, nil
+	}
+	var exp time.Time
+	if rs.cred != nil {
+		exp = rs.cred.Expiration
 	}
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
+		idx.record(name, time.Time{}, time.Time{}, false)
 		return nil, nil
 	}
-	if _, ok := b.scheduledAt(name); ok || b.inFlight(name) {
+	if at, ok := b.scheduledAt(name); ok && b.planChecked(name) {
+		idx.record(name, at, exp, true)
 		return nil, nil
 	}
+	if b.inFlight(name) {
+		return nil, nil // its commit writes the index
+	}
+	// Not planned, or planned from the index: the role's own plan.
 	at := b.plannedRefresh(rs)
 	if !at.After(passStart) {
-		od := &overdueRole{name: name}
-		if rs.cred != nil {
-			od.expiry = rs.cred.Expiration
-		}
-		return od, nil
+		return &overdueRole{name: name, expiry: exp}, nil
 	}
 	b.schedule(name, at)
+	idx.record(name, at, exp, true)
 	return nil, nil
 }
 
@@ -286,7 +327,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 // the credentials closest to expiry are refreshed first, not the first in
 // storage-list order. Each is checked again under its store lock, since the
 // role may have changed, been read or been deleted since the pass saw it.
-func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time) []error {
+func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time, idx *passIndex) []error {
 	sort.SliceStable(overdue, func(i, j int) bool { return overdue[i].expiry.Before(overdue[j].expiry) })
 	if len(overdue) > 1 {
 		// One batch: the first ones must not start on their own before the
@@ -295,31 +336,43 @@ func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, pa
 	}
 	var errs []error
 	for _, od := range overdue {
-		if err := b.scheduleOverdueRole(ctx, od.name, passStart); err != nil {
+		if err := b.scheduleOverdueRole(ctx, od.name, passStart, idx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errs
 }
 
-func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStart time.Time) error {
+func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStart time.Time, idx *passIndex) error {
 	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
 	rs, err := b.state.currentLocked(ctx, b.storage, name)
-	if err != nil || rs == nil || !rs.warm() {
+	if err != nil {
 		return err
 	}
-	if _, ok := b.scheduledAt(name); ok || b.inFlight(name) {
+	if rs == nil || !rs.warm() {
+		idx.record(name, time.Time{}, time.Time{}, false)
+		return nil
+	}
+	var exp time.Time
+	if rs.cred != nil {
+		exp = rs.cred.Expiration
+	}
+	if at, ok := b.scheduledAt(name); ok && b.planChecked(name) {
+		idx.record(name, at, exp, true)
+		return nil
+	}
+	if b.inFlight(name) {
 		return nil
 	}
 	at := b.plannedRefresh(rs)
-	if at.After(passStart) {
-		// Its plan moved (a cycle ran meanwhile and committed).
-		b.schedule(name, at)
-		return nil
+	if !at.After(passStart) {
+		at = passStart
 	}
-	b.schedule(name, passStart)
+	// (A plan that moved past passStart: a cycle ran meanwhile.)
+	b.schedule(name, at)
+	idx.record(name, at, exp, true)
 	return nil
 }
 

@@ -111,13 +111,23 @@ func doneFlight(gen uint64, res cycleResult) *flight {
 // its queue horizon; the cycle then starts at that slot and makes its first
 // attempt there, without jitter.
 func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
+	return b.startFlightLockedHint(name, urgent, herd, false)
+}
+
+// startFlightLockedHint is startFlightLocked for a plan that may be a hint
+// from the schedule index: such a cycle first checks the role's own plan
+// (checkHint), and may start before the role was ever read on this node.
+func (b *backend) startFlightLockedHint(name string, urgent, herd, hint bool) *flight {
 	// The generation is read under flightMu, so two callers racing a role
 	// change agree on which flight is current.
 	rs := b.state.peek(name)
-	if rs == nil {
+	var gen uint64 // 0: not read yet (a hint); checkHint sets it
+	switch {
+	case rs != nil:
+		gen = rs.gen
+	case !hint:
 		return doneFlight(0, cycleResult{err: errRoleChanged})
 	}
-	gen := rs.gen
 	prev := b.flights[name]
 	if prev != nil && prev.gen == gen && (urgent || !prev.ending.Load()) {
 		if urgent {
@@ -133,7 +143,11 @@ func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
 	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
 	if herd && !urgent && prev == nil {
 		now := b.clock.Now()
-		if at, ok := b.limiter.reserve(now, queueHorizon(now, b.getRefreshCfg(), rs.cred)); ok {
+		var cred *cacheEntry
+		if rs != nil {
+			cred = rs.cred
+		}
+		if at, ok := b.limiter.reserve(now, queueHorizon(now, b.getRefreshCfg(), cred)); ok {
 			f.slot = at
 		}
 	}
@@ -150,6 +164,9 @@ func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
 			// Started by a timer that fired while prev committed, which
 			// planned the next cycle since: nothing is due now.
 			res = prev.res
+		} else if hint && !b.checkHint(ctx, name, f) {
+			// The index's plan was not the role's: it is planned at its
+			// own now (or not at all), and no cycle runs.
 		} else {
 			start := b.clock.Now()
 			res = b.runCycle(ctx, name, f)
@@ -280,7 +297,7 @@ func (b *backend) fireDue(gen uint64) {
 	// times and giving up blocks.
 	herd := len(due) > 1 && len(due) > b.limiter.capacity(b.getRefreshCfg().block())
 	for _, e := range due {
-		b.startFlightLocked(e.name, false, herd)
+		b.startFlightLockedHint(e.name, false, herd, e.hint)
 	}
 }
 
@@ -321,6 +338,14 @@ func (b *backend) rolesInPlan() int {
 		}
 	}
 	return n
+}
+
+// planChecked reports whether the role has a plan on this node that is its
+// own, not a hint from the schedule index.
+func (b *backend) planChecked(name string) bool {
+	b.bgMu.RLock()
+	defer b.bgMu.RUnlock()
+	return b.plan.checked(name)
 }
 
 // scheduledAt returns when the role's next cycle is due on this node.

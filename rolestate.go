@@ -53,6 +53,10 @@ type roleStates struct {
 	// now is the backend's clock.
 	now func() time.Time
 
+	// index is the schedule index (schedindex.go), told of every plan a
+	// commit makes and of every key a change drops.
+	index *schedIndex
+
 	// sched is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
 	// role change's unschedule cannot cross.
@@ -99,8 +103,8 @@ type roleState struct {
 	known bool
 }
 
-func newRoleStates(sched scheduler, now func() time.Time) *roleStates {
-	return &roleStates{m: make(map[string]*roleState), locks: locksutil.CreateLocks(), sched: sched, now: now}
+func newRoleStates(sched scheduler, now func() time.Time, index *schedIndex) *roleStates {
+	return &roleStates{m: make(map[string]*roleState), locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
@@ -358,7 +362,16 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		delete(r.m, k)
 	}
 	r.mu.Unlock()
+	r.dropFromIndex(ctx, s, name, ents)
 	return nil
+}
+
+// dropFromIndex removes the role's keys from the schedule index.
+func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name string, ents []string) {
+	r.index.drop(ctx, s, name)
+	for _, k := range ents {
+		r.index.drop(ctx, s, k)
+	}
 }
 
 // markRoleLocked marks the role and each of its mirrored entity credentials
@@ -397,6 +410,7 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 		delete(r.m, k)
 	}
 	r.mu.Unlock()
+	r.dropFromIndex(ctx, s, name, ents)
 	return nil
 }
 
@@ -455,6 +469,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	r.m[name] = &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty, use: rs.use, known: true}
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
+	r.index.set(ctx, s, name, next, stored.Expiration)
 	return nil
 }
 
@@ -485,6 +500,11 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	r.m[name] = &copied
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
+	var exp time.Time
+	if rs.cred != nil {
+		exp = rs.cred.Expiration
+	}
+	r.index.set(ctx, s, name, next, exp)
 	return st, rs.cred, next, nil
 }
 

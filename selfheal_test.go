@@ -106,7 +106,14 @@ func TestSelfHeal_StartFailure(t *testing.T) {
 			f.b.Cleanup(context.Background())
 
 			fs := newFaultStorage(f.s, 2)
-			fs.failNext(tc.op, tc.key, 1, false)
+			fails := 1
+			if tc.key == configRefreshPath {
+				fails = 2 // read by the start from the index, then by the pass
+			}
+			fs.failNext(tc.op, tc.key, fails, false)
+			// The schedule index cannot be read either: the pass alone
+			// plans the roles (TestScheduleIndex_* cover the index).
+			fs.failNext("list", schedPrefix, 1, false)
 			g, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMax, storage: fs, wrapSTS: f.log.wrap})
 			if _, ok := g.scheduledAt(testRole); ok {
 				t.Fatal("scheduled although the start failed")
@@ -665,7 +672,7 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
 	}
 	// A reconciler pass now sees the role scheduled and leaves it alone.
-	if od, err := f.b.reconcileRole(context.Background(), testRole, false, f.clock.Now()); err != nil || od != nil {
+	if od, err := f.b.reconcileRole(context.Background(), testRole, false, f.clock.Now(), newPassIndex()); err != nil || od != nil {
 		f.b.flightMu.Unlock()
 		t.Fatalf("reconcileRole: overdue %v, error %v; want neither", od, err)
 	}

@@ -37,7 +37,8 @@ func (g *gateStorage) List(ctx context.Context, prefix string) ([]string, error)
 // Vault waits on Initialize before the mount serves anything, so the first
 // pass over every role must not hold it: Initialize returns while the pass
 // is still listing roles, a cached credential is served meanwhile (from
-// storage, with no STS call), and the role is scheduled once the pass ends.
+// storage, with no STS call), the role is planned from the schedule index
+// meanwhile, and the pass confirms that plan.
 func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	want := f.mustReadCreds(testRole).Data["access_key"]
@@ -75,8 +76,13 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	if n := len(f.log.all()); n != calls {
 		t.Fatalf("%d STS calls during the first pass, want none", n-calls)
 	}
-	if _, ok := b.scheduledAt(testRole); ok {
-		t.Fatal("the role is scheduled before the pass that schedules it has listed it")
+	// The schedule index planned it before the pass began, at the plan
+	// its last commit recorded.
+	if at, ok := b.scheduledAt(testRole); !ok || !at.Equal(plan) {
+		t.Fatalf("while the first pass is held the role is planned at %v (%v), want %v from the schedule index", at, ok, plan)
+	}
+	if b.planChecked(testRole) {
+		t.Fatal("a plan from the index counts as checked before the pass read the role")
 	}
 
 	close(g.gate)
@@ -85,6 +91,9 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	}
 	if at, ok := b.scheduledAt(testRole); !ok || !at.Equal(plan) {
 		t.Fatalf("after the first pass the role is scheduled at %v (%v), want %v, its recorded plan", at, ok, plan)
+	}
+	if !b.planChecked(testRole) {
+		t.Fatal("after the first pass the role's plan is still the index's hint")
 	}
 }
 

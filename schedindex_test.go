@@ -1,0 +1,282 @@
+package awsresilient
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// storedIndex reads every shard of the schedule index from storage.
+func storedIndex(t *testing.T, s logical.Storage) map[string]indexItem {
+	t.Helper()
+	keys, err := s.List(context.Background(), schedPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]indexItem{}
+	for _, k := range keys {
+		var i int
+		if _, err := fmt.Sscan(k, &i); err != nil {
+			t.Fatalf("index shard %q", k)
+		}
+		items, err := readShard(context.Background(), s, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, it := range items {
+			out[key] = it
+		}
+	}
+	return out
+}
+
+// roleGate holds every read of a role's own entries (roles/, cache/,
+// status/) until open is closed, and counts them.
+type roleGate struct {
+	logical.Storage
+	open  chan struct{}
+	mu    sync.Mutex
+	reads int
+}
+
+func (g *roleGate) Get(ctx context.Context, key string) (*logical.StorageEntry, error) {
+	if strings.HasPrefix(key, rolePrefix) || strings.HasPrefix(key, cachePrefix) || strings.HasPrefix(key, statusPrefix) {
+		g.mu.Lock()
+		g.reads++
+		g.mu.Unlock()
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return g.Storage.Get(ctx, key)
+}
+
+func (g *roleGate) List(ctx context.Context, prefix string) ([]string, error) {
+	if prefix == rolePrefix {
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return g.Storage.List(ctx, prefix)
+}
+
+// Each commit records the key's plan and expiry in the index; a node that
+// starts plans every warm key from it, at exactly the recorded plans,
+// before it has read a single role.
+func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true})
+	const n = 20
+	plans := map[string]time.Time{}
+	for i := range n {
+		name := fmt.Sprintf("r%02d", i)
+		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
+		f.mustReadCreds(name)
+		at, _ := f.b.scheduledAt(name)
+		plans[name] = at
+	}
+	idx := storedIndex(t, f.s)
+	for name, at := range plans {
+		c := cached(t, f.s, name)
+		if it, ok := idx[name]; !ok || !it.next().Equal(at) || !it.exp().Equal(c.Expiration) {
+			t.Fatalf("index entry of %s = %v (%v), want plan %v and expiry %v", name, it, ok, at, c.Expiration)
+		}
+	}
+	f.b.Cleanup(context.Background())
+
+	g := &roleGate{Storage: f.s, open: make(chan struct{})}
+	b2 := startBackendOn(t, f, g)
+	waitFor(t, "every role to be planned", func() bool { return b2.rolesInPlan() == n })
+	for name, at := range plans {
+		if got, _ := b2.scheduledAt(name); !got.Equal(at) {
+			t.Errorf("%s planned at %v, want %v", name, got, at)
+		}
+	}
+	g.mu.Lock()
+	reads := g.reads
+	g.mu.Unlock()
+	if reads != 0 {
+		t.Errorf("%d reads of role entries before every role was planned, want 0", reads)
+	}
+	close(g.open)
+	if err := b2.waitStarted(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for name := range plans {
+		if !b2.planChecked(name) {
+			t.Errorf("%s's plan is still a hint after the first pass", name)
+		}
+	}
+}
+
+// startBackendOn starts a new backend (a restart, a failover) on storage s,
+// on the fixture's clock and STS log, without waiting for its first pass.
+func startBackendOn(t *testing.T, f *fixture, s logical.Storage) *backend {
+	t.Helper()
+	return startBackendOnWith(t, f, s, nil)
+}
+
+func startBackendOnWith(t *testing.T, f *fixture, s logical.Storage, onFlight func(string, *flight)) *backend {
+	t.Helper()
+	config := logical.TestBackendConfig()
+	config.StorageView = s
+	b, err := newBackendWith(context.Background(), config, backendOptions{clock: f.clock, rand: randMin, wrapSTS: f.log.wrap, onPlan: f.clock.Poke, onFlight: onFlight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Cleanup(context.Background()) })
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s}); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// putIndex replaces the index entry of key in storage.
+func putIndex(t *testing.T, s logical.Storage, key string, next, exp time.Time) {
+	t.Helper()
+	i := shardOf(key)
+	items, err := readShard(context.Background(), s, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.IsZero() {
+		delete(items, key)
+	} else {
+		items[key] = newIndexItem(next, exp)
+	}
+	if err := writeShard(context.Background(), s, i, items); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An index entry that says a role is due sooner than its own record (a
+// write of the index that failed) costs a wake-up, not an STS call: the
+// role is planned at its own plan instead. An entry for a role that is
+// gone plans nothing and leaves the index.
+func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	plan, _ := f.b.scheduledAt(testRole)
+	exp := cached(t, f.s, testRole).Expiration
+	f.b.Cleanup(context.Background())
+	early := f.clock.Now().Add(time.Minute)
+	putIndex(t, f.s, testRole, early, exp)
+	putIndex(t, f.s, "gone", early, exp)
+
+	// The hints fire before the first pass has read the roles.
+	g := &roleGate{Storage: f.s, open: make(chan struct{})}
+	close(g.open) // reads pass; the role list waits
+	hold := &gateStorage{Storage: g, gate: make(chan struct{}), listing: make(chan struct{})}
+	b2 := startBackendOn(t, f, hold)
+	<-hold.listing
+	if at, ok := b2.scheduledAt(testRole); !ok || !at.Equal(early) {
+		t.Fatalf("planned at %v (%v), want the index's %v", at, ok, early)
+	}
+	calls := len(f.log.all())
+	f.clock.AdvanceTo(early)
+	waitFor(t, "the hint to be checked", func() bool { return b2.planChecked(testRole) })
+	if at, _ := b2.scheduledAt(testRole); !at.Equal(plan) {
+		t.Errorf("after the hint: planned at %v, want the role's own %v", at, plan)
+	}
+	waitFor(t, "the gone role's hint to end", func() bool { _, ok := b2.scheduledAt("gone"); return !ok && !b2.inFlight("gone") })
+	if n := len(f.log.all()); n != calls {
+		t.Errorf("%d STS calls for stale hints, want 0", n-calls)
+	}
+	close(hold.gate)
+	if err := b2.waitStarted(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	idx := storedIndex(t, f.s)
+	if _, ok := idx["gone"]; ok {
+		t.Error("the gone role is still in the index")
+	}
+	if it := idx[testRole]; !it.next().Equal(plan) {
+		t.Errorf("index entry after the pass = %v, want the role's plan %v", it.next(), plan)
+	}
+}
+
+// A commit whose index write fails keeps its credential and plan; the
+// index entry is missing until the reconciler's pass writes it, and a start
+// meanwhile plans the role from the pass.
+func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	fs := newFaultStorage(f.s, 3)
+	f.b.Cleanup(context.Background())
+	b := startBackendOn(t, f, fs)
+	if err := b.waitStarted(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.b = b
+	f.s = fs
+	fs.failNext("put", schedPrefix, 1, false)
+	f.mustReadCreds(testRole)
+	plan, ok := b.scheduledAt(testRole)
+	if !ok {
+		t.Fatal("the role is not planned after its index write failed")
+	}
+	if _, ok := storedIndex(t, f.s)[testRole]; ok {
+		t.Fatal("the failed index write is in storage")
+	}
+	periodicPass(t, b, fs)
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.next().Equal(plan) {
+		t.Fatalf("after the pass the index has %v (%v), want %v", it.next(), ok, plan)
+	}
+}
+
+// Roles that fell due while no node refreshed start, from the index alone,
+// all at once and soonest expiry first, before the pass has listed a role.
+func TestScheduleIndex_OverdueFromIndexSoonestExpiryFirst(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true})
+	names := []string{"r0", "r1", "r2", "r3"}
+	for _, name := range names {
+		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
+		f.mustReadCreds(name)
+	}
+	f.b.Cleanup(context.Background())
+	// No node refreshed for 9 minutes: every role is past its plan. The
+	// index gives their expiries in the order r2, r0, r3, r1.
+	f.clock.Advance(9 * time.Minute)
+	now := f.clock.Now()
+	for name, s := range map[string]int{"r0": 20, "r1": 40, "r2": 10, "r3": 30} {
+		putIndex(t, f.s, name, now.Add(-time.Minute), now.Add(time.Duration(s)*time.Second))
+	}
+	var (
+		mu     sync.Mutex
+		starts []string
+	)
+	hold := &gateStorage{Storage: f.s, gate: make(chan struct{}), listing: make(chan struct{})}
+	t.Cleanup(func() { close(hold.gate) })
+	b2 := startBackendOnWith(t, f, hold, func(name string, _ *flight) {
+		mu.Lock()
+		defer mu.Unlock()
+		starts = append(starts, name)
+	})
+	waitFor(t, "four cycles to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(starts) == len(names)
+	})
+	mu.Lock()
+	got := strings.Join(starts, ",")
+	mu.Unlock()
+	if want := "r2,r0,r3,r1"; got != want {
+		t.Errorf("cycles started in the order %s, want soonest expiry first %s", got, want)
+	}
+	waitFor(t, "every role to be refreshed", func() bool {
+		for _, name := range names {
+			if c := cached(t, f.s, name); !c.IssuedAt.Equal(now) {
+				return false
+			}
+		}
+		return true
+	})
+	_ = b2
+}
