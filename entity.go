@@ -122,7 +122,8 @@ type stsSession struct {
 	sourceIdentity string
 }
 
-// errEntityGone: the entity a credential was cached for no longer exists.
+// errEntityGone: the entity a credential was cached for no longer exists,
+// or is disabled.
 var errEntityGone = errors.New("the Vault entity no longer exists")
 
 // sessionFor names the STS session for the key: the role's own session name,
@@ -138,10 +139,17 @@ func (b *backend) sessionFor(key string, role *roleEntry) (stsSession, error) {
 	if err != nil {
 		return stsSession{}, fmt.Errorf("looking up entity %s: %w", entityID, err)
 	}
-	if e == nil {
+	if e == nil || e.Disabled {
 		return stsSession{}, errEntityGone
 	}
 	return role.entitySession(name, e)
+}
+
+// entityGone reports whether Vault says the entity was deleted or disabled;
+// false when it cannot tell (the lookup failed).
+func (b *backend) entityGone(entityID string) bool {
+	e, err := b.System().EntityInfo(entityID)
+	return err == nil && (e == nil || e.Disabled)
 }
 
 // entitySession renders the role's session name for the entity and its
@@ -401,6 +409,17 @@ func (r *roleStates) entityEntries(name string) map[string]map[string]*roleState
 type entitySummary struct {
 	count   int
 	byState map[string]int
+	// worst is the status of the entity credential failing longest (most
+	// failed cycles, then the latest attempt), or of the one refreshed
+	// last when none fails: what the role's alerts look at.
+	worst *statusEntry
+	// worstID is that entity's ID.
+	worstID string
+	// lastAttempt and lastSuccess are the latest of any entity.
+	lastAttempt, lastSuccess time.Time
+	// expiringFailing: an entity credential whose last cycle failed with
+	// less than two retry windows of validity left.
+	expiringFailing bool
 }
 
 // stateSeverity orders states from the worst: the state of an entity-scoped
@@ -430,6 +449,23 @@ func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfi
 			}
 			s.count++
 			s.byState[b.report(key, rs, now, cfg, refresher).state]++
+			st := rs.status
+			if st.LastAttempt.After(s.lastAttempt) {
+				s.lastAttempt = st.LastAttempt
+			}
+			if st.LastSuccess.After(s.lastSuccess) {
+				s.lastSuccess = st.LastSuccess
+			}
+			if st.FailedCycles >= 1 && rs.cred.validAt(now) && rs.cred.Expiration.Sub(now) < 2*cfg.RetryWindow {
+				s.expiringFailing = true
+			}
+			if w := s.worst; w == nil || st.FailedCycles > w.FailedCycles ||
+				st.FailedCycles == w.FailedCycles && st.LastAttempt.After(w.LastAttempt) {
+				s.worst, s.worstID = st, key[len(role)+1:]
+			}
+		}
+		if s.worst == nil {
+			s.worst = &statusEntry{}
 		}
 		out[role] = s
 	}

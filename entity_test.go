@@ -401,3 +401,56 @@ func TestEntity_RefreshPathRefreshesEveryEntity(t *testing.T) {
 		t.Errorf("refresh status = %v", st)
 	}
 }
+
+// The reconciler's pass drops the credential of an entity that Vault
+// deleted or disabled, with no STS call, without waiting for its refresh.
+func TestEntity_ReconcilerDropsGoneEntities(t *testing.T) {
+	f, ents := newEntityFixture(t, nil)
+	f.mustReadAs(entityRole, aliceID)
+	f.mustReadAs(entityRole, bobID)
+	ents.remove(bobID)
+	ents.mu.Lock()
+	ents.ents[aliceID].Disabled = true
+	ents.mu.Unlock()
+	calls := len(f.assumeRoleCalls())
+	periodicPass(t, f.b, f.s)
+	if ids := storedEntities(t, f.s, entityRole); len(ids) != 0 {
+		t.Errorf("stored entities after the pass = %v, want none", ids)
+	}
+	for _, id := range []string{aliceID, bobID} {
+		if _, ok := f.b.scheduledAt(entityKey(entityRole, id)); ok {
+			t.Errorf("%s's credential is still scheduled", id)
+		}
+	}
+	if v := counterValue(t, f.b.metrics.entityDrops.WithLabelValues(dropEntityGone)); v != 2 {
+		t.Errorf("entity_gone drops counted = %v, want 2", v)
+	}
+	if n := len(f.assumeRoleCalls()); n != calls {
+		t.Errorf("%d STS calls, want 0", n-calls)
+	}
+	resp, err := f.readAs(entityRole, aliceID)
+	wantBadRequest(t, resp, err, "is disabled")
+}
+
+// An entity-scoped role's status and metrics carry the failures of its
+// entity credentials, so the failing-refresh alerts fire for them.
+func TestEntity_StatusAndMetricsShowAFailingEntity(t *testing.T) {
+	f, _ := newEntityFixture(t, nil)
+	f.mustReadAs(entityRole, aliceID)
+	f.clock.Advance(time.Minute) // bob's refresh comes a minute after alice's
+	f.mustReadAs(entityRole, bobID)
+	f.emu.SetFaults(alwaysFail(stsemu.FaultAccessDenied))
+	aliceKey := entityKey(entityRole, aliceID)
+	for range 2 {
+		f.fireScheduled(aliceKey)
+	}
+	st := f.status(entityRole)
+	if st["failed_cycles"] != 2 || !strings.HasPrefix(st["last_error"].(string), "entity "+aliceID+": AccessDenied") || st["state"] != stateStale {
+		t.Errorf("status = failed_cycles %v, last_error %q, state %v; want 2, alice's AccessDenied, stale", st["failed_cycles"], st["last_error"], st["state"])
+	}
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_role_failed_cycles", role(entityRole), 2)
+	sc.want("aws_resilient_roles_refresh_failing", nil, 1)
+	sc.want("aws_resilient_entity_credentials", map[string]string{"state": stateStale}, 1)
+	sc.want("aws_resilient_entity_credentials", map[string]string{"state": stateFresh}, 1)
+}

@@ -77,7 +77,7 @@ func (v *entityView) EntityInfo(id string) (*logical.Entity, error) {
 	if e == nil {
 		return nil, nil
 	}
-	return &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata)}, nil
+	return &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata), Disabled: e.Disabled}, nil
 }
 
 // set creates or replaces an entity.

@@ -178,6 +178,9 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	if e == nil {
 		return logical.ErrorResponse("the token's Vault entity %s does not exist (deleted since the login?)", req.EntityID), nil
 	}
+	if e.Disabled {
+		return logical.ErrorResponse("the token's Vault entity %s is disabled", req.EntityID), nil
+	}
 	rs, err := b.state.admit(ctx, req.Storage, key, now)
 	var tooMany errTooManyEntities
 	switch {

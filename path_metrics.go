@@ -117,7 +117,16 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 			if entities == nil {
 				entities = b.summarizeEntities("", now, cfg, active)
 			}
-			r = roleReport{state: entities[name].state()}
+			sum := entities[name]
+			r = roleReport{state: sum.state()}
+			if sum.worst == nil {
+				sum.worst = &statusEntry{}
+			}
+			// Its entities' figures, so that the alerts fire for them.
+			rs = &roleState{role: rs.role, status: &statusEntry{FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess}}
+			if sum.expiringFailing {
+				expiringFailing++
+			}
 		}
 		byState[r.state]++
 		if rs.cred.validAt(now) {

@@ -189,6 +189,9 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	if rs.role.entityScoped() {
 		// The role's own entry holds no credential: its entities' do.
 		sum := b.summarizeEntities(name, now, cfg, b.WriteSafeReplicationState())[name]
+		if sum.worst == nil {
+			sum.worst = &statusEntry{} // no entity credential yet
+		}
 		states := map[string]interface{}{}
 		for _, st := range roleStateNames {
 			states[st] = sum.byState[st]
@@ -198,6 +201,16 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		d["next_refresh"] = "" // each entity credential has its own plan
 		d["entities"] = sum.count
 		d["entity_states"] = states
+		// What the alerts watch: the entity credential failing longest.
+		d["last_attempt"] = formatTime(sum.lastAttempt)
+		d["last_success"] = formatTime(sum.lastSuccess)
+		d["attempts_last_cycle"] = sum.worst.AttemptsLastCycle
+		d["failed_cycles"] = sum.worst.FailedCycles
+		d["last_error"] = ""
+		if sum.worst.LastError != "" {
+			d["last_error"] = fmt.Sprintf("entity %s: %s", sum.worstID, sum.worst.LastError)
+		}
+		d["rate_limited_since"] = ""
 	}
 	return d, nil
 }

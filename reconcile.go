@@ -284,15 +284,25 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
 		return nil, err
 	}
-	if rs.use != nil && rs.idle(b.clock.Now()) {
-		// An entity credential nobody read for entity_idle_ttl.
-		if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
-			return nil, err
+	if _, entityID := splitKey(name); entityID != "" {
+		// An entity credential nobody read for entity_idle_ttl, or whose
+		// entity Vault deleted or disabled, costs no more STS calls.
+		reason := ""
+		switch {
+		case rs.idle(b.clock.Now()):
+			reason = dropIdle
+		case b.entityGone(entityID):
+			reason = dropEntityGone
 		}
-		b.metrics.entityDropped(dropIdle)
-		b.Logger().Info("dropped entity credential", "role", roleOf(name), "reason", dropIdle)
-		idx.record(name, time.Time{}, time.Time{}, false)
-		return nil, nil
+		if reason != "" {
+			if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
+				return nil, err
+			}
+			b.metrics.entityDropped(reason)
+			b.Logger().Info("dropped entity credential", "role", roleOf(name), "entity_id", entityID, "reason", reason)
+			idx.record(name, time.Time{}, time.Time{}, false)
+			return nil, nil
+		}
 	}
 	var exp time.Time
 	if rs.cred != nil {
