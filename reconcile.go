@@ -163,7 +163,8 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
 	// The schedule index now says what the pass found; keys it did not
 	// reach (an error, a cycle running) keep their entries.
-	if err := b.index.repair(ctx, s, idx.want, func(key string) bool { return !idx.reached[key] || b.inFlight(key) }); err != nil {
+	want, keep := b.indexWant(idx)
+	if err := b.index.repair(ctx, s, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
 		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
 	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
@@ -202,27 +203,47 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// passIndex collects what a pass found for the schedule index: each warm
-// key's plan and expiry (want), and every key it reconciled (reached).
+// passIndex collects the keys a pass reconciled, for the schedule index.
 type passIndex struct {
 	mu      sync.Mutex
-	want    map[string]indexItem
 	reached map[string]bool
 }
 
-func newPassIndex() *passIndex {
-	return &passIndex{want: map[string]indexItem{}, reached: map[string]bool{}}
-}
+func newPassIndex() *passIndex { return &passIndex{reached: map[string]bool{}} }
 
-func (p *passIndex) record(key string, plan, exp time.Time, warm bool) {
+func (p *passIndex) reach(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.reached[key] = true
-	if warm {
-		p.want[key] = newIndexItem(plan, exp)
-	} else {
-		delete(p.want, key)
+}
+
+// indexWant is what the schedule index should say of the keys the pass
+// reached, as of now (commits during the pass included): each planned
+// key's plan and expiry. Keys with a cycle running, or still planned from
+// a hint, keep their entries (keep); the others, cold or gone, have none.
+func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
+	want, keep = map[string]indexItem{}, map[string]bool{}
+	for key := range idx.reached {
+		if b.inFlight(key) {
+			keep[key] = true
+			continue
+		}
+		b.bgMu.RLock()
+		at, planned := b.plan.get(key)
+		checked := b.plan.checked(key)
+		b.bgMu.RUnlock()
+		switch {
+		case planned && checked:
+			var exp time.Time
+			if rs := b.state.peek(key); rs != nil && rs.cred != nil {
+				exp = rs.cred.Expiration
+			}
+			want[key] = newIndexItem(at, exp)
+		case planned:
+			keep[key] = true
+		}
 	}
+	return want, keep
 }
 
 // overdueRole is a warm role whose next cycle was due before the pass
@@ -278,7 +299,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 		return nil, err
 	}
 	if rs == nil {
-		idx.record(name, time.Time{}, time.Time{}, false)
+		idx.reach(name)
 		return nil, nil
 	}
 	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
@@ -300,7 +321,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 			}
 			b.metrics.entityDropped(reason)
 			b.Logger().Info("dropped entity credential", "role", roleOf(name), "entity_id", entityID, "reason", reason)
-			idx.record(name, time.Time{}, time.Time{}, false)
+			idx.reach(name)
 			return nil, nil
 		}
 	}
@@ -310,11 +331,11 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 	}
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
-		idx.record(name, time.Time{}, time.Time{}, false)
+		idx.reach(name)
 		return nil, nil
 	}
-	if at, ok := b.scheduledAt(name); ok && b.planChecked(name) {
-		idx.record(name, at, exp, true)
+	if b.planChecked(name) {
+		idx.reach(name)
 		return nil, nil
 	}
 	if b.inFlight(name) {
@@ -326,7 +347,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 		return &overdueRole{name: name, expiry: exp}, nil
 	}
 	b.schedule(name, at)
-	idx.record(name, at, exp, true)
+	idx.reach(name)
 	return nil, nil
 }
 
@@ -362,15 +383,11 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStar
 		return err
 	}
 	if rs == nil || !rs.warm() {
-		idx.record(name, time.Time{}, time.Time{}, false)
+		idx.reach(name)
 		return nil
 	}
-	var exp time.Time
-	if rs.cred != nil {
-		exp = rs.cred.Expiration
-	}
-	if at, ok := b.scheduledAt(name); ok && b.planChecked(name) {
-		idx.record(name, at, exp, true)
+	if b.planChecked(name) {
+		idx.reach(name)
 		return nil
 	}
 	if b.inFlight(name) {
@@ -382,7 +399,7 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStar
 	}
 	// (A plan that moved past passStart: a cycle ran meanwhile.)
 	b.schedule(name, at)
-	idx.record(name, at, exp, true)
+	idx.reach(name)
 	return nil
 }
 

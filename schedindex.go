@@ -286,6 +286,9 @@ func (b *backend) planFromIndex(now time.Time) int {
 		if it.next().IsZero() {
 			continue
 		}
+		if _, ok := b.plan.get(key); ok {
+			continue // planned since the start (a read's cycle): its own plan
+		}
 		n++
 		if it.next().After(now) {
 			b.plan.put(key, it.next(), true)
