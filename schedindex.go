@@ -345,6 +345,11 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 	}
 	f.ending.Store(true)
 	b.schedule(key, at)
+	var exp time.Time
+	if rs.cred != nil {
+		exp = rs.cred.Expiration
+	}
+	b.index.set(ctx, b.storage, key, at, exp)
 	return false
 }
 

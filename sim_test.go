@@ -842,6 +842,38 @@ func (s *sim) check() {
 			}
 		}
 	}
+	// The schedule index says what the plan says, so that a node taking
+	// over plans every role where this one would have.
+	idx := map[string]indexItem{}
+	if keys, err := s.mem.List(ctx, schedPrefix); err == nil {
+		for _, k := range keys {
+			var i int
+			fmt.Sscan(k, &i)
+			items, err := readShard(ctx, s.mem, i)
+			if err != nil {
+				s.failf("%v", err)
+			}
+			for key, it := range items {
+				idx[key] = it
+			}
+		}
+	}
+	s.b.flightMu.Lock()
+	s.b.bgMu.RLock()
+	for key, e := range s.b.plan.byName {
+		if s.b.flights[key] != nil || e.hint {
+			continue
+		}
+		s.fig.checks++
+		if it, ok := idx[key]; !ok || !it.next().Equal(e.at) {
+			s.b.bgMu.RUnlock()
+			s.b.flightMu.Unlock()
+			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.at, it.next(), ok)
+		}
+	}
+	s.b.bgMu.RUnlock()
+	s.b.flightMu.Unlock()
+
 	for key := range entityKeys {
 		s.fig.checks += 2
 		rs := s.b.state.peek(key)
