@@ -454,3 +454,55 @@ func TestEntity_StatusAndMetricsShowAFailingEntity(t *testing.T) {
 	sc.want("aws_resilient_entity_credentials", map[string]string{"state": stateStale}, 1)
 	sc.want("aws_resilient_entity_credentials", map[string]string{"state": stateFresh}, 1)
 }
+
+// Concurrent cold reads of one entity share one cycle and one STS call;
+// another entity's read has its own.
+func TestEntity_SingleFlightPerEntity(t *testing.T) {
+	f, _ := newEntityFixture(t, nil)
+	release := make(chan struct{})
+	f.log.before = func() { <-release }
+	readers := []string{aliceID, aliceID, aliceID, bobID}
+	type answer struct {
+		id  string
+		key interface{}
+	}
+	answers := make(chan answer, len(readers))
+	for _, id := range readers {
+		go func() {
+			resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + entityRole, EntityID: id, Storage: f.s})
+			if err != nil || resp.IsError() {
+				t.Errorf("read as %s: %v %v", id, err, respErr(resp))
+				answers <- answer{id, nil}
+				return
+			}
+			answers <- answer{id, resp.Data["access_key"]}
+		}()
+	}
+	aliceKey := entityKey(entityRole, aliceID)
+	waitFor(t, "alice's three readers to join one cycle and both calls to start", func() bool {
+		f.b.flightMu.Lock()
+		fl := f.b.flights[aliceKey]
+		f.b.flightMu.Unlock()
+		return fl != nil && fl.waiters.Load() == 3 && len(f.log.all()) == 2
+	})
+	close(release)
+	got := map[string]map[interface{}]bool{}
+	for range readers {
+		a := <-answers
+		if got[a.id] == nil {
+			got[a.id] = map[interface{}]bool{}
+		}
+		got[a.id][a.key] = true
+	}
+	if len(got[aliceID]) != 1 || len(got[bobID]) != 1 {
+		t.Fatalf("credentials served: %v", got)
+	}
+	for k := range got[aliceID] {
+		if got[bobID][k] {
+			t.Error("alice and bob were served the same credential")
+		}
+	}
+	if n := len(f.log.all()); n != 2 {
+		t.Errorf("STS calls = %d, want 2", n)
+	}
+}
