@@ -163,8 +163,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
 	// The schedule index now says what the pass found; keys it did not
 	// reach (an error, a cycle running) keep their entries.
+	since := b.index.mark()
 	want, keep := b.indexWant(idx)
-	if err := b.index.repair(ctx, s, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
+	if err := b.index.repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
 		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
 	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
@@ -224,14 +225,19 @@ func (p *passIndex) reach(key string) {
 func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
 	want, keep = map[string]indexItem{}, map[string]bool{}
 	for key := range idx.reached {
-		if b.inFlight(key) {
-			keep[key] = true
-			continue
-		}
+		// Both under flightMu, taken first as fireDue takes it: a role
+		// leaves the plan and enters its flight in one step.
+		b.flightMu.Lock()
 		b.bgMu.RLock()
+		_, running := b.flights[key]
 		at, planned := b.plan.get(key)
 		checked := b.plan.checked(key)
 		b.bgMu.RUnlock()
+		b.flightMu.Unlock()
+		if running {
+			keep[key] = true
+			continue
+		}
 		switch {
 		case planned && checked:
 			var exp time.Time

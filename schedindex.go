@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
@@ -62,6 +63,9 @@ func unixTime(n int64) time.Time {
 // least as new as storage's.
 type schedIndex struct {
 	shards [schedShards]indexShard
+	// seq numbers the changes commits make (set, drop), so that a repair
+	// leaves alone what changed after the pass looked (see mark).
+	seq atomic.Uint64
 }
 
 type indexShard struct {
@@ -74,6 +78,9 @@ type indexShard struct {
 	// dirty: items differs from storage (a write failed); the reconciler
 	// writes it.
 	dirty bool
+	// touched holds, per key, the seq of its last change by a commit since
+	// the last repair.
+	touched map[string]uint64
 }
 
 func shardOf(key string) int {
@@ -189,6 +196,10 @@ func (x *schedIndex) change(ctx context.Context, s logical.Storage, key string, 
 	sh := &x.shards[shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if sh.touched == nil {
+		sh.touched = map[string]uint64{}
+	}
+	sh.touched[key] = x.seq.Add(1)
 	if !sh.loaded {
 		return // the start could not read it; the pass writes it whole
 	}
@@ -208,11 +219,17 @@ func writeShard(ctx context.Context, s logical.Storage, i int, items map[string]
 	return s.Put(ctx, &logical.StorageEntry{Key: shardPath(i), Value: b})
 }
 
+// mark returns the seq before a repair's view is taken: changes with a
+// higher seq came later and win over that view.
+func (x *schedIndex) mark() uint64 { return x.seq.Load() }
+
 // repair makes the index say what a reconciler pass found: want holds every
-// warm key the pass reached with its plan; keys the pass could not reach
-// (skip) keep their entries. Shards that change, or were dirty or never
-// loaded, are written. It returns the first write error.
-func (x *schedIndex) repair(ctx context.Context, s logical.Storage, want map[string]indexItem, skip func(key string) bool) error {
+// warm key the pass reached with its plan, as of mark's since; keys the pass
+// could not reach (skip) keep their entries, and so do keys a commit changed
+// after since (a commit during the pass, or between the view and the write).
+// Shards that change, or were dirty or never loaded, are written. It returns
+// the first write error.
+func (x *schedIndex) repair(ctx context.Context, s logical.Storage, since uint64, want map[string]indexItem, skip func(key string) bool) error {
 	byShard := make([]map[string]indexItem, schedShards)
 	for k, it := range want {
 		i := shardOf(k)
@@ -232,6 +249,17 @@ func (x *schedIndex) repair(ctx context.Context, s logical.Storage, want map[str
 		for k, it := range sh.items {
 			if _, ok := next[k]; !ok && skip(k) {
 				next[k] = it
+			}
+		}
+		for k, seq := range sh.touched {
+			if seq <= since {
+				delete(sh.touched, k) // the view saw it
+				continue
+			}
+			if it, ok := sh.items[k]; ok {
+				next[k] = it
+			} else {
+				delete(next, k)
 			}
 		}
 		if !sh.loaded || sh.dirty || !sameItems(sh.items, next) {

@@ -280,3 +280,25 @@ func TestScheduleIndex_OverdueFromIndexSoonestExpiryFirst(t *testing.T) {
 	})
 	_ = b2
 }
+
+// A commit that lands while a pass writes the index back wins over the
+// pass's older view: a role the pass found cold, read and refreshed before
+// the pass's write, keeps its index entry.
+func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	ctx := context.Background()
+	idx := newPassIndex()
+	if _, err := f.b.reconcileRole(ctx, testRole, false, f.clock.Now(), idx); err != nil {
+		t.Fatal(err)
+	}
+	since := f.b.index.mark()
+	want, keep := f.b.indexWant(idx) // the role is cold: no entry wanted
+	f.mustReadCreds(testRole)        // its first cycle commits meanwhile
+	plan, _ := f.b.scheduledAt(testRole)
+	if err := f.b.index.repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[k] || keep[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.next().Equal(plan) {
+		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.next(), ok, plan)
+	}
+}
