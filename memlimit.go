@@ -3,6 +3,7 @@ package awsresilient
 import (
 	"math"
 	"runtime/debug"
+	rtmetrics "runtime/metrics"
 	"sync"
 	"time"
 )
@@ -37,6 +38,7 @@ const scrapeHeadroomFactor = 12
 var memHeadroom struct {
 	mu    sync.Mutex
 	owned bool            // the limit is the plugin's default, set by main
+	floor int64           // that default: the least the limit adapts down to
 	base  int64           // the limit before the first hold, while any is held
 	holds map[*int64]bool // active holds, by identity
 }
@@ -55,6 +57,57 @@ func OwnMemoryLimit() {
 	memHeadroom.mu.Lock()
 	defer memHeadroom.mu.Unlock()
 	memHeadroom.owned = true
+	memHeadroom.floor = debug.SetMemoryLimit(-1)
+}
+
+// The plugin's own limit sits a quarter above the live heap, and at least
+// liveHeapMinHeadroom above it.
+const (
+	liveHeapHeadroomDiv = 4
+	liveHeapMinHeadroom = 8 << 20
+)
+
+// adaptMemoryLimit keeps the plugin's own soft limit above the live heap.
+// The default (32 MiB) returns idle memory to the OS while the cache is
+// small; with 100 000 cached roles the live heap alone is several times
+// that, and a limit below it makes the GC run without pause, capped only by
+// its 50 % CPU limiter: one of two cores spent on GC whatever the work
+// (BENCHMARKS.md, section f). So the limit follows the heap that the last GC
+// found live, plus a quarter, never below the default. An operator's
+// GOMEMLIMIT is never changed.
+func adaptMemoryLimit() {
+	memHeadroom.mu.Lock()
+	defer memHeadroom.mu.Unlock()
+	if !memHeadroom.owned || memHeadroom.floor <= 0 || memHeadroom.floor == math.MaxInt64 {
+		return
+	}
+	live := liveHeap()
+	want := max(memHeadroom.floor, live+max(live/liveHeapHeadroomDiv, liveHeapMinHeadroom))
+	if len(memHeadroom.holds) > 0 {
+		memHeadroom.base = want
+		applyHeadroomLocked()
+		return
+	}
+	debug.SetMemoryLimit(want)
+}
+
+// liveHeap is the heap the last GC found live, in bytes.
+func liveHeap() int64 {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	rtmetrics.Read(s)
+	if s[0].Value.Kind() != rtmetrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
+}
+
+// AdaptMemoryLimit adapts the plugin's own soft memory limit to the live
+// heap every interval, for the life of the process. The plugin binary runs
+// it when the limit is its own.
+func AdaptMemoryLimit(interval time.Duration) {
+	for range time.Tick(interval) {
+		adaptMemoryLimit()
+	}
 }
 
 // holdMemoryHeadroom raises the soft memory limit by n bytes (at most

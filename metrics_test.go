@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -563,4 +564,60 @@ func TestMetrics_ScrapeDuringCycles(t *testing.T) {
 	close(stop)
 	<-done
 	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_roles_defined", nil, 1)
+}
+
+// The plugin's own soft limit follows the live heap (a quarter above it,
+// never below the default), so a large cache does not keep the GC running
+// without pause; an operator's limit is left alone.
+func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() {
+		debug.SetMemoryLimit(prev)
+		memHeadroom.mu.Lock()
+		memHeadroom.owned, memHeadroom.floor = false, 0
+		memHeadroom.mu.Unlock()
+	})
+	limit := func() int64 { return debug.SetMemoryLimit(-1) }
+	const floor = 32 << 20
+
+	// An operator's limit: never adapted.
+	debug.SetMemoryLimit(floor)
+	big := make([]byte, 96<<20)
+	for i := range big {
+		big[i] = 1
+	}
+	runtime.GC()
+	adaptMemoryLimit()
+	if got := limit(); got != floor {
+		t.Fatalf("an operator's limit was changed to %d", got)
+	}
+
+	OwnMemoryLimit()
+	// (A GC between reading the live heap and adapting would move it.)
+	live := int64(-1)
+	for i := 0; i < 5 && live != liveHeap(); i++ {
+		live = liveHeap()
+		adaptMemoryLimit()
+	}
+	if live < 96<<20 {
+		t.Fatalf("live heap %d with 96 MiB held", live)
+	}
+	if got, want := limit(), live+live/4; got != want {
+		t.Fatalf("limit with %d MiB live = %d MiB, want a quarter above it, %d MiB", live>>20, got>>20, want>>20)
+	}
+	// While a scrape holds headroom, the adapted limit is its base.
+	release := holdMemoryHeadroom(10 << 20)
+	adaptMemoryLimit()
+	if got := limit(); got != live+live/4+10<<20 {
+		t.Fatalf("limit with a hold = %d MiB, want the adapted base plus the hold", got>>20)
+	}
+	release()
+
+	runtime.KeepAlive(big)
+	big = nil
+	runtime.GC()
+	adaptMemoryLimit()
+	if got := limit(); got != floor {
+		t.Fatalf("limit after the heap shrank = %d MiB, want the default %d MiB", got>>20, floor>>20)
+	}
 }
