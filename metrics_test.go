@@ -566,7 +566,7 @@ func TestMetrics_ScrapeDuringCycles(t *testing.T) {
 	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_roles_defined", nil, 1)
 }
 
-// The plugin's own soft limit follows the live heap (a quarter above it,
+// The plugin's own soft limit follows the live heap (an eighth above it,
 // never below the default), so a large cache does not keep the GC running
 // without pause; an operator's limit is left alone.
 func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
@@ -602,13 +602,13 @@ func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
 	if live < 96<<20 {
 		t.Fatalf("live heap %d with 96 MiB held", live)
 	}
-	if got, want := limit(), live+live/4; got != want {
-		t.Fatalf("limit with %d MiB live = %d MiB, want a quarter above it, %d MiB", live>>20, got>>20, want>>20)
+	if got, want := limit(), live+live/8; got != want {
+		t.Fatalf("limit with %d MiB live = %d MiB, want an eighth above it, %d MiB", live>>20, got>>20, want>>20)
 	}
 	// While a scrape holds headroom, the adapted limit is its base.
 	release := holdMemoryHeadroom(10 << 20)
 	adaptMemoryLimit()
-	if got := limit(); got != live+live/4+10<<20 {
+	if got := limit(); got != live+live/8+10<<20 {
 		t.Fatalf("limit with a hold = %d MiB, want the adapted base plus the hold", got>>20)
 	}
 	release()

@@ -31,7 +31,7 @@ var version = awsresilient.DevVersion
 // go back to the OS slowly: 10 000 cached roles (~17 MB live) then cost about
 // 78 MiB of RSS; with this limit about 55 MiB (BENCHMARKS.md, section e), for
 // some more GC work during a mass refresh. It is soft, and the plugin
-// raises it to a quarter above the live heap when the cache outgrows it
+// raises it to an eighth above the live heap when the cache outgrows it
 // (AdaptMemoryLimit): at 100 000 roles a limit below the live heap kept one
 // of two cores busy with GC.
 const defaultMemoryLimit = 32 << 20
