@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,9 +27,15 @@ const (
 	scaleLongTTL = 12 * time.Hour
 	// scaleGauge is the plugin's figure for "every role is scheduled".
 	scaleGauge = "aws_resilient_roles_scheduled"
-	// scaleStartLine is what the plugin logs when its first reconciler pass
-	// has put every warm role in the plan.
+	// scaleStartLine is what the plugin logs when a start has planned every
+	// key its schedule index names ("planned_from_index=N", since 253f3ca);
+	// before the index it was logged when the first reconciler pass had put
+	// every warm role in the plan, and carried no such figure.
 	scaleStartLine = "refresher started"
+	// scalePassLine is what the plugin logs when its first reconciler pass
+	// (every role read from storage) is done ("roles=N took=D", since
+	// 253f3ca).
+	scalePassLine = "first reconciler pass done"
 )
 
 // scalePoint is the memory of the plugin process and of Vault with Roles
@@ -70,9 +77,15 @@ type startResult struct {
 	// ScheduledSecs: the first metrics read that showed every role
 	// scheduled answered this long after T0; -1 never.
 	ScheduledSecs float64 `json:"scheduled_seconds"`
-	// LogSecs: the plugin's "refresher started" line (its first pass
-	// done), relative to T0; -1 not seen.
+	// Gauge: the polled reads (zero when not Polled).
+	Gauge gaugeWait `json:"gauge"`
+	// LogSecs: every role scheduled as the plugin's log tells it,
+	// relative to T0 (-1 not seen): the "refresher started" line when the
+	// index planned every warm role (or the plugin predates the index, and
+	// the line meant its first pass done), else the first pass's line.
 	LogSecs float64 `json:"log_seconds"`
+	// Log: both lines of the start.
+	Log startLog `json:"log"`
 	// FirstReadSecs: the first successful creds read of the role the pass
 	// reaches last, relative to T0 (reads start when the call returned).
 	FirstReadSecs float64 `json:"first_read_seconds"`
@@ -89,8 +102,10 @@ type haResult struct {
 	ElectionSecs float64 `json:"election_seconds"` // SIGKILL to a survivor answering active
 	// ScheduledSecs is from election to the gauge on the new active node
 	// showing every role; -1 never.
-	ScheduledSecs float64 `json:"scheduled_seconds_after_election"`
-	LogSecs       float64 `json:"log_seconds_after_election"`
+	ScheduledSecs float64   `json:"scheduled_seconds_after_election"`
+	Gauge         gaugeWait `json:"gauge_after_election"`
+	LogSecs       float64   `json:"log_seconds_after_election"`
+	Log           startLog  `json:"log_after_election"`
 	// The minute after the election: roles whose planned refresh falls in
 	// [SIGKILL, election + 60 s], and the STS calls made in it.
 	Due           int `json:"roles_due"`
@@ -378,37 +393,124 @@ func readProbe(a *api, path string, t0 time.Time, timeout time.Duration) (secs f
 	return -1, errs
 }
 
+// gaugeWait is what polling the gauge saw: when the read that showed every
+// role answered (Secs, -1 never), and the first read that answered at all,
+// with the value it showed. A read of the metrics path loads every role it
+// finds unloaded before it reads the gauge, so on a cold mirror the first
+// answer comes no sooner than a full load of the mount: FirstValue tells
+// whether the roles were already scheduled when it did.
+type gaugeWait struct {
+	Secs       float64 `json:"seconds"`
+	FirstSecs  float64 `json:"first_answer_seconds"`
+	FirstValue int     `json:"first_answer_value"`
+	Reads      int     `json:"reads"`
+}
+
 // waitScheduled polls the gauge on a every 100 ms until it shows want
-// roles, and returns when the read that showed it answered, relative to t0
-// (-1 after timeout).
-func waitScheduled(a *api, mount string, want int, t0 time.Time, timeout time.Duration) float64 {
+// roles, timing each read's answer relative to t0.
+func waitScheduled(a *api, mount string, want int, t0 time.Time, timeout time.Duration) gaugeWait {
+	g := gaugeWait{Secs: -1, FirstSecs: -1, FirstValue: -1}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if body, err := a.getRaw(mount + "/metrics"); err == nil {
-			if v, ok := bench.PromValue(body, scaleGauge); ok && int(v) >= want {
-				return time.Since(t0).Seconds()
+			if v, ok := bench.PromValue(body, scaleGauge); ok {
+				g.Reads++
+				if g.FirstSecs < 0 {
+					g.FirstSecs, g.FirstValue = time.Since(t0).Seconds(), int(v)
+				}
+				if int(v) >= want {
+					g.Secs = time.Since(t0).Seconds()
+					return g
+				}
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return -1
+	return g
 }
 
-// startLineAfter waits up to timeout for a "refresher started" line in the
-// log at path logged after t0, and returns its time relative to t0 (-1 when
-// none came).
-func startLineAfter(path string, t0 time.Time, timeout time.Duration) float64 {
+// startLog is what the plugin's log says of one start, each time relative
+// to the start's T0 (-1: not seen).
+type startLog struct {
+	// IndexSecs: the "refresher started" line.
+	IndexSecs float64 `json:"index_planned_seconds"`
+	// FromIndex: its planned_from_index; -1 when the line carries none (a
+	// plugin from before the index, whose line meant the first pass done).
+	FromIndex int `json:"planned_from_index"`
+	// PassSecs: the "first reconciler pass done" line, with its roles and
+	// took figures.
+	PassSecs  float64 `json:"pass_done_seconds"`
+	PassRoles int     `json:"pass_roles"`
+	PassTook  float64 `json:"pass_took_seconds"`
+}
+
+// allScheduled is when the log says every one of want warm roles was in
+// the plan: the index's line if it planned them all, else the pass's.
+func (l startLog) allScheduled(want int) float64 {
+	if l.FromIndex < 0 || (l.FromIndex >= want && l.IndexSecs >= 0) {
+		return l.IndexSecs
+	}
+	return l.PassSecs
+}
+
+// describe is the log's figures for a table row.
+func (l startLog) describe() string {
+	if l.FromIndex < 0 {
+		return fmt.Sprintf("log line %s", secs(l.IndexSecs))
+	}
+	pass := "first pass done: not seen"
+	if l.PassSecs >= 0 {
+		pass = fmt.Sprintf("first pass of %d roles done %s (took %.2fs)", l.PassRoles, secs(l.PassSecs), l.PassTook)
+	}
+	return fmt.Sprintf("%d planned from the index %s, %s", l.FromIndex, secs(l.IndexSecs), pass)
+}
+
+// startLogAfter waits up to timeout for the lines of a start logged after
+// t0 in the log at path: "refresher started" and, when that line carries
+// planned_from_index, "first reconciler pass done" after it.
+func startLogAfter(path string, t0 time.Time, timeout time.Duration) startLog {
 	deadline := time.Now().Add(timeout)
+	// The log's times are in milliseconds; t0 is not.
+	from := t0.Truncate(time.Millisecond)
 	for {
-		// The log's times are in milliseconds; t0 is not.
-		ts, _ := bench.LogLineTimes(path, scaleStartLine)
-		for _, t := range ts {
-			if !t.Before(t0.Truncate(time.Millisecond)) {
-				return t.Sub(t0).Seconds()
+		l := startLog{IndexSecs: -1, FromIndex: -1, PassSecs: -1}
+		var started time.Time
+		lines, _ := bench.LogLines(path, scaleStartLine)
+		for _, ln := range lines {
+			if ln.Time.Before(from) {
+				continue
+			}
+			started = ln.Time
+			l.IndexSecs = ln.Time.Sub(t0).Seconds()
+			if v, ok := bench.LogField(ln.Text, "planned_from_index"); ok {
+				l.FromIndex, _ = strconv.Atoi(v)
+			}
+			break
+		}
+		if l.IndexSecs >= 0 && l.FromIndex >= 0 {
+			lines, _ = bench.LogLines(path, scalePassLine)
+			for _, ln := range lines {
+				if ln.Time.Before(started) {
+					continue
+				}
+				l.PassSecs = ln.Time.Sub(t0).Seconds()
+				if v, ok := bench.LogField(ln.Text, "roles"); ok {
+					l.PassRoles, _ = strconv.Atoi(v)
+				}
+				if v, ok := bench.LogField(ln.Text, "took"); ok {
+					// hclog writes a Duration as its nanoseconds
+					// ("3.86e+09") through the plugin's gRPC logger.
+					if d, err := time.ParseDuration(v); err == nil {
+						l.PassTook = d.Seconds()
+					} else if ns, err := strconv.ParseFloat(v, 64); err == nil {
+						l.PassTook = ns / 1e9
+					}
+				}
+				break
 			}
 		}
-		if time.Now().After(deadline) {
-			return -1
+		if (l.IndexSecs >= 0 && (l.FromIndex < 0 || l.PassSecs >= 0)) || time.Now().After(deadline) {
+			return l
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -432,9 +534,11 @@ func (r *run) scaleReload(sr *scaleRun, polled bool) startResult {
 		res.FirstReadSecs, res.ReadErrors = readProbe(a, probe, t0, 5*time.Minute)
 	}()
 	if polled {
-		res.ScheduledSecs = waitScheduled(a, scaleMount, sr.n, t0, 10*time.Minute)
+		res.Gauge = waitScheduled(a, scaleMount, sr.n, t0, 10*time.Minute)
+		res.ScheduledSecs = res.Gauge.Secs
 	}
-	res.LogSecs = startLineAfter(sr.s.Process.LogPath, t0, 10*time.Minute)
+	res.Log = startLogAfter(sr.s.Process.LogPath, t0, 10*time.Minute)
+	res.LogSecs = res.Log.allScheduled(sr.n)
 	wg.Wait()
 	r.scaleStartDone(sr, &res)
 	return res
@@ -458,8 +562,10 @@ func (r *run) scaleRestart(sr *scaleRun) startResult {
 		defer wg.Done()
 		res.FirstReadSecs, res.ReadErrors = readProbe(a, scaleMount+"/creds/"+sr.names[sr.n-1], t0, 5*time.Minute)
 	}()
-	res.ScheduledSecs = waitScheduled(a, scaleMount, sr.n, t0, 10*time.Minute)
-	res.LogSecs = startLineAfter(sr.s.Process.LogPath, t0, time.Minute)
+	res.Gauge = waitScheduled(a, scaleMount, sr.n, t0, 10*time.Minute)
+	res.ScheduledSecs = res.Gauge.Secs
+	res.Log = startLogAfter(sr.s.Process.LogPath, t0, 5*time.Minute)
+	res.LogSecs = res.Log.allScheduled(sr.n)
 	wg.Wait()
 	r.scaleStartDone(sr, &res)
 	return res
@@ -469,12 +575,12 @@ func (r *run) scaleStartDone(sr *scaleRun, res *startResult) {
 	time.Sleep(2 * time.Second)
 	pm, _ := r.scaleMem(sr.s)
 	res.PluginRSS = pm.RSS
-	polled := "gauge polled"
+	polled := fmt.Sprintf("gauge polled, its first read answered %s showing %d", secs(res.Gauge.FirstSecs), res.Gauge.FirstValue)
 	if !res.Polled {
 		polled = "gauge not read"
 	}
-	r.logf("f: start after %s (%s), %d roles: call %.2fs; all scheduled after %s; log line after %s; first creds read after %s (%d failed before); plugin RSS then %s",
-		res.How, polled, res.Roles, res.CallSecs, secs(res.ScheduledSecs), secs(res.LogSecs), secs(res.FirstReadSecs), res.ReadErrors, mib(pm.RSS))
+	r.logf("f: start after %s (%s), %d roles: call %.2fs; all scheduled after %s; per the log after %s (%s); first creds read after %s (%d failed before); plugin RSS then %s",
+		res.How, polled, res.Roles, res.CallSecs, secs(res.ScheduledSecs), secs(res.LogSecs), res.Log.describe(), secs(res.FirstReadSecs), res.ReadErrors, mib(pm.RSS))
 }
 
 func secs(v float64) string {

@@ -121,12 +121,18 @@ func (r *run) scaleHA(sr *scaleRun) *haResult {
 	res.ElectionSecs = elected.Sub(kill).Seconds()
 	r.logf("f: HA: SIGKILL of %s; %s active after %.2fs", active.NodeID(), newActive.NodeID(), res.ElectionSecs)
 	na := newAPI(newActive)
-	res.ScheduledSecs = waitScheduled(na, mount, n, elected, 5*time.Minute)
-	res.LogSecs = startLineAfter(newActive.Process.LogPath, elected.Add(-5*time.Second), 10*time.Second)
-	if res.LogSecs >= 0 {
-		res.LogSecs -= 5
-	}
+	res.Gauge = waitScheduled(na, mount, n, elected, 5*time.Minute)
+	res.ScheduledSecs = res.Gauge.Secs
+	// The new active node may log its start before sys/health answers 200.
 	end := elected.Add(time.Minute)
+	res.Log = startLogAfter(newActive.Process.LogPath, elected.Add(-5*time.Second), max(10*time.Second, time.Until(end)))
+	for _, v := range []*float64{&res.Log.IndexSecs, &res.Log.PassSecs} {
+		if *v >= 0 {
+			// Logged before sys/health answered: counted as at the election.
+			*v = max(0, *v-5)
+		}
+	}
+	res.LogSecs = res.Log.allScheduled(n)
 	time.Sleep(time.Until(end))
 	close(stop)
 	wg.Wait()
@@ -167,8 +173,8 @@ func (r *run) scaleHA(sr *scaleRun) *haResult {
 		res.Duplicates += max(0, c-1)
 	}
 	r.summarizeReads(res, reads, kill)
-	r.logf("f: HA: every role scheduled %s after the election (log line %s); minute after: %d roles due (%d before the kill), %d STS calls (%d ok), %d due roles refreshed, %d duplicates, %d for roles not due; reads %d, errors %d, expired %d, longest outage %.2fs; new active plugin RSS %s",
-		secs(res.ScheduledSecs), secs(res.LogSecs), res.Due, res.DueBeforeKill, res.Calls, res.CallsOK, res.DueRefreshed, res.Duplicates, res.NotDue,
+	r.logf("f: HA: every role scheduled %s after the election (first gauge read answered %s showing %d; per the log %s: %s); minute after: %d roles due (%d before the kill), %d STS calls (%d ok), %d due roles refreshed, %d duplicates, %d for roles not due; reads %d, errors %d, expired %d, longest outage %.2fs; new active plugin RSS %s",
+		secs(res.ScheduledSecs), secs(res.Gauge.FirstSecs), res.Gauge.FirstValue, secs(res.LogSecs), res.Log.describe(), res.Due, res.DueBeforeKill, res.Calls, res.CallsOK, res.DueRefreshed, res.Duplicates, res.NotDue,
 		res.Reads, res.ReadErrors, res.Expired, res.ReadOutageSecs, mib(res.PluginRSS))
 	return res
 }

@@ -59,20 +59,23 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 		how := "every role scheduled (gauge polled)"
 		v := st.ScheduledSecs
 		if !st.Polled {
-			how = "the plugin's log line \"refresher started\" (gauge not read)"
+			how = "every role scheduled per the plugin's log (gauge not read)"
 			v = st.LogSecs
 		}
 		lin := ""
 		if v >= 0 && n < scaleTargetRoles {
 			lin = fmt.Sprintf("; %.2fs per 1000 roles, %.0fs at %d if linear", v/float64(n)*1000, v/float64(n)*scaleTargetRoles, scaleTargetRoles)
 		}
+		if st.Polled {
+			how += fmt.Sprintf(" (first gauge read answered %s showing %d)", secs(st.Gauge.FirstSecs), st.Gauge.FirstValue)
+		}
 		call := fmt.Sprintf("reload call %.2fs", st.CallSecs)
 		if st.StopSecs > 0 {
 			call = fmt.Sprintf("stop %.1fs, start to active %.1fs", st.StopSecs, st.CallSecs)
 		}
 		r.table.Add(bench.Row{Section: "f",
-			Metric: fmt.Sprintf("mount start after %s, %d roles: until %s (%s; first creds read %s; plugin RSS then %s%s)",
-				st.How, n, how, call, secs(st.FirstReadSecs), mib(st.PluginRSS), lin),
+			Metric: fmt.Sprintf("mount start after %s, %d roles: until %s (%s; %s; first creds read %s; plugin RSS then %s%s)",
+				st.How, n, how, call, st.Log.describe(), secs(st.FirstReadSecs), mib(st.PluginRSS), lin),
 			Value: secs(v), Target: fmt.Sprintf("< 10s at %d", scaleTargetRoles), Result: atSize(scaleTargetRoles, v >= 0 && v < 10)})
 	}
 
@@ -83,7 +86,7 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 			tgt = fmt.Sprintf("< 5s at %d", haTargetRoles)
 		}
 		r.table.Add(bench.Row{Section: "f",
-			Metric: fmt.Sprintf("HA, 3 raft nodes, %d roles: new active elected -> every role scheduled (election %.2fs after SIGKILL)", n, ha.ElectionSecs),
+			Metric: fmt.Sprintf("HA, 3 raft nodes, %d roles: new active elected -> every role scheduled (election %.2fs after SIGKILL; first gauge read answered %s showing %d; %s)", n, ha.ElectionSecs, secs(ha.Gauge.FirstSecs), ha.Gauge.FirstValue, ha.Log.describe()),
 			Value:  secs(ha.ScheduledSecs), Target: tgt, Result: atSize(haTargetRoles, ha.ScheduledSecs >= 0 && ha.ScheduledSecs < 5)})
 		r.table.Add(bench.Row{Section: "f",
 			Metric: "HA: STS calls from SIGKILL to election + 60s vs roles due in it",

@@ -81,12 +81,30 @@ func promSeries(body []byte, name string, fn func(v float64) bool) {
 // RFC 3339 time in milliseconds; plugin log lines come through it with the
 // time Vault received them. Lines without a leading timestamp are skipped.
 func LogLineTimes(path, substr string) ([]time.Time, error) {
+	lines, err := LogLines(path, substr)
+	out := make([]time.Time, len(lines))
+	for i, l := range lines {
+		out[i] = l.Time
+	}
+	return out, err
+}
+
+// LogLine is one line of a Vault server log: its leading timestamp and the
+// whole line.
+type LogLine struct {
+	Time time.Time
+	Text string
+}
+
+// LogLines is LogLineTimes with each line's text, for the key=value pairs
+// a line carries (see LogField).
+func LogLines(path, substr string) ([]LogLine, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var out []time.Time
+	var out []LogLine
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
@@ -102,7 +120,18 @@ func LogLineTimes(path, substr string) ([]time.Time, error) {
 		if err != nil {
 			continue
 		}
-		out = append(out, t)
+		out = append(out, LogLine{Time: t, Text: line})
 	}
 	return out, sc.Err()
+}
+
+// LogField returns the value of key=value in an hclog line ("" and false
+// when the line has no such key).
+func LogField(line, key string) (string, bool) {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return strings.Trim(v, `"`), true
+		}
+	}
+	return "", false
 }

@@ -93,3 +93,19 @@ not a timestamp refresher started
 		}
 	}
 }
+
+func TestLogField(t *testing.T) {
+	line := `2026-12-01T08:00:01.5Z [INFO]  secrets.aws-resilient.aws-resilient_1: first reconciler pass done: roles=10000 took=1.234s`
+	for _, tt := range []struct {
+		key, want string
+		ok        bool
+	}{
+		{"roles", "10000", true},
+		{"took", "1.234s", true},
+		{"planned_from_index", "", false},
+	} {
+		if got, ok := LogField(line, tt.key); got != tt.want || ok != tt.ok {
+			t.Errorf("LogField(%s) = %q, %v; want %q, %v", tt.key, got, ok, tt.want, tt.ok)
+		}
+	}
+}
