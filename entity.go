@@ -264,7 +264,7 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 		// Keep no entry in memory for an entity refused.
 		r.mu.Lock()
 		if r.m[key] == rs {
-			delete(r.m, key)
+			r.del(key)
 		}
 		r.mu.Unlock()
 		return nil, errTooManyEntities{max: rs.role.maxEntities()}
@@ -281,7 +281,7 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 	defer r.mu.Unlock()
 	next := *rs
 	next.status, next.known = &st, true
-	r.m[key] = &next
+	r.put(key, &next)
 	return &next, nil
 }
 
@@ -324,17 +324,13 @@ func deleteEntityData(ctx context.Context, s logical.Storage, name string) error
 	return nil
 }
 
-// entityKeys returns the mirrored entity keys of the role. The mirror
-// is scanned: role changes are rare, operator-driven events.
+// entityKeys returns the mirrored entity keys of the role, sorted.
 func (r *roleStates) entityKeys(name string) []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	prefix := name + entitySep
 	var keys []string
-	for k := range r.m {
-		if strings.HasPrefix(k, prefix) {
-			keys = append(keys, k)
-		}
+	for k := range r.ents[name] {
+		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	return keys
@@ -352,7 +348,7 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 		return err
 	}
 	r.mu.Lock()
-	delete(r.m, key)
+	r.del(key)
 	r.mu.Unlock()
 	r.index.drop(ctx, s, key)
 	return nil
@@ -386,20 +382,20 @@ const (
 )
 
 // entityEntries returns the mirrored entity credentials, by role: all roles'
-// when name is "", else the one role's. One scan of the mirror.
+// when name is "", else the one role's.
 func (r *roleStates) entityEntries(name string) map[string]map[string]*roleState {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := map[string]map[string]*roleState{}
-	for k, rs := range r.m {
-		role, id := splitKey(k)
-		if id == "" || (name != "" && role != name) {
+	for role, keys := range r.ents {
+		if name != "" && role != name {
 			continue
 		}
-		if out[role] == nil {
-			out[role] = map[string]*roleState{}
+		entries := make(map[string]*roleState, len(keys))
+		for k := range keys {
+			entries[k] = r.m[k]
 		}
-		out[role][k] = rs
+		out[role] = entries
 	}
 	return out
 }

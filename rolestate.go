@@ -42,6 +42,10 @@ type roleStates struct {
 	// pointer read under mu may be used after it is released.
 	mu sync.RWMutex
 	m  map[string]*roleState
+	// ents indexes m's entity keys by role (guarded by mu, kept by put and
+	// del), so that a role's entity keys are found without a scan of every
+	// mirrored role: role writes and deletes look them up.
+	ents map[string]map[string]struct{}
 
 	// gens hands out generations; see roleState.gen.
 	gens atomic.Uint64
@@ -61,6 +65,32 @@ type roleStates struct {
 	// called with the role's store lock held, so a commit's schedule and a
 	// role change's unschedule cannot cross.
 	sched scheduler
+}
+
+// put mirrors key; r.mu must be held for writing.
+func (r *roleStates) put(key string, rs *roleState) {
+	r.m[key] = rs
+	if role, id := splitKey(key); id != "" {
+		set := r.ents[role]
+		if set == nil {
+			set = map[string]struct{}{}
+			r.ents[role] = set
+		}
+		set[key] = struct{}{}
+	}
+}
+
+// del drops key from the mirror; r.mu must be held for writing.
+func (r *roleStates) del(key string) {
+	delete(r.m, key)
+	if role, id := splitKey(key); id != "" {
+		if set := r.ents[role]; set != nil {
+			delete(set, key)
+			if len(set) == 0 {
+				delete(r.ents, role)
+			}
+		}
+	}
 }
 
 // scheduler is the refresher's side of the owner: the backend implements it.
@@ -104,7 +134,7 @@ type roleState struct {
 }
 
 func newRoleStates(sched scheduler, now func() time.Time, index *schedIndex) *roleStates {
-	return &roleStates{m: make(map[string]*roleState), locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
+	return &roleStates{m: make(map[string]*roleState), ents: map[string]map[string]struct{}{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
@@ -168,7 +198,7 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 	if role == nil || (entityID != "" && !role.entityScoped()) {
 		// An entity credential exists only under an entity-scoped role.
 		r.mu.Lock()
-		delete(r.m, name)
+		r.del(name)
 		r.mu.Unlock()
 		r.sched.unschedule(name)
 		return nil, nil
@@ -220,7 +250,7 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 	} else {
 		next.gen = r.gens.Add(1)
 	}
-	r.m[name] = next
+	r.put(name, next)
 	return next, nil
 }
 
@@ -269,7 +299,7 @@ func (r *roleStates) markLocked(name string, bump bool) {
 		next.gen = r.gens.Add(1)
 		next.defUnsure = true
 	}
-	r.m[name] = next
+	r.put(name, next)
 }
 
 // forget marks the role for reload (Invalidate). definition says whether
@@ -287,7 +317,7 @@ func (r *roleStates) forget(name string, definition bool) {
 			copied := *rs
 			copied.stale = true
 			copied.defUnsure = copied.defUnsure || definition
-			r.m[k] = &copied
+			r.put(k, &copied)
 		}
 	}
 }
@@ -340,7 +370,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 			if rs := r.m[k]; rs != nil && !rs.stale {
 				copied := *rs
 				copied.role = role
-				r.m[k] = &copied
+				r.put(k, &copied)
 			}
 		}
 		r.mu.Unlock()
@@ -357,9 +387,9 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return fmt.Errorf("writing role %q: %w", name, err)
 	}
 	r.mu.Lock()
-	r.m[name] = &roleState{role: role, status: &statusEntry{}, gen: r.m[name].gen}
+	r.put(name, &roleState{role: role, status: &statusEntry{}, gen: r.m[name].gen})
 	for _, k := range ents {
-		delete(r.m, k)
+		r.del(k)
 	}
 	r.mu.Unlock()
 	r.dropFromIndex(ctx, s, name, ents)
@@ -405,9 +435,9 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 		return fmt.Errorf("deleting role %q: %w", name, err)
 	}
 	r.mu.Lock()
-	delete(r.m, name)
+	r.del(name)
 	for _, k := range ents {
-		delete(r.m, k)
+		r.del(k)
 	}
 	r.mu.Unlock()
 	r.dropFromIndex(ctx, s, name, ents)
@@ -466,7 +496,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	}
 	dirty := putStatus(ctx, s, name, st) != nil
 	r.mu.Lock()
-	r.m[name] = &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty, use: rs.use, known: true}
+	r.put(name, &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
 	r.index.set(ctx, s, name, next, stored.Expiration)
@@ -497,7 +527,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	r.mu.Lock()
 	copied := *rs
 	copied.status, copied.statusDirty, copied.known = st, dirty, true
-	r.m[name] = &copied
+	r.put(name, &copied)
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
 	var exp time.Time
@@ -526,7 +556,7 @@ func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name st
 		if cur := r.m[name]; cur == rs {
 			copied := *rs
 			copied.badCache, copied.statusDirty = false, false
-			r.m[name] = &copied
+			r.put(name, &copied)
 		}
 		r.mu.Unlock()
 	}

@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -713,10 +714,32 @@ func (s *sim) checkServed(name, entityID string, resp *logical.Response, node st
 }
 
 // check verifies every invariant against the truth in storage.
+// checkEntityIndex: the mirror's index of entity keys by role says what a
+// scan of the mirror says.
+func (s *sim) checkEntityIndex(b *backend) {
+	r := b.state
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	scan := map[string]map[string]struct{}{}
+	for k := range r.m {
+		if role, id := splitKey(k); id != "" {
+			if scan[role] == nil {
+				scan[role] = map[string]struct{}{}
+			}
+			scan[role][k] = struct{}{}
+		}
+	}
+	s.fig.checks++
+	if !reflect.DeepEqual(scan, r.ents) {
+		s.failf("entity index %v, but the mirror holds %v", r.ents, scan)
+	}
+}
+
 func (s *sim) check() {
 	s.t.Helper()
 	ctx := context.Background()
 	now := s.clk.Now()
+	s.checkEntityIndex(s.b)
 	roles := map[string]*roleEntry{}
 	for _, name := range simRoleNames {
 		role, err := getRole(ctx, s.mem, name)
