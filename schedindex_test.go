@@ -36,7 +36,8 @@ func storedIndex(t *testing.T, s logical.Storage) map[string]indexItem {
 }
 
 // roleGate holds every read of a role's own entries (roles/, cache/,
-// status/) until open is closed, and counts them.
+// status/) until open is closed, and counts them; wrap it in a
+// gateStorage to hold the role list as well.
 type roleGate struct {
 	logical.Storage
 	open  chan struct{}
@@ -56,17 +57,6 @@ func (g *roleGate) Get(ctx context.Context, key string) (*logical.StorageEntry, 
 		}
 	}
 	return g.Storage.Get(ctx, key)
-}
-
-func (g *roleGate) List(ctx context.Context, prefix string) ([]string, error) {
-	if prefix == rolePrefix {
-		select {
-		case <-g.open:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	return g.Storage.List(ctx, prefix)
 }
 
 // Each commit records the key's plan and expiry in the index; a node that
@@ -92,8 +82,9 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 	}
 	f.b.Cleanup(context.Background())
 
+	// The role list waits too (gateStorage), for the same open.
 	g := &roleGate{Storage: f.s, open: make(chan struct{})}
-	b2 := startBackendOn(t, f, g)
+	b2 := startBackendOn(t, f, &gateStorage{Storage: g, gate: g.open, listing: make(chan struct{})})
 	waitFor(t, "every role to be planned", func() bool { return b2.rolesInPlan() == n })
 	for name, at := range plans {
 		if got, _ := b2.scheduledAt(name); !got.Equal(at) {
@@ -172,9 +163,7 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	putIndex(t, f.s, "gone", early, exp)
 
 	// The hints fire before the first pass has read the roles.
-	g := &roleGate{Storage: f.s, open: make(chan struct{})}
-	close(g.open) // reads pass; the role list waits
-	hold := &gateStorage{Storage: g, gate: make(chan struct{}), listing: make(chan struct{})}
+	hold := &gateStorage{Storage: f.s, gate: make(chan struct{}), listing: make(chan struct{})} // reads pass; the role list waits
 	b2 := startBackendOn(t, f, hold)
 	<-hold.listing
 	if at, ok := b2.scheduledAt(testRole); !ok || !at.Equal(early) {
