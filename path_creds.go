@@ -340,6 +340,14 @@ func (c *cacheEntry) refreshMargin(fraction float64) time.Duration {
 	return time.Duration(fraction * float64(lifetime))
 }
 
+// expiry is the credential's expiration; zero when there is none.
+func (c *cacheEntry) expiry() time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.Expiration
+}
+
 // validAt reports whether the credential may be served at now.
 func (c *cacheEntry) validAt(now time.Time) bool {
 	return c != nil && c.Expiration.Sub(now) >= minServeValidity

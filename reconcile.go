@@ -241,8 +241,8 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map
 		switch {
 		case planned && checked:
 			var exp time.Time
-			if rs := b.state.peek(key); rs != nil && rs.cred != nil {
-				exp = rs.cred.Expiration
+			if rs := b.state.peek(key); rs != nil {
+				exp = rs.cred.expiry()
 			}
 			want[key] = newIndexItem(at, exp)
 		case planned:
@@ -331,10 +331,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 			return nil, nil
 		}
 	}
-	var exp time.Time
-	if rs.cred != nil {
-		exp = rs.cred.Expiration
-	}
+	exp := rs.cred.expiry()
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
 		idx.reach(name)

@@ -530,11 +530,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	r.put(name, &copied)
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
-	var exp time.Time
-	if rs.cred != nil {
-		exp = rs.cred.Expiration
-	}
-	r.index.set(ctx, s, name, next, exp)
+	r.index.set(ctx, s, name, next, rs.cred.expiry())
 	return st, rs.cred, next, nil
 }
 

@@ -373,11 +373,7 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 	}
 	f.ending.Store(true)
 	b.schedule(key, at)
-	var exp time.Time
-	if rs.cred != nil {
-		exp = rs.cred.Expiration
-	}
-	b.index.set(ctx, b.storage, key, at, exp)
+	b.index.set(ctx, b.storage, key, at, rs.cred.expiry())
 	return false
 }
 
