@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"sort"
 	"strconv"
 	"sync"
@@ -193,7 +194,8 @@ func (x *schedIndex) drop(ctx context.Context, s logical.Storage, key string) {
 }
 
 func (x *schedIndex) change(ctx context.Context, s logical.Storage, key string, f func(map[string]indexItem) bool) {
-	sh := &x.shards[shardOf(key)]
+	i := shardOf(key)
+	sh := &x.shards[i]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.touched == nil {
@@ -204,7 +206,7 @@ func (x *schedIndex) change(ctx context.Context, s logical.Storage, key string, 
 		return // the start could not read it; the pass writes it whole
 	}
 	if f(sh.items) || sh.dirty {
-		sh.dirty = writeShard(ctx, s, shardOf(key), sh.items) != nil
+		sh.dirty = writeShard(ctx, s, i, sh.items) != nil
 	}
 }
 
@@ -262,7 +264,7 @@ func (x *schedIndex) repair(ctx context.Context, s logical.Storage, since uint64
 				delete(next, k)
 			}
 		}
-		if !sh.loaded || sh.dirty || !sameItems(sh.items, next) {
+		if !sh.loaded || sh.dirty || !maps.Equal(sh.items, next) {
 			if err := writeShard(ctx, s, i, next); err != nil {
 				if firstErr == nil {
 					firstErr = fmt.Errorf("writing %s: %w", shardPath(i), err)
@@ -278,18 +280,6 @@ func (x *schedIndex) repair(ctx context.Context, s logical.Storage, since uint64
 		sh.mu.Unlock()
 	}
 	return firstErr
-}
-
-func sameItems(a, b map[string]indexItem) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // planFromIndex plans every role and entity credential the index names, as
