@@ -260,6 +260,17 @@ type overdueRole struct {
 	expiry time.Time // the cached credential's; zero when none is usable
 }
 
+// sortOverdue puts overdue roles in the order their cycles should start:
+// soonest expiry first (none usable first of all), then by name.
+func sortOverdue(overdue []overdueRole) {
+	sort.Slice(overdue, func(i, j int) bool {
+		if !overdue[i].expiry.Equal(overdue[j].expiry) {
+			return overdue[i].expiry.Before(overdue[j].expiry)
+		}
+		return overdue[i].name < overdue[j].name
+	})
+}
+
 // forEachParallel calls f for every name, passWorkers at a time (in order,
 // one at a time, when passWorkers is 1: the seeded simulation replays
 // exactly only then).
@@ -362,7 +373,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 // storage-list order. Each is checked again under its store lock, since the
 // role may have changed, been read or been deleted since the pass saw it.
 func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time, idx *passIndex) []error {
-	sort.SliceStable(overdue, func(i, j int) bool { return overdue[i].expiry.Before(overdue[j].expiry) })
+	sortOverdue(overdue)
 	if len(overdue) > 1 {
 		// One batch: the first ones must not start on their own before the
 		// rest are planned, or they would miss their place in the queue.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -289,11 +288,7 @@ func (x *schedIndex) repair(ctx context.Context, s logical.Storage, since uint64
 // planned.
 func (b *backend) planFromIndex(now time.Time) int {
 	items := b.index.entries()
-	type due struct {
-		key string
-		exp time.Time
-	}
-	var overdue []due
+	var overdue []overdueRole
 	b.bgMu.Lock()
 	defer b.bgMu.Unlock()
 	if !b.running || b.closed {
@@ -312,16 +307,11 @@ func (b *backend) planFromIndex(now time.Time) int {
 			b.plan.put(key, it.next(), true)
 			continue
 		}
-		overdue = append(overdue, due{key, it.exp()})
+		overdue = append(overdue, overdueRole{name: key, expiry: it.exp()})
 	}
-	sort.Slice(overdue, func(i, j int) bool {
-		if !overdue[i].exp.Equal(overdue[j].exp) {
-			return overdue[i].exp.Before(overdue[j].exp)
-		}
-		return overdue[i].key < overdue[j].key
-	})
+	sortOverdue(overdue)
 	for _, od := range overdue {
-		b.plan.put(od.key, now, true)
+		b.plan.put(od.name, now, true)
 	}
 	b.armLocked()
 	if b.onPlan != nil {
