@@ -452,7 +452,7 @@ func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfi
 			if st.LastSuccess.After(s.lastSuccess) {
 				s.lastSuccess = st.LastSuccess
 			}
-			if st.FailedCycles >= 1 && rs.cred.validAt(now) && rs.cred.Expiration.Sub(now) < 2*cfg.RetryWindow {
+			if expiringWhileFailing(st, rs.cred, now, cfg) {
 				s.expiringFailing = true
 			}
 			if w := s.worst; w == nil || st.FailedCycles > w.FailedCycles ||

@@ -59,6 +59,13 @@ func (b *backend) pathMetricsRead(ctx context.Context, req *logical.Request, _ *
 	}}, nil
 }
 
+// expiringWhileFailing: the last cycle failed and the credential, still
+// valid, has less than two retry windows left (the expiring-while-failing
+// alert's condition).
+func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg refreshConfig) bool {
+	return st.FailedCycles >= 1 && c.validAt(now) && c.Expiration.Sub(now) < 2*cfg.RetryWindow
+}
+
 // scrape renders the exposition: the counters and histograms kept since the
 // plugin started, and gauges computed now from the role state, with the
 // same state that status/<name> reports. Per-role series are exported only
@@ -140,7 +147,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		if rs.status.FailedCycles >= 2 {
 			failing++
 		}
-		if rs.status.FailedCycles >= 1 && rs.cred.validAt(now) && rs.cred.Expiration.Sub(now) < 2*cfg.RetryWindow {
+		if expiringWhileFailing(rs.status, rs.cred, now, cfg) {
 			expiringFailing++
 		}
 		if !perRole {
