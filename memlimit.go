@@ -60,47 +60,78 @@ func OwnMemoryLimit() {
 	memHeadroom.floor = debug.SetMemoryLimit(-1)
 }
 
-// The plugin's own limit sits an eighth above the live heap, and at least
-// liveHeapMinHeadroom above it.
+// The plugin's own limit leaves an eighth of the live heap, and at least
+// liveHeapMinHeadroom, to allocate between two GCs.
 const (
 	liveHeapHeadroomDiv = 8
 	liveHeapMinHeadroom = 8 << 20
 )
 
-// adaptMemoryLimit keeps the plugin's own soft limit above the live heap.
-// The default (32 MiB) returns idle memory to the OS while the cache is
-// small; with 100 000 cached roles the live heap alone is several times
-// that, and a limit below it makes the GC run without pause, capped only by
-// its 50 % CPU limiter: one of two cores spent on GC whatever the work
-// (BENCHMARKS.md, section f). So the limit follows the heap that the last GC
-// found live, plus an eighth, never below the default: at 100 000 roles
-// that is about 20 MiB to allocate between two GCs, a GC every several
-// seconds while a herd refreshes, and RSS near the live heap. An operator's
-// GOMEMLIMIT is never changed.
-func adaptMemoryLimit() {
+// memSample is what the runtime holds, as the soft memory limit counts it.
+type memSample struct {
+	// live is the heap the last GC found live.
+	live int64
+	// overhead is the memory the runtime holds besides heap objects and
+	// free heap pages: fragmentation inside used spans, stacks, GC
+	// metadata and the runtime's own. It does not shrink when the GC runs.
+	overhead int64
+}
+
+// readMemSample reads the runtime's figures.
+func readMemSample() memSample {
+	s := []rtmetrics.Sample{
+		{Name: "/gc/heap/live:bytes"},
+		{Name: "/memory/classes/total:bytes"},
+		{Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"},
+	}
+	rtmetrics.Read(s)
+	v := make([]int64, len(s))
+	for i := range s {
+		if s[i].Value.Kind() == rtmetrics.KindUint64 {
+			v[i] = int64(s[i].Value.Uint64())
+		}
+	}
+	return memSample{live: v[0], overhead: max(v[1]-v[2]-v[3]-v[4], 0)}
+}
+
+// memoryLimitFor is the plugin's own soft limit for what the runtime holds:
+// the live heap and the overhead, which no GC can free, plus the headroom,
+// never below floor. The limit counts all of the runtime's memory, not the
+// heap alone: a limit of the live heap plus an eighth sat below what the
+// runtime held at 30 000 roles (129 MiB live, 29 MiB of overhead, a
+// 145 MiB limit), so the GC ran without pause and took most of a core
+// (BENCHMARKS.md, section f).
+func memoryLimitFor(m memSample, floor int64) int64 {
+	return max(floor, m.live+m.overhead+max(m.live/liveHeapHeadroomDiv, liveHeapMinHeadroom))
+}
+
+// adaptMemoryLimit keeps the plugin's own soft limit above what the runtime
+// holds. The default (32 MiB) returns idle memory to the OS while the cache
+// is small; with 100 000 cached roles the live heap alone is several times
+// that, and a limit below what the runtime holds makes the GC run without
+// pause, capped only by its 50 % CPU limiter: one of two cores spent on GC
+// whatever the work (BENCHMARKS.md, section f). So the limit follows the
+// heap that the last GC found live and the runtime's overhead, plus an
+// eighth of the live heap, never below the default: at 100 000 roles that
+// is about 20 MiB to allocate between two GCs. An operator's GOMEMLIMIT is
+// never changed. It returns the figures it used (tests compare with them).
+func adaptMemoryLimit() memSample {
 	memHeadroom.mu.Lock()
 	defer memHeadroom.mu.Unlock()
 	if !memHeadroom.owned || memHeadroom.floor <= 0 || memHeadroom.floor == math.MaxInt64 {
-		return
+		return memSample{}
 	}
-	live := liveHeap()
-	want := max(memHeadroom.floor, live+max(live/liveHeapHeadroomDiv, liveHeapMinHeadroom))
+	m := readMemSample()
+	want := memoryLimitFor(m, memHeadroom.floor)
 	if len(memHeadroom.holds) > 0 {
 		memHeadroom.base = want
 		applyHeadroomLocked()
-		return
+		return m
 	}
 	debug.SetMemoryLimit(want)
-}
-
-// liveHeap is the heap the last GC found live, in bytes.
-func liveHeap() int64 {
-	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	rtmetrics.Read(s)
-	if s[0].Value.Kind() != rtmetrics.KindUint64 {
-		return 0
-	}
-	return int64(s[0].Value.Uint64())
+	return m
 }
 
 // AdaptMemoryLimit adapts the plugin's own soft memory limit to the live

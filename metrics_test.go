@@ -566,9 +566,10 @@ func TestMetrics_ScrapeDuringCycles(t *testing.T) {
 	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_roles_defined", nil, 1)
 }
 
-// The plugin's own soft limit follows the live heap (an eighth above it,
-// never below the default), so a large cache does not keep the GC running
-// without pause; an operator's limit is left alone.
+// The plugin's own soft limit follows what the runtime holds (the live heap
+// and the overhead no GC frees, plus an eighth of the live heap), never below
+// the default, so a large cache does not keep the GC running without pause;
+// an operator's limit is left alone.
 func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
 	prev := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() {
@@ -580,12 +581,24 @@ func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
 	limit := func() int64 { return debug.SetMemoryLimit(-1) }
 	const floor = 32 << 20
 
-	// An operator's limit: never adapted.
-	debug.SetMemoryLimit(floor)
+	// A heap like a large cache's: 96 MiB in one block, and 64-byte
+	// objects of which every other one is dropped, so that half of their
+	// spans is fragmentation the GC cannot return (32 MiB).
+	type blob [64]byte
 	big := make([]byte, 96<<20)
 	for i := range big {
 		big[i] = 1
 	}
+	small := make([]*blob, 1<<20)
+	for i := range small {
+		small[i] = new(blob)
+	}
+	for i := 1; i < len(small); i += 2 {
+		small[i] = nil
+	}
+
+	// An operator's limit: never adapted.
+	debug.SetMemoryLimit(floor)
 	runtime.GC()
 	adaptMemoryLimit()
 	if got := limit(); got != floor {
@@ -593,31 +606,48 @@ func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
 	}
 
 	OwnMemoryLimit()
-	// (A GC between reading the live heap and adapting would move it.)
-	live := int64(-1)
-	for i := 0; i < 5 && live != liveHeap(); i++ {
-		live = liveHeap()
-		adaptMemoryLimit()
+	debug.SetMemoryLimit(math.MaxInt64) // no GC forced by the old limit while measuring
+	runtime.GC()
+	m := adaptMemoryLimit()
+	if m.live < 120<<20 || m.overhead < m.live/8 {
+		t.Fatalf("live %d MiB, overhead %d MiB: the heap is not the one this test needs (overhead above an eighth of live)", m.live>>20, m.overhead>>20)
 	}
-	if live < 96<<20 {
-		t.Fatalf("live heap %d with 96 MiB held", live)
-	}
-	if got, want := limit(), live+live/8; got != want {
-		t.Fatalf("limit with %d MiB live = %d MiB, want an eighth above it, %d MiB", live>>20, got>>20, want>>20)
+	if got, want := limit(), m.live+m.overhead+m.live/8; got != want {
+		t.Fatalf("limit with %d MiB live and %d MiB overhead = %d MiB, want both plus an eighth of live, %d MiB", m.live>>20, m.overhead>>20, got>>20, want>>20)
 	}
 	// While a scrape holds headroom, the adapted limit is its base.
+	base := limit()
 	release := holdMemoryHeadroom(10 << 20)
-	adaptMemoryLimit()
-	if got := limit(); got != live+live/8+10<<20 {
-		t.Fatalf("limit with a hold = %d MiB, want the adapted base plus the hold", got>>20)
+	m = adaptMemoryLimit()
+	if got, want := limit(), memoryLimitFor(m, floor)+10<<20; got != want {
+		t.Fatalf("limit with a hold = %d MiB, want the adapted base plus the hold, %d MiB", got>>20, want>>20)
 	}
 	release()
 
 	runtime.KeepAlive(big)
-	big = nil
+	runtime.KeepAlive(small)
+	big, small = nil, nil
 	runtime.GC()
-	adaptMemoryLimit()
-	if got := limit(); got != floor {
-		t.Fatalf("limit after the heap shrank = %d MiB, want the default %d MiB", got>>20, floor>>20)
+	m = adaptMemoryLimit()
+	if got := limit(); got > base-100<<20 || got != memoryLimitFor(m, floor) {
+		t.Fatalf("limit after the heap shrank = %d MiB (it was %d MiB), want it to follow the heap down", got>>20, base>>20)
+	}
+}
+
+// The limit's arithmetic: never below the floor, the live heap and the
+// overhead always inside it, and at least liveHeapMinHeadroom above them.
+func TestMemoryLimitFor(t *testing.T) {
+	const MiB = 1 << 20
+	for _, c := range []struct {
+		live, overhead, floor, want int64
+	}{
+		{live: 4 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 32 * MiB},
+		{live: 20 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 34 * MiB},  // 20 + 6 + the 8 MiB minimum
+		{live: 129 * MiB, overhead: 29 * MiB, floor: 32 * MiB, want: 129*MiB + 29*MiB + 129*MiB/8},
+		{live: 200 * MiB, overhead: 0, floor: 32 * MiB, want: 225 * MiB},
+	} {
+		if got := memoryLimitFor(memSample{live: c.live, overhead: c.overhead}, c.floor); got != c.want {
+			t.Errorf("memoryLimitFor(live %d, overhead %d, floor %d) = %d, want %d", c.live, c.overhead, c.floor, got, c.want)
+		}
 	}
 }

@@ -31,9 +31,10 @@ var version = awsresilient.DevVersion
 // go back to the OS slowly: 10 000 cached roles (~17 MB live) then cost about
 // 78 MiB of RSS; with this limit about 55 MiB (BENCHMARKS.md, section e), for
 // some more GC work during a mass refresh. It is soft, and the plugin
-// raises it to an eighth above the live heap when the cache outgrows it
-// (AdaptMemoryLimit): at 100 000 roles a limit below the live heap kept one
-// of two cores busy with GC.
+// raises it above what the runtime holds (the live heap and the runtime's
+// overhead) plus an eighth of the live heap when the cache outgrows it
+// (AdaptMemoryLimit): at 100 000 roles a limit below that kept one of two
+// cores busy with GC.
 const defaultMemoryLimit = 32 << 20
 
 func main() {
@@ -47,8 +48,11 @@ func main() {
 		// itself headroom above it; an operator's GOMEMLIMIT is left alone.
 		awsresilient.OwnMemoryLimit()
 		// It follows the live heap, so that a large cache does not keep
-		// the GC running without pause.
-		go awsresilient.AdaptMemoryLimit(10 * time.Second)
+		// the GC running without pause; every second, so that a mount
+		// start loading 100 000 roles (a few MiB a second) does not outrun
+		// the headroom between two adaptations. A read of the runtime's
+		// figures costs microseconds.
+		go awsresilient.AdaptMemoryLimit(time.Second)
 	}
 	// No TLSProviderFunc: Vault 1.12 and later connect to plugins with
 	// automatic mTLS, so the plugin needs neither the api package nor the

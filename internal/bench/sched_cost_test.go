@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	hclog "github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/vault/sdk/logical"
+
+	awsresilient "github.com/aws-resilient/vault-plugin-secrets-aws-resilient"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+)
+
+// TestSchedulerCostInProcess is section f's scheduler-cost window in one
+// process, without Vault: AWS_RESILIENT_TICK_ROLES roles cached (refreshes
+// hours out), then 100 tickers whose 10 s credentials are refreshed every
+// ~5 s by the schedule, and the process's CPU per refresh over 15 s. With
+// AWS_RESILIENT_TICK_OWN_LIMIT=1 it runs under the plugin binary's own
+// memory policy (the 32 MiB default, adapted every second); with
+// AWS_RESILIENT_TICK_PROFILE=<file> it writes a CPU profile of the window.
+// It runs only when AWS_RESILIENT_TICK_ROLES is set. The figures include
+// the emulator and the in-memory storage, which Vault would hold.
+//
+//	AWS_RESILIENT_TICK_ROLES=100000 AWS_RESILIENT_TICK_OWN_LIMIT=1 go test -run TestSchedulerCostInProcess -v ./internal/bench/
+func TestSchedulerCostInProcess(t *testing.T) {
+	n, err := strconv.Atoi(os.Getenv("AWS_RESILIENT_TICK_ROLES"))
+	if err != nil {
+		t.Skip("set AWS_RESILIENT_TICK_ROLES=<roles> to run")
+	}
+	if os.Getenv("AWS_RESILIENT_TICK_OWN_LIMIT") == "1" {
+		prev := debug.SetMemoryLimit(32 << 20)
+		defer debug.SetMemoryLimit(prev)
+		awsresilient.OwnMemoryLimit()
+		go awsresilient.AdaptMemoryLimit(time.Second)
+	}
+	emu, err := stsemu.Start(stsemu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer emu.Close()
+	ctx := context.Background()
+	conf := logical.TestBackendConfig()
+	storage := new(logical.InmemStorage)
+	conf.StorageView = storage
+	conf.Logger = hclog.NewNullLogger()
+	b, err := awsresilient.Factory(ctx, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Initialize(ctx, &logical.InitializationRequest{Storage: storage}); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Cleanup(ctx)
+	req := func(op logical.Operation, path string, data map[string]any) error {
+		resp, err := b.HandleRequest(ctx, &logical.Request{Operation: op, Path: path, Data: data, Storage: storage})
+		if err == nil && resp != nil && resp.IsError() {
+			err = resp.Error()
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", op, path, err)
+		}
+		return nil
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(req(logical.UpdateOperation, "config/root", map[string]any{"access_key": "AKIAIOSFODNN7EXAMPLE",
+		"secret_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "sts_endpoint": emu.URL()}))
+	must(req(logical.UpdateOperation, "config/refresh", map[string]any{"sts_rate_limit": 0, "refresh_fraction": 0.05}))
+	// fill writes and cold-reads the roles, 32 at a time.
+	fill := func(names []string) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for w := 0; w < 32; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < len(names); i += 32 {
+					err := req(logical.UpdateOperation, "roles/"+names[i], map[string]any{"credential_type": "assumed_role",
+						"role_arn": "arn:aws:iam::123456789012:role/" + names[i]})
+					if err == nil {
+						err = req(logical.ReadOperation, "creds/"+names[i], nil)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("r%06d", i)
+	}
+	start := time.Now()
+	fill(names)
+	t.Logf("filled %d roles in %s", n, time.Since(start).Round(time.Millisecond))
+
+	tickers := make([]string, 100)
+	for i := range tickers {
+		tickers[i] = fmt.Sprintf("tick%03d", i)
+	}
+	emu.SetMaxLifetime(10 * time.Second)
+	must(req(logical.UpdateOperation, "config/refresh", map[string]any{"refresh_fraction": 0.5}))
+	fill(tickers)
+	// Every ticker is refreshed once by the schedule before the window.
+	time.Sleep(7 * time.Second)
+
+	if out := os.Getenv("AWS_RESILIENT_TICK_PROFILE"); out != "" {
+		f, err := os.Create(out)
+		must(err)
+		defer f.Close()
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	ok0 := emu.Stats().Count("AssumeRole", "ok")
+	cpu0 := processCPUTime(t)
+	const window = 15 * time.Second
+	time.Sleep(window)
+	cpu1 := processCPUTime(t)
+	ok1 := emu.Stats().Count("AssumeRole", "ok")
+	runtime.ReadMemStats(&ms1)
+	refreshes := ok1 - ok0
+	if refreshes == 0 {
+		t.Fatal("no refresh in the window")
+	}
+	samples := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/total:bytes"},
+		{Name: "/memory/classes/heap/released:bytes"}, {Name: "/gc/gomemlimit:bytes"}}
+	rtmetrics.Read(samples)
+	mib := func(i int) uint64 { return samples[i].Value.Uint64() >> 20 }
+	t.Logf("%d roles: %d refreshes of %d tickers in %s; %.2f ms of process CPU per refresh; %d GCs in the window; live heap %d MiB, held %d MiB, soft limit %d MiB",
+		n, refreshes, len(tickers), window, float64((cpu1-cpu0).Microseconds())/1000/float64(refreshes),
+		ms1.NumGC-ms0.NumGC, mib(0), mib(1)-mib(2), mib(3))
+}
+
+// processCPUTime is the user and system CPU this process has used.
+func processCPUTime(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
