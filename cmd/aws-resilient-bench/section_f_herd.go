@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"sort"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
@@ -38,6 +39,34 @@ type scaleHerdResult struct {
 	FailedCycles  map[string]int `json:"failed_cycles"`
 	FailedAttempt map[string]int `json:"failed_attempts"`
 	IdleSecs      int            `json:"limiter_idle_seconds"`
+	// MaxPerSecond: the most calls that reached the emulator within any
+	// one-second window, and where that window began after time zero.
+	// The plugin's limiter grants at most burst + rate in one second.
+	MaxPerSecond   int     `json:"max_calls_in_any_second"`
+	MaxWindowSecs  float64 `json:"max_window_start_seconds"`
+	MaxWindowRoles int     `json:"max_window_distinct_roles"`
+	// First100ms: calls per 100 ms in the three seconds from the first.
+	First100ms []int `json:"calls_per_100ms_first_3s"`
+}
+
+// busiestSecond finds the one-second window with the most calls (times
+// sorted), with how many distinct roles called in it.
+func busiestSecond(times []time.Time, roles []string) (n int, start time.Time, distinct int) {
+	j := 0
+	for i := range times {
+		for times[i].Sub(times[j]) >= time.Second {
+			j++
+		}
+		if i-j+1 > n {
+			n, start = i-j+1, times[j]
+			seen := map[string]bool{}
+			for _, r := range roles[j : i+1] {
+				seen[r] = true
+			}
+			distinct = len(seen)
+		}
+	}
+	return n, start, distinct
 }
 
 // scaleHerd: every role of a mount due at once. A Vault server of its own
@@ -166,6 +195,26 @@ func (r *run) scaleHerd(sr *scaleRun) *scaleHerdResult {
 			res.MinMarginSecs = min(res.MinMarginSecs, orig[c.RoleArn].Sub(c.Time).Seconds())
 		}
 	}
+	var times []time.Time
+	var arns []string
+	for _, c := range calls {
+		if _, ok := orig[c.RoleArn]; ok && c.Action == "AssumeRole" {
+			times = append(times, c.Time)
+			arns = append(arns, c.RoleArn)
+		}
+	}
+	sort.Sort(byTime{times, arns})
+	var maxStart time.Time
+	res.MaxPerSecond, maxStart, res.MaxWindowRoles = busiestSecond(times, arns)
+	res.MaxWindowSecs = maxStart.Sub(zero).Seconds()
+	if len(times) > 0 {
+		res.First100ms = make([]int, 30)
+		for _, t := range times {
+			if k := int(t.Sub(times[0]) / (100 * time.Millisecond)); k < len(res.First100ms) {
+				res.First100ms[k]++
+			}
+		}
+	}
 	if math.IsInf(res.MinMarginSecs, 1) {
 		res.MinMarginSecs = -1
 	}
@@ -176,6 +225,8 @@ func (r *run) scaleHerd(sr *scaleRun) *scaleHerdResult {
 	cycles, attempts := countRefreshLog(s.Process.LogPath, "f-")
 	res.FailedCycles, res.FailedAttempt = diffCounts(cycles, logCycles), diffCounts(attempts, logAttempts)
 	res.IdleSecs = idleSeconds(res.PerSecond, rate)
+	r.logf("f: herd: at most %d calls in one second (%d roles, from %.2fs); per 100 ms from the first call: %v",
+		res.MaxPerSecond, res.MaxWindowRoles, res.MaxWindowSecs, res.First100ms)
 	r.logf("f: herd: %d/%d refreshed before expiry, %d throttled, %d calls %v, first call %.2fs, all fresh %s (%.3fx %d/%d s); least margin left %.1fs; failed cycles %v, failed attempts %v; limiter idle %d s",
 		res.Refreshed, res.Roles, res.Throttled, res.Calls, res.Outcomes, res.FirstCallSecs, secs(res.AllFreshSeconds), res.Ratio, n, rate,
 		res.MinMarginSecs, res.FailedCycles, res.FailedAttempt, res.IdleSecs)
@@ -191,4 +242,17 @@ func diffCounts(after, before map[string]int) map[string]int {
 		}
 	}
 	return out
+}
+
+// byTime sorts call times with their roles.
+type byTime struct {
+	t []time.Time
+	r []string
+}
+
+func (b byTime) Len() int           { return len(b.t) }
+func (b byTime) Less(i, j int) bool { return b.t[i].Before(b.t[j]) }
+func (b byTime) Swap(i, j int) {
+	b.t[i], b.t[j] = b.t[j], b.t[i]
+	b.r[i], b.r[j] = b.r[j], b.r[i]
 }
