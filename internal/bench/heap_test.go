@@ -10,11 +10,7 @@ import (
 	"testing"
 	"time"
 
-	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
-
-	awsresilient "github.com/aws-resilient/vault-plugin-secrets-aws-resilient"
-	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
 // TestHeapPerRole measures the plugin's live heap per cached role, in
@@ -28,33 +24,15 @@ func TestHeapPerRole(t *testing.T) {
 	// Sample every 1 KiB allocated (default 512 KiB) so that per-role
 	// figures in the profile are exact enough to attribute.
 	runtime.MemProfileRate = 1024
-	emu, err := stsemu.Start(stsemu.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer emu.Close()
+	p := newInProcess(t)
 	ctx := context.Background()
-	conf := logical.TestBackendConfig()
-	storage := new(logical.InmemStorage)
-	conf.StorageView = storage
-	conf.Logger = hclog.NewNullLogger()
-	b, err := awsresilient.Factory(ctx, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Initialize(ctx, &logical.InitializationRequest{Storage: storage}); err != nil {
-		t.Fatal(err)
-	}
-	defer b.Cleanup(ctx)
+	b, storage := p.b, p.storage
 	req := func(op logical.Operation, path string, data map[string]any) {
 		t.Helper()
-		resp, err := b.HandleRequest(ctx, &logical.Request{Operation: op, Path: path, Data: data, Storage: storage})
-		if err != nil || (resp != nil && resp.IsError()) {
-			t.Fatalf("%s %s: %v %v", op, path, err, resp)
+		if err := p.do(op, path, data); err != nil {
+			t.Fatal(err)
 		}
 	}
-	req(logical.UpdateOperation, "config/root", map[string]any{"access_key": "AKIAIOSFODNN7EXAMPLE",
-		"secret_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "sts_endpoint": emu.URL()})
 	req(logical.UpdateOperation, "config/refresh", map[string]any{"retry_window": 6, "max_retries": 6, "sts_rate_limit": 0})
 	live := func() uint64 {
 		runtime.GC()

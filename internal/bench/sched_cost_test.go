@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -10,15 +9,12 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	awsresilient "github.com/aws-resilient/vault-plugin-secrets-aws-resilient"
-	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
 // TestSchedulerCostInProcess is section f's scheduler-cost window in one
@@ -43,42 +39,14 @@ func TestSchedulerCostInProcess(t *testing.T) {
 		awsresilient.OwnMemoryLimit()
 		go awsresilient.AdaptMemoryLimit(time.Second)
 	}
-	emu, err := stsemu.Start(stsemu.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer emu.Close()
-	ctx := context.Background()
-	conf := logical.TestBackendConfig()
-	storage := new(logical.InmemStorage)
-	conf.StorageView = storage
-	conf.Logger = hclog.NewNullLogger()
-	b, err := awsresilient.Factory(ctx, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Initialize(ctx, &logical.InitializationRequest{Storage: storage}); err != nil {
-		t.Fatal(err)
-	}
-	defer b.Cleanup(ctx)
-	req := func(op logical.Operation, path string, data map[string]any) error {
-		resp, err := b.HandleRequest(ctx, &logical.Request{Operation: op, Path: path, Data: data, Storage: storage})
-		if err == nil && resp != nil && resp.IsError() {
-			err = resp.Error()
-		}
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", op, path, err)
-		}
-		return nil
-	}
+	p := newInProcess(t)
+	emu, req := p.emu, p.do
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	must(req(logical.UpdateOperation, "config/root", map[string]any{"access_key": "AKIAIOSFODNN7EXAMPLE",
-		"secret_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "sts_endpoint": emu.URL()}))
 	must(req(logical.UpdateOperation, "config/refresh", map[string]any{"sts_rate_limit": 0, "refresh_fraction": 0.05}))
 	// fill writes and cold-reads the roles, 32 at a time.
 	fill := func(names []string) {
@@ -135,10 +103,12 @@ func TestSchedulerCostInProcess(t *testing.T) {
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	ok0 := emu.Stats().Count("AssumeRole", "ok")
-	cpu0 := processCPUTime(t)
+	cpu0, err := ReadCPU(os.Getpid())
+	must(err)
 	const window = 15 * time.Second
 	time.Sleep(window)
-	cpu1 := processCPUTime(t)
+	cpu1, err := ReadCPU(os.Getpid())
+	must(err)
 	ok1 := emu.Stats().Count("AssumeRole", "ok")
 	runtime.ReadMemStats(&ms1)
 	refreshes := ok1 - ok0
@@ -152,13 +122,4 @@ func TestSchedulerCostInProcess(t *testing.T) {
 	t.Logf("%d roles: %d refreshes of %d tickers in %s; %.2f ms of process CPU per refresh; %d GCs in the window; live heap %d MiB, held %d MiB, soft limit %d MiB",
 		n, refreshes, len(tickers), window, float64((cpu1-cpu0).Microseconds())/1000/float64(refreshes),
 		ms1.NumGC-ms0.NumGC, mib(0), mib(1)-mib(2), mib(3))
-}
-
-// processCPUTime is the user and system CPU this process has used.
-func processCPUTime(t *testing.T) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
