@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
@@ -49,24 +49,26 @@ type scaleHerdResult struct {
 	First100ms []int `json:"calls_per_100ms_first_3s"`
 }
 
-// busiestSecond finds the one-second window with the most calls (times
-// sorted), with how many distinct roles called in it.
-func busiestSecond(times []time.Time, roles []string) (n int, start time.Time, distinct int) {
-	j := 0
-	for i := range times {
-		for times[i].Sub(times[j]) >= time.Second {
+// busiestSecond finds the one-second window with the most calls (sorted
+// by time), with how many distinct roles called in it.
+func busiestSecond(calls []vaulttest.EmulatorCall) (n int, start time.Time, distinct int) {
+	var first, last, j int
+	for i := range calls {
+		for calls[i].Time.Sub(calls[j].Time) >= time.Second {
 			j++
 		}
 		if i-j+1 > n {
-			n, start = i-j+1, times[j]
-			seen := map[string]bool{}
-			for _, r := range roles[j : i+1] {
-				seen[r] = true
-			}
-			distinct = len(seen)
+			n, first, last = i-j+1, j, i
 		}
 	}
-	return n, start, distinct
+	if n == 0 {
+		return 0, time.Time{}, 0
+	}
+	seen := map[string]bool{}
+	for _, c := range calls[first : last+1] {
+		seen[c.RoleArn] = true
+	}
+	return n, calls[first].Time, len(seen)
 }
 
 // scaleHerd: every role of a mount due at once. A Vault server of its own
@@ -195,22 +197,20 @@ func (r *run) scaleHerd(sr *scaleRun) *scaleHerdResult {
 			res.MinMarginSecs = min(res.MinMarginSecs, orig[c.RoleArn].Sub(c.Time).Seconds())
 		}
 	}
-	var times []time.Time
-	var arns []string
+	var herdCalls []vaulttest.EmulatorCall
 	for _, c := range calls {
 		if _, ok := orig[c.RoleArn]; ok && c.Action == "AssumeRole" {
-			times = append(times, c.Time)
-			arns = append(arns, c.RoleArn)
+			herdCalls = append(herdCalls, c)
 		}
 	}
-	sort.Sort(byTime{times, arns})
+	slices.SortFunc(herdCalls, func(a, b vaulttest.EmulatorCall) int { return a.Time.Compare(b.Time) })
 	var maxStart time.Time
-	res.MaxPerSecond, maxStart, res.MaxWindowRoles = busiestSecond(times, arns)
+	res.MaxPerSecond, maxStart, res.MaxWindowRoles = busiestSecond(herdCalls)
 	res.MaxWindowSecs = maxStart.Sub(zero).Seconds()
-	if len(times) > 0 {
+	if len(herdCalls) > 0 {
 		res.First100ms = make([]int, 30)
-		for _, t := range times {
-			if k := int(t.Sub(times[0]) / (100 * time.Millisecond)); k < len(res.First100ms) {
+		for _, c := range herdCalls {
+			if k := int(c.Time.Sub(herdCalls[0].Time) / (100 * time.Millisecond)); k < len(res.First100ms) {
 				res.First100ms[k]++
 			}
 		}
@@ -242,17 +242,4 @@ func diffCounts(after, before map[string]int) map[string]int {
 		}
 	}
 	return out
-}
-
-// byTime sorts call times with their roles.
-type byTime struct {
-	t []time.Time
-	r []string
-}
-
-func (b byTime) Len() int           { return len(b.t) }
-func (b byTime) Less(i, j int) bool { return b.t[i].Before(b.t[j]) }
-func (b byTime) Swap(i, j int) {
-	b.t[i], b.t[j] = b.t[j], b.t[i]
-	b.r[i], b.r[j] = b.r[j], b.r[i]
 }
