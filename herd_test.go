@@ -176,3 +176,43 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestRefresh_HerdLateForItsSlotsIsPacedAgain: the herd of
+// TestRefresh_HerdQueuesForTheLimiterInExpiryOrder takes its slots, then
+// the process stalls for 3 s (as one does that is short of CPU, or whose
+// cycles load their roles from storage before they call), so 30 cycles reach
+// slots that have all passed at the same moment. They must not call
+// together: the calls as made keep to sts_rate_limit in every window, STS
+// throttles none, and every role is refreshed once.
+func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
+	const roles, rate, burst = 100, 10, 1
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time {
+		return now.Add(60*time.Second + time.Duration(i)*10*time.Second)
+	}, rate, burst)
+	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMax, storage: storage})
+	// The first slot is now: that role calls at once, the others wait.
+	clk.WaitUntil(t, func() bool { return clk.Sleepers() >= roles-1 && len(emu.Calls()) == 1 && clk.busy.Load() == 0 }, func() string {
+		return fmt.Sprintf("%d of %d cycles waiting for their slots, %d called", clk.Sleepers(), roles-1, len(emu.Calls()))
+	})
+	clk.Advance(3 * time.Second) // the stall: slots 0 to 3 s all passed
+	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)))
+
+	calls := emu.Calls()
+	var times []time.Time
+	for _, c := range calls {
+		if c.Outcome != "ok" {
+			t.Fatalf("call for %s at +%v: %s", c.RoleArn, c.Time.Sub(now), c.Outcome)
+		}
+		times = append(times, c.Time)
+	}
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	checkRateWindows(t, times, rate, burst)
+	if n := counterValue(t, b.metrics.paced); n < 25 {
+		t.Fatalf("%v calls paced, want the ~30 that came late", n)
+	}
+}

@@ -40,6 +40,7 @@ type metrics struct {
 	cycleTime   *prometheus.HistogramVec // result
 	rateLimited prometheus.Counter
 	queued      prometheus.Counter
+	paced       prometheus.Counter
 	rejected    *prometheus.CounterVec // reason
 
 	rotations *prometheus.CounterVec // trigger, result
@@ -89,6 +90,10 @@ func newMetrics(version string) *metrics {
 			Name: "aws_resilient_rate_limit_queued_attempts_total",
 			Help: "Background attempts that found no sts_rate_limit slot left in their block and queued for the next free one, moving their block.",
 		}),
+		paced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aws_resilient_rate_limit_paced_calls_total",
+			Help: "STS calls that reached their sts_rate_limit slot late, found the calls made meanwhile had used the limit, and waited to go.",
+		}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_credentials_rejected_total",
 			Help: "Credentials STS returned that validation rejected (never cached), by reason.",
@@ -120,7 +125,7 @@ func newMetrics(version string) *metrics {
 		ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.rejected, reads, m.coldWait, build, m.rotations, m.entityDrops)
+	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.paced, m.rejected, reads, m.coldWait, build, m.rotations, m.entityDrops)
 	// Every label value known in advance is exported from the start, at 0,
 	// so that rate() and increase() see the first event instead of a series
 	// that appears with it.

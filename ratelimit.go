@@ -15,8 +15,17 @@ import (
 // would land after the caller's deadline (the end of its retry block) is
 // refused and consumes nothing, so a herd of roles queues inside its blocks
 // instead of failing, and a refused role simply tries again in its next block.
+//
+// A slot is a promise about when a call may go, made before the call: a
+// herd's cycles take theirs when they are planned, and a cycle may reach its
+// call late (its role loaded from storage first, the process short of CPU).
+// Calls whose slots have all passed would then go together, more at once
+// than the limit grants. So the limiter also paces the calls themselves: a
+// second bucket of the same rate and burst, taken at the moment of the call
+// (pace). Calls made at their slots conform to it and never wait there; late
+// ones are spaced out again instead of bunching.
 type rateLimiter struct {
-	// mu guards interval, burst and tat.
+	// mu guards interval, burst, tat and callTat.
 	mu sync.Mutex
 	// interval is the time one call costs (1/rate); 0 means no cap.
 	interval time.Duration
@@ -25,6 +34,8 @@ type rateLimiter struct {
 	// tat is the theoretical arrival time: when the bucket will be empty
 	// again if nobody else reserves a slot.
 	tat time.Time
+	// callTat is tat for the calls as made (pace).
+	callTat time.Time
 }
 
 func newRateLimiter(rate float64, burst int) *rateLimiter {
@@ -83,6 +94,27 @@ func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
 	}
 	l.tat = tat.Add(l.interval)
 	return at, true
+}
+
+// pace returns when a call whose slot has come may go: now, unless calls
+// made since a quiet period already used what the limit grants up to now.
+// It always grants, and consumes from the call bucket only.
+func (l *rateLimiter) pace(now time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.interval == 0 {
+		return now
+	}
+	tat := l.callTat
+	if tat.Before(now) {
+		tat = now
+	}
+	at := tat.Add(-time.Duration(l.burst-1) * l.interval)
+	if at.Before(now) {
+		at = now
+	}
+	l.callTat = tat.Add(l.interval)
+	return at
 }
 
 // capacity returns how many calls the limiter grants within d from a quiet

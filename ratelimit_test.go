@@ -1,6 +1,7 @@
 package awsresilient
 
 import (
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -151,6 +152,60 @@ func TestRateLimiter_Windows(t *testing.T) {
 				t.Fatalf("only %d slots granted", len(slots))
 			}
 			checkRateWindows(t, slots, tc.rate, tc.burst)
+		})
+	}
+}
+
+// TestRateLimiter_PaceSpacesLateCalls: callers take slots, then reach them
+// on time or late (a seeded share stalls up to 3 s, as a cycle does that
+// loads its role first or a process short of CPU). Calls made on time go
+// at their slots; late calls are spaced again, so the calls as made never
+// exceed the limit in any window, and none goes before its caller came.
+func TestRateLimiter_PaceSpacesLateCalls(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+		late  int // in 100: share of callers that stall
+	}{{10, 1, 0}, {50, 25, 0}, {10, 1, 30}, {50, 25, 30}, {50, 25, 100}, {3, 2, 50}} {
+		t.Run(fmt.Sprintf("rate%v-burst%d-late%d", tc.rate, tc.burst, tc.late), func(t *testing.T) {
+			t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := newRateLimiter(tc.rate, tc.burst)
+			r := newSeededRand(11)
+			type caller struct{ slot, came time.Time }
+			var cs []caller
+			now := t0
+			for i := 0; i < 1500; i++ {
+				now = now.Add(time.Duration(r.Int64N(int64(30 * time.Millisecond))))
+				at, ok := l.reserve(now, now.Add(time.Hour))
+				if !ok {
+					t.Fatal("no slot within an hour")
+				}
+				c := caller{slot: at, came: at}
+				if int(r.Int64N(100)) < tc.late {
+					c.came = at.Add(time.Duration(r.Int64N(int64(3 * time.Second))))
+				}
+				cs = append(cs, c)
+			}
+			sort.SliceStable(cs, func(i, j int) bool { return cs[i].came.Before(cs[j].came) })
+			var calls []time.Time
+			waited := 0
+			for _, c := range cs {
+				at := l.pace(c.came)
+				if at.Before(c.came) {
+					t.Fatalf("call at %v before its caller came at %v", at, c.came)
+				}
+				if at.After(c.came) {
+					waited++
+				}
+				calls = append(calls, at)
+			}
+			checkRateWindows(t, calls, tc.rate, tc.burst)
+			if tc.late == 0 && waited != 0 {
+				t.Fatalf("%d calls made at their slots waited, want none", waited)
+			}
+			if tc.late > 0 && waited == 0 {
+				t.Fatal("no late call waited: the stalls did not bunch calls, the test shows nothing")
+			}
 		})
 	}
 }

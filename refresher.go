@@ -620,6 +620,14 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 		if err := b.sleepUntil(ctx, at, nil); err != nil {
 			return nil, classify(err, ""), moved
 		}
+		// The slot has come; a call that reached it late waits its turn
+		// among the calls actually made (rateLimiter.pace).
+		if p := b.limiter.pace(b.clock.Now()); p.After(b.clock.Now()) {
+			b.metrics.paced.Inc()
+			if err := b.sleepUntil(ctx, p, nil); err != nil {
+				return nil, classify(err, ""), moved
+			}
+		}
 		d := min(timeout, max(blockEnd.Sub(b.clock.Now()), min(timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
 		called := b.clock.Now()
