@@ -263,6 +263,11 @@ func (x *schedIndex) repair(ctx context.Context, s logical.Storage, since uint64
 				delete(next, k)
 			}
 		}
+		if len(sh.touched) == 0 {
+			// A map keeps its peak size: every role a fill or a herd
+			// committed would stay allocated here until the next commit.
+			sh.touched = nil
+		}
 		if !sh.loaded || sh.dirty || !maps.Equal(sh.items, next) {
 			if err := writeShard(ctx, s, i, next); err != nil {
 				if firstErr == nil {
