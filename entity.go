@@ -269,7 +269,7 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 		r.mu.Unlock()
 		return nil, errTooManyEntities{max: rs.role.maxEntities()}
 	}
-	st := *rs.status
+	st := rs.status()
 	st.LastRead = now
 	if err := putStatus(ctx, s, key, &st); err != nil {
 		// It may have been written: read it again on the next access.
@@ -280,7 +280,7 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	next := *rs
-	next.status, next.known = &st, true
+	next.fullStatus, next.known = &st, true
 	r.put(key, &next)
 	return &next, nil
 }
@@ -445,7 +445,8 @@ func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfi
 			}
 			s.count++
 			s.byState[b.report(key, rs, now, cfg, refresher).state]++
-			st := rs.status
+			stv := rs.status()
+			st := &stv
 			if st.LastAttempt.After(s.lastAttempt) {
 				s.lastAttempt = st.LastAttempt
 			}

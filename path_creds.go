@@ -2,10 +2,12 @@ package awsresilient
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -261,7 +263,7 @@ func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEn
 	data := map[string]interface{}{
 		"access_key":     cred.AccessKey,
 		"secret_key":     cred.SecretKey,
-		"security_token": cred.SessionToken,
+		"security_token": cred.sessionToken(),
 		"expiration":     cred.Expiration.UTC().Format(time.RFC3339),
 	}
 	if cred.ARN != "" {
@@ -331,6 +333,46 @@ type cacheEntry struct {
 	// RoleHash identifies the role definition the credential was issued
 	// for (roleEntry.hash); empty in entries written before it existed.
 	RoleHash string `json:"role_hash,omitempty"`
+	// tokenRaw is the session token decoded from base64, held by the
+	// in-memory mirror instead of SessionToken (mirrored): a quarter
+	// smaller, and the token is the bulk of a cached role's memory.
+	tokenRaw string
+}
+
+// mirrored returns c as the in-memory mirror holds it: the session token
+// decoded when it is canonical base64 (as STS's are; anything else is kept
+// as it came), and without RoleHash, which only storage needs (a credential
+// is checked against its role when it is loaded, and one committed was
+// issued for the role it is mirrored with). c itself is not changed.
+func (c *cacheEntry) mirrored() *cacheEntry {
+	if c == nil || c.tokenRaw != "" {
+		return c
+	}
+	raw, err := base64.StdEncoding.Strict().DecodeString(c.SessionToken)
+	decoded := err == nil && len(raw) > 0 && base64.StdEncoding.EncodeToString(raw) == c.SessionToken
+	if !decoded && c.RoleHash == "" {
+		return c
+	}
+	m := *c
+	m.RoleHash = ""
+	if decoded {
+		m.tokenRaw, m.SessionToken = string(raw), ""
+	}
+	return &m
+}
+
+// sessionToken is the credential's session token, whichever form holds it.
+func (c *cacheEntry) sessionToken() string {
+	if c.tokenRaw != "" {
+		// One allocation per read: the encoding only reads the raw token
+		// (no copy of it), and the new buffer, never written again, becomes
+		// the string (no second copy, as EncodeToString would make).
+		raw := unsafe.Slice(unsafe.StringData(c.tokenRaw), len(c.tokenRaw))
+		buf := make([]byte, base64.StdEncoding.EncodedLen(len(raw)))
+		base64.StdEncoding.Encode(buf, raw)
+		return unsafe.String(unsafe.SliceData(buf), len(buf))
+	}
+	return c.SessionToken
 }
 
 // refreshMargin is how long before expiration the credential's refresh is

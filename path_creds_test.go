@@ -1,7 +1,10 @@
 package awsresilient
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,12 +159,15 @@ func TestCreds_ColdReadBoundedByRequest(t *testing.T) {
 
 // BenchmarkCredsRead measures a cached creds read through HandleRequest: the
 // path Vault takes for every `vault read aws-resilient/creds/<role>`.
+// The session token is base64 of 494 bytes, as long as the emulator's
+// (AWS's run longer): the mirror holds it decoded, and each read encodes it.
 func BenchmarkCredsRead(b *testing.B) {
 	storage := new(logical.InmemStorage)
 	now := time.Now()
+	token := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("sts-session-token\x00\xff"), 26))
 	for key, v := range map[string]interface{}{
 		rolePrefix + testRole: &roleEntry{CredentialType: credentialTypeAssumedRole, RoleARN: testRoleARN, TTL: time.Hour},
-		cachePrefix + testRole: &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "secret", SessionToken: "token",
+		cachePrefix + testRole: &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "secret", SessionToken: token,
 			IssuedAt: now, Expiration: now.Add(time.Hour)},
 	} {
 		e, _ := logical.StorageEntryJSON(key, v)
@@ -175,9 +181,55 @@ func BenchmarkCredsRead(b *testing.B) {
 		req := &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: s}
 		for pb.Next() {
 			resp, err := bk.HandleRequest(context.Background(), req)
-			if err != nil || resp.Data["access_key"] != "ASIAEXAMPLE" {
+			if err != nil || resp.Data["access_key"] != "ASIAEXAMPLE" || resp.Data["security_token"] != token {
 				b.Fatalf("%v %v", resp, err)
 			}
 		}
 	})
+}
+
+// TestMirroredCredential: the mirror holds a canonical base64 session token
+// decoded and serves it encoded exactly as STS issued it; any other token is
+// held as it came; RoleHash is left to storage; the credential given is
+// never changed.
+func TestMirroredCredential(t *testing.T) {
+	raw := bytes.Repeat([]byte{0, 0xff, 'a', 0x10}, 100)
+	canonical := base64.StdEncoding.EncodeToString(raw)
+	for _, tc := range []struct {
+		name, token string
+		decoded     bool
+	}{
+		{"canonical base64", canonical, true},
+		{"one byte", "AA==", true},
+		{"not base64", "old-token", false},
+		{"unpadded", strings.TrimRight(base64.StdEncoding.EncodeToString(raw[:10]), "="), false},
+		{"line breaks", canonical[:76] + "\n" + canonical[76:], false},
+		{"non-zero trailing bits", "AB==", false},
+		{"url alphabet", base64.URLEncoding.EncodeToString(raw), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "secret", SessionToken: tc.token, RoleHash: "abc", Expiration: time.Now()}
+			before := *c
+			m := c.mirrored()
+			if *c != before {
+				t.Fatalf("mirrored changed its argument: %+v", *c)
+			}
+			if got := m.sessionToken(); got != tc.token {
+				t.Fatalf("sessionToken() = %q, want %q", got, tc.token)
+			}
+			if m.RoleHash != "" || m.AccessKey != c.AccessKey || m.SecretKey != c.SecretKey || !m.Expiration.Equal(c.Expiration) {
+				t.Fatalf("mirrored = %+v", *m)
+			}
+			if (m.tokenRaw != "") != tc.decoded || (m.SessionToken == "") != tc.decoded {
+				t.Fatalf("decoded = %v (raw %d bytes, token %q), want %v", m.tokenRaw != "", len(m.tokenRaw), m.SessionToken, tc.decoded)
+			}
+			if again := m.mirrored(); again != m && tc.decoded {
+				t.Fatal("mirroring a mirrored credential copied it again")
+			}
+		})
+	}
+	var nilCred *cacheEntry
+	if nilCred.mirrored() != nil {
+		t.Fatal("a nil credential mirrored to non-nil")
+	}
 }

@@ -130,7 +130,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 				sum.worst = &statusEntry{}
 			}
 			// Its entities' figures, so that the alerts fire for them.
-			rs = &roleState{role: rs.role, status: &statusEntry{FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess}}
+			rs = &roleState{role: rs.role, fullStatus: &statusEntry{FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess}}
 			if sum.expiringFailing {
 				expiringFailing++
 			}
@@ -144,23 +144,24 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		}
 		// The aggregates behind the two per-role alerts, for mounts above
 		// metrics_max_roles (the rules use these thresholds).
-		if rs.status.FailedCycles >= 2 {
+		st := rs.status()
+		if st.FailedCycles >= 2 {
 			failing++
 		}
-		if expiringWhileFailing(rs.status, rs.cred, now, cfg) {
+		if expiringWhileFailing(&st, rs.cred, now, cfg) {
 			expiringFailing++
 		}
 		if !perRole {
 			continue
 		}
-		smp := roleSample{name: name, report: r, failedCycles: float64(rs.status.FailedCycles)}
+		smp := roleSample{name: name, report: r, failedCycles: float64(st.FailedCycles)}
 		if c := rs.cred; c != nil {
 			smp.cached, smp.exp = true, unixSeconds(c.Expiration)
 			if !c.IssuedAt.IsZero() {
 				smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
 			}
 		}
-		if t := rs.status.LastSuccess; !t.IsZero() {
+		if t := st.LastSuccess; !t.IsZero() {
 			smp.succeeded, smp.lastSuccess = true, unixSeconds(t)
 		}
 		samples = append(samples, smp)

@@ -159,7 +159,8 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	if rs == nil {
 		return nil, nil
 	}
-	cred, st := rs.cred, rs.status
+	cred, stv := rs.cred, rs.status()
+	st := &stv
 	now := b.clock.Now()
 	cfg := b.getRefreshCfg()
 	r := b.report(name, rs, now, cfg, b.WriteSafeReplicationState())
@@ -234,7 +235,7 @@ type roleReport struct {
 // a node that does not (a performance standby) it is the plan the active
 // node recorded.
 func (b *backend) report(name string, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
-	cred, st := rs.cred, rs.status
+	cred, st := rs.cred, rs.status()
 	r := roleReport{next: st.NextRefresh}
 	if refresher {
 		r.next, _ = b.scheduledAt(name)

@@ -178,3 +178,50 @@ func TestRefreshPath(t *testing.T) {
 		}
 	})
 }
+
+// TestCompactStatus: the mirror drops a status record that only says the
+// cached credential's cycle succeeded, and status() gives back exactly the
+// record (every field, every time's instant, location and clock reading);
+// any other record is kept whole.
+func TestCompactStatus(t *testing.T) {
+	issued := time.Now() // with a monotonic reading, as the real clock gives
+	cred := &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "s", SessionToken: "t", IssuedAt: issued, Expiration: issued.Add(time.Hour)}
+	next := issued.Add(50 * time.Minute).Round(0).UTC()
+	plain := statusEntry{NextRefresh: next, LastAttempt: issued, LastSuccess: issued, AttemptsLastCycle: 3}
+	with := func(f func(*statusEntry)) statusEntry { st := plain; f(&st); return st }
+	for _, tc := range []struct {
+		name    string
+		st      statusEntry
+		cred    *cacheEntry
+		compact bool
+	}{
+		{"plain success", plain, cred, true},
+		{"nothing planned", with(func(s *statusEntry) { s.NextRefresh = time.Time{} }), cred, true},
+		{"no credential", plain, nil, false},
+		{"failed cycles", with(func(s *statusEntry) { s.FailedCycles = 1 }), cred, false},
+		{"last error", with(func(s *statusEntry) { s.LastError = "Throttling: rate exceeded" }), cred, false},
+		{"rate limited", with(func(s *statusEntry) { s.RateLimitedSince = issued }), cred, false},
+		{"entity read", with(func(s *statusEntry) { s.LastRead = issued }), cred, false},
+		{"later attempt", with(func(s *statusEntry) { s.LastAttempt = issued.Add(time.Second) }), cred, false},
+		{"older success", with(func(s *statusEntry) { s.LastSuccess = issued.Add(-time.Hour) }), cred, false},
+		{"same instant, no clock reading", with(func(s *statusEntry) { s.LastAttempt = issued.Round(0) }), cred, false},
+		{"next in a local zone", with(func(s *statusEntry) { s.NextRefresh = next.In(time.FixedZone("X", 3600)) }), cred, false},
+		{"next with a clock reading", with(func(s *statusEntry) { s.NextRefresh = issued.Add(time.Minute) }), cred, false},
+		{"256 attempts", with(func(s *statusEntry) { s.AttemptsLastCycle = 256 }), cred, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := tc.st
+			r := newRoleStates(nil, time.Now, new(schedIndex))
+			r.mu.Lock()
+			r.put("r", &roleState{role: &roleEntry{}, cred: tc.cred, fullStatus: &st})
+			rs := r.m["r"]
+			r.mu.Unlock()
+			if compact := rs.fullStatus == nil; compact != tc.compact {
+				t.Fatalf("compact = %v, want %v", compact, tc.compact)
+			}
+			if got := rs.status(); got != tc.st {
+				t.Fatalf("status() = %+v\nwant        %+v", got, tc.st)
+			}
+		})
+	}
+}

@@ -421,8 +421,8 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStar
 // status records, or, when it records none, the regular refresh point of
 // the cached credential.
 func (b *backend) plannedRefresh(rs *roleState) time.Time {
-	if !rs.status.NextRefresh.IsZero() {
-		return rs.status.NextRefresh
+	if next := rs.status().NextRefresh; !next.IsZero() {
+		return next
 	}
 	if rs.cred != nil {
 		return b.nextRefreshAfterSuccess(rs.cred, b.getRefreshCfg().RefreshFraction)
@@ -472,5 +472,5 @@ func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
 // credential, or a cycle has run for it. A role nobody has read yet stays
 // cold, with nothing scheduled, until its first read.
 func (rs *roleState) warm() bool {
-	return rs.cred != nil || !rs.status.LastAttempt.IsZero() || rs.badCache
+	return rs.cred != nil || !rs.status().LastAttempt.IsZero() || rs.badCache
 }

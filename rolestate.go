@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,8 @@ type roleStates struct {
 
 // put mirrors key; r.mu must be held for writing.
 func (r *roleStates) put(key string, rs *roleState) {
+	rs.cred = rs.cred.mirrored()
+	rs.compactStatus()
 	r.m[key] = rs
 	if role, id := splitKey(key); id != "" {
 		set := r.ents[role]
@@ -106,8 +109,13 @@ type roleState struct {
 	// the stored one belongs to another definition or is implausible
 	// (badCache is set then, and the reconciler deletes it).
 	cred *cacheEntry
-	// status is the refresher's record; never nil.
-	status *statusEntry
+	// fullStatus is the refresher's record, read through status(). It is
+	// nil when the record is the plain success of cred (compactStatus):
+	// okNext and okAttempts then hold the rest of it.
+	fullStatus *statusEntry
+	// okNext is the plain success's NextRefresh in Unix nanoseconds, 0 for
+	// none.
+	okNext int64
 	// gen changes whenever the role's definition changes (or the role is
 	// deleted and created again); a cycle carries the gen it started with
 	// and may commit only while it is current.
@@ -131,6 +139,43 @@ type roleState struct {
 	// known: storage holds a credential or a status for the entity (its
 	// first read was admitted). Only entity entries use it.
 	known bool
+	// okAttempts is the plain success's AttemptsLastCycle.
+	okAttempts uint8
+}
+
+// status returns the refresher's record of the role.
+func (rs *roleState) status() statusEntry {
+	if rs.fullStatus != nil {
+		return *rs.fullStatus
+	}
+	st := statusEntry{LastAttempt: rs.cred.IssuedAt, LastSuccess: rs.cred.IssuedAt, AttemptsLastCycle: int(rs.okAttempts)}
+	if rs.okNext != 0 {
+		st.NextRefresh = time.Unix(0, rs.okNext).UTC()
+	}
+	return st
+}
+
+// compactStatus drops the status record from memory when it says no more
+// than "the cached credential's cycle succeeded": its last attempt and
+// success are the credential's issue time, nothing failed, and only its
+// next refresh and attempt count remain, kept in 9 bytes instead of a
+// 160-byte record. status() gives back exactly the record it dropped (the
+// times compared with ==: same instant, location and clock reading).
+// Most roles are in that state most of the time.
+func (rs *roleState) compactStatus() {
+	st, cred := rs.fullStatus, rs.cred
+	if st == nil || cred == nil || st.FailedCycles != 0 || st.LastError != "" || !st.RateLimitedSince.IsZero() || !st.LastRead.IsZero() ||
+		st.LastAttempt != cred.IssuedAt || st.LastSuccess != cred.IssuedAt || st.AttemptsLastCycle < 0 || st.AttemptsLastCycle > math.MaxUint8 {
+		return
+	}
+	var next int64
+	if !st.NextRefresh.IsZero() {
+		next = st.NextRefresh.UnixNano()
+		if next == 0 || time.Unix(0, next).UTC() != st.NextRefresh {
+			return // not held exactly by nanoseconds since 1970 in UTC
+		}
+	}
+	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
 }
 
 func newRoleStates(sched scheduler, now func() time.Time, index *schedIndex) *roleStates {
@@ -219,7 +264,7 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 			next.cred = cred
 		}
 	}
-	next.status, next.statusDirty = repairStatus(st, next.cred)
+	next.fullStatus, next.statusDirty = repairStatus(st, next.cred)
 	next.known = cred != nil || st != nil
 
 	r.mu.Lock()
@@ -229,7 +274,7 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 		// The last read is the later of what this node saw and what the
 		// last commit (on any node) recorded; an entry never recorded is
 		// as good as read now, so that it is not dropped before its use.
-		read := next.status.LastRead
+		read := next.fullStatus.LastRead
 		if read.IsZero() {
 			read = r.now()
 		}
@@ -242,10 +287,10 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 	}
 	if old != nil && old.role.equal(role) {
 		next.gen = old.gen
-		if old.statusDirty && old.status.LastAttempt.After(next.status.LastAttempt) {
+		if oldSt := old.status(); old.statusDirty && oldSt.LastAttempt.After(next.fullStatus.LastAttempt) {
 			// The unwritten status is newer than storage's. (A status that
 			// another node wrote since is not older, and wins.)
-			next.status, next.statusDirty = old.status, true
+			next.fullStatus, next.statusDirty = &oldSt, true
 		}
 	} else {
 		next.gen = r.gens.Add(1)
@@ -289,7 +334,7 @@ func (r *roleStates) markLocked(name string, bump bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rs := r.m[name]
-	next := &roleState{status: &statusEntry{}, stale: true}
+	next := &roleState{fullStatus: &statusEntry{}, stale: true}
 	if rs != nil {
 		copied := *rs
 		next = &copied
@@ -387,7 +432,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return fmt.Errorf("writing role %q: %w", name, err)
 	}
 	r.mu.Lock()
-	r.put(name, &roleState{role: role, status: &statusEntry{}, gen: r.m[name].gen})
+	r.put(name, &roleState{role: role, fullStatus: &statusEntry{}, gen: r.m[name].gen})
 	for _, k := range ents {
 		r.del(k)
 	}
@@ -496,7 +541,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	}
 	dirty := putStatus(ctx, s, name, st) != nil
 	r.mu.Lock()
-	r.put(name, &roleState{role: rs.role, cred: &stored, status: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
+	r.put(name, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
 	r.index.set(ctx, s, name, next, stored.Expiration)
@@ -519,14 +564,15 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	if rs == nil || rs.gen != gen {
 		return nil, nil, time.Time{}, errRoleChanged
 	}
-	st, next := build(rs.status, rs.cred)
+	prev := rs.status()
+	st, next := build(&prev, rs.cred)
 	if rs.use != nil {
 		st.LastRead = rs.use.last()
 	}
 	dirty := putStatus(ctx, s, name, st) != nil
 	r.mu.Lock()
 	copied := *rs
-	copied.status, copied.statusDirty, copied.known = st, dirty, true
+	copied.fullStatus, copied.statusDirty, copied.known = st, dirty, true
 	r.put(name, &copied)
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
@@ -543,7 +589,8 @@ func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name st
 		}
 	}
 	if rs.statusDirty {
-		if err := putStatus(ctx, s, name, rs.status); err != nil {
+		st := rs.status()
+		if err := putStatus(ctx, s, name, &st); err != nil {
 			return fmt.Errorf("writing status of role %q: %w", name, err)
 		}
 	}
