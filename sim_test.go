@@ -381,7 +381,7 @@ func (s *sim) readStandby(name string) {
 	entityID := s.pickEntity()
 	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.fs, EntityID: entityID})
 	if err == nil && !resp.IsError() {
-		s.checkServed(name, entityID, resp, "standby")
+		s.checkServed(name, entityID, resp, "standby", s.clk.Now())
 	} else if err != nil && err != logical.ErrReadOnly && !strings.Contains(err.Error(), "injected storage failure") {
 		s.failf("standby read creds/%s: %v", name, err)
 	}
@@ -657,19 +657,25 @@ func (s *sim) settle() {
 
 func (s *sim) readCreds(name string) {
 	entityID := s.pickEntity()
+	start := s.clk.Now()
 	resp, err := s.drivenReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, EntityID: entityID})
 	s.logf("read creds/%s as %q: %s", name, entityID, outcome(resp, err))
 	if err != nil || resp.IsError() {
 		return
 	}
-	s.checkServed(name, entityID, resp, "active")
+	s.checkServed(name, entityID, resp, "active", start)
 }
 
 // checkServed checks a credential a node served: complete, unexpired, really
-// stored, and issued for the role's current definition.
-func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string) {
+// stored, and issued for the role's current definition. served is the
+// earliest clock reading at which the node can have built the response: the
+// driver moves the clock while a driven request runs (to the next sleeping
+// goroutine's time), also between the moment the handler read the clock and
+// its return, so validity and lease are checked as of the request's start,
+// not the clock after it.
+func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string, served time.Time) {
 	s.fig.served++
-	now := s.clk.Now()
+	now := served
 	d := resp.Data
 	for _, k := range []string{"access_key", "secret_key", "security_token", "expiration"} {
 		if v, _ := d[k].(string); v == "" {
