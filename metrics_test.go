@@ -642,7 +642,8 @@ func TestMemoryLimitFor(t *testing.T) {
 		live, overhead, floor, want int64
 	}{
 		{live: 4 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 32 * MiB},
-		{live: 20 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 34 * MiB}, // 20 + 6 + the 8 MiB minimum
+		{live: 20 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 32 * MiB}, // 20 + 6 + the 4 MiB minimum, below the floor
+		{live: 24 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 34 * MiB}, // 24 + 6 + the 4 MiB minimum
 		{live: 129 * MiB, overhead: 29 * MiB, floor: 32 * MiB, want: 129*MiB + 29*MiB + 129*MiB/8},
 		{live: 200 * MiB, overhead: 0, floor: 32 * MiB, want: 225 * MiB},
 	} {

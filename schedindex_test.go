@@ -291,3 +291,26 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.next(), ok, plan)
 	}
 }
+
+// BenchmarkIndexShardWrite: what a commit pays to write its schedule index
+// shard (encoding it whole) with 1000 and 100 000 roles over the 512
+// shards; section f's scheduler cost at 100 000 includes it.
+func BenchmarkIndexShardWrite(b *testing.B) {
+	for _, roles := range []int{1000, 100000} {
+		b.Run(fmt.Sprintf("roles=%d", roles), func(b *testing.B) {
+			items := map[string]indexItem{}
+			now := time.Now()
+			for i := 0; i < roles/schedShards+1; i++ {
+				items[fmt.Sprintf("role-%06d", i)] = newIndexItem(now.Add(time.Duration(i)*time.Second), now.Add(time.Hour))
+			}
+			s := new(logical.InmemStorage)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := writeShard(ctx, s, 0, items); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
