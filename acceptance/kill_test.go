@@ -1,6 +1,7 @@
 package acceptance
 
 import (
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -52,6 +53,20 @@ func TestPluginSIGKILLMidCycle(t *testing.T) {
 		t.Fatal("the refresh request did not end after the plugin was killed")
 	}
 
+	// Until Vault notices that the plugin process is gone, a request can
+	// still be sent to its dead socket: Vault answers 500 with the gRPC
+	// dial error, and starts the plugin again on a later request. That
+	// error, and only that one, is waited out.
+	eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+		r := v.Exec(t, v.RootToken(), "", "read", "-format=json", mount+"/creds/app")
+		if r.Code == 0 {
+			return true, ""
+		}
+		if !strings.Contains(r.Stderr, "transport: error while dialing") {
+			t.Fatalf("read after the kill: exit %d: %s", r.Code, r.Stderr)
+		}
+		return false, "Vault still sends requests to the killed plugin's socket: " + r.Stderr
+	})
 	// Whatever is served is the old credential or one from a successful
 	// call, never one of the already-expired or keyless ones the emulator
 	// handed out during the cycle: readCreds rejects those, and the emulator
