@@ -159,8 +159,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	if rs == nil {
 		return nil, nil
 	}
-	cred, stv := rs.cred, rs.status()
-	st := &stv
+	cred, st := rs.cred, rs.status()
 	now := b.clock.Now()
 	cfg := b.getRefreshCfg()
 	r := b.report(name, rs, now, cfg, b.WriteSafeReplicationState())

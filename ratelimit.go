@@ -79,7 +79,18 @@ func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
 		}
 		return now, true
 	}
-	tat := l.tat
+	at, next := l.slot(l.tat, now)
+	if at.After(deadline) {
+		return time.Time{}, false
+	}
+	l.tat = next
+	return at, true
+}
+
+// slot is the bucket arithmetic; l.mu held, a cap set. For a bucket whose
+// theoretical arrival time is tat, it returns when a call at or after now
+// may go, and the bucket's theoretical arrival time once it has.
+func (l *rateLimiter) slot(tat, now time.Time) (at, next time.Time) {
 	if tat.Before(now) {
 		tat = now
 	}
@@ -89,11 +100,7 @@ func (l *rateLimiter) reserve(now, deadline time.Time) (at time.Time, ok bool) {
 	if at.Before(now) {
 		at = now
 	}
-	if at.After(deadline) {
-		return time.Time{}, false
-	}
-	l.tat = tat.Add(l.interval)
-	return at, true
+	return at, tat.Add(l.interval)
 }
 
 // pace returns when a call whose slot has come may go: now, unless calls
@@ -105,15 +112,8 @@ func (l *rateLimiter) pace(now time.Time) time.Time {
 	if l.interval == 0 {
 		return now
 	}
-	tat := l.callTat
-	if tat.Before(now) {
-		tat = now
-	}
-	at := tat.Add(-time.Duration(l.burst-1) * l.interval)
-	if at.Before(now) {
-		at = now
-	}
-	l.callTat = tat.Add(l.interval)
+	at, next := l.slot(l.callTat, now)
+	l.callTat = next
 	return at
 }
 
@@ -136,9 +136,6 @@ func (l *rateLimiter) nextFree(now time.Time) time.Time {
 	if l.interval == 0 {
 		return now
 	}
-	at := l.tat.Add(-time.Duration(l.burst-1) * l.interval)
-	if at.Before(now) {
-		return now
-	}
+	at, _ := l.slot(l.tat, now)
 	return at
 }

@@ -622,7 +622,8 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 		}
 		// The slot has come; a call that reached it late waits its turn
 		// among the calls actually made (rateLimiter.pace).
-		if p := b.limiter.pace(b.clock.Now()); p.After(b.clock.Now()) {
+		now := b.clock.Now()
+		if p := b.limiter.pace(now); p.After(now) {
 			b.metrics.paced.Inc()
 			if err := b.sleepUntil(ctx, p, nil); err != nil {
 				return nil, classify(err, ""), moved
