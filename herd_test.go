@@ -37,6 +37,19 @@ func herdStorage(t *testing.T, emuURL string, n int, exp func(i int) time.Time, 
 	return storage
 }
 
+// startHerd starts a backend over herdStorage on a fake clock, with an
+// emulator that throttles above the same rate and burst; role i's
+// credential expires at exp(now, i).
+func startHerd(t *testing.T, roles int, rate float64, burst int, rnd randSource, exp func(now time.Time, i int) time.Time) (*fakeClock, *stsemu.Emulator, *backend, time.Time) {
+	t.Helper()
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time { return exp(now, i) }, rate, burst)
+	b, _ := newTestBackend(t, testOpts{clock: clk, rand: rnd, storage: storage})
+	return clk, emu, b, now
+}
+
 // TestRefresh_HerdQueuesForTheLimiterInExpiryOrder: 100 roles fall due at
 // once with sts_rate_limit 10/s and burst 1, far more than one 1 s block
 // can call. Our own limiter is the constraint, so the roles queue for it:
@@ -45,19 +58,13 @@ func herdStorage(t *testing.T, emuURL string, n int, exp func(i int) time.Time, 
 // role refreshed in its first cycle, none refused, none throttled.
 func TestRefresh_HerdQueuesForTheLimiterInExpiryOrder(t *testing.T) {
 	const roles, rate, burst = 100, 10, 1
-	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
-	now := clk.Now()
 	perm := rand.New(rand.NewPCG(7, 7)).Perm(roles)
 	// All fell due while no node refreshed; role i expires 60 s +
-	// perm[i] × 10 s from now.
-	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time {
+	// perm[i] × 10 s from now. randMax: were the jitter used, every
+	// attempt would come at the end of its block.
+	clk, emu, b, now := startHerd(t, roles, rate, burst, randMax, func(now time.Time, i int) time.Time {
 		return now.Add(60*time.Second + time.Duration(perm[i])*10*time.Second)
-	}, rate, burst)
-
-	// randMax: were the jitter used, every attempt would come at the end
-	// of its block.
-	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMax, storage: storage})
+	})
 	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)))
 	calls := emu.Calls()
 	if len(calls) != roles {
@@ -98,15 +105,11 @@ func TestRefresh_HerdQueuesForTheLimiterInExpiryOrder(t *testing.T) {
 // due, every role refreshed in its first cycle, none refused.
 func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
 	const roles, rate, burst = 30, 5, 1
-	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
-	now := clk.Now()
 	// A one-hour credential is due with half its life left (randMin: no
 	// start jitter): role i at now + 1 s + i × 10 ms.
-	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time {
+	clk, emu, b, now := startHerd(t, roles, rate, burst, randMin, func(now time.Time, i int) time.Time {
 		return now.Add(30*time.Minute + time.Second + time.Duration(i)*10*time.Millisecond)
-	}, rate, burst)
-	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMin, storage: storage})
+	})
 	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(time.Hour)))
 
 	calls := emu.Calls()
@@ -186,13 +189,9 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 // throttles none, and every role is refreshed once.
 func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	const roles, rate, burst = 100, 10, 1
-	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
-	now := clk.Now()
-	storage := herdStorage(t, emu.URL(), roles, func(i int) time.Time {
+	clk, emu, b, now := startHerd(t, roles, rate, burst, randMax, func(now time.Time, i int) time.Time {
 		return now.Add(60*time.Second + time.Duration(i)*10*time.Second)
-	}, rate, burst)
-	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMax, storage: storage})
+	})
 	// The first slot is now: that role calls at once, the others wait.
 	clk.WaitUntil(t, func() bool { return clk.Sleepers() >= roles-1 && len(emu.Calls()) == 1 && clk.busy.Load() == 0 }, func() string {
 		return fmt.Sprintf("%d of %d cycles waiting for their slots, %d called", clk.Sleepers(), roles-1, len(emu.Calls()))
