@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -69,7 +70,7 @@ func newBackendWith(ctx context.Context, conf *logical.BackendConfig, opts backe
 // backendOptions are the seams that tests set; the zero value is production.
 type backendOptions struct {
 	version   string
-	clock     clock
+	clock     clock.Clock
 	rand      randSource
 	testHooks bool
 	// wrapSTS, when set, wraps each STS client as it is built; endpoint is
@@ -97,7 +98,7 @@ type backend struct {
 	// no request (cycles, the reconciler). Requests use req.Storage, the
 	// same view.
 	storage   logical.Storage
-	clock     clock
+	clock     clock.Clock
 	rand      randSource
 	testHooks bool
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
@@ -152,7 +153,7 @@ type backend struct {
 	// the earliest, is the refresher's only timer between cycles. planGen
 	// tells the current timer's callback from one that was replaced.
 	plan        *dueHeap
-	planTimer   timer
+	planTimer   clock.Timer
 	planTimerAt time.Time
 	planGen     uint64
 	planHeld    int  // holdPlan calls not yet released
@@ -164,7 +165,7 @@ type backend struct {
 	bgCancel    context.CancelFunc
 	// startTimer retries a start or reconcile pass that storage failed, with
 	// backoff (startFailures in a row), before the next periodic pass.
-	startTimer    timer
+	startTimer    clock.Timer
 	startFailures int
 
 	// startDone is closed when Initialize's first pass (reconciler or,
@@ -180,7 +181,7 @@ type backend struct {
 	// scheduled rotation, are guarded by bgMu.
 	rotateMu      sync.Mutex
 	rootMu        sync.Mutex
-	rotationTimer timer
+	rotationTimer clock.Timer
 	rotationAt    time.Time
 	wrapIAM       func(api iamAPI) iamAPI
 
@@ -210,7 +211,7 @@ func newBackend(opts backendOptions) *backend {
 		b.passWorkers = defaultPassWorkers
 	}
 	if b.clock == nil {
-		b.clock = realClock{}
+		b.clock = clock.Real{}
 	}
 	if b.rand == nil {
 		b.rand = globalRand{}

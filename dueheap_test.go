@@ -149,7 +149,7 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 		{at(15), nil}, // r5's old time: dropped
 	} {
 		f.clock.AdvanceTo(step.to)
-		waitFor(t, "the plan timer's callback", func() bool { return f.clock.busy.Load() == 0 })
+		waitFor(t, "the plan timer's callback", func() bool { return f.clock.Busy() == 0 })
 		var got []string
 	collect:
 		for {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/helper/consts"
@@ -48,7 +50,7 @@ func getTestBackend(tb testing.TB) (*backend, logical.Storage) {
 
 // testOpts selects the seams of newTestBackend.
 type testOpts struct {
-	clock     *fakeClock
+	clock     *clocktest.Fake
 	rand      randSource
 	standby   bool // a performance standby: storage not writable
 	testHooks bool
@@ -278,7 +280,7 @@ func (s *seededRand) Int64N(n int64) int64 {
 // callLog records every STS call the plugin makes, with the fake clock's
 // time and the endpoint it went to, while the real SDK client does the work.
 type callLog struct {
-	clock clock
+	clock clock.Clock
 	mu    sync.Mutex
 	calls []stsCall
 	// before, when set, runs before each call (a test can block calls).
@@ -363,7 +365,7 @@ type fixture struct {
 	t       *testing.T
 	b       *backend
 	s       logical.Storage
-	clock   *fakeClock
+	clock   *clocktest.Fake
 	emu     *stsemu.Emulator
 	log     *callLog
 	flights chan *flight // every cycle the backend starts, in order
@@ -401,7 +403,7 @@ func newFixture(t *testing.T, o fixtureOpts) *fixture {
 	return newFixtureWith(t, o, clk, emu)
 }
 
-func newFixtureWith(t *testing.T, o fixtureOpts, clk *fakeClock, emu *stsemu.Emulator) *fixture {
+func newFixtureWith(t *testing.T, o fixtureOpts, clk *clocktest.Fake, emu *stsemu.Emulator) *fixture {
 	t.Helper()
 	if o.rand == nil {
 		o.rand = randMin
@@ -470,7 +472,7 @@ func (f *fixture) nextFlight() *flight {
 	select {
 	case fl := <-f.flights:
 		return fl
-	case <-time.After(waitLimit):
+	case <-time.After(clocktest.WaitLimit):
 		f.t.Fatal("no refresh cycle started")
 		return nil
 	}
@@ -559,10 +561,10 @@ func putJSON(tb testing.TB, s logical.Storage, key string, v any) {
 
 // waitFor waits, in real time, for a condition that other goroutines will
 // establish without the fake clock moving (an HTTP call finishing, a
-// goroutine exiting). It checks often and gives up after waitLimit.
+// goroutine exiting). It checks often and gives up after clocktest.WaitLimit.
 func waitFor(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(waitLimit)
+	deadline := time.Now().Add(clocktest.WaitLimit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("gave up waiting for %s", what)
@@ -570,3 +572,6 @@ func waitFor(tb testing.TB, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// newFakeClock returns the module's one fake clock (clocktest.Fake) at start.
+func newFakeClock(start time.Time) *clocktest.Fake { return clocktest.NewFake(start) }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/hashicorp/vault/sdk/logical"
 	dto "github.com/prometheus/client_model/go"
 
@@ -40,7 +41,7 @@ func herdStorage(t *testing.T, emuURL string, n int, exp func(i int) time.Time, 
 // startHerd starts a backend over herdStorage on a fake clock, with an
 // emulator that throttles above the same rate and burst; role i's
 // credential expires at exp(now, i).
-func startHerd(t *testing.T, roles int, rate float64, burst int, rnd randSource, exp func(now time.Time, i int) time.Time) (*fakeClock, *stsemu.Emulator, *backend, time.Time) {
+func startHerd(t *testing.T, roles int, rate float64, burst int, rnd randSource, exp func(now time.Time, i int) time.Time) (*clocktest.Fake, *stsemu.Emulator, *backend, time.Time) {
 	t.Helper()
 	clk := newFakeClock(time.Now().Truncate(time.Second))
 	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
@@ -140,11 +141,11 @@ func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
 // each time once every role waits on something (a clock sleeper: an
 // attempt or a rate-limit slot; or its next refresh in the plan) and no
 // plan callback is starting cycles, until refreshed() reports all roles.
-func driveUntilRefreshed(t *testing.T, clk *fakeClock, b *backend, roles int, refreshed func() int) {
+func driveUntilRefreshed(t *testing.T, clk *clocktest.Fake, b *backend, roles int, refreshed func() int) {
 	t.Helper()
 	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
 	for step := 0; ; step++ {
-		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.busy.Load() == 0 }, func() string {
+		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.Busy() == 0 }, func() string {
 			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
 		})
 		if refreshed() == roles {
@@ -193,7 +194,7 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 		return now.Add(60*time.Second + time.Duration(i)*10*time.Second)
 	})
 	// The first slot is now: that role calls at once, the others wait.
-	clk.WaitUntil(t, func() bool { return clk.Sleepers() >= roles-1 && len(emu.Calls()) == 1 && clk.busy.Load() == 0 }, func() string {
+	clk.WaitUntil(t, func() bool { return clk.Sleepers() >= roles-1 && len(emu.Calls()) == 1 && clk.Busy() == 0 }, func() string {
 		return fmt.Sprintf("%d of %d cycles waiting for their slots, %d called", clk.Sleepers(), roles-1, len(emu.Calls()))
 	})
 	clk.Advance(3 * time.Second) // the stall: slots 0 to 3 s all passed

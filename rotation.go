@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
@@ -592,7 +593,7 @@ func (b *backend) scheduleRotation(at time.Time) {
 		return
 	}
 	b.rotationAt = at
-	var t timer
+	var t clock.Timer
 	t = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() {
 		b.bgMu.Lock()
 		current := b.rotationTimer == t

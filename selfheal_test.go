@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	hclog "github.com/hashicorp/go-hclog"
@@ -184,7 +185,7 @@ func TestSelfHeal_NonRetryableWaitsItsPause(t *testing.T) {
 // plugin gave the call. With the emulator hanging every call, that is how
 // long each call takes, exactly.
 type clockAdvancingSTS struct {
-	clock *fakeClock
+	clock *clocktest.Fake
 	api   stsAPI
 	calls atomic.Int32
 }
@@ -419,7 +420,7 @@ func TestSelfHeal_OneCycleAtATime(t *testing.T) {
 			if !strings.Contains(r.resp.Data["arn"].(string), "assumed-role/narrow/") {
 				t.Fatalf("served %v after the role was narrowed", r.resp.Data["arn"])
 			}
-		case <-time.After(waitLimit):
+		case <-time.After(clocktest.WaitLimit):
 			t.Fatal("a read did not return")
 		}
 	}
@@ -679,7 +680,7 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	f.b.flightMu.Unlock()
 
 	f.clock.DriveUntil(t, f.nextFlight().done)
-	waitFor(t, "the timer callback to return", func() bool { return f.clock.busy.Load() == 0 })
+	waitFor(t, "the timer callback to return", func() bool { return f.clock.Busy() == 0 })
 	if n := len(f.log.all()); n != 1 {
 		t.Fatalf("%d STS calls for one due refresh, want 1", n)
 	}

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	hclog "github.com/hashicorp/go-hclog"
@@ -107,7 +108,7 @@ type sim struct {
 	rng  *rand.Rand
 	// rng2 is for draws made inside cycles, which run in other goroutines.
 	rng2 *seededRand
-	clk  *fakeClock
+	clk  *clocktest.Fake
 	emu  *stsemu.Emulator
 	mem  *logical.InmemStorage // the truth, read by the checks without faults
 	// stored records every credential that reached storage.
@@ -610,7 +611,7 @@ func (s *sim) drivenReq(req *logical.Request) (*logical.Response, error) {
 // drive advances the clock from one sleeping goroutine's timer to the next
 // until done is closed.
 func (s *sim) drive(done <-chan struct{}) {
-	deadline := time.Now().Add(waitLimit)
+	deadline := time.Now().Add(clocktest.WaitLimit)
 	for {
 		select {
 		case <-done:
@@ -623,7 +624,7 @@ func (s *sim) drive(done <-chan struct{}) {
 		}
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
-			s.failf("nothing moved for %v; goroutines:\n%s", waitLimit, buf[:runtime.Stack(buf, true)])
+			s.failf("nothing moved for %v; goroutines:\n%s", clocktest.WaitLimit, buf[:runtime.Stack(buf, true)])
 		}
 		runtime.Gosched()
 		time.Sleep(50 * time.Microsecond)
@@ -632,12 +633,12 @@ func (s *sim) drive(done <-chan struct{}) {
 
 // settle lets every cycle that is running or due finish.
 func (s *sim) settle() {
-	deadline := time.Now().Add(waitLimit)
+	deadline := time.Now().Add(clocktest.WaitLimit)
 	for quiet := 0; quiet < 3; {
 		s.b.flightMu.Lock()
 		n := len(s.b.flights)
 		s.b.flightMu.Unlock()
-		if n == 0 && s.clk.busy.Load() == 0 {
+		if n == 0 && s.clk.Busy() == 0 {
 			quiet++
 			runtime.Gosched()
 			continue
@@ -649,7 +650,7 @@ func (s *sim) settle() {
 		}
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
-			s.failf("cycles did not settle in %v; goroutines:\n%s", waitLimit, buf[:runtime.Stack(buf, true)])
+			s.failf("cycles did not settle in %v; goroutines:\n%s", clocktest.WaitLimit, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(50 * time.Microsecond)
 	}

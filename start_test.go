@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 
@@ -61,7 +62,7 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(waitLimit):
+	case <-time.After(clocktest.WaitLimit):
 		t.Fatal("Initialize waits for the first pass, which is held listing roles")
 	}
 	<-g.listing

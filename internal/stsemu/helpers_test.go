@@ -9,10 +9,10 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -20,25 +20,9 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// fakeClock is an injectable Config.Now that moves only when told to.
-type fakeClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Now()} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+// newFakeClock is the module's one fake clock (clocktest.Fake), reading the
+// real time when made; a test hands its Now to Config.Now.
+func newFakeClock() *clocktest.Fake { return clocktest.NewFake(time.Now()) }
 
 // startEmulator starts an emulator for the test and closes it afterwards.
 func startEmulator(tb testing.TB, cfg Config) *Emulator {

@@ -1,4 +1,9 @@
-package awsresilient
+// Package clocktest has the one fake clock every test of the module uses: a
+// clock.Clock that moves only when the test says so. Timers fire in deadline
+// order as it advances; a test waits with BlockUntil (or WaitUntil, or
+// DriveUntil) until the goroutines under test have reached their timers, so
+// schedules are driven exactly and without real sleeps.
+package clocktest
 
 import (
 	"sort"
@@ -7,18 +12,18 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 )
 
-// waitLimit bounds how long (in real time) a test waits for goroutines to
+// WaitLimit bounds how long (in real time) a test waits for goroutines to
 // reach a state before it fails. It is a deadlock guard, never a way to let
 // behaviour happen: every wait below returns as soon as its condition holds.
-const waitLimit = 20 * time.Second
+const WaitLimit = 20 * time.Second
 
-// fakeClock is a clock that moves only when the test says so. Timers fire in
-// deadline order as it advances; a test waits with BlockUntil until the
-// goroutines under test have reached their timers, so schedules are driven
-// exactly and without real sleeps.
-type fakeClock struct {
+// Fake is a clock.Clock that moves only when the test says so. It is safe
+// for concurrent use. The zero value is not usable: call NewFake.
+type Fake struct {
 	// busy counts AfterFunc callbacks that fired and have not returned.
 	busy    atomic.Int32
 	mu      sync.Mutex
@@ -29,32 +34,37 @@ type fakeClock struct {
 }
 
 type fakeTimer struct {
-	c        *fakeClock
+	c        *Fake
 	deadline time.Time
 	seq      int
 	ch       chan time.Time
 	fn       func()
 }
 
-func newFakeClock(start time.Time) *fakeClock {
-	return &fakeClock{now: start, changed: make(chan struct{})}
+// NewFake returns a fake clock reading start.
+func NewFake(start time.Time) *Fake {
+	return &Fake{now: start, changed: make(chan struct{})}
 }
 
-func (c *fakeClock) Now() time.Time {
+// Now returns the fake time.
+func (c *Fake) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) timer {
+// NewTimer returns a timer whose channel receives once the clock reaches
+// now+d.
+func (c *Fake) NewTimer(d time.Duration) clock.Timer {
 	return c.add(d, nil)
 }
 
-func (c *fakeClock) AfterFunc(d time.Duration, f func()) timer {
+// AfterFunc runs f in its own goroutine once the clock reaches now+d.
+func (c *Fake) AfterFunc(d time.Duration, f func()) clock.Timer {
 	return c.add(d, f)
 }
 
-func (c *fakeClock) add(d time.Duration, fn func()) *fakeTimer {
+func (c *Fake) add(d time.Duration, fn func()) *fakeTimer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &fakeTimer{c: c, deadline: c.now.Add(d), fn: fn}
@@ -103,15 +113,19 @@ func (t *fakeTimer) fire(now time.Time) {
 	t.ch <- now
 }
 
-func (c *fakeClock) notifyLocked() {
+func (c *Fake) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
 
-// Poke wakes every waiter so that it checks its condition again. A backend
-// built by newTestBackend pokes its clock whenever its refresher's plan
-// changes, since a plan change need not touch the clock's timers.
-func (c *fakeClock) Poke() {
+// Busy returns the number of AfterFunc callbacks that fired and have not
+// returned yet.
+func (c *Fake) Busy() int { return int(c.busy.Load()) }
+
+// Poke wakes every waiter so that it checks its condition again. Code under
+// test that changes state a waiter looks at without touching the clock's
+// timers (a plan change) calls it through a hook.
+func (c *Fake) Poke() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.notifyLocked()
@@ -119,7 +133,7 @@ func (c *fakeClock) Poke() {
 
 // Sleepers returns the number of timers a goroutine is blocked on
 // (NewTimer), leaving scheduled callbacks (AfterFunc) aside.
-func (c *fakeClock) Sleepers() int {
+func (c *Fake) Sleepers() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
@@ -131,12 +145,12 @@ func (c *fakeClock) Sleepers() int {
 	return n
 }
 
-// WaitUntil waits until cond holds. Unlike waitFor, cond runs without the
+// WaitUntil waits until cond holds. Unlike BlockUntil, cond runs without the
 // clock's lock, so it may look at the backend; it is checked again after
 // every change of the clock and every Poke.
-func (c *fakeClock) WaitUntil(tb testing.TB, cond func() bool, describe func() string) {
+func (c *Fake) WaitUntil(tb testing.TB, cond func() bool, describe func() string) {
 	tb.Helper()
-	deadline := time.NewTimer(waitLimit)
+	deadline := time.NewTimer(WaitLimit)
 	defer deadline.Stop()
 	for {
 		c.mu.Lock()
@@ -154,14 +168,14 @@ func (c *fakeClock) WaitUntil(tb testing.TB, cond func() bool, describe func() s
 }
 
 // Pending returns the number of timers waiting to fire.
-func (c *fakeClock) Pending() int {
+func (c *Fake) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.timers)
 }
 
 // Next returns the earliest pending deadline.
-func (c *fakeClock) Next() (time.Time, bool) {
+func (c *Fake) Next() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.timers) == 0 {
@@ -172,7 +186,7 @@ func (c *fakeClock) Next() (time.Time, bool) {
 
 // NextSleeper returns the earliest deadline of a timer that a goroutine is
 // blocked on (NewTimer), leaving scheduled callbacks (AfterFunc) aside.
-func (c *fakeClock) NextSleeper() (time.Time, bool) {
+func (c *Fake) NextSleeper() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var at time.Time
@@ -185,7 +199,7 @@ func (c *fakeClock) NextSleeper() (time.Time, bool) {
 	return at, found
 }
 
-func (c *fakeClock) earliestLocked() *fakeTimer {
+func (c *Fake) earliestLocked() *fakeTimer {
 	sort.Slice(c.timers, func(i, j int) bool {
 		if !c.timers[i].deadline.Equal(c.timers[j].deadline) {
 			return c.timers[i].deadline.Before(c.timers[j].deadline)
@@ -197,7 +211,7 @@ func (c *fakeClock) earliestLocked() *fakeTimer {
 
 // AdvanceTo moves the clock to t, firing every timer due by then in
 // deadline order, with the clock at each timer's deadline as it fires.
-func (c *fakeClock) AdvanceTo(t time.Time) {
+func (c *Fake) AdvanceTo(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for len(c.timers) > 0 {
@@ -218,11 +232,11 @@ func (c *fakeClock) AdvanceTo(t time.Time) {
 }
 
 // Advance moves the clock forward by d.
-func (c *fakeClock) Advance(d time.Duration) { c.AdvanceTo(c.Now().Add(d)) }
+func (c *Fake) Advance(d time.Duration) { c.AdvanceTo(c.Now().Add(d)) }
 
 // AdvanceToNext moves the clock to the earliest pending deadline and fires
 // the timers due then. It returns that deadline.
-func (c *fakeClock) AdvanceToNext(tb testing.TB) time.Time {
+func (c *Fake) AdvanceToNext(tb testing.TB) time.Time {
 	tb.Helper()
 	next, ok := c.Next()
 	if !ok {
@@ -233,7 +247,7 @@ func (c *fakeClock) AdvanceToNext(tb testing.TB) time.Time {
 }
 
 // BlockUntil waits until at least n timers are pending.
-func (c *fakeClock) BlockUntil(tb testing.TB, n int) {
+func (c *Fake) BlockUntil(tb testing.TB, n int) {
 	tb.Helper()
 	c.waitFor(tb, func() bool { return len(c.timers) >= n }, func() string {
 		return "timers pending: " + strconv.Itoa(len(c.timers)) + ", want " + strconv.Itoa(n)
@@ -241,7 +255,7 @@ func (c *fakeClock) BlockUntil(tb testing.TB, n int) {
 }
 
 // BlockUntilAfter waits until a timer is pending with a deadline after t.
-func (c *fakeClock) BlockUntilAfter(tb testing.TB, t time.Time) {
+func (c *Fake) BlockUntilAfter(tb testing.TB, t time.Time) {
 	tb.Helper()
 	c.waitFor(tb, func() bool {
 		for _, x := range c.timers {
@@ -254,9 +268,9 @@ func (c *fakeClock) BlockUntilAfter(tb testing.TB, t time.Time) {
 }
 
 // waitFor waits, without polling, until cond (called with c.mu held) holds.
-func (c *fakeClock) waitFor(tb testing.TB, cond func() bool, describe func() string) {
+func (c *Fake) waitFor(tb testing.TB, cond func() bool, describe func() string) {
 	tb.Helper()
-	deadline := time.NewTimer(waitLimit)
+	deadline := time.NewTimer(WaitLimit)
 	defer deadline.Stop()
 	for {
 		c.mu.Lock()
@@ -282,9 +296,9 @@ func (c *fakeClock) waitFor(tb testing.TB, cond func() bool, describe func() str
 // blocked on (NewTimer: attempt times, rate-limit slots), never a scheduled
 // refresh (AfterFunc): the test keeps control of when background cycles run,
 // and fails if reaching the next sleeper would fire one.
-func (c *fakeClock) DriveUntil(tb testing.TB, done <-chan struct{}) {
+func (c *Fake) DriveUntil(tb testing.TB, done <-chan struct{}) {
 	tb.Helper()
-	deadline := time.NewTimer(waitLimit)
+	deadline := time.NewTimer(WaitLimit)
 	defer deadline.Stop()
 	for {
 		select {
