@@ -7,43 +7,6 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
-// TestRotationTTL covers each branch of the lease=false ttl rule with
-// injected times: a 600s credential, refresh_fraction 0.5 (margin 300s,
-// start delay up to 30s) and a 5s retry block.
-func TestRotationTTL(t *testing.T) {
-	issued := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	cred := &cacheEntry{IssuedAt: issued, Expiration: issued.Add(600 * time.Second)}
-	const block = 5 * time.Second
-	at := func(d time.Duration) time.Time { return issued.Add(d) }
-	tests := []struct {
-		name      string
-		now       time.Time
-		scheduled time.Time // zero: nothing scheduled on this node
-		want      time.Duration
-	}{
-		// Due at 300s, plus 30s of start delay, plus the 5s block: 335s.
-		{"unscheduled: latest due + delay + block", at(0), time.Time{}, 335 * time.Second},
-		{"unscheduled: later read, shorter ttl", at(100 * time.Second), time.Time{}, 235 * time.Second},
-		{"unscheduled: fraction of a second rounds up", at(100*time.Second + 300*time.Millisecond), time.Time{}, 235 * time.Second},
-		{"scheduled: scheduled + block", at(10 * time.Second), at(310 * time.Second), 305 * time.Second},
-		{"scheduled: expected moment past, block wins", at(400 * time.Second), at(310 * time.Second), 5 * time.Second},
-		{"scheduled: expected moment exactly now counts as past", at(315 * time.Second), at(310 * time.Second), 5 * time.Second},
-		{"unscheduled: past, remaining/2 wins", at(594 * time.Second), time.Time{}, 3 * time.Second},
-		{"past: remaining/2 rounds up", at(593 * time.Second), time.Time{}, 4 * time.Second},
-		{"clamped to remaining - 1s", at(10 * time.Second), at(700 * time.Second), 589 * time.Second},
-		{"under 2s left: the lower bound wins", at(598*time.Second + 500*time.Millisecond), time.Time{}, time.Second},
-		{"1s left: 1s", at(599 * time.Second), time.Time{}, time.Second},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got := rotationTTL(tc.now, cred, 0.5, block, tc.scheduled, !tc.scheduled.IsZero())
-			if got != tc.want {
-				t.Fatalf("rotationTTL = %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
 // TestCreds_NoLease checks a lease=false role through HandleRequest: no
 // lease, the same credential fields, and ttl/rotation_period with the
 // values of the rule on the fake clock.

@@ -271,8 +271,11 @@ func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEn
 	}
 	if role.NoLease {
 		cfg := b.getRefreshCfg()
-		scheduled, ok := b.scheduledAt(key)
-		ttl := rotationTTL(now, cred, cfg.RefreshFraction, cfg.block(), scheduled, ok)
+		var plan *time.Time
+		if at, ok := b.scheduledAt(key); ok {
+			plan = &at
+		}
+		ttl := rotationTTL(now, cred, cfg, plan)
 		data["ttl"] = int64(ttl / time.Second)
 		data["rotation_period"] = int64(cred.Expiration.Sub(cred.IssuedAt).Round(time.Second) / time.Second)
 		return &logical.Response{Data: data}
@@ -287,38 +290,6 @@ func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEn
 	resp.Secret.MaxTTL = ttl
 	resp.Secret.Renewable = false
 	return resp
-}
-
-// rotationTTL is the ttl a lease=false response carries: how long until the
-// plugin expects the replacement credential in the cache, so that Vault
-// Agent (which re-reads after ttl+1 seconds) fetches the new one as soon as
-// it is there, and never later than the old one expires.
-//
-// The replacement is expected one retry block after its cycle starts: at
-// the scheduled refresh on this node when there is one, otherwise at the
-// latest moment nextRefreshAfterSuccess can pick (expiration - margin plus
-// the whole 10% start delay), margin = fraction × lifetime. When that moment
-// has passed (the refresh is late or failing) the reader comes back after
-// min(block, remaining/2). The result is whole seconds, rounded up, and
-// clamped to [1s, remaining-1s]; the lower bound wins when they cross.
-func rotationTTL(now time.Time, cred *cacheEntry, fraction float64, block time.Duration, scheduled time.Time, hasScheduled bool) time.Duration {
-	remaining := cred.Expiration.Sub(now)
-	var ttl time.Duration
-	if hasScheduled {
-		ttl = scheduled.Add(block).Sub(now)
-	} else {
-		margin := cred.refreshMargin(fraction)
-		ttl = cred.Expiration.Add(-margin).Add(margin / 10).Add(block).Sub(now)
-	}
-	if ttl <= 0 {
-		ttl = min(block, remaining/2)
-	}
-	// Up: coming back a fraction of a second early would find the old one.
-	if r := ttl % time.Second; r != 0 {
-		ttl += time.Second - r
-	}
-	ttl = min(ttl, (remaining - time.Second).Truncate(time.Second))
-	return max(ttl, time.Second)
 }
 
 // cacheEntry is the stored cache/<name>: the one good credential of a role.

@@ -425,7 +425,7 @@ func (b *backend) plannedRefresh(rs *roleState) time.Time {
 		return next
 	}
 	if rs.cred != nil {
-		return b.nextRefreshAfterSuccess(rs.cred, b.getRefreshCfg().RefreshFraction)
+		return nextRefreshAfterSuccess(b.rand, rs.cred, b.getRefreshCfg().RefreshFraction)
 	}
 	return b.clock.Now()
 }

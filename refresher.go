@@ -9,9 +9,6 @@ import (
 	"time"
 )
 
-// maxPause caps the growing pause between failed cycles.
-const maxPause = 5 * time.Minute
-
 // minCallTime is the least time an STS call gets even when its attempt was
 // drawn at the very end of its block: STS usually answers in well under
 // 100 ms, so a call given less would fail for nothing.
@@ -402,10 +399,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	}
 	for i := 0; i < n; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
-		at := start.Add(time.Duration(i) * block)
-		if !reserved {
-			at = at.Add(b.jitter(block))
-		}
+		at := attemptAt(b.rand, start, block, i, reserved)
 		// Only the first attempt hurries for a waiting caller; retries keep
 		// their jitter, which is what spreads a herd. An attempt with its
 		// slot taken waits for that slot.
@@ -467,7 +461,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 			b.metrics.countRejection(rerr)
 		}
 		if rerr == nil {
-			next := b.nextRefreshAfterSuccess(cred, cfg.RefreshFraction)
+			next := nextRefreshAfterSuccess(b.rand, cred, cfg.RefreshFraction)
 			st := &statusEntry{
 				NextRefresh:       next,
 				LastAttempt:       lastAttempt,
@@ -524,7 +518,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		if upstream {
 			st.FailedCycles++
 			st.RateLimitedSince = time.Time{}
-			st.NextRefresh = b.nextRefreshAfterFailure(now, start, st.FailedCycles, cfg.RetryWindow, cached, lastErr.Retryable)
+			st.NextRefresh = nextRefreshAfterFailure(b.rand, failedCycle{now: now, start: start, failed: st.FailedCycles, window: cfg.RetryWindow, cached: cached, retryable: lastErr.Retryable})
 			return st, st.NextRefresh
 		}
 		// A cycle whose every attempt our own limiter refused made no STS
@@ -553,20 +547,6 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	b.Logger().Warn("refresh cycle failed", "role", name, "attempts", attempts, "outcome", lastErr.Code,
 		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", lastErr.Message)
 	return cycleResult{cred: cred, status: st, next: next, err: lastErr, outcome: outcome}
-}
-
-// queueHorizon is the latest sts_rate_limit slot a background cycle queues
-// for when its block has none left: the start of its own last block, or, when
-// later, one retry window before its cached credential expires (so that a
-// whole cycle still fits after the queued call).
-func queueHorizon(start time.Time, cfg refreshConfig, cred *cacheEntry) time.Time {
-	h := start.Add(cfg.RetryWindow - cfg.block())
-	if cred != nil {
-		if t := cred.Expiration.Add(-cfg.RetryWindow); t.After(h) {
-			h = t
-		}
-	}
-	return h
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
@@ -674,43 +654,4 @@ func validateCredential(c *cacheEntry, role *roleEntry, now time.Time) *refreshE
 			c.Expiration.UTC().Format(time.RFC3339), role.TTL, expirationTolerance))
 	}
 	return nil
-}
-
-// nextRefreshAfterSuccess is when the refresh of cred is due: once its
-// remaining validity falls below fraction × lifetime (the margin), plus a
-// random start delay of up to 10% of the margin so that credentials issued
-// together are not refreshed together.
-func (b *backend) nextRefreshAfterSuccess(cred *cacheEntry, fraction float64) time.Time {
-	margin := cred.refreshMargin(fraction)
-	return cred.Expiration.Add(-margin).Add(b.jitter(margin / 10))
-}
-
-// nextRefreshAfterFailure is when the cycle after the failed-th consecutive
-// failed one starts: after a jittered pause, uniform in [p/2, p] with
-// p = retry_window × 2^(failed-1) capped at 5 minutes.
-//
-// After a retryable failure the pause is cut short so that one more full
-// cycle fits before the cached credential expires (expiration - window), but
-// never to less than one window after this cycle started: cycles of one role
-// never overlap their windows, so a role near expiry retries one window
-// after another and never back to back. A non-retryable failure (AccessDenied, a bad
-// policy) gets the same answer again right away, so it always waits its
-// whole pause.
-func (b *backend) nextRefreshAfterFailure(now, cycleStart time.Time, failed int, window time.Duration, cached *cacheEntry, retryable bool) time.Time {
-	next := now.Add(b.backoff(window, failed, maxPause))
-	if !retryable {
-		return next
-	}
-	if cached != nil && cached.Expiration.After(now) {
-		if latest := cached.Expiration.Add(-window); next.After(latest) {
-			next = latest
-		}
-	}
-	if floor := cycleStart.Add(window); next.Before(floor) {
-		next = floor
-	}
-	if next.Before(now) {
-		next = now
-	}
-	return next
 }

@@ -561,20 +561,11 @@ func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotat
 	st.NextRotation, st.PlanKeySetAt, st.PlanPeriod = time.Time{}, time.Time{}, 0
 	if cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 {
 		st.PlanKeySetAt, st.PlanPeriod = cfg.KeySetAt, cfg.RotationPeriod
-		now := b.clock.Now()
-		next := cfg.KeySetAt.Add(cfg.RotationPeriod - b.jitter(cfg.RotationPeriod/10))
-		if st.Outcome == rotationFailure && st.Failures > 0 {
-			// Not before the pause after the failure, nor before the key
-			// is due: a manual rotation that failed long before makes no
-			// young key due.
-			if retry := st.LastAttempt.Add(b.backoff(rotationRetryBase, st.Failures, rotationRetryMax)); retry.After(next) {
-				next = retry
-			}
+		failures := 0
+		if st.Outcome == rotationFailure {
+			failures = st.Failures
 		}
-		if next.Before(now) {
-			next = now
-		}
-		st.NextRotation = next
+		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg.KeySetAt, cfg.RotationPeriod, failures, st.LastAttempt)
 	}
 	b.scheduleRotation(st.NextRotation)
 }
