@@ -30,16 +30,6 @@ const (
 	testHooksEnv = "AWS_RESILIENT_TEST_HOOKS"
 )
 
-// Storage prefixes. config/ and cache/ are seal-wrapped: the first holds the
-// root secret key, the second the issued credentials.
-const (
-	configRootPath    = "config/root"
-	configRefreshPath = "config/refresh"
-	rolePrefix        = "roles/"
-	cachePrefix       = "cache/"
-	statusPrefix      = "status/"
-)
-
 // Factory creates the backend; Vault calls it once per mount.
 func Factory(ctx context.Context, conf *logical.BackendConfig) (logical.Backend, error) {
 	return FactoryWithVersion(DevVersion)(ctx, conf)
@@ -333,7 +323,7 @@ func (b *backend) warmMirror(ctx context.Context) {
 	if err := b.loadRefreshConfig(ctx); err != nil {
 		b.cfgStale.Store(true) // read again on first use
 	}
-	names, err := b.storage.List(ctx, rolePrefix)
+	names, err := listRoles(ctx, b.storage)
 	if err != nil {
 		b.Logger().Warn("listing roles failed; they load on first access", "error", err)
 		return

@@ -285,45 +285,6 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 	return &next, nil
 }
 
-// listEntityIDs returns the IDs of the entities the role has an entry for in
-// storage (a cached credential, a status or both), sorted.
-func listEntityIDs(ctx context.Context, s logical.Storage, name string) ([]string, error) {
-	seen := map[string]bool{}
-	for _, prefix := range []string{cachePrefix, statusPrefix} {
-		keys, err := s.List(ctx, prefix+name+entitySep)
-		if err != nil {
-			return nil, fmt.Errorf("listing entity entries of role %q: %w", name, err)
-		}
-		for _, k := range keys {
-			if !strings.HasSuffix(k, "/") {
-				seen[k] = true
-			}
-		}
-	}
-	ids := make([]string, 0, len(seen))
-	for id := range seen {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids, nil
-}
-
-// deleteEntityData deletes every entity entry of the role from storage.
-func deleteEntityData(ctx context.Context, s logical.Storage, name string) error {
-	for _, prefix := range []string{cachePrefix, statusPrefix} {
-		keys, err := s.List(ctx, prefix+name+entitySep)
-		if err != nil {
-			return fmt.Errorf("listing entity entries of role %q: %w", name, err)
-		}
-		for _, k := range keys {
-			if err := s.Delete(ctx, prefix+name+entitySep+k); err != nil {
-				return fmt.Errorf("deleting entity entry %s%s%s%s: %w", prefix, name, entitySep, k, err)
-			}
-		}
-	}
-	return nil
-}
-
 // entityKeys returns the mirrored entity keys of the role, sorted.
 func (r *roleStates) entityKeys(name string) []string {
 	r.mu.RLock()

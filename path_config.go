@@ -339,12 +339,8 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 		cfg.KeySetAt = b.clock.Now()
 	}
 
-	entry, err := logical.StorageEntryJSON(configRootPath, cfg)
-	if err != nil {
+	if err := putRootConfig(ctx, req.Storage, cfg); err != nil {
 		return nil, err
-	}
-	if err := req.Storage.Put(ctx, entry); err != nil {
-		return nil, fmt.Errorf("writing config/root: %w", err)
 	}
 	// After the write, so a client built concurrently cannot keep the old keys.
 	b.resetClients()
@@ -360,8 +356,8 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
 	b.rootMu.Lock()
 	defer b.rootMu.Unlock()
-	if err := req.Storage.Delete(ctx, configRootPath); err != nil {
-		return nil, fmt.Errorf("deleting config/root: %w", err)
+	if err := deleteRootConfig(ctx, req.Storage); err != nil {
+		return nil, err
 	}
 	b.resetClients()
 	return nil, nil
@@ -413,12 +409,8 @@ func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Reque
 	if msg := cfg.validate(); msg != "" {
 		return logical.ErrorResponse(msg), nil
 	}
-	entry, err := logical.StorageEntryJSON(configRefreshPath, cfg)
-	if err != nil {
+	if err := putRefreshConfig(ctx, req.Storage, cfg); err != nil {
 		return nil, err
-	}
-	if err := req.Storage.Put(ctx, entry); err != nil {
-		return nil, fmt.Errorf("writing config/refresh: %w", err)
 	}
 	b.setRefreshConfig(cfg)
 	return nil, nil
@@ -534,21 +526,6 @@ func isLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func getRootConfig(ctx context.Context, s logical.Storage) (*rootConfig, error) {
-	entry, err := s.Get(ctx, configRootPath)
-	if err != nil {
-		return nil, fmt.Errorf("reading config/root: %w", err)
-	}
-	if entry == nil {
-		return nil, nil
-	}
-	cfg := new(rootConfig)
-	if err := entry.DecodeJSON(cfg); err != nil {
-		return nil, fmt.Errorf("decoding config/root: %w", err)
-	}
-	return cfg, nil
-}
-
 // refreshConfig is the stored config/refresh.
 type refreshConfig struct {
 	MaxRetries      int           `json:"max_retries"`
@@ -610,22 +587,6 @@ func (c refreshConfig) validate() string {
 			minRetryWindow, c.shortestMargin(), c.RetryWindow)
 	}
 	return ""
-}
-
-// getRefreshConfig returns the stored config/refresh, or the defaults.
-func getRefreshConfig(ctx context.Context, s logical.Storage) (refreshConfig, error) {
-	cfg := defaultRefreshConfig()
-	entry, err := s.Get(ctx, configRefreshPath)
-	if err != nil {
-		return cfg, fmt.Errorf("reading config/refresh: %w", err)
-	}
-	if entry == nil {
-		return cfg, nil
-	}
-	if err := entry.DecodeJSON(&cfg); err != nil {
-		return cfg, fmt.Errorf("decoding config/refresh: %w", err)
-	}
-	return cfg, nil
 }
 
 // setRefreshConfig applies cfg; callers hold cfgLoadMu.

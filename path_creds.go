@@ -366,22 +366,6 @@ func (c *cacheEntry) validAt(now time.Time) bool {
 	return c != nil && c.Expiration.Sub(now) >= minServeValidity
 }
 
-// getCacheEntry returns the stored credential, or nil, nil when there is none.
-func getCacheEntry(ctx context.Context, s logical.Storage, name string) (*cacheEntry, error) {
-	entry, err := s.Get(ctx, cachePrefix+name)
-	if err != nil {
-		return nil, fmt.Errorf("reading cached credential of role %q: %w", name, err)
-	}
-	if entry == nil {
-		return nil, nil
-	}
-	c := new(cacheEntry)
-	if err := entry.DecodeJSON(c); err != nil {
-		return nil, fmt.Errorf("decoding cached credential of role %q: %w", name, err)
-	}
-	return c, nil
-}
-
 const pathCredsHelpSyn = `Read the role's AWS credential from the cache.`
 
 const pathCredsHelpDesc = `

@@ -85,9 +85,9 @@ func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg ref
 // roles may take (BENCHMARKS.md, section e). The tests parse every scrape
 // with Prometheus's parser and promtool.
 func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) ([]byte, error) {
-	names, err := s.List(ctx, rolePrefix)
+	names, err := listRoles(ctx, s)
 	if err != nil {
-		return nil, fmt.Errorf("listing roles: %w", err)
+		return nil, err
 	}
 	sort.Strings(names)
 	cfg := b.getRefreshCfg()

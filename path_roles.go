@@ -258,9 +258,9 @@ var listPageFields = map[string]*framework.FieldSchema{
 // after and at most limit of them. It lists storage, the roles' truth,
 // and reads no entry.
 func listRolesPage(ctx context.Context, s logical.Storage, data *framework.FieldData) ([]string, error) {
-	names, err := s.List(ctx, rolePrefix)
+	names, err := listRoles(ctx, s)
 	if err != nil {
-		return nil, fmt.Errorf("listing roles: %w", err)
+		return nil, err
 	}
 	// Storage lists in order on the backends Vault ships, but no interface
 	// promises it, and after is only a cursor on a sorted list.
@@ -604,22 +604,6 @@ func (r *roleEntry) sessionName(name string) string {
 		sn = sn[:maxLen]
 	}
 	return sn
-}
-
-// getRole returns the stored role, or nil, nil when there is none.
-func getRole(ctx context.Context, s logical.Storage, name string) (*roleEntry, error) {
-	entry, err := s.Get(ctx, rolePrefix+name)
-	if err != nil {
-		return nil, fmt.Errorf("reading role %q: %w", name, err)
-	}
-	if entry == nil {
-		return nil, nil
-	}
-	role := new(roleEntry)
-	if err := entry.DecodeJSON(role); err != nil {
-		return nil, fmt.Errorf("decoding role %q: %w", name, err)
-	}
-	return role, nil
 }
 
 func sortedKeys(m map[string]string) []string {

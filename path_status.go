@@ -283,22 +283,6 @@ type statusEntry struct {
 	LastRead time.Time `json:"last_read,omitempty"`
 }
 
-// getStatus returns the stored status, or nil, nil when there is none.
-func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntry, error) {
-	entry, err := s.Get(ctx, statusPrefix+name)
-	if err != nil {
-		return nil, fmt.Errorf("reading status of role %q: %w", name, err)
-	}
-	if entry == nil {
-		return nil, nil
-	}
-	st := new(statusEntry)
-	if err := entry.DecodeJSON(st); err != nil {
-		return nil, fmt.Errorf("decoding status of role %q: %w", name, err)
-	}
-	return st, nil
-}
-
 const pathStatusListHelpSyn = `List every role with its refresh state.`
 
 const pathStatusListHelpDesc = `

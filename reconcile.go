@@ -82,9 +82,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	if err := b.loadRefreshConfig(ctx); err != nil {
 		return err
 	}
-	names, err := s.List(ctx, rolePrefix)
+	names, err := listRoles(ctx, s)
 	if err != nil {
-		return fmt.Errorf("listing roles: %w", err)
+		return err
 	}
 	b.bgMu.Lock()
 	if b.closed {
@@ -169,9 +169,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
 	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
-		keys, err := s.List(ctx, prefix)
+		keys, err := listUnder(ctx, s, prefix)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("listing %s: %w", prefix, err))
+			errs = append(errs, err)
 			continue
 		}
 		for _, name := range keys {
@@ -440,8 +440,8 @@ func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
 	if err != nil || role != nil {
 		return err
 	}
-	if err := b.storage.Delete(ctx, prefix+name); err != nil {
-		return fmt.Errorf("deleting orphaned %s%s: %w", prefix, name, err)
+	if err := deleteOrphan(ctx, b.storage, prefix, name); err != nil {
+		return err
 	}
 	b.Logger().Info("deleted orphaned entry", "key", prefix+name)
 	return nil

@@ -15,10 +15,6 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
-// configRotationPath stores the root key rotation's record. It sits under
-// config/, which is seal-wrapped.
-const configRotationPath = "config/rotation"
-
 // iamRegion is where IAM, a global service, signs its requests.
 const iamRegion = "us-east-1"
 
@@ -75,32 +71,6 @@ type rotationState struct {
 	// CreatingSince is set while a rotation is about to create a key whose
 	// id it does not know yet: a key the user got from then on is ours.
 	CreatingSince time.Time `json:"creating_since,omitempty"`
-}
-
-func getRotationState(ctx context.Context, s logical.Storage) (*rotationState, error) {
-	entry, err := s.Get(ctx, configRotationPath)
-	if err != nil {
-		return nil, fmt.Errorf("reading config/rotation: %w", err)
-	}
-	st := new(rotationState)
-	if entry == nil {
-		return st, nil
-	}
-	if err := entry.DecodeJSON(st); err != nil {
-		return nil, fmt.Errorf("decoding config/rotation: %w", err)
-	}
-	return st, nil
-}
-
-func putRotationState(ctx context.Context, s logical.Storage, st *rotationState) error {
-	entry, err := logical.StorageEntryJSON(configRotationPath, st)
-	if err != nil {
-		return err
-	}
-	if err := s.Put(ctx, entry); err != nil {
-		return fmt.Errorf("writing config/rotation: %w", err)
-	}
-	return nil
 }
 
 // rotationError is a failed rotation as the caller sees it: 400 for what
@@ -517,11 +487,7 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
 	cur.KeySetAt = b.clock.Now()
-	entry, err := logical.StorageEntryJSON(configRootPath, cur)
-	if err != nil {
-		return keyOld, err
-	}
-	putErr := s.Put(ctx, entry)
+	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
 		b.resetClients()
 		return keyNew, nil

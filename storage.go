@@ -1,0 +1,204 @@
+package awsresilient
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// The storage layout: every key the plugin writes, and every typed read,
+// write, delete and list of them. Handlers and owners call these; this is
+// the file of the plugin package that calls logical.Storage (rolestate.go,
+// the role state's owner, is the other, for now: see its store lock).
+//
+//	config/root      rootConfig      the AWS keys (seal-wrapped: secret key)
+//	config/refresh   refreshConfig   retry policy and rate limit
+//	config/rotation  rotationState   root key rotation: outcome, plan, intent
+//	roles/<role>     roleEntry       a role's definition
+//	cache/<key>      cacheEntry      the one good credential (seal-wrapped)
+//	status/<key>     statusEntry     the refresher's record of the key
+//	sched/<n>        schedule index shard (schedindex.go): a hint only
+//
+// <key> is a role name, or <role>/<entity ID> for an entity credential
+// (cache_scope=entity; entityKey, splitKey). config/ and cache/ are listed in
+// PathsSpecial.SealWrapStorage: they hold the root secret key and issued
+// credentials. A failed call returns an error naming the key; what a failed
+// write leaves behind is the caller's to mark (see roleStates).
+const (
+	configRootPath     = "config/root"
+	configRefreshPath  = "config/refresh"
+	configRotationPath = "config/rotation"
+	rolePrefix         = "roles/"
+	cachePrefix        = "cache/"
+	statusPrefix       = "status/"
+)
+
+// readJSON decodes the entry at key into v. It reports false, with v
+// untouched, when there is no entry. what names the entry in errors.
+func readJSON(ctx context.Context, s logical.Storage, key, what string, v any) (bool, error) {
+	entry, err := s.Get(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("reading %s: %w", what, err)
+	}
+	if entry == nil {
+		return false, nil
+	}
+	if err := entry.DecodeJSON(v); err != nil {
+		return false, fmt.Errorf("decoding %s: %w", what, err)
+	}
+	return true, nil
+}
+
+// writeJSON writes v as JSON at key. what names the entry in errors.
+func writeJSON(ctx context.Context, s logical.Storage, key, what string, v any) error {
+	entry, err := logical.StorageEntryJSON(key, v)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", what, err)
+	}
+	if err := s.Put(ctx, entry); err != nil {
+		return fmt.Errorf("writing %s: %w", what, err)
+	}
+	return nil
+}
+
+// deleteKey deletes key; what names the entry in errors.
+func deleteKey(ctx context.Context, s logical.Storage, key, what string) error {
+	if err := s.Delete(ctx, key); err != nil {
+		return fmt.Errorf("deleting %s: %w", what, err)
+	}
+	return nil
+}
+
+// listUnder lists the keys under prefix (one level: a folder ends in "/").
+func listUnder(ctx context.Context, s logical.Storage, prefix string) ([]string, error) {
+	keys, err := s.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", prefix, err)
+	}
+	return keys, nil
+}
+
+// getRootConfig returns config/root, or nil, nil when it is not set.
+func getRootConfig(ctx context.Context, s logical.Storage) (*rootConfig, error) {
+	cfg := new(rootConfig)
+	if ok, err := readJSON(ctx, s, configRootPath, "config/root", cfg); !ok {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func putRootConfig(ctx context.Context, s logical.Storage, cfg *rootConfig) error {
+	return writeJSON(ctx, s, configRootPath, "config/root", cfg)
+}
+
+func deleteRootConfig(ctx context.Context, s logical.Storage) error {
+	return deleteKey(ctx, s, configRootPath, "config/root")
+}
+
+// getRefreshConfig returns the stored config/refresh, or the defaults.
+func getRefreshConfig(ctx context.Context, s logical.Storage) (refreshConfig, error) {
+	cfg := defaultRefreshConfig()
+	_, err := readJSON(ctx, s, configRefreshPath, "config/refresh", &cfg)
+	return cfg, err
+}
+
+func putRefreshConfig(ctx context.Context, s logical.Storage, cfg refreshConfig) error {
+	return writeJSON(ctx, s, configRefreshPath, "config/refresh", cfg)
+}
+
+// getRotationState returns config/rotation, or a zero state when none is
+// stored.
+func getRotationState(ctx context.Context, s logical.Storage) (*rotationState, error) {
+	st := new(rotationState)
+	if _, err := readJSON(ctx, s, configRotationPath, "config/rotation", st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func putRotationState(ctx context.Context, s logical.Storage, st *rotationState) error {
+	return writeJSON(ctx, s, configRotationPath, "config/rotation", st)
+}
+
+// getRole returns the stored role, or nil, nil when there is none.
+func getRole(ctx context.Context, s logical.Storage, name string) (*roleEntry, error) {
+	role := new(roleEntry)
+	if ok, err := readJSON(ctx, s, rolePrefix+name, fmt.Sprintf("role %q", name), role); !ok {
+		return nil, err
+	}
+	return role, nil
+}
+
+// listRoles returns the stored role names, in the order storage lists them.
+func listRoles(ctx context.Context, s logical.Storage) ([]string, error) {
+	names, err := s.List(ctx, rolePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing roles: %w", err)
+	}
+	return names, nil
+}
+
+// getCacheEntry returns the stored credential, or nil, nil when there is none.
+func getCacheEntry(ctx context.Context, s logical.Storage, name string) (*cacheEntry, error) {
+	c := new(cacheEntry)
+	if ok, err := readJSON(ctx, s, cachePrefix+name, fmt.Sprintf("cached credential of role %q", name), c); !ok {
+		return nil, err
+	}
+	return c, nil
+}
+
+// getStatus returns the stored status, or nil, nil when there is none.
+func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntry, error) {
+	st := new(statusEntry)
+	if ok, err := readJSON(ctx, s, statusPrefix+name, fmt.Sprintf("status of role %q", name), st); !ok {
+		return nil, err
+	}
+	return st, nil
+}
+
+// deleteOrphan deletes prefix+name, an entry whose role is gone.
+func deleteOrphan(ctx context.Context, s logical.Storage, prefix, name string) error {
+	return deleteKey(ctx, s, prefix+name, "orphaned "+prefix+name)
+}
+
+// listEntityIDs returns the IDs of the entities the role has an entry for in
+// storage (a cached credential, a status or both), sorted.
+func listEntityIDs(ctx context.Context, s logical.Storage, name string) ([]string, error) {
+	seen := map[string]bool{}
+	for _, prefix := range []string{cachePrefix, statusPrefix} {
+		keys, err := s.List(ctx, prefix+name+entitySep)
+		if err != nil {
+			return nil, fmt.Errorf("listing entity entries of role %q: %w", name, err)
+		}
+		for _, k := range keys {
+			if !strings.HasSuffix(k, "/") {
+				seen[k] = true
+			}
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// deleteEntityData deletes every entity entry of the role from storage.
+func deleteEntityData(ctx context.Context, s logical.Storage, name string) error {
+	for _, prefix := range []string{cachePrefix, statusPrefix} {
+		keys, err := s.List(ctx, prefix+name+entitySep)
+		if err != nil {
+			return fmt.Errorf("listing entity entries of role %q: %w", name, err)
+		}
+		for _, k := range keys {
+			if err := s.Delete(ctx, prefix+name+entitySep+k); err != nil {
+				return fmt.Errorf("deleting entity entry %s%s%s%s: %w", prefix, name, entitySep, k, err)
+			}
+		}
+	}
+	return nil
+}
