@@ -107,7 +107,9 @@ type backend struct {
 	// cfgMu guards refreshCfg, the current config/refresh. cfgLoadMu makes
 	// "read config/refresh from storage, apply it" (and a write's "read,
 	// change, store, apply") one step, so an older read is never applied
-	// after a newer one. cfgStale: Invalidate said storage changed it.
+	// after a newer one. cfgStale: Invalidate said storage changed it since
+	// the last read of it began (a read clears it first, so that an
+	// invalidation during the read is kept).
 	cfgMu      sync.RWMutex
 	refreshCfg refreshConfig
 	cfgLoadMu  sync.Mutex

@@ -384,6 +384,14 @@ func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Reque
 	// a reload, which would otherwise apply what they read before this.
 	b.cfgLoadMu.Lock()
 	defer b.cfgLoadMu.Unlock()
+	// Cleared before the read, as by loadRefreshConfig, and set again when
+	// nothing is applied.
+	stale, applied := b.cfgStale.Swap(false), false
+	defer func() {
+		if stale && !applied {
+			b.cfgStale.Store(true)
+		}
+	}()
 	cfg, err := getRefreshConfig(ctx, req.Storage)
 	if err != nil {
 		return nil, err
@@ -413,6 +421,7 @@ func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Reque
 		return nil, err
 	}
 	b.setRefreshConfig(cfg)
+	applied = true
 	return nil, nil
 }
 
@@ -589,22 +598,28 @@ func (c refreshConfig) validate() string {
 	return ""
 }
 
-// setRefreshConfig applies cfg; callers hold cfgLoadMu.
+// setRefreshConfig applies cfg; callers hold cfgLoadMu, and cleared
+// cfgStale before they read what they apply.
 func (b *backend) setRefreshConfig(cfg refreshConfig) {
 	b.cfgMu.Lock()
 	b.refreshCfg = cfg
 	b.cfgMu.Unlock()
 	b.limiter.setLimit(cfg.STSRateLimit, cfg.STSBurst)
-	b.cfgStale.Store(false)
 }
 
 // loadRefreshConfig reads config/refresh from storage and applies it. A
-// read that fails leaves the current policy in force.
+// read that fails leaves the current policy in force, and cfgStale as it
+// was. cfgStale is cleared before the read, so that an invalidation that
+// arrives during it sets it again: what the read returned may be older.
 func (b *backend) loadRefreshConfig(ctx context.Context) error {
 	b.cfgLoadMu.Lock()
 	defer b.cfgLoadMu.Unlock()
+	stale := b.cfgStale.Swap(false)
 	cfg, err := getRefreshConfig(ctx, b.storage)
 	if err != nil {
+		if stale {
+			b.cfgStale.Store(true)
+		}
 		return err
 	}
 	if msg := cfg.validate(); msg != b.cfgWarned {

@@ -199,6 +199,15 @@ func (b *backend) inFlight(name string) bool {
 	return b.flights[name] != nil
 }
 
+// busy reports whether a cycle for the role is planned or running on this
+// node (roleStates' scheduler): its mirrored entry must keep its generation.
+func (b *backend) busy(name string) bool {
+	if _, ok := b.scheduledAt(name); ok {
+		return true
+	}
+	return b.inFlight(name)
+}
+
 // schedule sets the role's next refresh cycle to start at at, replacing any
 // earlier plan. It does nothing unless the refresher runs on this node.
 // roleStates calls it under the role's store lock.

@@ -37,7 +37,10 @@ var errRoleChanged = errors.New("role changed during refresh")
 //     gets a new generation, so a cycle running for the old definition can no
 //     longer commit, and a failure half-way leaves an entry that the next
 //     access reads back from storage.
-//   - Invalidate only marks entries for reload.
+//   - Invalidate only forgets: it marks entries for reload, or drops those of
+//     a role whose definition changed (see forget), and marks the load in
+//     progress for the key, so that what the load read before the change is
+//     published marked for reload.
 type roleStates struct {
 	// mu guards m. Entries are replaced, never changed in place, so a
 	// pointer read under mu may be used after it is released.
@@ -47,6 +50,10 @@ type roleStates struct {
 	// del), so that a role's entity keys are found without a scan of every
 	// mirrored role: role writes and deletes look them up.
 	ents map[string]map[string]struct{}
+
+	// loading holds the load in progress (loadLocked), by role, guarded by
+	// mu. Loads run under the role's store lock, so a role has at most one.
+	loading map[string]*pendingLoad
 
 	// gens hands out generations; see roleState.gen.
 	gens atomic.Uint64
@@ -100,6 +107,19 @@ func (r *roleStates) del(key string) {
 type scheduler interface {
 	schedule(name string, at time.Time)
 	unschedule(name string)
+	// busy reports whether a cycle for the key is planned or running on
+	// this node: one that carries, or will carry, the entry's generation.
+	busy(name string) bool
+}
+
+// pendingLoad is a load between the start of its storage reads and its
+// publish. forget marks it: storage changed after the load may have read
+// it, so what it publishes is marked for reload.
+type pendingLoad struct {
+	key string
+	// forgotten: an invalidation of the key (or, with definition, of its
+	// role's definition) arrived during the load.
+	forgotten, definition bool
 }
 
 // roleState is one role in the mirror. It is immutable once published.
@@ -179,7 +199,7 @@ func (rs *roleState) compactStatus() {
 }
 
 func newRoleStates(sched scheduler, now func() time.Time, index *schedIndex) *roleStates {
-	return &roleStates{m: make(map[string]*roleState), ents: map[string]map[string]struct{}{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
+	return &roleStates{m: make(map[string]*roleState), ents: map[string]map[string]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
@@ -233,8 +253,34 @@ func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name 
 
 // loadLocked reads the role, its cached credential and its status from
 // storage and publishes them. A read that fails changes nothing. The
-// generation survives a reload that finds the same definition.
+// generation survives a reload that finds the same definition. An
+// invalidation of the key that arrives between the first read and the
+// publish leaves the published entry marked for reload: what was read may
+// predate the change.
 func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+	pl := &pendingLoad{key: name}
+	r.mu.Lock()
+	r.loading[roleOf(name)] = pl
+	r.mu.Unlock()
+	rs, err := r.readLocked(ctx, s, name, pl)
+	if err != nil {
+		r.mu.Lock()
+		r.endLoad(pl)
+		r.mu.Unlock()
+	}
+	return rs, err
+}
+
+// endLoad ends the load's watch for invalidations; r.mu must be held for
+// writing.
+func (r *roleStates) endLoad(pl *pendingLoad) {
+	if role := roleOf(pl.key); r.loading[role] == pl {
+		delete(r.loading, role)
+	}
+}
+
+// readLocked is loadLocked's reads and publish, for the load pl.
+func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name string, pl *pendingLoad) (*roleState, error) {
 	roleName, entityID := splitKey(name)
 	role, err := getRole(ctx, s, roleName)
 	if err != nil {
@@ -243,6 +289,7 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 	if role == nil || (entityID != "" && !role.entityScoped()) {
 		// An entity credential exists only under an entity-scoped role.
 		r.mu.Lock()
+		r.endLoad(pl)
 		r.del(name)
 		r.mu.Unlock()
 		r.sched.unschedule(name)
@@ -269,6 +316,13 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.endLoad(pl)
+	if pl.forgotten {
+		// Storage changed during the reads: serve none of it before a
+		// reload.
+		next.stale = true
+		next.defUnsure = pl.definition
+	}
 	old := r.m[name]
 	if entityID != "" {
 		// The last read is the later of what this node saw and what the
@@ -329,8 +383,9 @@ func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
 
 // markLocked marks the entry for reload and, when bump is set, gives it a
 // new generation so no cycle started before can commit. A name not mirrored
-// gets a placeholder, so that the generation is not lost.
-func (r *roleStates) markLocked(name string, bump bool) {
+// gets a placeholder, so that the generation is not lost. It returns the
+// entry's generation.
+func (r *roleStates) markLocked(name string, bump bool) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rs := r.m[name]
@@ -345,25 +400,57 @@ func (r *roleStates) markLocked(name string, bump bool) {
 		next.defUnsure = true
 	}
 	r.put(name, next)
+	return next.gen
 }
 
-// forget marks the role for reload (Invalidate). definition says whether
-// the role's definition itself may have changed.
+// forget is Invalidate's: storage changed under the key, a role's or an
+// entity credential's. definition says that name is a role whose
+// definition may have changed (or that was deleted); its entity credentials
+// hang on it too.
+//
+// A load of the key in progress is marked, so that it publishes what it
+// read marked for reload. A mirrored entry is marked for reload, except
+// that a changed definition drops the entries of the role and its entity
+// credentials, so that a standby does not keep every deleted role, with
+// its credential, until the name is read again. An entry whose generation
+// a cycle carries or will carry (planned or running on this node) is only
+// marked: it is kept, not lost. Dropping loses no generation either way: an
+// entry loaded again gets a new one, which no cycle started before carries.
 func (r *roleStates) forget(name string, definition bool) {
-	keys := []string{name}
-	if definition {
-		// The role's entity credentials hang on its definition too.
-		keys = append(keys, r.entityKeys(name)...)
+	var keep map[string]bool // checked, and must be kept
+	if definition && r.sched != nil {
+		// Asked before mu is taken: the refresher takes its locks first.
+		keep = map[string]bool{}
+		for _, k := range append([]string{name}, r.entityKeys(name)...) {
+			keep[k] = r.sched.busy(k)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, k := range keys {
-		if rs := r.m[k]; rs != nil {
-			copied := *rs
-			copied.stale = true
-			copied.defUnsure = copied.defUnsure || definition
-			r.put(k, &copied)
+	if pl := r.loading[roleOf(name)]; pl != nil && (pl.key == name || definition && roleOf(pl.key) == name) {
+		pl.forgotten = true
+		pl.definition = pl.definition || definition
+	}
+	keys := []string{name}
+	if definition {
+		for k := range r.ents[name] {
+			keys = append(keys, k)
 		}
+	}
+	for _, k := range keys {
+		rs := r.m[k]
+		if rs == nil {
+			continue
+		}
+		if busy, checked := keep[k]; checked && !busy {
+			r.del(k)
+			continue
+		}
+		// (An entity entry published since the check is only marked.)
+		copied := *rs
+		copied.stale = true
+		copied.defUnsure = copied.defUnsure || definition
+		r.put(k, &copied)
 	}
 }
 
@@ -403,8 +490,14 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		// entity_idle_ttl, max_entities): the cache, the
 		// schedule and the generation stay.
 		if err := s.Put(ctx, entry); err != nil {
-			// The write may or may not have been applied.
+			// The write may or may not have been applied: the role and
+			// each mirrored entity credential, which carries the role's
+			// definition too, are read again on their next access. (A
+			// retried write finds storage changed and has nothing to do.)
 			r.markLocked(name, false)
+			for _, k := range r.entityKeys(name) {
+				r.markLocked(k, false)
+			}
 			return fmt.Errorf("writing role %q: %w", name, err)
 		}
 		// A mirrored entry takes the new lease setting; one not mirrored or
@@ -421,7 +514,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		r.mu.Unlock()
 		return nil
 	}
-	ents := r.markRoleLocked(name)
+	gen, ents := r.markRoleLocked(name)
 	if err := deleteRoleData(ctx, s, name); err != nil {
 		return err
 	}
@@ -432,7 +525,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return fmt.Errorf("writing role %q: %w", name, err)
 	}
 	r.mu.Lock()
-	r.put(name, &roleState{role: role, fullStatus: &statusEntry{}, gen: r.m[name].gen})
+	r.put(name, &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
 	for _, k := range ents {
 		r.del(k)
 	}
@@ -452,16 +545,16 @@ func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name 
 // markRoleLocked marks the role and each of its mirrored entity credentials
 // for reload with a new generation, and drops their plans, before a change
 // deletes them: no cycle started before can commit. It returns the entity
-// keys.
-func (r *roleStates) markRoleLocked(name string) []string {
-	r.markLocked(name, true)
+// keys and the role's new generation.
+func (r *roleStates) markRoleLocked(name string) (uint64, []string) {
+	gen := r.markLocked(name, true)
 	r.sched.unschedule(name)
 	ents := r.entityKeys(name)
 	for _, k := range ents {
 		r.markLocked(k, true)
 		r.sched.unschedule(k)
 	}
-	return ents
+	return gen, ents
 }
 
 // deleteRoleLocked deletes the role with its cached credential and status.
@@ -469,7 +562,7 @@ func (r *roleStates) markRoleLocked(name string) []string {
 // a cache without a role would be an orphan (the reconciler removes those
 // too).
 func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, name string) error {
-	ents := r.markRoleLocked(name)
+	_, ents := r.markRoleLocked(name)
 	if err := deleteRoleData(ctx, s, name); err != nil {
 		return err
 	}
