@@ -23,8 +23,8 @@ type lifecycleStorage struct {
 	release  func()               // closes released, once
 	closed   bool                 // set by the test once Clean returned
 	late     []string             // calls after closed, as "op key"
-	// onList, when set before any request, runs inside every List.
-	onList func(prefix string)
+	// onCall, when set before any request, runs inside every call.
+	onCall func(op, key string)
 }
 
 func newLifecycleStorage(s logical.Storage) *lifecycleStorage {
@@ -66,6 +66,9 @@ func (g *lifecycleStorage) call(ctx context.Context, op, key string) {
 		g.armed = false
 	}
 	g.mu.Unlock()
+	if g.onCall != nil {
+		g.onCall(op, key)
+	}
 	if stop {
 		g.entered <- ctx
 		<-g.released
@@ -89,9 +92,6 @@ func (g *lifecycleStorage) Delete(ctx context.Context, key string) error {
 
 func (g *lifecycleStorage) List(ctx context.Context, prefix string) ([]string, error) {
 	g.call(ctx, "list", prefix)
-	if g.onList != nil {
-		g.onList(prefix)
-	}
 	return g.Storage.List(ctx, prefix)
 }
 
