@@ -243,16 +243,27 @@ func TestExportedOnTheRuntime(t *testing.T) {
 
 // readSample reads what MemStats says in other words: the live heap right
 // after a GC is the heap's objects, and the overhead is what the runtime
-// holds besides its objects and idle heap pages.
+// holds besides its objects and its idle heap pages, released to the OS or
+// not. Both kinds of idle pages are made large here, so that a sign wrong
+// in the overhead's sum shows.
 func TestReadSample(t *testing.T) {
 	keep := make([][]byte, 64)
 	for i := range keep {
 		keep[i] = make([]byte, 256<<10)
 	}
-	runtime.GC()
+	released, free := make([]byte, 32*MiB), make([]byte, 32*MiB)
+	released[0], free[0] = 1, 1
+	released = nil
+	debug.FreeOSMemory() // released's pages go back to the OS
+	runtime.KeepAlive(free)
+	free = nil
+	runtime.GC() // free's pages are idle, still held
 	m := readSample()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms) // it stops the world; the sample was read just before
+	if ms.HeapReleased < 16*MiB || ms.HeapIdle-ms.HeapReleased < 16*MiB {
+		t.Fatalf("released %d MiB, idle and held %d MiB: the heap is not the one this test needs", ms.HeapReleased/MiB, (ms.HeapIdle-ms.HeapReleased)/MiB)
+	}
 	near := func(got, want int64) bool { return got > want-MiB && got < want+MiB }
 	if m.live < 16*MiB || !near(m.live, int64(ms.HeapAlloc)) {
 		t.Fatalf("live %d, want about the heap's objects after a GC, %d", m.live, ms.HeapAlloc)
