@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +15,8 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 	"github.com/hashicorp/vault/sdk/plugin/pb"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
 )
 
 // BenchmarkMetricsScrape measures one read of <mount>/metrics through
@@ -31,14 +32,7 @@ func BenchmarkMetricsScrape(b *testing.B) {
 	// As the plugin binary runs (cmd/vault-plugin-secrets-aws-resilient):
 	// its own 32 MiB soft limit unless GOMEMLIMIT says otherwise.
 	if os.Getenv("GOMEMLIMIT") == "" {
-		prev := debug.SetMemoryLimit(32 << 20)
-		OwnMemoryLimit()
-		b.Cleanup(func() {
-			debug.SetMemoryLimit(prev)
-			memHeadroom.mu.Lock()
-			memHeadroom.owned = false
-			memHeadroom.mu.Unlock()
-		})
+		b.Cleanup(memlimit.Own(32 << 20))
 	}
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run(fmt.Sprintf("roles=%d", n), func(b *testing.B) {

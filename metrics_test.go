@@ -5,11 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -408,69 +405,6 @@ func TestMetrics_Escaping(t *testing.T) {
 	}
 }
 
-// A scrape lends itself memory headroom above the plugin's own soft limit
-// and gives it back; an operator's limit, or none, it leaves alone.
-func TestMetrics_MemoryHeadroom(t *testing.T) {
-	prev := debug.SetMemoryLimit(-1)
-	t.Cleanup(func() {
-		debug.SetMemoryLimit(prev)
-		memHeadroom.mu.Lock()
-		memHeadroom.owned = false
-		memHeadroom.mu.Unlock()
-	})
-	limit := func() int64 { return debug.SetMemoryLimit(-1) }
-
-	debug.SetMemoryLimit(32 << 20)
-	release := holdMemoryHeadroom(10 << 20)
-	if got := limit(); got != 32<<20 {
-		t.Fatalf("an operator's limit was raised to %d", got)
-	}
-	release()
-
-	OwnMemoryLimit()
-	r1 := holdMemoryHeadroom(10 << 20)
-	if got := limit(); got != 42<<20 {
-		t.Fatalf("limit with one hold = %d, want 42 MiB", got)
-	}
-	r2 := holdMemoryHeadroom(100 << 20)
-	if got := limit(); got != 142<<20 {
-		t.Fatalf("limit with two holds = %d, want base + both", got)
-	}
-	r2()
-	r2() // a second release does nothing
-	if got := limit(); got != 42<<20 {
-		t.Fatalf("limit after the larger hold ended = %d, want 42 MiB", got)
-	}
-	r1()
-	if got := limit(); got != 32<<20 {
-		t.Fatalf("limit after every hold ended = %d, want 32 MiB", got)
-	}
-	big := []func(){holdMemoryHeadroom(1 << 30)}
-	if got := limit(); got != 32<<20+maxHoldHeadroom {
-		t.Fatalf("a 1 GiB hold raised the limit to %d, want base + %d", got, maxHoldHeadroom)
-	}
-	big = append(big, holdMemoryHeadroom(1<<30), holdMemoryHeadroom(1<<30))
-	if got := limit(); got != 32<<20+maxHeadroom {
-		t.Fatalf("three big holds raised the limit to %d, want base + %d", got, maxHeadroom)
-	}
-	for _, r := range big {
-		r()
-	}
-	if got := limit(); got != 32<<20 {
-		t.Fatalf("limit after the big holds = %d", got)
-	}
-
-	debug.SetMemoryLimit(math.MaxInt64)
-	r := holdMemoryHeadroom(10 << 20)
-	if got := limit(); got != math.MaxInt64 {
-		t.Fatalf("without a limit a hold set one: %d", got)
-	}
-	r()
-	if got := limit(); got != math.MaxInt64 {
-		t.Fatalf("without a limit a release set one: %d", got)
-	}
-}
-
 // On a performance standby (same storage, not writable) the refresher does
 // not run: the gauge says 0 there and 1 on the active node, and the
 // standby reports the active node's plan as next_refresh, as its status
@@ -564,91 +498,4 @@ func TestMetrics_ScrapeDuringCycles(t *testing.T) {
 	close(stop)
 	<-done
 	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_roles_defined", nil, 1)
-}
-
-// The plugin's own soft limit follows what the runtime holds (the live heap
-// and the overhead no GC frees, plus an eighth of the live heap), never below
-// the default, so a large cache does not keep the GC running without pause;
-// an operator's limit is left alone.
-func TestMemoryLimitFollowsTheLiveHeap(t *testing.T) {
-	prev := debug.SetMemoryLimit(-1)
-	t.Cleanup(func() {
-		debug.SetMemoryLimit(prev)
-		memHeadroom.mu.Lock()
-		memHeadroom.owned, memHeadroom.floor = false, 0
-		memHeadroom.mu.Unlock()
-	})
-	limit := func() int64 { return debug.SetMemoryLimit(-1) }
-	const floor = 32 << 20
-
-	// A heap like a large cache's: 96 MiB in one block, and 64-byte
-	// objects of which every other one is dropped, so that half of their
-	// spans is fragmentation the GC cannot return (32 MiB).
-	type blob [64]byte
-	big := make([]byte, 96<<20)
-	for i := range big {
-		big[i] = 1
-	}
-	small := make([]*blob, 1<<20)
-	for i := range small {
-		small[i] = new(blob)
-	}
-	for i := 1; i < len(small); i += 2 {
-		small[i] = nil
-	}
-
-	// An operator's limit: never adapted.
-	debug.SetMemoryLimit(floor)
-	runtime.GC()
-	adaptMemoryLimit()
-	if got := limit(); got != floor {
-		t.Fatalf("an operator's limit was changed to %d", got)
-	}
-
-	OwnMemoryLimit()
-	debug.SetMemoryLimit(math.MaxInt64) // no GC forced by the old limit while measuring
-	runtime.GC()
-	m := adaptMemoryLimit()
-	if m.live < 120<<20 || m.overhead < m.live/8 {
-		t.Fatalf("live %d MiB, overhead %d MiB: the heap is not the one this test needs (overhead above an eighth of live)", m.live>>20, m.overhead>>20)
-	}
-	if got, want := limit(), m.live+m.overhead+m.live/8; got != want {
-		t.Fatalf("limit with %d MiB live and %d MiB overhead = %d MiB, want both plus an eighth of live, %d MiB", m.live>>20, m.overhead>>20, got>>20, want>>20)
-	}
-	// While a scrape holds headroom, the adapted limit is its base.
-	base := limit()
-	release := holdMemoryHeadroom(10 << 20)
-	m = adaptMemoryLimit()
-	if got, want := limit(), memoryLimitFor(m, floor)+10<<20; got != want {
-		t.Fatalf("limit with a hold = %d MiB, want the adapted base plus the hold, %d MiB", got>>20, want>>20)
-	}
-	release()
-
-	runtime.KeepAlive(big)
-	runtime.KeepAlive(small)
-	big, small = nil, nil
-	runtime.GC()
-	m = adaptMemoryLimit()
-	if got := limit(); got > base-100<<20 || got != memoryLimitFor(m, floor) {
-		t.Fatalf("limit after the heap shrank = %d MiB (it was %d MiB), want it to follow the heap down", got>>20, base>>20)
-	}
-}
-
-// The limit's arithmetic: never below the floor, the live heap and the
-// overhead always inside it, and at least liveHeapMinHeadroom above them.
-func TestMemoryLimitFor(t *testing.T) {
-	const MiB = 1 << 20
-	for _, c := range []struct {
-		live, overhead, floor, want int64
-	}{
-		{live: 4 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 32 * MiB},
-		{live: 20 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 32 * MiB}, // 20 + 6 + the 4 MiB minimum, below the floor
-		{live: 24 * MiB, overhead: 6 * MiB, floor: 32 * MiB, want: 34 * MiB}, // 24 + 6 + the 4 MiB minimum
-		{live: 129 * MiB, overhead: 29 * MiB, floor: 32 * MiB, want: 129*MiB + 29*MiB + 129*MiB/8},
-		{live: 200 * MiB, overhead: 0, floor: 32 * MiB, want: 225 * MiB},
-	} {
-		if got := memoryLimitFor(memSample{live: c.live, overhead: c.overhead}, c.floor); got != c.want {
-			t.Errorf("memoryLimitFor(live %d, overhead %d, floor %d) = %d, want %d", c.live, c.overhead, c.floor, got, c.want)
-		}
-	}
 }

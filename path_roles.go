@@ -15,6 +15,8 @@ import (
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
 )
 
 const (
@@ -233,6 +235,7 @@ func (b *backend) pathRolesList(ctx context.Context, req *logical.Request, data 
 	if err != nil {
 		return nil, err
 	}
+	defer b.holdListHeadroom(len(names), listRolesHeadroomPerKey)()
 	return logical.ListResponse(names), nil
 }
 
@@ -268,6 +271,39 @@ func listRolesPage(ctx context.Context, s logical.Storage, data *framework.Field
 		sort.Strings(names)
 	}
 	return pageOf(names, data.Get("after").(string), data.Get("limit").(int)), nil
+}
+
+// The memory headroom a LIST takes, per key it returns: about twice what
+// the plugin allocates to answer it, as a scrape takes (path_metrics.go).
+// Measured in-process at 10 000 roles, the sdk's encoding of the response
+// for gRPC included: 131 bytes a key for roles/ (a 13-byte JSON entry),
+// 1770 for status/, whose key_info is a map per role (a 118-byte entry).
+// At 100 000 roles that is 26 MB for roles/; status/ is cut to the 256 MiB
+// a hold may take.
+const (
+	listRolesHeadroomPerKey  = 256
+	listStatusHeadroomPerKey = 3584
+	// listHeadroomMin: a page that needs less than this needs none, its
+	// copies fit in what the adapted limit leaves between two GCs anyway
+	// (at least 4 MiB): roles/ past 16 384 keys, status/ past 1170.
+	listHeadroomMin = 4 << 20
+)
+
+// holdListHeadroom lends a LIST of keys names perKey bytes of memory
+// headroom each, above the plugin's own soft limit (internal/memlimit):
+// at 100 000 roles the page's values and the sdk's JSON and protobuf
+// copies of them would otherwise make the GC run back to back against the
+// limit. The caller defers what it returns, once it knows the page's size
+// and before it builds the response. The headroom outlives the handler by
+// scrapeHeadroomHold, as a scrape's does: the copies are made after it
+// returns, while the sdk encodes and sends the response.
+func (b *backend) holdListHeadroom(keys, perKey int) (done func()) {
+	n := int64(keys) * int64(perKey)
+	if n < listHeadroomMin {
+		return func() {}
+	}
+	release := memlimit.Hold(n)
+	return func() { b.clock.AfterFunc(scrapeHeadroomHold, release) }
 }
 
 // pageOf returns the part of sorted that comes strictly after after, cut to

@@ -104,6 +104,7 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 	now := b.clock.Now()
 	cfg := b.getRefreshCfg()
 	refresher := b.WriteSafeReplicationState()
+	defer b.holdListHeadroom(len(names), listStatusHeadroomPerKey)()
 	info := make(map[string]interface{}, len(names))
 	var entities map[string]entitySummary // computed on the first entity-scoped role
 	for _, name := range names {

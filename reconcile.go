@@ -18,13 +18,24 @@ const maxStartBackoff = time.Minute
 
 // periodic is the framework's PeriodicFunc: Vault calls it about once a
 // minute. Where storage is writable it runs a reconciler pass.
+//
+// Vault calls it on its own goroutine with its own request context, which
+// Clean knows nothing of: the pass runs counted among the goroutines Clean
+// waits for, with a context that Clean cancels as well as Vault, so that no
+// pass writes storage after Clean has returned. Once Clean has begun it
+// does nothing.
 func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 	if !b.WriteSafeReplicationState() {
 		return nil
 	}
-	if err := b.reconcile(ctx); err != nil {
-		b.Logger().Warn("reconcile pass failed, retrying", "error", err)
-	}
+	b.runBackground(func(bgCtx context.Context) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(bgCtx, cancel)()
+		if err := b.reconcile(ctx); err != nil && bgCtx.Err() == nil {
+			b.Logger().Warn("reconcile pass failed, retrying", "error", err)
+		}
+	})
 	return nil
 }
 
@@ -160,6 +171,11 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 			}
 		}
 	}
+	// A pass that Clean (or Vault) cancelled stops before its next write:
+	// storage may be going away, and the next pass does what this one left.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
 	// The schedule index now says what the pass found; keys it did not
 	// reach (an error, a cycle running) keep their entries.
@@ -175,6 +191,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 			continue
 		}
 		for _, name := range keys {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			if folder, ok := strings.CutSuffix(name, entitySep); ok {
 				// Entity credentials of a role that is gone or no longer
 				// entity-scoped.
@@ -191,6 +210,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 				}
 			}
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if err := b.resumeRotation(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("planning the root key rotation: %w", err))
@@ -305,6 +327,9 @@ func (b *backend) forEachParallel(names []string, f func(name string)) {
 // nothing planned or running is scheduled at its plan, unless that plan is
 // due by passStart: such a role is returned instead, for scheduleOverdue.
 func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // the pass is stopping: no more storage calls
+	}
 	lock := b.state.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()

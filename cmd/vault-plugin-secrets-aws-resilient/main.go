@@ -13,13 +13,13 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime/debug"
 	"time"
 
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/plugin"
 
 	awsresilient "github.com/aws-resilient/vault-plugin-secrets-aws-resilient"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
 )
 
 // version is replaced by -ldflags "-X main.version=<semver>".
@@ -33,7 +33,7 @@ var version = awsresilient.DevVersion
 // some more GC work during a mass refresh. It is soft, and the plugin
 // raises it above what the runtime holds (the live heap and the runtime's
 // overhead) plus an eighth of the live heap when the cache outgrows it
-// (AdaptMemoryLimit): at 100 000 roles a limit below that kept one of two
+// (memlimit.Adapt): at 100 000 roles a limit below that kept one of two
 // cores busy with GC.
 const defaultMemoryLimit = 32 << 20
 
@@ -43,16 +43,15 @@ func main() {
 		return
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(defaultMemoryLimit)
-		// The limit is the plugin's own, so a metrics scrape may lend
+		// The limit is the plugin's own, so a large response may lend
 		// itself headroom above it; an operator's GOMEMLIMIT is left alone.
-		awsresilient.OwnMemoryLimit()
+		memlimit.Own(defaultMemoryLimit)
 		// It follows the live heap, so that a large cache does not keep
 		// the GC running without pause; every second, so that a mount
 		// start loading 100 000 roles (a few MiB a second) does not outrun
 		// the headroom between two adaptations. A read of the runtime's
 		// figures costs microseconds.
-		go awsresilient.AdaptMemoryLimit(time.Second)
+		go memlimit.Adapt(time.Second)
 	}
 	// No TLSProviderFunc: Vault 1.12 and later connect to plugins with
 	// automatic mTLS, so the plugin needs neither the api package nor the

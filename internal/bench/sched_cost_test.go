@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"runtime/pprof"
 	"strconv"
@@ -14,7 +13,7 @@ import (
 
 	"github.com/hashicorp/vault/sdk/logical"
 
-	awsresilient "github.com/aws-resilient/vault-plugin-secrets-aws-resilient"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
 )
 
 // TestSchedulerCostInProcess is section f's scheduler-cost window in one
@@ -34,10 +33,8 @@ func TestSchedulerCostInProcess(t *testing.T) {
 		t.Skip("set AWS_RESILIENT_TICK_ROLES=<roles> to run")
 	}
 	if os.Getenv("AWS_RESILIENT_TICK_OWN_LIMIT") == "1" {
-		prev := debug.SetMemoryLimit(32 << 20)
-		defer debug.SetMemoryLimit(prev)
-		awsresilient.OwnMemoryLimit()
-		go awsresilient.AdaptMemoryLimit(time.Second)
+		defer memlimit.Own(32 << 20)()
+		go memlimit.Adapt(time.Second)
 	}
 	p := newInProcess(t)
 	emu, req := p.emu, p.do

@@ -1,0 +1,177 @@
+package awsresilient
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
+)
+
+// lifecycleStorage stops one storage call inside storage until the test lets it
+// go, and records every call made after the test marked storage closed (as
+// Vault's storage is once Clean has returned and the mount is gone).
+type lifecycleStorage struct {
+	logical.Storage
+
+	mu       sync.Mutex
+	op, key  string               // the call to stop
+	armed    bool                 // the stop is still to happen
+	entered  chan context.Context // receives the stopped call's context
+	released chan struct{}        // closed to let it go
+	release  func()               // closes released, once
+	closed   bool                 // set by the test once Clean returned
+	late     []string             // calls after closed, as "op key"
+	// onCall, when set before any request, runs inside every call.
+	onCall func(op, key string)
+}
+
+func newLifecycleStorage(s logical.Storage) *lifecycleStorage {
+	g := &lifecycleStorage{Storage: s, entered: make(chan context.Context, 1), released: make(chan struct{})}
+	var once sync.Once
+	g.release = func() { once.Do(func() { close(g.released) }) }
+	return g
+}
+
+// stopAt arms the stop: the next call of op on key waits inside storage.
+func (g *lifecycleStorage) stopAt(op, key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.op, g.key, g.armed = op, key, true
+}
+
+// markClosed records that Clean has returned: storage is no longer the
+// mount's, and any call from now on is a defect.
+func (g *lifecycleStorage) markClosed() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+}
+
+func (g *lifecycleStorage) lateCalls() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.late...)
+}
+
+// call records a call after closed and stops the armed one.
+func (g *lifecycleStorage) call(ctx context.Context, op, key string) {
+	g.mu.Lock()
+	if g.closed {
+		g.late = append(g.late, op+" "+key)
+	}
+	stop := g.armed && op == g.op && key == g.key
+	if stop {
+		g.armed = false
+	}
+	g.mu.Unlock()
+	if g.onCall != nil {
+		g.onCall(op, key)
+	}
+	if stop {
+		g.entered <- ctx
+		<-g.released
+	}
+}
+
+func (g *lifecycleStorage) Get(ctx context.Context, key string) (*logical.StorageEntry, error) {
+	g.call(ctx, "get", key)
+	return g.Storage.Get(ctx, key)
+}
+
+func (g *lifecycleStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
+	g.call(ctx, "put", e.Key)
+	return g.Storage.Put(ctx, e)
+}
+
+func (g *lifecycleStorage) Delete(ctx context.Context, key string) error {
+	g.call(ctx, "delete", key)
+	return g.Storage.Delete(ctx, key)
+}
+
+func (g *lifecycleStorage) List(ctx context.Context, prefix string) ([]string, error) {
+	g.call(ctx, "list", prefix)
+	return g.Storage.List(ctx, prefix)
+}
+
+// Defect 7: Vault runs the periodic function on its own goroutine with its
+// own request context, so Clean neither cancelled nor waited for a
+// reconciler pass under way, and the pass went on writing storage after
+// Clean had returned. Now Clean cancels the pass and waits for it, the
+// cancelled pass writes nothing more, and a pass that starts after Clean
+// began does nothing at all.
+func TestClean_StopsAndWaitsForThePeriodicPass(t *testing.T) {
+	mem := new(logical.InmemStorage)
+	g := newLifecycleStorage(mem)
+	b, s := newTestBackend(t, testOpts{clock: newFakeClock(time.Now().Truncate(time.Second)), storage: g})
+	t.Cleanup(g.release) // before the backend's own cleanup, should the test fail early
+	// A status without a role: the pass deletes it, after it has listed
+	// status/, which is where it is stopped.
+	putJSON(t, mem, statusPrefix+"ghost", &statusEntry{})
+	g.stopAt("list", statusPrefix)
+
+	passDone := make(chan error, 1)
+	go func() {
+		_, err := b.HandleRequest(context.Background(), &logical.Request{Operation: logical.RollbackOperation, Storage: s})
+		passDone <- err
+	}()
+	var passCtx context.Context
+	select {
+	case passCtx = <-g.entered:
+	case <-time.After(waitLimit):
+		t.Fatal("the periodic pass never listed status/")
+	}
+
+	cleaned := make(chan struct{})
+	go func() {
+		b.Cleanup(context.Background())
+		close(cleaned)
+	}()
+	select {
+	case <-cleaned:
+		g.markClosed()
+		t.Errorf("Clean returned while the periodic pass was still inside storage")
+	case <-passCtx.Done():
+		// Clean cancelled the pass; the pass is still inside storage, so
+		// Clean must still be waiting for it.
+		select {
+		case <-cleaned:
+			t.Errorf("Clean returned while the periodic pass was still inside storage")
+		default:
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("Clean neither returned nor cancelled the periodic pass")
+	}
+
+	g.release()
+	select {
+	case <-cleaned:
+	case <-time.After(waitLimit):
+		t.Fatal("Clean did not return after the periodic pass left storage")
+	}
+	g.markClosed()
+	select {
+	case err := <-passDone:
+		if err != nil {
+			t.Errorf("periodic request: %v", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("the periodic request did not return")
+	}
+	if late := g.lateCalls(); len(late) > 0 {
+		t.Errorf("storage calls after Clean returned: %v", late)
+	}
+	if e, err := mem.Get(context.Background(), statusPrefix+"ghost"); err != nil || e == nil {
+		t.Errorf("the pass that Clean cancelled went on and deleted status/ghost (err %v)", err)
+	}
+
+	// A pass that Vault starts after Clean does nothing, not even a read.
+	n := len(g.lateCalls())
+	if _, err := b.HandleRequest(context.Background(), &logical.Request{Operation: logical.RollbackOperation, Storage: s}); err != nil {
+		t.Fatalf("periodic request after Clean: %v", err)
+	}
+	if late := g.lateCalls()[n:]; len(late) > 0 {
+		t.Errorf("a periodic pass after Clean called storage: %v", late)
+	}
+}
