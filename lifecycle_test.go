@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -119,7 +120,7 @@ func TestClean_StopsAndWaitsForThePeriodicPass(t *testing.T) {
 	var passCtx context.Context
 	select {
 	case passCtx = <-g.entered:
-	case <-time.After(waitLimit):
+	case <-time.After(clocktest.WaitLimit):
 		t.Fatal("the periodic pass never listed status/")
 	}
 
@@ -140,14 +141,14 @@ func TestClean_StopsAndWaitsForThePeriodicPass(t *testing.T) {
 			t.Errorf("Clean returned while the periodic pass was still inside storage")
 		default:
 		}
-	case <-time.After(waitLimit):
+	case <-time.After(clocktest.WaitLimit):
 		t.Fatal("Clean neither returned nor cancelled the periodic pass")
 	}
 
 	g.release()
 	select {
 	case <-cleaned:
-	case <-time.After(waitLimit):
+	case <-time.After(clocktest.WaitLimit):
 		t.Fatal("Clean did not return after the periodic pass left storage")
 	}
 	g.markClosed()
@@ -156,7 +157,7 @@ func TestClean_StopsAndWaitsForThePeriodicPass(t *testing.T) {
 		if err != nil {
 			t.Errorf("periodic request: %v", err)
 		}
-	case <-time.After(waitLimit):
+	case <-time.After(clocktest.WaitLimit):
 		t.Fatal("the periodic request did not return")
 	}
 	if late := g.lateCalls(); len(late) > 0 {
