@@ -481,15 +481,11 @@ func (r *roleStates) names() []string {
 // definition or the new one in storage, never with a credential of the
 // other, and the entry marked for reload.
 func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, name string, old, role *roleEntry) error {
-	entry, err := logical.StorageEntryJSON(rolePrefix+name, role)
-	if err != nil {
-		return err
-	}
 	if old != nil && old.equal(role) {
 		// Only how the credential is served or kept changed (lease,
 		// entity_idle_ttl, max_entities): the cache, the
 		// schedule and the generation stay.
-		if err := s.Put(ctx, entry); err != nil {
+		if err := putRole(ctx, s, name, role); err != nil {
 			// The write may or may not have been applied: the role and
 			// each mirrored entity credential, which carries the role's
 			// definition too, are read again on their next access. (A
@@ -498,7 +494,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 			for _, k := range r.entityKeys(name) {
 				r.markLocked(k, false)
 			}
-			return fmt.Errorf("writing role %q: %w", name, err)
+			return err
 		}
 		// A mirrored entry takes the new lease setting; one not mirrored or
 		// marked for reload is read whole on its next access anyway.
@@ -521,8 +517,8 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 	if err := deleteEntityData(ctx, s, name); err != nil {
 		return err
 	}
-	if err := s.Put(ctx, entry); err != nil {
-		return fmt.Errorf("writing role %q: %w", name, err)
+	if err := putRole(ctx, s, name, role); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	r.put(name, &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
@@ -569,8 +565,8 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 	if err := deleteEntityData(ctx, s, name); err != nil {
 		return err
 	}
-	if err := s.Delete(ctx, rolePrefix+name); err != nil {
-		return fmt.Errorf("deleting role %q: %w", name, err)
+	if err := deleteRole(ctx, s, name); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	r.del(name)
@@ -579,16 +575,6 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 	}
 	r.mu.Unlock()
 	r.dropFromIndex(ctx, s, name, ents)
-	return nil
-}
-
-func deleteRoleData(ctx context.Context, s logical.Storage, name string) error {
-	if err := s.Delete(ctx, cachePrefix+name); err != nil {
-		return fmt.Errorf("deleting cached credential of role %q: %w", name, err)
-	}
-	if err := s.Delete(ctx, statusPrefix+name); err != nil {
-		return fmt.Errorf("deleting status of role %q: %w", name, err)
-	}
 	return nil
 }
 
@@ -621,11 +607,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()
-	entry, err := logical.StorageEntryJSON(cachePrefix+name, &stored)
-	if err != nil {
-		return &refreshError{Code: "StorageError", Message: "encoding the cached credential failed", Retryable: true, cause: err}
-	}
-	if err := s.Put(ctx, entry); err != nil {
+	if err := putCacheEntry(ctx, s, name, &stored); err != nil {
 		// The write may have been applied: until storage is read again,
 		// nobody knows which credential it holds, and the next one must be
 		// compared with that one.
@@ -677,8 +659,8 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 // removal of a cached credential that must not be served.
 func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name string, rs *roleState) error {
 	if rs.badCache {
-		if err := s.Delete(ctx, cachePrefix+name); err != nil {
-			return fmt.Errorf("deleting unusable cached credential of role %q: %w", name, err)
+		if err := deleteCacheEntry(ctx, s, name); err != nil {
+			return err
 		}
 	}
 	if rs.statusDirty {
@@ -697,14 +679,6 @@ func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name st
 		r.mu.Unlock()
 	}
 	return nil
-}
-
-func putStatus(ctx context.Context, s logical.Storage, name string, st *statusEntry) error {
-	entry, err := logical.StorageEntryJSON(statusPrefix+name, st)
-	if err != nil {
-		return err
-	}
-	return s.Put(ctx, entry)
 }
 
 // issuing is the part of the definition that decides what STS issues: all of

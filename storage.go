@@ -11,8 +11,7 @@ import (
 
 // The storage layout: every key the plugin writes, and every typed read,
 // write, delete and list of them. Handlers and owners call these; this is
-// the file of the plugin package that calls logical.Storage (rolestate.go,
-// the role state's owner, is the other, for now: see its store lock).
+// the one file of the plugin package that calls logical.Storage.
 //
 //	config/root      rootConfig      the AWS keys (seal-wrapped: secret key)
 //	config/refresh   refreshConfig   retry policy and rate limit
@@ -132,6 +131,16 @@ func getRole(ctx context.Context, s logical.Storage, name string) (*roleEntry, e
 	return role, nil
 }
 
+// putRole writes the role's definition.
+func putRole(ctx context.Context, s logical.Storage, name string, role *roleEntry) error {
+	return writeJSON(ctx, s, rolePrefix+name, fmt.Sprintf("role %q", name), role)
+}
+
+// deleteRole deletes the role's definition (its data first: deleteRoleData).
+func deleteRole(ctx context.Context, s logical.Storage, name string) error {
+	return deleteKey(ctx, s, rolePrefix+name, fmt.Sprintf("role %q", name))
+}
+
 // listRoles returns the stored role names, in the order storage lists them.
 func listRoles(ctx context.Context, s logical.Storage) ([]string, error) {
 	names, err := s.List(ctx, rolePrefix)
@@ -150,6 +159,17 @@ func getCacheEntry(ctx context.Context, s logical.Storage, name string) (*cacheE
 	return c, nil
 }
 
+// putCacheEntry writes the key's credential. Only a validated credential
+// ever comes here.
+func putCacheEntry(ctx context.Context, s logical.Storage, key string, c *cacheEntry) error {
+	return writeJSON(ctx, s, cachePrefix+key, fmt.Sprintf("cached credential of role %q", key), c)
+}
+
+// deleteCacheEntry deletes the key's credential.
+func deleteCacheEntry(ctx context.Context, s logical.Storage, key string) error {
+	return deleteKey(ctx, s, cachePrefix+key, fmt.Sprintf("cached credential of role %q", key))
+}
+
 // getStatus returns the stored status, or nil, nil when there is none.
 func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntry, error) {
 	st := new(statusEntry)
@@ -157,6 +177,21 @@ func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntr
 		return nil, err
 	}
 	return st, nil
+}
+
+// putStatus writes the refresher's record of the key.
+func putStatus(ctx context.Context, s logical.Storage, key string, st *statusEntry) error {
+	return writeJSON(ctx, s, statusPrefix+key, fmt.Sprintf("status of role %q", key), st)
+}
+
+// deleteRoleData deletes the key's cached credential and status: the data a
+// definition change or delete removes first, so that a failure half-way
+// leaves a cold role rather than an orphan.
+func deleteRoleData(ctx context.Context, s logical.Storage, key string) error {
+	if err := deleteCacheEntry(ctx, s, key); err != nil {
+		return err
+	}
+	return deleteKey(ctx, s, statusPrefix+key, fmt.Sprintf("status of role %q", key))
 }
 
 // deleteOrphan deletes prefix+name, an entry whose role is gone.
