@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -133,7 +134,7 @@ type backend struct {
 	retiredSets []*clientSet
 
 	// limiter caps STS calls across all roles; it has its own lock.
-	limiter *rateLimiter
+	limiter *ratelimit.Limiter
 
 	// metrics holds the counters and histograms served by the metrics path;
 	// they are safe for concurrent use.
@@ -220,7 +221,7 @@ func newBackend(opts backendOptions) *backend {
 		opts.version = DevVersion
 	}
 	b.metrics = newMetrics(opts.version)
-	b.limiter = newRateLimiter(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
+	b.limiter = ratelimit.New(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 
 	paths := []*framework.Path{

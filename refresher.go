@@ -147,7 +147,7 @@ func (b *backend) startFlightLockedHint(name string, urgent, herd, hint bool) *f
 		if rs != nil {
 			cred = rs.cred
 		}
-		if at, ok := b.limiter.reserve(now, queueHorizon(now, b.getRefreshCfg(), cred)); ok {
+		if at, ok := b.limiter.Reserve(now, queueHorizon(now, b.getRefreshCfg(), cred)); ok {
 			f.slot = at
 		}
 	}
@@ -295,7 +295,7 @@ func (b *backend) fireDue(gen uint64) {
 	// roles that fell due while no node refreshed), so they call in that
 	// order with no slot left idle, instead of racing for slots at jittered
 	// times and giving up blocks.
-	herd := len(due) > 1 && len(due) > b.limiter.capacity(b.getRefreshCfg().block())
+	herd := len(due) > 1 && len(due) > b.limiter.Capacity(b.getRefreshCfg().block())
 	for _, e := range due {
 		b.startFlightLockedHint(e.name, false, herd, e.hint)
 	}
@@ -537,7 +537,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		if st.RateLimitedSince.IsZero() {
 			st.RateLimitedSince = start
 		}
-		st.NextRefresh = b.limiter.nextFree(now)
+		st.NextRefresh = b.limiter.NextFree(now)
 		return st, st.NextRefresh
 	})
 	if errors.Is(err, errShuttingDown) {
@@ -601,10 +601,10 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 	for i, ep := range eps {
 		at, ok := b.clock.Now(), true
 		if i > 0 || !reserved {
-			at, ok = b.limiter.reserve(b.clock.Now(), blockEnd)
+			at, ok = b.limiter.Reserve(b.clock.Now(), blockEnd)
 		}
 		if !ok && i == 0 && queueUntil.After(blockEnd) {
-			if at, ok = b.limiter.reserve(b.clock.Now(), queueUntil); ok {
+			if at, ok = b.limiter.Reserve(b.clock.Now(), queueUntil); ok {
 				blockEnd = at.Add(block)
 				moved = blockEnd
 				b.metrics.queued.Inc()
@@ -621,9 +621,9 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 			return nil, classify(err, ""), moved
 		}
 		// The slot has come; a call that reached it late waits its turn
-		// among the calls actually made (rateLimiter.pace).
+		// among the calls actually made (ratelimit.Limiter.Pace).
 		now := b.clock.Now()
-		if p := b.limiter.pace(now); p.After(now) {
+		if p := b.limiter.Pace(now); p.After(now) {
 			b.metrics.paced.Inc()
 			if err := b.sleepUntil(ctx, p, nil); err != nil {
 				return nil, classify(err, ""), moved
