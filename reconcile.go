@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -225,15 +226,13 @@ func (p *passIndex) reach(key string) {
 func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
 	want, keep = map[string]indexItem{}, map[string]bool{}
 	for key := range idx.reached {
-		// Both under flightMu, taken first as fireDue takes it: a role
+		// Both under flightMu, which the plan holds as it fires: a role
 		// leaves the plan and enters its flight in one step.
 		b.flightMu.Lock()
-		b.bgMu.RLock()
 		_, running := b.flights[key]
-		at, planned := b.plan.get(key)
-		checked := b.plan.checked(key)
-		b.bgMu.RUnlock()
+		e, planned := b.plan.Get(key)
 		b.flightMu.Unlock()
+		at, checked := e.At, e.Mark&dueplan.Hint == 0
 		if running {
 			keep[key] = true
 			continue

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 )
 
 // maxPause caps the growing pause between failed cycles.
@@ -203,92 +205,37 @@ func (b *backend) inFlight(name string) bool {
 }
 
 // schedule sets the role's next refresh cycle to start at at, replacing any
-// earlier plan. It does nothing unless the refresher runs on this node.
+// earlier plan. It does nothing unless the refresher runs on this node (a
+// plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
 func (b *backend) schedule(name string, at time.Time) {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if !b.running || b.closed {
+	if !b.refresherRunning() {
 		return
 	}
-	b.plan.set(name, at)
-	b.armLocked()
+	b.plan.Set(name, at)
+	b.planChanged()
+}
+
+// planChanged tells the test hook that the plan changed.
+func (b *backend) planChanged() {
 	if b.onPlan != nil {
 		b.onPlan()
 	}
-}
-
-// armLocked keeps the one plan timer set for the earliest due time. It runs
-// under bgMu after every change of the plan; a timer already set for that
-// time is left alone.
-func (b *backend) armLocked() {
-	if b.planHeld > 0 {
-		return // holdPlan's release arms it
-	}
-	at, ok := b.plan.earliest()
-	if ok && b.planTimer != nil && b.planTimerAt.Equal(at) {
-		return
-	}
-	if b.planTimer != nil {
-		b.planTimer.Stop()
-		b.planTimer = nil
-	}
-	if !ok {
-		return
-	}
-	b.planGen++
-	gen := b.planGen
-	b.planTimerAt = at
-	b.planTimer = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() { b.fireDue(gen) })
 }
 
 // holdPlan keeps the plan timer from firing while a batch of roles is
 // planned, so that roles planned for the same instant start together, in
 // plan order, as one batch (see fireDue's herd); the returned func ends the
 // hold and arms the timer.
-func (b *backend) holdPlan() (release func()) {
-	b.bgMu.Lock()
-	b.planHeld++
-	if b.planTimer != nil {
-		b.planTimer.Stop()
-		b.planTimer = nil
-	}
-	b.bgMu.Unlock()
-	return func() {
-		b.bgMu.Lock()
-		defer b.bgMu.Unlock()
-		b.planHeld--
-		if !b.closed {
-			b.armLocked()
-		}
-	}
-}
+func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 
-// fireDue runs when the plan timer expires: it starts (or joins) the cycle
-// of every role due by now, earliest first, and sets the timer for the next.
-// The entries leave the plan and their flights are registered under
-// flightMu held throughout: whoever looks (the reconciler, under the role's
-// store lock) sees a role scheduled or in flight, never neither, and
-// schedules no second cycle.
-func (b *backend) fireDue(gen uint64) {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	b.bgMu.Lock()
-	if gen == b.planGen {
-		b.planTimer = nil // it fired: nothing to stop
-	}
-	if b.closed || b.planHeld > 0 {
-		// A timer that fired as a hold began: the hold's release arms
-		// another, and the batch starts whole.
-		b.bgMu.Unlock()
-		return
-	}
-	due := b.plan.popDue(b.clock.Now())
-	b.armLocked()
-	if len(due) > 0 && b.onPlan != nil {
-		b.onPlan()
-	}
-	b.bgMu.Unlock()
+// fireDue is the plan's fire callback: it starts (or joins) the cycle of
+// every role in due, the roles due by now, earliest first. The plan calls
+// it with flightMu held from before the entries left the plan: whoever
+// looks (the reconciler, under the role's store lock) sees a role scheduled
+// or in flight, never neither, and schedules no second cycle.
+func (b *backend) fireDue(due []dueplan.Entry[string]) {
+	b.planChanged()
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for
@@ -297,30 +244,19 @@ func (b *backend) fireDue(gen uint64) {
 	// times and giving up blocks.
 	herd := len(due) > 1 && len(due) > b.limiter.Capacity(b.getRefreshCfg().block())
 	for _, e := range due {
-		b.startFlightLockedHint(e.name, false, herd, e.hint)
+		b.startFlightLockedHint(e.Key, false, herd, e.Mark&dueplan.Hint != 0)
 	}
 }
 
 // unschedule drops the role's pending refresh.
 func (b *backend) unschedule(name string) {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if _, ok := b.plan.get(name); !ok {
-		return
-	}
-	b.plan.drop(name)
-	b.armLocked()
-	if b.onPlan != nil {
-		b.onPlan()
+	if b.plan.Drop(name) {
+		b.planChanged()
 	}
 }
 
 // plannedRoles returns how many roles have a next cycle planned on this node.
-func (b *backend) plannedRoles() int {
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.plan.len()
-}
+func (b *backend) plannedRoles() int { return b.plan.Len() }
 
 // rolesInPlan returns how many roles the refresher on this node has in hand:
 // a next cycle planned, or a cycle running. Right after a start or a
@@ -329,11 +265,9 @@ func (b *backend) plannedRoles() int {
 func (b *backend) rolesInPlan() int {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	n := b.plan.len()
+	n := b.plan.Len()
 	for name := range b.flights {
-		if _, ok := b.plan.get(name); !ok {
+		if _, ok := b.plan.Get(name); !ok {
 			n++
 		}
 	}
@@ -343,17 +277,14 @@ func (b *backend) rolesInPlan() int {
 // planChecked reports whether the role has a plan on this node that is its
 // own, not a hint from the schedule index.
 func (b *backend) planChecked(name string) bool {
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.plan.checked(name)
+	e, ok := b.plan.Get(name)
+	return ok && e.Mark&dueplan.Hint == 0
 }
 
 // scheduledAt returns when the role's next cycle is due on this node.
 func (b *backend) scheduledAt(name string) (time.Time, bool) {
-	// A read lock: creds reads of lease=false roles call this on the hot path.
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.plan.get(name)
+	e, ok := b.plan.Get(name)
+	return e.At, ok
 }
 
 // runCycle makes up to max_retries attempts to fetch and store a new
