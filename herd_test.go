@@ -143,11 +143,18 @@ func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
 // plan callback is starting cycles, until refreshed() reports all roles.
 func driveUntilRefreshed(t *testing.T, clk *clocktest.Fake, b *backend, roles int, refreshed func() int) {
 	t.Helper()
-	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
+	driveHerd(t, clk, b, roles, refreshed, func() {})
+}
+
+// driveHerd is driveUntilRefreshed, calling idle each time every role waits.
+func driveHerd(t *testing.T, clk *clocktest.Fake, b *backend, roles int, refreshed func() int, idle func()) {
+	t.Helper()
+	waiting := func() int { return clk.Sleepers() + b.plannedRoles() }
 	for step := 0; ; step++ {
-		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.Busy() == 0 }, func() string {
-			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
+		clk.WaitUntil(t, func() bool { return waiting() >= roles && clk.Busy() == 0 }, func() string {
+			return fmt.Sprintf("%d of %d roles idle", waiting(), roles)
 		})
+		idle()
 		if refreshed() == roles {
 			return
 		}
@@ -155,6 +162,70 @@ func driveUntilRefreshed(t *testing.T, clk *clocktest.Fake, b *backend, roles in
 			t.Fatalf("only %d of %d roles refreshed", refreshed(), roles)
 		}
 		clk.AdvanceToNext(t)
+	}
+}
+
+// TestRefresh_HerdWaitsInThePlanNotInGoroutines (defect 8): 200 roles fall
+// due at once, far more than sts_rate_limit grants in one block. Each takes
+// its slot in expiry order, but only those whose slot has come start a
+// cycle: the others wait in the plan, at their slots, under its one timer,
+// instead of each parking a goroutine on a timer of its own until its slot
+// (200 goroutines here, 45 000 and 180 MiB of stacks after a real outage).
+// The calls still go exactly at the slots, soonest expiry first, none
+// refused.
+func TestRefresh_HerdWaitsInThePlanNotInGoroutines(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+	}{{5, 1}, {20, 4}} {
+		t.Run(fmt.Sprintf("rate%v-burst%d", tc.rate, tc.burst), func(t *testing.T) {
+			const roles = 200
+			perm := rand.New(rand.NewPCG(8, 8)).Perm(roles)
+			clk, emu, b, now := startHerd(t, roles, tc.rate, tc.burst, randMax, func(now time.Time, i int) time.Time {
+				return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second)
+			})
+			maxParked, steps := 0, 0
+			driveHerd(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)), func() {
+				steps++
+				parked := clk.Sleepers()
+				maxParked = max(maxParked, parked)
+				if parked > tc.burst+2 {
+					t.Fatalf("step %d (+%v): %d cycles parked on timers of their own, want at most burst+2 = %d: the herd waits in goroutines, not in the plan",
+						steps, clk.Now().Sub(now), parked, tc.burst+2)
+				}
+				if timers := clk.Pending() - parked; timers > 1 {
+					t.Fatalf("step %d: %d scheduled timers beside the sleepers, want at most the plan's one", steps, timers)
+				}
+			})
+			calls := emu.Calls()
+			if len(calls) != roles {
+				t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+			}
+			rank := map[string]int{}
+			for i, p := range perm {
+				rank[fmt.Sprintf("%s-r%03d", testRoleARN, i)] = p
+			}
+			// Calls at one instant may go in any order; across instants, in
+			// expiry order.
+			sort.Slice(calls, func(i, j int) bool {
+				if !calls[i].Time.Equal(calls[j].Time) {
+					return calls[i].Time.Before(calls[j].Time)
+				}
+				return rank[calls[i].RoleArn] < rank[calls[j].RoleArn]
+			})
+			interval := time.Duration(float64(time.Second) / tc.rate)
+			for k, c := range calls {
+				want := now.Add(time.Duration(max(0, k-(tc.burst-1))) * interval)
+				if !c.Time.Equal(want) || rank[c.RoleArn] != k || c.Outcome != "ok" {
+					t.Fatalf("call %d: %s (expiry rank %d) at +%v, %s; want rank %d at +%v, ok",
+						k, c.RoleArn, rank[c.RoleArn], c.Time.Sub(now), c.Outcome, k, want.Sub(now))
+				}
+			}
+			if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+				t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+			}
+			t.Logf("%d steps, at most %d cycles parked on timers", steps, maxParked)
+		})
 	}
 }
 
@@ -193,9 +264,11 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	clk, emu, b, now := startHerd(t, roles, rate, burst, randMax, func(now time.Time, i int) time.Time {
 		return now.Add(60*time.Second + time.Duration(i)*10*time.Second)
 	})
-	// The first slot is now: that role calls at once, the others wait.
-	clk.WaitUntil(t, func() bool { return clk.Sleepers() >= roles-1 && len(emu.Calls()) == 1 && clk.Busy() == 0 }, func() string {
-		return fmt.Sprintf("%d of %d cycles waiting for their slots, %d called", clk.Sleepers(), roles-1, len(emu.Calls()))
+	// The first slot is now: that role calls at once, the others wait in
+	// the plan at their slots.
+	waiting := func() int { return b.plannedRoles() - expiringAfter(b, roles, now.Add(30*time.Minute))() }
+	clk.WaitUntil(t, func() bool { return waiting() >= roles-1 && len(emu.Calls()) == 1 && clk.Busy() == 0 }, func() string {
+		return fmt.Sprintf("%d of %d roles waiting for their slots, %d called", waiting(), roles-1, len(emu.Calls()))
 	})
 	clk.Advance(3 * time.Second) // the stall: slots 0 to 3 s all passed
 	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)))

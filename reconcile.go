@@ -222,7 +222,8 @@ func (p *passIndex) reach(key string) {
 // indexWant is what the schedule index should say of the keys the pass
 // reached, as of now (commits during the pass included): each planned
 // key's plan and expiry. Keys with a cycle running, or still planned from
-// a hint, keep their entries (keep); the others, cold or gone, have none.
+// a hint, keep their entries (keep), as do keys waiting in the plan for a
+// reserved slot; the others, cold or gone, have none.
 func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
 	want, keep = map[string]indexItem{}, map[string]bool{}
 	for key := range idx.reached {
@@ -233,7 +234,8 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map
 		e, planned := b.plan.Get(key)
 		b.flightMu.Unlock()
 		at, checked := e.At, e.Mark&dueplan.Hint == 0
-		if running {
+		if running || e.Mark&dueplan.Reserved != 0 {
+			// At a reserved slot its cycle has begun, as if running.
 			keep[key] = true
 			continue
 		}
@@ -351,7 +353,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 		idx.reach(name)
 		return nil, nil
 	}
-	if b.inFlight(name) {
+	if b.inHand(name) {
 		return nil, nil // its commit writes the index
 	}
 	// Not planned, or planned from the index: the role's own plan.
@@ -403,7 +405,7 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStar
 		idx.reach(name)
 		return nil
 	}
-	if b.inFlight(name) {
+	if b.inHand(name) {
 		return nil
 	}
 	at := b.plannedRefresh(rs)

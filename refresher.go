@@ -33,8 +33,9 @@ type flight struct {
 	gen uint64
 	// background: started by the schedule, not by a waiting caller.
 	background bool
-	// slot, when set, is the sts_rate_limit slot the cycle took as it
-	// started in a herd: it starts there and makes its first call then.
+	// slot, when set, is the sts_rate_limit slot its role took in a herd
+	// (fireDue): the plan starts the cycle there (or just after), and it
+	// makes its first call then.
 	slot time.Time
 	// hurry is closed when a caller starts waiting on the cycle: an attempt
 	// not yet made then goes at once instead of after its jitter.
@@ -84,7 +85,7 @@ type cycleResult struct {
 func (b *backend) startFlight(name string, urgent bool) *flight {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
-	return b.startFlightLocked(name, urgent, false)
+	return b.startFlightLocked(name, urgent)
 }
 
 // coldFlight is startFlight for a cold read: when a cycle stored a valid
@@ -98,7 +99,7 @@ func (b *backend) coldFlight(name string) *flight {
 	if rs := b.state.peek(name); rs != nil && !rs.stale && b.flights[name] == nil && rs.cred.validAt(b.clock.Now()) {
 		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
 	}
-	return b.startFlightLocked(name, true, false)
+	return b.startFlightLocked(name, true)
 }
 
 // doneFlight is a flight that has already ended with res.
@@ -108,18 +109,18 @@ func doneFlight(gen uint64, res cycleResult) *flight {
 	return f
 }
 
-// startFlightLocked is startFlight with flightMu held. herd (background
-// cycles only) makes a new cycle take its sts_rate_limit slot now, up to
-// its queue horizon; the cycle then starts at that slot and makes its first
-// attempt there, without jitter.
-func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
-	return b.startFlightLockedHint(name, urgent, herd, false)
+// startFlightLocked is startFlight with flightMu held.
+func (b *backend) startFlightLocked(name string, urgent bool) *flight {
+	return b.startFlightLockedHint(name, urgent, time.Time{}, false)
 }
 
-// startFlightLockedHint is startFlightLocked for a plan that may be a hint
-// from the schedule index: such a cycle first checks the role's own plan
-// (checkHint), and may start before the role was ever read on this node.
-func (b *backend) startFlightLockedHint(name string, urgent, herd, hint bool) *flight {
+// startFlightLockedHint is startFlightLocked for the plan (fireDue): hint
+// says the plan may be a hint from the schedule index, so the cycle first
+// checks the role's own plan (checkHint), and may start before the role was
+// ever read on this node. slot, when set, is the sts_rate_limit slot a
+// herd's role took (see fireDue): a new background cycle starts at that
+// slot and makes its first attempt there, without jitter.
+func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time, hint bool) *flight {
 	// The generation is read under flightMu, so two callers racing a role
 	// change agree on which flight is current.
 	rs := b.state.peek(name)
@@ -143,15 +144,10 @@ func (b *backend) startFlightLockedHint(name string, urgent, herd, hint bool) *f
 	}
 	ctx, cancel := context.WithCancel(b.bgCtx)
 	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
-	if herd && !urgent && prev == nil {
-		now := b.clock.Now()
-		var cred *cacheEntry
-		if rs != nil {
-			cred = rs.cred
-		}
-		if at, ok := b.limiter.Reserve(now, queueHorizon(now, b.getRefreshCfg(), cred)); ok {
-			f.slot = at
-		}
+	if !urgent && prev == nil {
+		// A cycle that must wait for prev first would reach its slot late,
+		// its blocks counted from a past slot: it takes its own instead.
+		f.slot = slot
 	}
 	if urgent {
 		f.hurryUp()
@@ -204,6 +200,21 @@ func (b *backend) inFlight(name string) bool {
 	return b.flights[name] != nil
 }
 
+// inHand reports whether a cycle for the role runs on this node, or waits
+// in the plan for the sts_rate_limit slot its herd took (fireDue): either
+// way its cycle has begun, and the reconciler leaves the role alone. It
+// looks once under flightMu, which the plan holds as it fires, so a role
+// that moves from the plan into its flight is never missed.
+func (b *backend) inHand(name string) bool {
+	b.flightMu.Lock()
+	defer b.flightMu.Unlock()
+	if b.flights[name] != nil {
+		return true
+	}
+	e, ok := b.plan.Get(name)
+	return ok && e.Mark&dueplan.Reserved != 0
+}
+
 // schedule sets the role's next refresh cycle to start at at, replacing any
 // earlier plan. It does nothing unless the refresher runs on this node (a
 // plan made as Clean stops it is dropped by the stopped plan).
@@ -234,18 +245,63 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 // it with flightMu held from before the entries left the plan: whoever
 // looks (the reconciler, under the role's store lock) sees a role scheduled
 // or in flight, never neither, and schedules no second cycle.
+//
+// A role of a herd whose slot is still to come goes back into the plan at
+// that slot, marked dueplan.Reserved, and starts its cycle when the plan
+// fires it there: only roles whose slot has come hold a goroutine, however
+// many wait (parked each on a timer of its own, 45 000 roles after an
+// outage cost 45 000 goroutines and 180 MiB of stacks).
 func (b *backend) fireDue(due []dueplan.Entry[string]) {
 	b.planChanged()
+	cfg := b.getRefreshCfg()
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for
 	// roles that fell due while no node refreshed), so they call in that
 	// order with no slot left idle, instead of racing for slots at jittered
-	// times and giving up blocks.
-	herd := len(due) > 1 && len(due) > b.limiter.Capacity(b.getRefreshCfg().block())
+	// times and giving up blocks. Roles back at their reserved slots are
+	// no new herd.
+	fresh := 0
 	for _, e := range due {
-		b.startFlightLockedHint(e.Key, false, herd, e.Mark&dueplan.Hint != 0)
+		if e.Mark&dueplan.Reserved == 0 {
+			fresh++
+		}
 	}
+	herd := fresh > 1 && fresh > b.limiter.Capacity(cfg.block())
+	now := b.clock.Now()
+	for _, e := range due {
+		hint := e.Mark&dueplan.Hint != 0
+		var slot time.Time
+		switch {
+		case e.Mark&dueplan.Reserved != 0:
+			slot = e.At
+		case herd:
+			if at, ok := b.herdSlot(e.Key, hint, now, cfg); ok && at.After(now) {
+				b.plan.Put(e.Key, at, e.Mark|dueplan.Reserved)
+				continue
+			} else if ok {
+				slot = at
+			}
+		}
+		b.startFlightLockedHint(e.Key, false, slot, hint)
+	}
+}
+
+// herdSlot takes the sts_rate_limit slot of a herd's role, due now, up to
+// its queue horizon; flightMu held. It takes none (ok false) when no new
+// cycle would start for the role: one runs already, whose slot it would
+// waste, or the role is gone.
+func (b *backend) herdSlot(name string, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
+	if b.flights[name] != nil {
+		return time.Time{}, false
+	}
+	var cred *cacheEntry
+	if rs := b.state.peek(name); rs != nil {
+		cred = rs.cred
+	} else if !hint {
+		return time.Time{}, false
+	}
+	return b.limiter.Reserve(now, queueHorizon(now, cfg, cred))
 }
 
 // unschedule drops the role's pending refresh.

@@ -892,7 +892,7 @@ func (s *sim) check() {
 	s.b.flightMu.Lock()
 	for _, e := range s.b.plan.Entries() {
 		key := e.Key
-		if s.b.flights[key] != nil || e.Mark&dueplan.Hint != 0 {
+		if s.b.flights[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
 			continue
 		}
 		s.fig.checks++
