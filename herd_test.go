@@ -1,6 +1,7 @@
 package awsresilient
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -226,6 +227,71 @@ func TestRefresh_HerdWaitsInThePlanNotInGoroutines(t *testing.T) {
 			}
 			t.Logf("%d steps, at most %d cycles parked on timers", steps, maxParked)
 		})
+	}
+}
+
+// TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass: after a failover
+// the herd is planned from the schedule index (hints) and takes its slots
+// before the first reconciler pass has read a role. The pass then finds
+// most roles waiting in the plan at their reserved slots: it must leave
+// them there, as it leaves a running cycle, not plan them anew (which
+// would take a second slot each and push the queue back). The calls go
+// exactly one interval apart, soonest expiry first, each role once.
+func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
+	// 40 roles: a hint's role is not read yet, so it queues only up to the
+	// start of its last block (5 s, 50 slots), not up to its expiry.
+	const roles, rate, burst = 40, 10, 1
+	perm := rand.New(rand.NewPCG(9, 9)).Perm(roles)
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
+	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
+	for i := 0; i < roles; i++ {
+		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
+	}
+	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
+	config := logical.TestBackendConfig()
+	config.StorageView = gate
+	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Cleanup(context.Background()) })
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.listing
+	refreshed := expiringAfter(b, roles, now.Add(30*time.Minute))
+	// The first slot is now; the others wait in the plan. Five more slots
+	// pass before the pass may read the roles.
+	for k := 1; k <= 6; k++ {
+		clk.WaitUntil(t, func() bool { return refreshed() == k && b.plannedRoles() == roles && clk.Busy() == 0 }, func() string {
+			return fmt.Sprintf("%d refreshed, %d planned, want %d and %d", refreshed(), b.plannedRoles(), k, roles)
+		})
+		if k < 6 {
+			clk.AdvanceToNext(t)
+		}
+	}
+	close(gate.gate)
+	if err := b.waitStarted(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	driveUntilRefreshed(t, clk, b, roles, refreshed)
+
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	for k, c := range calls {
+		want := fmt.Sprintf("%s-r%03d", testRoleARN, slices.Index(perm, k))
+		if at := now.Add(time.Duration(k) * time.Second / rate); !c.Time.Equal(at) || c.RoleArn != want || c.Outcome != "ok" {
+			t.Fatalf("call %d: %s at +%v, %s; want %s at +%v, ok", k, c.RoleArn, c.Time.Sub(now), c.Outcome, want, at.Sub(now))
+		}
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
 	}
 }
 
