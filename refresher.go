@@ -145,8 +145,9 @@ func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time
 	ctx, cancel := context.WithCancel(b.bgCtx)
 	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
 	if !urgent && prev == nil {
-		// A cycle that must wait for prev first would reach its slot late,
-		// its blocks counted from a past slot: it takes its own instead.
+		// Not after prev: a cycle that waits for prev to end would reach
+		// its slot late, its blocks counted from a past slot. It takes a
+		// slot of its own as it calls, and the one given is left unused.
 		f.slot = slot
 	}
 	if urgent {
@@ -276,10 +277,13 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 		case e.Mark&dueplan.Reserved != 0:
 			slot = e.At
 		case herd:
-			if at, ok := b.herdSlot(e.Key, hint, now, cfg); ok && at.After(now) {
+			at, ok := b.herdSlot(e.Key, hint, now, cfg)
+			if ok && at.After(now) {
+				// Its cycle starts when the plan fires it at its slot.
 				b.plan.Put(e.Key, at, e.Mark|dueplan.Reserved)
 				continue
-			} else if ok {
+			}
+			if ok {
 				slot = at
 			}
 		}

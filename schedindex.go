@@ -301,24 +301,28 @@ func (b *backend) planFromIndex(now time.Time) int {
 	// One batch: the overdue keys must not start before all are planned.
 	defer b.planChanged()
 	defer b.holdPlan()()
+	// Add, not Put: a key planned since the start (a read's cycle) keeps
+	// its own plan.
 	n := 0
 	for key, it := range items {
 		if it.next().IsZero() {
 			continue
 		}
-		if _, ok := b.plan.Get(key); ok {
-			continue // planned since the start (a read's cycle): its own plan
-		}
-		n++
 		if it.next().After(now) {
-			b.plan.Put(key, it.next(), dueplan.Hint)
+			if b.plan.Add(key, it.next(), dueplan.Hint) {
+				n++
+			}
 			continue
 		}
-		overdue = append(overdue, overdueRole{name: key, expiry: it.exp()})
+		if _, ok := b.plan.Get(key); !ok {
+			overdue = append(overdue, overdueRole{name: key, expiry: it.exp()})
+		}
 	}
 	sortOverdue(overdue)
 	for _, od := range overdue {
-		b.plan.Put(od.name, now, dueplan.Hint)
+		if b.plan.Add(od.name, now, dueplan.Hint) {
+			n++
+		}
 	}
 	return n
 }

@@ -99,6 +99,20 @@ func (p *Plan[K]) Put(key K, at time.Time, m Mark) {
 	p.armLocked()
 }
 
+// Add is Put for a key that has no plan yet: it leaves a planned key alone
+// and reports whether it planned key, in one step, so that a plan made
+// concurrently is never overwritten.
+func (p *Plan[K]) Add(key K, at time.Time, m Mark) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped || p.h.byKey[key] != nil {
+		return false
+	}
+	p.h.put(Entry[K]{Key: key, At: at, Mark: m})
+	p.armLocked()
+	return true
+}
+
 // Drop removes key's plan and reports whether there was one.
 func (p *Plan[K]) Drop(key K) bool {
 	p.mu.Lock()

@@ -88,6 +88,12 @@ func TestPlan_OneTimerFiresInOrder(t *testing.T) {
 	if e, ok := p.Get("r5"); !ok || e.Mark != Hint || !e.At.Equal(at(15)) {
 		t.Fatalf("Get(r5) = %+v %v, want a hint at %v", e, ok, at(15))
 	}
+	if p.Add("r1", at(1), Hint) {
+		t.Fatal("Add replaced r1's plan")
+	}
+	if e, _ := p.Get("r1"); e.Mark != 0 || !e.At.Equal(at(5)) {
+		t.Fatalf("r1 after Add = %+v, want its own plan at %v", e, at(5))
+	}
 	p.Set("r4", at(2)) // replanned: now the earliest
 	if !p.Drop("r5") || p.Drop("r5") {
 		t.Fatal("Drop: true once while planned, then false")
