@@ -295,6 +295,62 @@ func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
 	}
 }
 
+// TestRefresh_HerdFromIndexBeyondItsHorizonWaitsInThePlan: a herd planned
+// from the schedule index is not read yet, so each role queues for a slot
+// only up to the start of its last block (5 s here, 51 slots at 10/s): the
+// expiry that would let it queue further is in storage. The 29 roles left
+// without a slot must not start cycles that park (first on their jitter,
+// then on a slot) while the first pass is still reading roles: they wait in
+// the plan for the limiter's next free slot and take theirs there. Every
+// call goes one interval apart, soonest expiry first.
+func TestRefresh_HerdFromIndexBeyondItsHorizonWaitsInThePlan(t *testing.T) {
+	const roles, rate, burst = 80, 10, 1
+	perm := rand.New(rand.NewPCG(10, 10)).Perm(roles)
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
+	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
+	for i := 0; i < roles; i++ {
+		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
+	}
+	// The first pass stays at its role list throughout: the herd runs
+	// from the index alone, as it does for tens of seconds at 100 000 roles.
+	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
+	config := logical.TestBackendConfig()
+	config.StorageView = gate
+	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Cleanup(context.Background()) })
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.listing
+	maxParked := 0
+	driveHerd(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)), func() {
+		maxParked = max(maxParked, clk.Sleepers())
+	})
+	if maxParked > burst+2 {
+		t.Fatalf("up to %d cycles parked on timers of their own, want at most burst+2 = %d", maxParked, burst+2)
+	}
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	for k, c := range calls {
+		want := fmt.Sprintf("%s-r%03d", testRoleARN, slices.Index(perm, k))
+		if at := now.Add(time.Duration(k) * time.Second / rate); !c.Time.Equal(at) || c.RoleArn != want || c.Outcome != "ok" {
+			t.Fatalf("call %d: %s at +%v, %s; want %s at +%v, ok", k, c.RoleArn, c.Time.Sub(now), c.Outcome, want, at.Sub(now))
+		}
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+	}
+}
+
 // expiringAfter counts roles r000.. whose mirrored credential expires
 // after horizon.
 func expiringAfter(b *backend, roles int, horizon time.Time) func() int {

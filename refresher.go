@@ -285,6 +285,15 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 			}
 			if ok {
 				slot = at
+			} else if hint && b.flights[e.Key] == nil && b.state.peek(e.Key) == nil {
+				// A hint's role is not read yet, so it queues only up to
+				// the start of its last block: how long its credential
+				// lasts is in storage. Rather than start a cycle that
+				// parks until it learns that, it waits in the plan,
+				// unreserved, for the limiter's next free slot, and
+				// takes a slot there with the rest of the herd.
+				b.plan.Put(e.Key, b.limiter.NextFree(now), e.Mark)
+				continue
 			}
 		}
 		b.startFlightLockedHint(e.Key, false, slot, hint)
