@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -68,8 +70,8 @@ type backendOptions struct {
 	wrapSTS func(endpoint string, api stsAPI) stsAPI
 	// onFlight, when set, is told of every refresh cycle as it starts.
 	onFlight func(name string, f *flight)
-	// onPlan, when set, is called (under bgMu) after every change of the
-	// refresher's plan: tests with a fake clock wake their waiters with it.
+	// onPlan, when set, is called after every change of the refresher's
+	// plan: tests with a fake clock wake their waiters with it.
 	onPlan func()
 	// wrapIAM, when set, wraps each IAM client a rotation builds.
 	wrapIAM func(api iamAPI) iamAPI
@@ -125,7 +127,7 @@ type backend struct {
 	retiredSets []*clientSet
 
 	// limiter caps STS calls across all roles; it has its own lock.
-	limiter *rateLimiter
+	limiter *ratelimit.Limiter
 
 	// metrics holds the counters and histograms served by the metrics path;
 	// they are safe for concurrent use.
@@ -136,25 +138,21 @@ type backend struct {
 	flightMu sync.Mutex
 	flights  map[string]*flight
 
-	// bgMu guards plan and its timer, running, closed, startTimer and
-	// startFailures.
+	// plan holds every scheduled role's next cycle, with the refresher's
+	// only timer between cycles; it has its own lock, and fires under
+	// flightMu (see fireDue).
+	plan *dueplan.Plan[string]
+
+	// bgMu guards running, closed, passDone, startTimer and startFailures.
 	// bgWG counts every goroutine the backend starts; Clean waits for it
 	// after cancelling bgCtx.
-	bgMu sync.RWMutex
-	// plan holds every scheduled role's next cycle; planTimer, armed for
-	// the earliest, is the refresher's only timer between cycles. planGen
-	// tells the current timer's callback from one that was replaced.
-	plan        *dueHeap
-	planTimer   clock.Timer
-	planTimerAt time.Time
-	planGen     uint64
-	planHeld    int  // holdPlan calls not yet released
-	running     bool // the refresher schedules cycles (write-safe node, started)
-	passDone    bool // a reconciler pass has completed without error
-	closed      bool
-	bgWG        sync.WaitGroup
-	bgCtx       context.Context
-	bgCancel    context.CancelFunc
+	bgMu     sync.RWMutex
+	running  bool // the refresher schedules cycles (write-safe node, started)
+	passDone bool // a reconciler pass has completed without error
+	closed   bool
+	bgWG     sync.WaitGroup
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
 	// startTimer retries a start or reconcile pass that storage failed, with
 	// backoff (startFailures in a row), before the next periodic pass.
 	startTimer    clock.Timer
@@ -194,7 +192,6 @@ func newBackend(opts backendOptions) *backend {
 		wrapIAM:     opts.wrapIAM,
 		refreshCfg:  defaultRefreshConfig(),
 		flights:     make(map[string]*flight),
-		plan:        newDueHeap(),
 		startDone:   make(chan struct{}),
 	}
 	b.index = new(schedIndex)
@@ -205,6 +202,7 @@ func newBackend(opts backendOptions) *backend {
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
+	b.plan = dueplan.New(b.clock, &b.flightMu, b.fireDue)
 	if b.rand == nil {
 		b.rand = globalRand{}
 	}
@@ -212,7 +210,7 @@ func newBackend(opts backendOptions) *backend {
 		opts.version = DevVersion
 	}
 	b.metrics = newMetrics(opts.version)
-	b.limiter = newRateLimiter(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
+	b.limiter = ratelimit.New(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 
 	paths := []*framework.Path{
@@ -360,11 +358,7 @@ func (b *backend) clean(ctx context.Context) {
 	b.bgMu.Lock()
 	b.closed = true
 	b.running = false
-	b.plan.clear()
-	if b.planTimer != nil {
-		b.planTimer.Stop()
-		b.planTimer = nil
-	}
+	b.plan.Stop()
 	if b.startTimer != nil {
 		b.startTimer.Stop()
 		b.startTimer = nil

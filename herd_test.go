@@ -1,6 +1,7 @@
 package awsresilient
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -143,11 +144,18 @@ func TestRefresh_DueOneByOneQueueForTheLimiter(t *testing.T) {
 // plan callback is starting cycles, until refreshed() reports all roles.
 func driveUntilRefreshed(t *testing.T, clk *clocktest.Fake, b *backend, roles int, refreshed func() int) {
 	t.Helper()
-	idle := func() int { return clk.Sleepers() + b.plannedRoles() }
+	driveHerd(t, clk, b, roles, refreshed, func() {})
+}
+
+// driveHerd is driveUntilRefreshed, calling idle each time every role waits.
+func driveHerd(t *testing.T, clk *clocktest.Fake, b *backend, roles int, refreshed func() int, idle func()) {
+	t.Helper()
+	waiting := func() int { return clk.Sleepers() + b.plannedRoles() }
 	for step := 0; ; step++ {
-		clk.WaitUntil(t, func() bool { return idle() >= roles && clk.Busy() == 0 }, func() string {
-			return fmt.Sprintf("%d of %d roles idle", idle(), roles)
+		clk.WaitUntil(t, func() bool { return waiting() >= roles && clk.Busy() == 0 }, func() string {
+			return fmt.Sprintf("%d of %d roles idle", waiting(), roles)
 		})
+		idle()
 		if refreshed() == roles {
 			return
 		}
@@ -155,6 +163,191 @@ func driveUntilRefreshed(t *testing.T, clk *clocktest.Fake, b *backend, roles in
 			t.Fatalf("only %d of %d roles refreshed", refreshed(), roles)
 		}
 		clk.AdvanceToNext(t)
+	}
+}
+
+// TestRefresh_HerdWaitsInThePlanNotInGoroutines (defect 8): 200 roles fall
+// due at once, far more than sts_rate_limit grants in one block. Each takes
+// its slot in expiry order, but only those whose slot has come start a
+// cycle: the others wait in the plan, at their slots, under its one timer,
+// instead of each parking a goroutine on a timer of its own until its slot
+// (200 goroutines here, 45 000 and 180 MiB of stacks after a real outage).
+// The calls still go exactly at the slots, soonest expiry first, none
+// refused.
+func TestRefresh_HerdWaitsInThePlanNotInGoroutines(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+	}{{5, 1}, {20, 4}} {
+		t.Run(fmt.Sprintf("rate%v-burst%d", tc.rate, tc.burst), func(t *testing.T) {
+			const roles = 200
+			perm := rand.New(rand.NewPCG(8, 8)).Perm(roles)
+			clk, emu, b, now := startHerd(t, roles, tc.rate, tc.burst, randMax, func(now time.Time, i int) time.Time {
+				return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second)
+			})
+			maxParked, steps := 0, 0
+			driveHerd(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)), func() {
+				steps++
+				parked := clk.Sleepers()
+				maxParked = max(maxParked, parked)
+				if parked > tc.burst+2 {
+					t.Fatalf("step %d (+%v): %d cycles parked on timers of their own, want at most burst+2 = %d: the herd waits in goroutines, not in the plan",
+						steps, clk.Now().Sub(now), parked, tc.burst+2)
+				}
+				if timers := clk.Pending() - parked; timers > 1 {
+					t.Fatalf("step %d: %d scheduled timers beside the sleepers, want at most the plan's one", steps, timers)
+				}
+			})
+			calls := emu.Calls()
+			if len(calls) != roles {
+				t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+			}
+			rank := map[string]int{}
+			for i, p := range perm {
+				rank[fmt.Sprintf("%s-r%03d", testRoleARN, i)] = p
+			}
+			// Calls at one instant may go in any order; across instants, in
+			// expiry order.
+			sort.Slice(calls, func(i, j int) bool {
+				if !calls[i].Time.Equal(calls[j].Time) {
+					return calls[i].Time.Before(calls[j].Time)
+				}
+				return rank[calls[i].RoleArn] < rank[calls[j].RoleArn]
+			})
+			interval := time.Duration(float64(time.Second) / tc.rate)
+			for k, c := range calls {
+				want := now.Add(time.Duration(max(0, k-(tc.burst-1))) * interval)
+				if !c.Time.Equal(want) || rank[c.RoleArn] != k || c.Outcome != "ok" {
+					t.Fatalf("call %d: %s (expiry rank %d) at +%v, %s; want rank %d at +%v, ok",
+						k, c.RoleArn, rank[c.RoleArn], c.Time.Sub(now), c.Outcome, k, want.Sub(now))
+				}
+			}
+			if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+				t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+			}
+			t.Logf("%d steps, at most %d cycles parked on timers", steps, maxParked)
+		})
+	}
+}
+
+// TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass: after a failover
+// the herd is planned from the schedule index (hints) and takes its slots
+// before the first reconciler pass has read a role. The pass then finds
+// most roles waiting in the plan at their reserved slots: it must leave
+// them there, as it leaves a running cycle, not plan them anew (which
+// would take a second slot each and push the queue back). The calls go
+// exactly one interval apart, soonest expiry first, each role once.
+func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
+	// 40 roles: a hint's role is not read yet, so it queues only up to the
+	// start of its last block (5 s, 50 slots), not up to its expiry.
+	const roles, rate, burst = 40, 10, 1
+	perm := rand.New(rand.NewPCG(9, 9)).Perm(roles)
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
+	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
+	for i := 0; i < roles; i++ {
+		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
+	}
+	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
+	config := logical.TestBackendConfig()
+	config.StorageView = gate
+	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Cleanup(context.Background()) })
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.listing
+	refreshed := expiringAfter(b, roles, now.Add(30*time.Minute))
+	// The first slot is now; the others wait in the plan. Five more slots
+	// pass before the pass may read the roles.
+	for k := 1; k <= 6; k++ {
+		clk.WaitUntil(t, func() bool { return refreshed() == k && b.plannedRoles() == roles && clk.Busy() == 0 }, func() string {
+			return fmt.Sprintf("%d refreshed, %d planned, want %d and %d", refreshed(), b.plannedRoles(), k, roles)
+		})
+		if k < 6 {
+			clk.AdvanceToNext(t)
+		}
+	}
+	close(gate.gate)
+	if err := b.waitStarted(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	driveUntilRefreshed(t, clk, b, roles, refreshed)
+
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	for k, c := range calls {
+		want := fmt.Sprintf("%s-r%03d", testRoleARN, slices.Index(perm, k))
+		if at := now.Add(time.Duration(k) * time.Second / rate); !c.Time.Equal(at) || c.RoleArn != want || c.Outcome != "ok" {
+			t.Fatalf("call %d: %s at +%v, %s; want %s at +%v, ok", k, c.RoleArn, c.Time.Sub(now), c.Outcome, want, at.Sub(now))
+		}
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+	}
+}
+
+// TestRefresh_HerdFromIndexBeyondItsHorizonWaitsInThePlan: a herd planned
+// from the schedule index is not read yet, so each role queues for a slot
+// only up to the start of its last block (5 s here, 51 slots at 10/s): the
+// expiry that would let it queue further is in storage. The 29 roles left
+// without a slot must not start cycles that park (first on their jitter,
+// then on a slot) while the first pass is still reading roles: they wait in
+// the plan for the limiter's next free slot and take theirs there. Every
+// call goes one interval apart, soonest expiry first.
+func TestRefresh_HerdFromIndexBeyondItsHorizonWaitsInThePlan(t *testing.T) {
+	const roles, rate, burst = 80, 10, 1
+	perm := rand.New(rand.NewPCG(10, 10)).Perm(roles)
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
+	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
+	for i := 0; i < roles; i++ {
+		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
+	}
+	// The first pass stays at its role list throughout: the herd runs
+	// from the index alone, as it does for tens of seconds at 100 000 roles.
+	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
+	config := logical.TestBackendConfig()
+	config.StorageView = gate
+	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Cleanup(context.Background()) })
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.listing
+	maxParked := 0
+	driveHerd(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)), func() {
+		maxParked = max(maxParked, clk.Sleepers())
+	})
+	if maxParked > burst+2 {
+		t.Fatalf("up to %d cycles parked on timers of their own, want at most burst+2 = %d", maxParked, burst+2)
+	}
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	for k, c := range calls {
+		want := fmt.Sprintf("%s-r%03d", testRoleARN, slices.Index(perm, k))
+		if at := now.Add(time.Duration(k) * time.Second / rate); !c.Time.Equal(at) || c.RoleArn != want || c.Outcome != "ok" {
+			t.Fatalf("call %d: %s at +%v, %s; want %s at +%v, ok", k, c.RoleArn, c.Time.Sub(now), c.Outcome, want, at.Sub(now))
+		}
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
 	}
 }
 
@@ -193,9 +386,11 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	clk, emu, b, now := startHerd(t, roles, rate, burst, randMax, func(now time.Time, i int) time.Time {
 		return now.Add(60*time.Second + time.Duration(i)*10*time.Second)
 	})
-	// The first slot is now: that role calls at once, the others wait.
-	clk.WaitUntil(t, func() bool { return clk.Sleepers() >= roles-1 && len(emu.Calls()) == 1 && clk.Busy() == 0 }, func() string {
-		return fmt.Sprintf("%d of %d cycles waiting for their slots, %d called", clk.Sleepers(), roles-1, len(emu.Calls()))
+	// The first slot is now: that role calls at once, the others wait in
+	// the plan at their slots.
+	waiting := func() int { return b.plannedRoles() - expiringAfter(b, roles, now.Add(30*time.Minute))() }
+	clk.WaitUntil(t, func() bool { return waiting() >= roles-1 && len(emu.Calls()) == 1 && clk.Busy() == 0 }, func() string {
+		return fmt.Sprintf("%d of %d roles waiting for their slots, %d called", waiting(), roles-1, len(emu.Calls()))
 	})
 	clk.Advance(3 * time.Second) // the stall: slots 0 to 3 s all passed
 	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)))
@@ -214,5 +409,24 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	checkRateWindows(t, times, rate, burst)
 	if n := counterValue(t, b.metrics.paced); n < 25 {
 		t.Fatalf("%v calls paced, want the ~30 that came late", n)
+	}
+}
+
+// checkRateWindows fails if, in any window [a, b] spanned by the given call
+// times, there are more calls than burst + rate * (b - a). (The limiter's
+// own tests in internal/ratelimit keep their copy.)
+func checkRateWindows(t *testing.T, times []time.Time, rate float64, burst int) {
+	t.Helper()
+	sorted := append([]time.Time(nil), times...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Before(sorted[j]) })
+	interval := time.Duration(float64(time.Second) / rate)
+	for i := range sorted {
+		for j := i; j < len(sorted); j++ {
+			calls := j - i + 1
+			allowed := burst + int(sorted[j].Sub(sorted[i])/interval)
+			if calls > allowed {
+				t.Fatalf("%d calls in [%v, %v] (%v), limit allows %d", calls, sorted[i], sorted[j], sorted[j].Sub(sorted[i]), allowed)
+			}
+		}
 	}
 }

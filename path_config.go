@@ -604,7 +604,7 @@ func (b *backend) setRefreshConfig(cfg refreshConfig) {
 	b.cfgMu.Lock()
 	b.refreshCfg = cfg
 	b.cfgMu.Unlock()
-	b.limiter.setLimit(cfg.STSRateLimit, cfg.STSBurst)
+	b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst)
 }
 
 // loadRefreshConfig reads config/refresh from storage and applies it. A

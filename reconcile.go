@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -243,20 +244,20 @@ func (p *passIndex) reach(key string) {
 // indexWant is what the schedule index should say of the keys the pass
 // reached, as of now (commits during the pass included): each planned
 // key's plan and expiry. Keys with a cycle running, or still planned from
-// a hint, keep their entries (keep); the others, cold or gone, have none.
+// a hint, keep their entries (keep), as do keys waiting in the plan for a
+// reserved slot; the others, cold or gone, have none.
 func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
 	want, keep = map[string]indexItem{}, map[string]bool{}
 	for key := range idx.reached {
-		// Both under flightMu, taken first as fireDue takes it: a role
+		// Both under flightMu, which the plan holds as it fires: a role
 		// leaves the plan and enters its flight in one step.
 		b.flightMu.Lock()
-		b.bgMu.RLock()
 		_, running := b.flights[key]
-		at, planned := b.plan.get(key)
-		checked := b.plan.checked(key)
-		b.bgMu.RUnlock()
+		e, planned := b.plan.Get(key)
 		b.flightMu.Unlock()
-		if running {
+		at, checked := e.At, e.Mark&dueplan.Hint == 0
+		if running || e.Mark&dueplan.Reserved != 0 {
+			// At a reserved slot its cycle has begun, as if running.
 			keep[key] = true
 			continue
 		}
@@ -377,7 +378,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 		idx.reach(name)
 		return nil, nil
 	}
-	if b.inFlight(name) {
+	if b.inHand(name) {
 		return nil, nil // its commit writes the index
 	}
 	// Not planned, or planned from the index: the role's own plan.
@@ -429,7 +430,7 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStar
 		idx.reach(name)
 		return nil
 	}
-	if b.inFlight(name) {
+	if b.inHand(name) {
 		return nil
 	}
 	at := b.plannedRefresh(rs)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 )
 
 // minCallTime is the least time an STS call gets even when its attempt was
@@ -28,8 +30,9 @@ type flight struct {
 	gen uint64
 	// background: started by the schedule, not by a waiting caller.
 	background bool
-	// slot, when set, is the sts_rate_limit slot the cycle took as it
-	// started in a herd: it starts there and makes its first call then.
+	// slot, when set, is the sts_rate_limit slot its role took in a herd
+	// (fireDue): the plan starts the cycle there (or just after), and it
+	// makes its first call then.
 	slot time.Time
 	// hurry is closed when a caller starts waiting on the cycle: an attempt
 	// not yet made then goes at once instead of after its jitter.
@@ -79,7 +82,7 @@ type cycleResult struct {
 func (b *backend) startFlight(name string, urgent bool) *flight {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
-	return b.startFlightLocked(name, urgent, false)
+	return b.startFlightLocked(name, urgent)
 }
 
 // coldFlight is startFlight for a cold read: when a cycle stored a valid
@@ -93,7 +96,7 @@ func (b *backend) coldFlight(name string) *flight {
 	if rs := b.state.peek(name); rs != nil && !rs.stale && b.flights[name] == nil && rs.cred.validAt(b.clock.Now()) {
 		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
 	}
-	return b.startFlightLocked(name, true, false)
+	return b.startFlightLocked(name, true)
 }
 
 // doneFlight is a flight that has already ended with res.
@@ -103,18 +106,18 @@ func doneFlight(gen uint64, res cycleResult) *flight {
 	return f
 }
 
-// startFlightLocked is startFlight with flightMu held. herd (background
-// cycles only) makes a new cycle take its sts_rate_limit slot now, up to
-// its queue horizon; the cycle then starts at that slot and makes its first
-// attempt there, without jitter.
-func (b *backend) startFlightLocked(name string, urgent, herd bool) *flight {
-	return b.startFlightLockedHint(name, urgent, herd, false)
+// startFlightLocked is startFlight with flightMu held.
+func (b *backend) startFlightLocked(name string, urgent bool) *flight {
+	return b.startFlightLockedHint(name, urgent, time.Time{}, false)
 }
 
-// startFlightLockedHint is startFlightLocked for a plan that may be a hint
-// from the schedule index: such a cycle first checks the role's own plan
-// (checkHint), and may start before the role was ever read on this node.
-func (b *backend) startFlightLockedHint(name string, urgent, herd, hint bool) *flight {
+// startFlightLockedHint is startFlightLocked for the plan (fireDue): hint
+// says the plan may be a hint from the schedule index, so the cycle first
+// checks the role's own plan (checkHint), and may start before the role was
+// ever read on this node. slot, when set, is the sts_rate_limit slot a
+// herd's role took (see fireDue): a new background cycle starts at that
+// slot and makes its first attempt there, without jitter.
+func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time, hint bool) *flight {
 	// The generation is read under flightMu, so two callers racing a role
 	// change agree on which flight is current.
 	rs := b.state.peek(name)
@@ -138,15 +141,11 @@ func (b *backend) startFlightLockedHint(name string, urgent, herd, hint bool) *f
 	}
 	ctx, cancel := context.WithCancel(b.bgCtx)
 	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
-	if herd && !urgent && prev == nil {
-		now := b.clock.Now()
-		var cred *cacheEntry
-		if rs != nil {
-			cred = rs.cred
-		}
-		if at, ok := b.limiter.reserve(now, queueHorizon(now, b.getRefreshCfg(), cred)); ok {
-			f.slot = at
-		}
+	if !urgent && prev == nil {
+		// Not after prev: a cycle that waits for prev to end would reach
+		// its slot late, its blocks counted from a past slot. It takes a
+		// slot of its own as it calls, and the one given is left unused.
+		f.slot = slot
 	}
 	if urgent {
 		f.hurryUp()
@@ -208,125 +207,131 @@ func (b *backend) busy(name string) bool {
 	return b.inFlight(name)
 }
 
+// inHand reports whether a cycle for the role runs on this node, or waits
+// in the plan for the sts_rate_limit slot its herd took (fireDue): either
+// way its cycle has begun, and the reconciler leaves the role alone. It
+// looks once under flightMu, which the plan holds as it fires, so a role
+// that moves from the plan into its flight is never missed.
+func (b *backend) inHand(name string) bool {
+	b.flightMu.Lock()
+	defer b.flightMu.Unlock()
+	if b.flights[name] != nil {
+		return true
+	}
+	e, ok := b.plan.Get(name)
+	return ok && e.Mark&dueplan.Reserved != 0
+}
+
 // schedule sets the role's next refresh cycle to start at at, replacing any
-// earlier plan. It does nothing unless the refresher runs on this node.
+// earlier plan. It does nothing unless the refresher runs on this node (a
+// plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
 func (b *backend) schedule(name string, at time.Time) {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if !b.running || b.closed {
+	if !b.refresherRunning() {
 		return
 	}
-	b.plan.set(name, at)
-	b.armLocked()
+	b.plan.Set(name, at)
+	b.planChanged()
+}
+
+// planChanged tells the test hook that the plan changed.
+func (b *backend) planChanged() {
 	if b.onPlan != nil {
 		b.onPlan()
 	}
-}
-
-// armLocked keeps the one plan timer set for the earliest due time. It runs
-// under bgMu after every change of the plan; a timer already set for that
-// time is left alone.
-func (b *backend) armLocked() {
-	if b.planHeld > 0 {
-		return // holdPlan's release arms it
-	}
-	at, ok := b.plan.earliest()
-	if ok && b.planTimer != nil && b.planTimerAt.Equal(at) {
-		return
-	}
-	if b.planTimer != nil {
-		b.planTimer.Stop()
-		b.planTimer = nil
-	}
-	if !ok {
-		return
-	}
-	b.planGen++
-	gen := b.planGen
-	b.planTimerAt = at
-	b.planTimer = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() { b.fireDue(gen) })
 }
 
 // holdPlan keeps the plan timer from firing while a batch of roles is
 // planned, so that roles planned for the same instant start together, in
 // plan order, as one batch (see fireDue's herd); the returned func ends the
 // hold and arms the timer.
-func (b *backend) holdPlan() (release func()) {
-	b.bgMu.Lock()
-	b.planHeld++
-	if b.planTimer != nil {
-		b.planTimer.Stop()
-		b.planTimer = nil
-	}
-	b.bgMu.Unlock()
-	return func() {
-		b.bgMu.Lock()
-		defer b.bgMu.Unlock()
-		b.planHeld--
-		if !b.closed {
-			b.armLocked()
-		}
-	}
-}
+func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 
-// fireDue runs when the plan timer expires: it starts (or joins) the cycle
-// of every role due by now, earliest first, and sets the timer for the next.
-// The entries leave the plan and their flights are registered under
-// flightMu held throughout: whoever looks (the reconciler, under the role's
-// store lock) sees a role scheduled or in flight, never neither, and
-// schedules no second cycle.
-func (b *backend) fireDue(gen uint64) {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	b.bgMu.Lock()
-	if gen == b.planGen {
-		b.planTimer = nil // it fired: nothing to stop
-	}
-	if b.closed || b.planHeld > 0 {
-		// A timer that fired as a hold began: the hold's release arms
-		// another, and the batch starts whole.
-		b.bgMu.Unlock()
-		return
-	}
-	due := b.plan.popDue(b.clock.Now())
-	b.armLocked()
-	if len(due) > 0 && b.onPlan != nil {
-		b.onPlan()
-	}
-	b.bgMu.Unlock()
+// fireDue is the plan's fire callback: it starts (or joins) the cycle of
+// every role in due, the roles due by now, earliest first. The plan calls
+// it with flightMu held from before the entries left the plan: whoever
+// looks (the reconciler, under the role's store lock) sees a role scheduled
+// or in flight, never neither, and schedules no second cycle.
+//
+// A role of a herd whose slot is still to come goes back into the plan at
+// that slot, marked dueplan.Reserved, and starts its cycle when the plan
+// fires it there: only roles whose slot has come hold a goroutine, however
+// many wait (parked each on a timer of its own, 45 000 roles after an
+// outage cost 45 000 goroutines and 180 MiB of stacks).
+func (b *backend) fireDue(due []dueplan.Entry[string]) {
+	b.planChanged()
+	cfg := b.getRefreshCfg()
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for
 	// roles that fell due while no node refreshed), so they call in that
 	// order with no slot left idle, instead of racing for slots at jittered
-	// times and giving up blocks.
-	herd := len(due) > 1 && len(due) > b.limiter.capacity(b.getRefreshCfg().block())
+	// times and giving up blocks. Roles back at their reserved slots are
+	// no new herd.
+	fresh := 0
 	for _, e := range due {
-		b.startFlightLockedHint(e.name, false, herd, e.hint)
+		if e.Mark&dueplan.Reserved == 0 {
+			fresh++
+		}
 	}
+	herd := fresh > 1 && fresh > b.limiter.Capacity(cfg.block())
+	now := b.clock.Now()
+	for _, e := range due {
+		hint := e.Mark&dueplan.Hint != 0
+		var slot time.Time
+		switch {
+		case e.Mark&dueplan.Reserved != 0:
+			slot = e.At
+		case herd:
+			at, ok := b.herdSlot(e.Key, hint, now, cfg)
+			if ok && at.After(now) {
+				// Its cycle starts when the plan fires it at its slot.
+				b.plan.Put(e.Key, at, e.Mark|dueplan.Reserved)
+				continue
+			}
+			if ok {
+				slot = at
+			} else if hint && b.flights[e.Key] == nil && b.state.peek(e.Key) == nil {
+				// A hint's role is not read yet, so it queues only up to
+				// the start of its last block: how long its credential
+				// lasts is in storage. Rather than start a cycle that
+				// parks until it learns that, it waits in the plan,
+				// unreserved, for the limiter's next free slot, and
+				// takes a slot there with the rest of the herd.
+				b.plan.Put(e.Key, b.limiter.NextFree(now), e.Mark)
+				continue
+			}
+		}
+		b.startFlightLockedHint(e.Key, false, slot, hint)
+	}
+}
+
+// herdSlot takes the sts_rate_limit slot of a herd's role, due now, up to
+// its queue horizon; flightMu held. It takes none (ok false) when no new
+// cycle would start for the role: one runs already, whose slot it would
+// waste, or the role is gone.
+func (b *backend) herdSlot(name string, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
+	if b.flights[name] != nil {
+		return time.Time{}, false
+	}
+	var cred *cacheEntry
+	if rs := b.state.peek(name); rs != nil {
+		cred = rs.cred
+	} else if !hint {
+		return time.Time{}, false
+	}
+	return b.limiter.Reserve(now, queueHorizon(now, cfg, cred))
 }
 
 // unschedule drops the role's pending refresh.
 func (b *backend) unschedule(name string) {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if _, ok := b.plan.get(name); !ok {
-		return
-	}
-	b.plan.drop(name)
-	b.armLocked()
-	if b.onPlan != nil {
-		b.onPlan()
+	if b.plan.Drop(name) {
+		b.planChanged()
 	}
 }
 
 // plannedRoles returns how many roles have a next cycle planned on this node.
-func (b *backend) plannedRoles() int {
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.plan.len()
-}
+func (b *backend) plannedRoles() int { return b.plan.Len() }
 
 // rolesInPlan returns how many roles the refresher on this node has in hand:
 // a next cycle planned, or a cycle running. Right after a start or a
@@ -335,11 +340,9 @@ func (b *backend) plannedRoles() int {
 func (b *backend) rolesInPlan() int {
 	b.flightMu.Lock()
 	defer b.flightMu.Unlock()
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	n := b.plan.len()
+	n := b.plan.Len()
 	for name := range b.flights {
-		if _, ok := b.plan.get(name); !ok {
+		if _, ok := b.plan.Get(name); !ok {
 			n++
 		}
 	}
@@ -349,17 +352,14 @@ func (b *backend) rolesInPlan() int {
 // planChecked reports whether the role has a plan on this node that is its
 // own, not a hint from the schedule index.
 func (b *backend) planChecked(name string) bool {
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.plan.checked(name)
+	e, ok := b.plan.Get(name)
+	return ok && e.Mark&dueplan.Hint == 0
 }
 
 // scheduledAt returns when the role's next cycle is due on this node.
 func (b *backend) scheduledAt(name string) (time.Time, bool) {
-	// A read lock: creds reads of lease=false roles call this on the hot path.
-	b.bgMu.RLock()
-	defer b.bgMu.RUnlock()
-	return b.plan.get(name)
+	e, ok := b.plan.Get(name)
+	return e.At, ok
 }
 
 // runCycle makes up to max_retries attempts to fetch and store a new
@@ -540,7 +540,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		if st.RateLimitedSince.IsZero() {
 			st.RateLimitedSince = start
 		}
-		st.NextRefresh = b.limiter.nextFree(now)
+		st.NextRefresh = b.limiter.NextFree(now)
 		return st, st.NextRefresh
 	})
 	if errors.Is(err, errShuttingDown) {
@@ -590,10 +590,10 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 	for i, ep := range eps {
 		at, ok := b.clock.Now(), true
 		if i > 0 || !reserved {
-			at, ok = b.limiter.reserve(b.clock.Now(), blockEnd)
+			at, ok = b.limiter.Reserve(b.clock.Now(), blockEnd)
 		}
 		if !ok && i == 0 && queueUntil.After(blockEnd) {
-			if at, ok = b.limiter.reserve(b.clock.Now(), queueUntil); ok {
+			if at, ok = b.limiter.Reserve(b.clock.Now(), queueUntil); ok {
 				blockEnd = at.Add(block)
 				moved = blockEnd
 				b.metrics.queued.Inc()
@@ -610,9 +610,9 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 			return nil, classify(err, ""), moved
 		}
 		// The slot has come; a call that reached it late waits its turn
-		// among the calls actually made (rateLimiter.pace).
+		// among the calls actually made (ratelimit.Limiter.Pace).
 		now := b.clock.Now()
-		if p := b.limiter.pace(now); p.After(now) {
+		if p := b.limiter.Pace(now); p.After(now) {
 			b.metrics.paced.Inc()
 			if err := b.sleepUntil(ctx, p, nil); err != nil {
 				return nil, classify(err, ""), moved

@@ -428,7 +428,7 @@ func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 			}
 		}
 		blockEnd := start.Add(time.Duration(i+1) * block)
-		at, ok := b.limiter.reserve(b.clock.Now(), blockEnd)
+		at, ok := b.limiter.Reserve(b.clock.Now(), blockEnd)
 		if !ok {
 			last = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the block (sts_rate_limit)", Retryable: true}
 			continue

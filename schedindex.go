@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -294,33 +295,34 @@ func (x *schedIndex) repair(ctx context.Context, s logical.Storage, since uint64
 func (b *backend) planFromIndex(now time.Time) int {
 	items := b.index.entries()
 	var overdue []overdueRole
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if !b.running || b.closed {
+	if !b.refresherRunning() {
 		return 0
 	}
+	// One batch: the overdue keys must not start before all are planned.
+	defer b.planChanged()
+	defer b.holdPlan()()
+	// Add, not Put: a key planned since the start (a read's cycle) keeps
+	// its own plan.
 	n := 0
 	for key, it := range items {
 		if it.next().IsZero() {
 			continue
 		}
-		if _, ok := b.plan.get(key); ok {
-			continue // planned since the start (a read's cycle): its own plan
-		}
-		n++
 		if it.next().After(now) {
-			b.plan.put(key, it.next(), true)
+			if b.plan.Add(key, it.next(), dueplan.Hint) {
+				n++
+			}
 			continue
 		}
-		overdue = append(overdue, overdueRole{name: key, expiry: it.exp()})
+		if _, ok := b.plan.Get(key); !ok {
+			overdue = append(overdue, overdueRole{name: key, expiry: it.exp()})
+		}
 	}
 	sortOverdue(overdue)
 	for _, od := range overdue {
-		b.plan.put(od.name, now, true)
-	}
-	b.armLocked()
-	if b.onPlan != nil {
-		b.onPlan()
+		if b.plan.Add(od.name, now, dueplan.Hint) {
+			n++
+		}
 	}
 	return n
 }

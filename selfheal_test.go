@@ -667,7 +667,7 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	// Hold flightMu: the timer fires, but its cycle cannot be registered.
 	f.b.flightMu.Lock()
 	f.clock.AdvanceTo(at)
-	waitFor(t, "the timer callback to block on flightMu", func() bool { return goroutineBlockedIn("(*backend).fire") })
+	waitFor(t, "the timer callback to block on flightMu", func() bool { return goroutineBlockedIn("internal/dueplan.(*Plan[") })
 	if _, ok := f.b.scheduledAt(testRole); !ok {
 		f.b.flightMu.Unlock()
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")

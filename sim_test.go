@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	hclog "github.com/hashicorp/go-hclog"
@@ -889,19 +890,17 @@ func (s *sim) check() {
 		}
 	}
 	s.b.flightMu.Lock()
-	s.b.bgMu.RLock()
-	for key, e := range s.b.plan.byName {
-		if s.b.flights[key] != nil || e.hint {
+	for _, e := range s.b.plan.Entries() {
+		key := e.Key
+		if s.b.flights[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
 			continue
 		}
 		s.fig.checks++
-		if it, ok := idx[key]; !ok || !it.next().Equal(e.at) {
-			s.b.bgMu.RUnlock()
+		if it, ok := idx[key]; !ok || !it.next().Equal(e.At) {
 			s.b.flightMu.Unlock()
-			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.at, it.next(), ok)
+			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.At, it.next(), ok)
 		}
 	}
-	s.b.bgMu.RUnlock()
 	s.b.flightMu.Unlock()
 
 	for key := range entityKeys {

@@ -1,92 +1,12 @@
 package awsresilient
 
 import (
-	"fmt"
-	"math/rand/v2"
 	"slices"
-	"sort"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
 )
-
-// TestDueHeapMatchesModel drives the heap with seeded random plans,
-// replans, drops and pops, and checks every answer against a plain map
-// sorted on demand.
-func TestDueHeapMatchesModel(t *testing.T) {
-	type plan struct {
-		at  time.Time
-		seq int
-	}
-	for seed := uint64(1); seed <= 20; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 0))
-		h := newDueHeap()
-		model := map[string]plan{}
-		seq := 0
-		now := time.Unix(1_700_000_000, 0)
-		names := make([]string, 40)
-		for i := range names {
-			names[i] = fmt.Sprintf("r%02d", i)
-		}
-		for step := 0; step < 2000; step++ {
-			name := names[rng.IntN(len(names))]
-			switch r := rng.IntN(10); {
-			case r < 5:
-				// Coarse times, so that ties are common.
-				at := now.Add(time.Duration(rng.IntN(20)) * time.Second)
-				seq++
-				h.set(name, at)
-				model[name] = plan{at, seq}
-			case r < 7:
-				h.drop(name)
-				delete(model, name)
-			default:
-				now = now.Add(time.Duration(rng.IntN(5)) * time.Second)
-				var want []string
-				for n, p := range model {
-					if !p.at.After(now) {
-						want = append(want, n)
-					}
-				}
-				sort.Slice(want, func(i, j int) bool {
-					a, b := model[want[i]], model[want[j]]
-					if !a.at.Equal(b.at) {
-						return a.at.Before(b.at)
-					}
-					return a.seq < b.seq
-				})
-				var got []string
-				for _, e := range h.popDue(now) {
-					got = append(got, e.name)
-				}
-				if !slices.Equal(got, want) {
-					t.Fatalf("seed %d step %d: popDue(%v) = %v, want %v", seed, step, now, got, want)
-				}
-				for _, n := range want {
-					delete(model, n)
-				}
-			}
-			if h.len() != len(model) {
-				t.Fatalf("seed %d step %d: %d planned, want %d", seed, step, h.len(), len(model))
-			}
-			for _, n := range names {
-				at, ok := h.get(n)
-				p, want := model[n]
-				if ok != want || (ok && !at.Equal(p.at)) {
-					t.Fatalf("seed %d step %d: get(%s) = %v %v, want %v %v", seed, step, n, at, ok, p.at, want)
-				}
-			}
-			if first, ok := h.earliest(); ok {
-				for n, p := range model {
-					if p.at.Before(first) {
-						t.Fatalf("seed %d step %d: earliest %v, but %s is due at %v", seed, step, first, n, p.at)
-					}
-				}
-			}
-		}
-	}
-}
 
 // TestSchedulerOneTimerExactOrder: however many roles are planned, the
 // refresher holds one clock timer, set for the earliest due time. Each

@@ -1,7 +1,8 @@
-package awsresilient
+package ratelimit
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func checkRateWindows(t *testing.T, times []time.Time, rate float64, burst int) 
 	}
 }
 
-func TestRateLimiter_Slots(t *testing.T) {
+func TestLimiter_Slots(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	far := t0.Add(time.Hour)
 	ms := time.Millisecond
@@ -84,13 +85,13 @@ func TestRateLimiter_Slots(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newRateLimiter(tc.rate, tc.burst)
+			l := New(tc.rate, tc.burst)
 			for i, s := range tc.steps {
 				deadline := far
 				if s.deadline != 0 {
 					deadline = t0.Add(s.deadline)
 				}
-				at, ok := l.reserve(t0.Add(s.now), deadline)
+				at, ok := l.Reserve(t0.Add(s.now), deadline)
 				if ok != s.ok || (ok && !at.Equal(t0.Add(s.want))) {
 					t.Fatalf("step %d: reserve = t0%+v, %v; want t0+%v, %v", i, at.Sub(t0), ok, s.want, s.ok)
 				}
@@ -101,47 +102,47 @@ func TestRateLimiter_Slots(t *testing.T) {
 
 // TestRateLimiter_ChangeLimit checks that config/refresh changes to the rate
 // apply to the next reservation.
-func TestRateLimiter_ChangeLimit(t *testing.T) {
+func TestLimiter_ChangeLimit(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	far := t0.Add(time.Hour)
-	l := newRateLimiter(1, 1)
-	if at, _ := l.reserve(t0, far); !at.Equal(t0) {
+	l := New(1, 1)
+	if at, _ := l.Reserve(t0, far); !at.Equal(t0) {
 		t.Fatalf("first slot at %v", at)
 	}
-	if at, _ := l.reserve(t0, far); !at.Equal(t0.Add(time.Second)) {
+	if at, _ := l.Reserve(t0, far); !at.Equal(t0.Add(time.Second)) {
 		t.Fatalf("second slot at t0%+v, want t0+1s", at.Sub(t0))
 	}
-	l.setLimit(0, 0)
-	if at, _ := l.reserve(t0, far); !at.Equal(t0) {
+	l.SetLimit(0, 0)
+	if at, _ := l.Reserve(t0, far); !at.Equal(t0) {
 		t.Fatalf("uncapped slot at t0%+v, want t0", at.Sub(t0))
 	}
-	l.setLimit(2, 1)
+	l.SetLimit(2, 1)
 	// Slots already granted stay granted: the bucket is busy until t0+2s.
-	if at, _ := l.reserve(t0, far); !at.Equal(t0.Add(2 * time.Second)) {
+	if at, _ := l.Reserve(t0, far); !at.Equal(t0.Add(2 * time.Second)) {
 		t.Fatalf("slot after the change at t0%+v, want t0+2s", at.Sub(t0))
 	}
-	if at, _ := l.reserve(t0, far); !at.Equal(t0.Add(2*time.Second + 500*time.Millisecond)) {
+	if at, _ := l.Reserve(t0, far); !at.Equal(t0.Add(2*time.Second + 500*time.Millisecond)) {
 		t.Fatalf("next slot at t0%+v, want t0+2.5s", at.Sub(t0))
 	}
 }
 
 // TestRateLimiter_Windows drives the limiter with a seeded herd of callers,
 // each with its own deadline, and checks the window bound on every slot.
-func TestRateLimiter_Windows(t *testing.T) {
+func TestLimiter_Windows(t *testing.T) {
 	for _, tc := range []struct {
 		rate  float64
 		burst int
 	}{{10, 10}, {20, 1}, {50, 25}, {3, 2}} {
 		t.Run("", func(t *testing.T) {
 			t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-			l := newRateLimiter(tc.rate, tc.burst)
-			r := newSeededRand(5)
+			l := New(tc.rate, tc.burst)
+			r := rand.New(rand.NewPCG(5, 5^0x9e3779b97f4a7c15))
 			var slots []time.Time
 			now := t0
 			for i := 0; i < 2000; i++ {
 				now = now.Add(time.Duration(r.Int64N(int64(40 * time.Millisecond))))
 				deadline := now.Add(time.Duration(r.Int64N(int64(5 * time.Second))))
-				if at, ok := l.reserve(now, deadline); ok {
+				if at, ok := l.Reserve(now, deadline); ok {
 					if at.Before(now) || at.After(deadline) {
 						t.Fatalf("slot %v outside [%v, %v]", at, now, deadline)
 					}
@@ -161,7 +162,7 @@ func TestRateLimiter_Windows(t *testing.T) {
 // loads its role first or a process short of CPU). Calls made on time go
 // at their slots; late calls are spaced again, so the calls as made never
 // exceed the limit in any window, and none goes before its caller came.
-func TestRateLimiter_PaceSpacesLateCalls(t *testing.T) {
+func TestLimiter_PaceSpacesLateCalls(t *testing.T) {
 	for _, tc := range []struct {
 		rate  float64
 		burst int
@@ -169,14 +170,14 @@ func TestRateLimiter_PaceSpacesLateCalls(t *testing.T) {
 	}{{10, 1, 0}, {50, 25, 0}, {10, 1, 30}, {50, 25, 30}, {50, 25, 100}, {3, 2, 50}} {
 		t.Run(fmt.Sprintf("rate%v-burst%d-late%d", tc.rate, tc.burst, tc.late), func(t *testing.T) {
 			t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-			l := newRateLimiter(tc.rate, tc.burst)
-			r := newSeededRand(11)
+			l := New(tc.rate, tc.burst)
+			r := rand.New(rand.NewPCG(11, 11^0x9e3779b97f4a7c15))
 			type caller struct{ slot, came time.Time }
 			var cs []caller
 			now := t0
 			for i := 0; i < 1500; i++ {
 				now = now.Add(time.Duration(r.Int64N(int64(30 * time.Millisecond))))
-				at, ok := l.reserve(now, now.Add(time.Hour))
+				at, ok := l.Reserve(now, now.Add(time.Hour))
 				if !ok {
 					t.Fatal("no slot within an hour")
 				}
@@ -190,7 +191,7 @@ func TestRateLimiter_PaceSpacesLateCalls(t *testing.T) {
 			var calls []time.Time
 			waited := 0
 			for _, c := range cs {
-				at := l.pace(c.came)
+				at := l.Pace(c.came)
 				if at.Before(c.came) {
 					t.Fatalf("call at %v before its caller came at %v", at, c.came)
 				}

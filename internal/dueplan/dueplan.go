@@ -1,0 +1,327 @@
+// Package dueplan is a plan of due times with one timer: every key planned
+// at a time, in one min-heap, and a single clock timer armed for the
+// earliest entry. When it fires, the entries due by then leave the plan and
+// are handed to a callback as one batch, earliest first, entries due at the
+// same time in the order they were planned. Planning, replanning and
+// dropping a key are O(log n) and cost no runtime timer, so a plan of tens
+// of thousands of keys holds one.
+//
+// Its rules:
+//   - At most one timer is armed, for the earliest entry; a timer already set
+//     for that time is left alone, and a timer that was replaced (or stopped
+//     by Hold or Stop) does nothing when its callback runs anyway.
+//   - While a Hold is in force no timer is armed: a batch planned under a
+//     hold fires whole once it is released, never in pieces.
+//   - After Stop the plan is empty for good: Put does nothing and no fire
+//     callback runs.
+//   - The fire callback runs without the plan's lock, so it may plan again;
+//     when the plan was made with an outer lock, that lock is held from
+//     before the due entries leave the plan until the callback returns, so
+//     whoever holds it sees each entry in the plan or wherever the callback
+//     put it, never neither.
+//
+// It imports only the clock seam, none of the plugin.
+package dueplan
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+)
+
+// Mark is what an entry carries besides its time; the plan only stores it.
+type Mark uint8
+
+const (
+	// Hint marks an entry planned from a hint (the plugin's schedule
+	// index) that was not yet checked against its key's own record.
+	Hint Mark = 1 << iota
+	// Reserved marks an entry whose time is a call slot already taken: the
+	// work it starts calls at once, without waiting again.
+	Reserved
+)
+
+// Entry is one planned key, as the plan hands it out.
+type Entry[K comparable] struct {
+	Key  K
+	At   time.Time
+	Mark Mark
+}
+
+// item is an entry in the heap.
+type item[K comparable] struct {
+	Entry[K]
+	// seq orders entries due at the same instant: the earlier plan first.
+	seq uint64
+	// idx is the item's place in the heap; -1 once it left it.
+	idx int
+}
+
+// Plan is a plan of due times with one timer. It is safe for concurrent use.
+type Plan[K comparable] struct {
+	clock clock.Clock
+	outer sync.Locker
+	fire  func(due []Entry[K])
+
+	// mu guards the heap and the timer fields below.
+	mu      sync.RWMutex
+	h       dueHeap[K]
+	timer   clock.Timer
+	timerAt time.Time
+	// gen tells the current timer's callback from one that was replaced.
+	gen     uint64
+	held    int // Hold calls not yet released
+	stopped bool
+}
+
+// New returns an empty plan on clk that calls fire with each batch of due
+// entries. outer, when not nil, is held around taking a batch and firing it
+// (see the package comment); it must not be held by whoever calls the
+// plan's other methods while expecting the timer's callback to make
+// progress, and it is taken before the plan's own lock.
+func New[K comparable](clk clock.Clock, outer sync.Locker, fire func(due []Entry[K])) *Plan[K] {
+	return &Plan[K]{clock: clk, outer: outer, fire: fire, h: dueHeap[K]{byKey: make(map[K]*item[K])}}
+}
+
+// Set plans key at at, replacing any earlier plan of it (and its mark).
+func (p *Plan[K]) Set(key K, at time.Time) { p.Put(key, at, 0) }
+
+// Put is Set with a mark.
+func (p *Plan[K]) Put(key K, at time.Time, m Mark) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return
+	}
+	p.h.put(Entry[K]{Key: key, At: at, Mark: m})
+	p.armLocked()
+}
+
+// Add is Put for a key that has no plan yet: it leaves a planned key alone
+// and reports whether it planned key, in one step, so that a plan made
+// concurrently is never overwritten.
+func (p *Plan[K]) Add(key K, at time.Time, m Mark) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped || p.h.byKey[key] != nil {
+		return false
+	}
+	p.h.put(Entry[K]{Key: key, At: at, Mark: m})
+	p.armLocked()
+	return true
+}
+
+// Drop removes key's plan and reports whether there was one.
+func (p *Plan[K]) Drop(key K) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.h.drop(key) {
+		return false
+	}
+	p.armLocked()
+	return true
+}
+
+// Get returns key's entry.
+func (p *Plan[K]) Get(key K) (Entry[K], bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if it := p.h.byKey[key]; it != nil {
+		return it.Entry, true
+	}
+	return Entry[K]{}, false
+}
+
+// Len returns how many keys are planned.
+func (p *Plan[K]) Len() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.h.items)
+}
+
+// Entries returns a copy of every entry, in no particular order.
+func (p *Plan[K]) Entries() []Entry[K] {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out := make([]Entry[K], 0, len(p.h.items))
+	for _, it := range p.h.items {
+		out = append(out, it.Entry)
+	}
+	return out
+}
+
+// Hold keeps the timer from firing until the returned release is called
+// (once; further calls do nothing), so that entries planned for the same
+// time meanwhile fire together, in plan order, as one batch. Holds nest.
+func (p *Plan[K]) Hold() (release func()) {
+	p.mu.Lock()
+	p.held++
+	p.stopTimerLocked()
+	p.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.held--
+			p.armLocked()
+		})
+	}
+}
+
+// Stop drops every entry and the timer, for good: a callback of a timer
+// that already fired does nothing, and later plans are ignored.
+func (p *Plan[K]) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopped = true
+	p.stopTimerLocked()
+	p.h.clear()
+}
+
+// armLocked keeps the one timer set for the earliest due time; p.mu held.
+// A timer already set for that time is left alone.
+func (p *Plan[K]) armLocked() {
+	if p.held > 0 || p.stopped {
+		return // the release arms it; a stopped plan never does
+	}
+	at, ok := p.h.earliest()
+	if ok && p.timer != nil && p.timerAt.Equal(at) {
+		return
+	}
+	p.stopTimerLocked()
+	if !ok {
+		return
+	}
+	gen := p.gen
+	p.timerAt = at
+	p.timer = p.clock.AfterFunc(at.Sub(p.clock.Now()), func() { p.expire(gen) })
+}
+
+// stopTimerLocked stops the timer, if any, and moves to a new generation so
+// that the callback of one that already fired does nothing; p.mu held.
+func (p *Plan[K]) stopTimerLocked() {
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.gen++
+}
+
+// expire is the timer's callback: it takes the entries due by now, arms the
+// timer for the next one and fires the batch, unless the timer was replaced,
+// held or stopped since it was armed.
+func (p *Plan[K]) expire(gen uint64) {
+	if p.outer != nil {
+		p.outer.Lock()
+		defer p.outer.Unlock()
+	}
+	p.mu.Lock()
+	if gen != p.gen || p.stopped || p.held > 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.timer = nil // it fired: nothing to stop
+	p.gen++
+	due := p.h.popDue(p.clock.Now())
+	p.armLocked()
+	p.mu.Unlock()
+	if len(due) > 0 {
+		p.fire(due)
+	}
+}
+
+// dueHeap is the plan's entries in one min-heap of due times, with an index
+// by key. It is not safe for concurrent use: Plan guards it.
+type dueHeap[K comparable] struct {
+	items []*item[K]
+	byKey map[K]*item[K]
+	seq   uint64
+}
+
+// put plans e, replacing any earlier plan of its key.
+func (h *dueHeap[K]) put(e Entry[K]) {
+	h.seq++
+	if it := h.byKey[e.Key]; it != nil {
+		it.Entry, it.seq = e, h.seq
+		heap.Fix((*dueOrder[K])(h), it.idx)
+		return
+	}
+	it := &item[K]{Entry: e, seq: h.seq}
+	h.byKey[e.Key] = it
+	heap.Push((*dueOrder[K])(h), it)
+}
+
+// drop removes key's plan and reports whether there was one.
+func (h *dueHeap[K]) drop(key K) bool {
+	it := h.byKey[key]
+	if it == nil {
+		return false
+	}
+	heap.Remove((*dueOrder[K])(h), it.idx)
+	return true
+}
+
+// earliest returns the first due time; ok is false when nothing is planned.
+func (h *dueHeap[K]) earliest() (time.Time, bool) {
+	if len(h.items) == 0 {
+		return time.Time{}, false
+	}
+	return h.items[0].At, true
+}
+
+// popDue removes and returns the entries due at or before now, earliest
+// first (ties in the order they were planned).
+func (h *dueHeap[K]) popDue(now time.Time) []Entry[K] {
+	var due []Entry[K]
+	for len(h.items) > 0 && !h.items[0].At.After(now) {
+		due = append(due, heap.Pop((*dueOrder[K])(h)).(*item[K]).Entry)
+	}
+	return due
+}
+
+// clear drops every plan.
+func (h *dueHeap[K]) clear() {
+	for _, it := range h.items {
+		it.idx = -1
+	}
+	h.items = nil
+	clear(h.byKey)
+}
+
+// dueOrder is dueHeap seen by container/heap.
+type dueOrder[K comparable] dueHeap[K]
+
+func (o *dueOrder[K]) Len() int { return len(o.items) }
+
+func (o *dueOrder[K]) Less(i, j int) bool {
+	a, b := o.items[i], o.items[j]
+	if !a.At.Equal(b.At) {
+		return a.At.Before(b.At)
+	}
+	return a.seq < b.seq
+}
+
+func (o *dueOrder[K]) Swap(i, j int) {
+	o.items[i], o.items[j] = o.items[j], o.items[i]
+	o.items[i].idx = i
+	o.items[j].idx = j
+}
+
+func (o *dueOrder[K]) Push(x any) {
+	it := x.(*item[K])
+	it.idx = len(o.items)
+	o.items = append(o.items, it)
+}
+
+func (o *dueOrder[K]) Pop() any {
+	n := len(o.items) - 1
+	it := o.items[n]
+	o.items[n] = nil
+	o.items = o.items[:n]
+	it.idx = -1
+	delete(o.byKey, it.Key)
+	return it
+}
