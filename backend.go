@@ -12,6 +12,7 @@ import (
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -106,17 +107,9 @@ type backend struct {
 	// generation and store lock; it has its own locks.
 	state *roleStates
 
-	// cfgMu guards refreshCfg, the current config/refresh. cfgLoadMu makes
-	// "read config/refresh from storage, apply it" (and a write's "read,
-	// change, store, apply") one step, so an older read is never applied
-	// after a newer one. cfgStale: Invalidate said storage changed it since
-	// the last read of it began (a read clears it first, so that an
-	// invalidation during the read is kept).
-	cfgMu      sync.RWMutex
-	refreshCfg refreshConfig
-	cfgLoadMu  sync.Mutex
-	cfgStale   atomic.Bool
-	cfgWarned  string // the rule a stored config breaks, once logged (cfgLoadMu)
+	// settings owns config/refresh in memory (settings.go); it has its own
+	// locks.
+	settings *settings
 
 	// clientMu guards clients, built from config/root on first use and
 	// dropped on any change to it.
@@ -190,11 +183,17 @@ func newBackend(opts backendOptions) *backend {
 		onPlan:      opts.onPlan,
 		passWorkers: opts.passWorkers,
 		wrapIAM:     opts.wrapIAM,
-		refreshCfg:  defaultRefreshConfig(),
 		flights:     make(map[string]*flight),
 		startDone:   make(chan struct{}),
 	}
 	b.index = new(schedIndex)
+	// Storage and the logger arrive after construction; the limiter's rate
+	// follows every policy put in force.
+	b.settings = newSettings(
+		func() logical.Storage { return b.storage },
+		func() hclog.Logger { return b.Logger() },
+		func(cfg refreshConfig) { b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst) },
+	)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers
@@ -210,7 +209,8 @@ func newBackend(opts backendOptions) *backend {
 		opts.version = DevVersion
 	}
 	b.metrics = newMetrics(opts.version)
-	b.limiter = ratelimit.New(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
+	cfg := b.settings.policy()
+	b.limiter = ratelimit.New(cfg.STSRateLimit, cfg.STSBurst)
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 
 	paths := []*framework.Path{
@@ -320,8 +320,8 @@ func (b *backend) waitStarted(ctx context.Context) error {
 // does not refresh, so that its first cached reads cost no storage call.
 // It is best effort: whatever fails to load is loaded on first access.
 func (b *backend) warmMirror(ctx context.Context) {
-	if err := b.loadRefreshConfig(ctx); err != nil {
-		b.cfgStale.Store(true) // read again on first use
+	if err := b.settings.load(ctx); err != nil {
+		b.settings.forget() // read again on first use
 	}
 	names, err := listRoles(ctx, b.storage)
 	if err != nil {
@@ -343,7 +343,7 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 	case key == configRootPath:
 		b.resetClients()
 	case key == configRefreshPath:
-		b.cfgStale.Store(true)
+		b.settings.forget()
 	case strings.HasPrefix(key, rolePrefix):
 		b.state.forget(strings.TrimPrefix(key, rolePrefix), true)
 	case strings.HasPrefix(key, cachePrefix), strings.HasPrefix(key, statusPrefix):

@@ -248,7 +248,7 @@ func TestBackend_Standby(t *testing.T) {
 
 		mustDo(t, active.b, active.s, logical.UpdateOperation, "config/refresh", map[string]interface{}{"max_retries": 4})
 		sb.InvalidateKey(context.Background(), configRefreshPath)
-		if got := sb.getRefreshCfg().MaxRetries; got != 4 {
+		if got := sb.settings.policy().MaxRetries; got != 4 {
 			t.Fatalf("standby max_retries = %d after invalidation, want 4", got)
 		}
 

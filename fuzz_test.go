@@ -104,8 +104,8 @@ func FuzzConfigRefreshWrite(f *testing.F) {
 		if msg := cfg.validate(); msg != "" {
 			t.Fatalf("stored config does not validate (%s): %+v", msg, cfg)
 		}
-		if cfg != b.getRefreshCfg() {
-			t.Fatalf("stored %+v, in memory %+v", cfg, b.getRefreshCfg())
+		if cfg != b.settings.policy() {
+			t.Fatalf("stored %+v, in memory %+v", cfg, b.settings.policy())
 		}
 		if int64(cfg.MaxRetries) != retries || cfg.RefreshFraction != fraction || cfg.STSRateLimit != rate || int64(cfg.STSBurst) != burst {
 			t.Fatalf("stored %+v for input %v", cfg, data)

@@ -266,7 +266,7 @@ func TestMirror_ConfigInvalidationDuringReload(t *testing.T) {
 	awaitChan(t, "the reload to finish", done)
 
 	mustDo(t, sb, s, logical.ListOperation, "status/", nil)
-	if got := sb.getRefreshCfg().MaxRetries; got != 5 {
+	if got := sb.settings.policy().MaxRetries; got != 5 {
 		t.Fatalf("standby max_retries = %d, want the newer config's 5", got)
 	}
 }

@@ -380,48 +380,33 @@ func (b *backend) pathConfigRefreshRead(ctx context.Context, req *logical.Reques
 }
 
 func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
-	// Read, change, store and apply as one step against the reconciler and
-	// a reload, which would otherwise apply what they read before this.
-	b.cfgLoadMu.Lock()
-	defer b.cfgLoadMu.Unlock()
-	// Cleared before the read, as by loadRefreshConfig, and set again when
-	// nothing is applied.
-	stale, applied := b.cfgStale.Swap(false), false
-	defer func() {
-		if stale && !applied {
-			b.cfgStale.Store(true)
+	rule, err := b.settings.write(ctx, req.Storage, func(cfg *refreshConfig) string {
+		if v, ok := data.GetOk("max_retries"); ok {
+			cfg.MaxRetries = v.(int)
 		}
-	}()
-	cfg, err := getRefreshConfig(ctx, req.Storage)
+		if v, ok := data.GetOk("retry_window"); ok {
+			cfg.RetryWindow = time.Duration(v.(int)) * time.Second
+		}
+		if v, ok := data.GetOk("refresh_fraction"); ok {
+			cfg.RefreshFraction = v.(float64)
+		}
+		if v, ok := data.GetOk("sts_rate_limit"); ok {
+			cfg.STSRateLimit = v.(float64)
+		}
+		if v, ok := data.GetOk("sts_burst"); ok {
+			cfg.STSBurst = v.(int)
+		}
+		if v, ok := data.GetOk("metrics_max_roles"); ok {
+			cfg.MetricsMaxRoles = v.(int)
+		}
+		return cfg.validate()
+	})
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := data.GetOk("max_retries"); ok {
-		cfg.MaxRetries = v.(int)
+	if rule != "" {
+		return logical.ErrorResponse(rule), nil
 	}
-	if v, ok := data.GetOk("retry_window"); ok {
-		cfg.RetryWindow = time.Duration(v.(int)) * time.Second
-	}
-	if v, ok := data.GetOk("refresh_fraction"); ok {
-		cfg.RefreshFraction = v.(float64)
-	}
-	if v, ok := data.GetOk("sts_rate_limit"); ok {
-		cfg.STSRateLimit = v.(float64)
-	}
-	if v, ok := data.GetOk("sts_burst"); ok {
-		cfg.STSBurst = v.(int)
-	}
-	if v, ok := data.GetOk("metrics_max_roles"); ok {
-		cfg.MetricsMaxRoles = v.(int)
-	}
-	if msg := cfg.validate(); msg != "" {
-		return logical.ErrorResponse(msg), nil
-	}
-	if err := putRefreshConfig(ctx, req.Storage, cfg); err != nil {
-		return nil, err
-	}
-	b.setRefreshConfig(cfg)
-	applied = true
 	return nil, nil
 }
 
@@ -596,56 +581,6 @@ func (c refreshConfig) validate() string {
 			minRetryWindow, c.shortestMargin(), c.RetryWindow)
 	}
 	return ""
-}
-
-// setRefreshConfig applies cfg; callers hold cfgLoadMu, and cleared
-// cfgStale before they read what they apply.
-func (b *backend) setRefreshConfig(cfg refreshConfig) {
-	b.cfgMu.Lock()
-	b.refreshCfg = cfg
-	b.cfgMu.Unlock()
-	b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst)
-}
-
-// loadRefreshConfig reads config/refresh from storage and applies it. A
-// read that fails leaves the current policy in force, and cfgStale as it
-// was. cfgStale is cleared before the read, so that an invalidation that
-// arrives during it sets it again: what the read returned may be older.
-func (b *backend) loadRefreshConfig(ctx context.Context) error {
-	b.cfgLoadMu.Lock()
-	defer b.cfgLoadMu.Unlock()
-	stale := b.cfgStale.Swap(false)
-	cfg, err := getRefreshConfig(ctx, b.storage)
-	if err != nil {
-		if stale {
-			b.cfgStale.Store(true)
-		}
-		return err
-	}
-	if msg := cfg.validate(); msg != b.cfgWarned {
-		// Written before a rule existed. It stays in force, as written;
-		// the operator is told, once, how to fix it.
-		if msg != "" {
-			b.Logger().Warn("stored config/refresh breaks a rule; write config/refresh to fix it", "rule", msg)
-		}
-		b.cfgWarned = msg
-	}
-	b.setRefreshConfig(cfg)
-	return nil
-}
-
-// getRefreshCfg returns the refresh policy in force, reading it again first
-// when Invalidate said storage changed it.
-func (b *backend) getRefreshCfg() refreshConfig {
-	if b.cfgStale.Load() {
-		if err := b.loadRefreshConfig(context.Background()); err != nil {
-			// Still marked: the next use tries again.
-			b.Logger().Warn("reloading refresh config failed; the previous one stays in force", "error", err)
-		}
-	}
-	b.cfgMu.RLock()
-	defer b.cfgMu.RUnlock()
-	return b.refreshCfg
 }
 
 func trimAll(in []string) []string {

@@ -311,7 +311,7 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 			if !sameSnapshot(before, snapshot(t, s)) {
 				t.Fatal("a rejected write changed storage")
 			}
-			if got := b.getRefreshCfg().MaxRetries; got != 4 {
+			if got := b.settings.policy().MaxRetries; got != 4 {
 				t.Fatalf("in-memory max_retries = %d after a rejected write, want 4", got)
 			}
 		})

@@ -270,7 +270,7 @@ func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEn
 		data["arn"] = cred.ARN
 	}
 	if role.NoLease {
-		cfg := b.getRefreshCfg()
+		cfg := b.settings.policy()
 		var plan *time.Time
 		if at, ok := b.scheduledAt(key); ok {
 			plan = &at

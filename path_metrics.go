@@ -110,7 +110,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		return nil, err
 	}
 	sort.Strings(names)
-	cfg := b.getRefreshCfg()
+	cfg := b.settings.policy()
 	now := b.clock.Now()
 	active := b.WriteSafeReplicationState()
 	perRole := len(names) <= cfg.MetricsMaxRoles

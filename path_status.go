@@ -102,7 +102,7 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 	// the replication state is a round trip to Vault, and once per role it
 	// took a 100 000-role list past Vault's 90 s request limit.
 	now := b.clock.Now()
-	cfg := b.getRefreshCfg()
+	cfg := b.settings.policy()
 	refresher := b.WriteSafeReplicationState()
 	defer b.holdListHeadroom(len(names), listStatusHeadroomPerKey)()
 	info := make(map[string]interface{}, len(names))
@@ -162,7 +162,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	}
 	cred, st := rs.cred, rs.status()
 	now := b.clock.Now()
-	cfg := b.getRefreshCfg()
+	cfg := b.settings.policy()
 	r := b.report(name, rs, now, cfg, b.WriteSafeReplicationState())
 
 	lastErr := st.LastError

@@ -91,7 +91,7 @@ func (b *backend) reconcile(ctx context.Context) error {
 // It returns the first error; the roles it could reach are reconciled.
 func (b *backend) reconcilePass(ctx context.Context) error {
 	s := b.storage
-	if err := b.loadRefreshConfig(ctx); err != nil {
+	if err := b.settings.load(ctx); err != nil {
 		return err
 	}
 	names, err := listRoles(ctx, s)
@@ -451,7 +451,7 @@ func (b *backend) plannedRefresh(rs *roleState) time.Time {
 		return next
 	}
 	if rs.cred != nil {
-		return nextRefreshAfterSuccess(b.rand, rs.cred, b.getRefreshCfg().RefreshFraction)
+		return nextRefreshAfterSuccess(b.rand, rs.cred, b.settings.policy().RefreshFraction)
 	}
 	return b.clock.Now()
 }

@@ -260,7 +260,7 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 // outage cost 45 000 goroutines and 180 MiB of stacks).
 func (b *backend) fireDue(due []dueplan.Entry[string]) {
 	b.planChanged()
-	cfg := b.getRefreshCfg()
+	cfg := b.settings.policy()
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for
@@ -371,7 +371,7 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 // Either way the outcome is committed, with the next cycle's time, in one
 // place, and returned.
 func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleResult {
-	cfg := b.getRefreshCfg()
+	cfg := b.settings.policy()
 	n := cfg.MaxRetries
 	block := cfg.block()
 	timeout := callTimeout(block)

@@ -411,7 +411,7 @@ func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEn
 // minVerifyAttempts attempts over at least minVerifyBlock each: IAM's
 // propagation takes seconds whatever config/refresh says.
 func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
-	rcfg := b.getRefreshCfg()
+	rcfg := b.settings.policy()
 	block := max(rcfg.block(), minVerifyBlock)
 	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
 	_, stsClient, closeFn, err := b.rootClients(ctx, cfg, accessKey, secretKey)

@@ -368,7 +368,7 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 // plans every key the schedule index names, before the full pass reads the
 // roles one by one. A shard it cannot read is planned by the pass.
 func (b *backend) startFromIndex(ctx context.Context) {
-	if err := b.loadRefreshConfig(ctx); err != nil {
+	if err := b.settings.load(ctx); err != nil {
 		b.Logger().Warn("reading config/refresh failed; the reconciler plans the roles", "error", err)
 		return
 	}

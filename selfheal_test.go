@@ -633,7 +633,7 @@ func TestSelfHeal_StoredConfigBreakingARule(t *testing.T) {
 	}
 	periodicPass(t, f.b, f.s)
 	periodicPass(t, f.b, f.s)
-	if got := f.b.getRefreshCfg().MaxRetries; got != 20 {
+	if got := f.b.settings.policy().MaxRetries; got != 20 {
 		t.Fatalf("max_retries in force = %d, want the stored 20", got)
 	}
 	if n := strings.Count(buf.String(), "stored config/refresh breaks a rule"); n != 1 || !strings.Contains(buf.String(), "got 1s / 20 = 50ms") {

@@ -289,7 +289,7 @@ type sharedEntities struct {
 func (x sharedEntities) EntityInfo(id string) (*logical.Entity, error) { return x.store.EntityInfo(id) }
 
 func (s *sim) onFlight(b *backend, name string, f *flight) {
-	window := b.getRefreshCfg().RetryWindow
+	window := b.settings.policy().RetryWindow
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cycles[name] = append(s.cycles[name], &simCycle{f: f, start: s.clk.Now(), window: window})
