@@ -639,11 +639,7 @@ func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotat
 	st.NextRotation, st.PlanKeySetAt, st.PlanPeriod = time.Time{}, time.Time{}, 0
 	if cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 {
 		st.PlanKeySetAt, st.PlanPeriod = cfg.KeySetAt, cfg.RotationPeriod
-		failures := 0
-		if st.Outcome == rotationFailure {
-			failures = st.Failures
-		}
-		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg.KeySetAt, cfg.RotationPeriod, failures, st.LastAttempt)
+		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg, st)
 	}
 	b.rotator.arm(st.NextRotation)
 }
