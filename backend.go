@@ -158,15 +158,9 @@ type backend struct {
 	// reconcileMu serialises reconciler passes (periodic, start retries).
 	reconcileMu sync.Mutex
 
-	// rotateMu serialises root key rotations (and their planning); rootMu
-	// makes config/root's "read, change, write" one step for operator
-	// writes and a rotation's store. rotationTimer and rotationAt, the
-	// scheduled rotation, are guarded by bgMu.
-	rotateMu      sync.Mutex
-	rootMu        sync.Mutex
-	rotationTimer clock.Timer
-	rotationAt    time.Time
-	wrapIAM       func(api iamAPI) iamAPI
+	// rotator owns root key rotation: its locks (config/root's among
+	// them), the scheduled rotation's timer and the IAM seam.
+	rotator *rotator
 
 	// cacheWriteFailures is the test hook's count of cache writes still to
 	// fail; only a binary built with -tags testhooks reads it.
@@ -182,7 +176,6 @@ func newBackend(opts backendOptions) *backend {
 		onFlight:    opts.onFlight,
 		onPlan:      opts.onPlan,
 		passWorkers: opts.passWorkers,
-		wrapIAM:     opts.wrapIAM,
 		flights:     make(map[string]*flight),
 		startDone:   make(chan struct{}),
 	}
@@ -202,6 +195,9 @@ func newBackend(opts backendOptions) *backend {
 		b.clock = clock.Real{}
 	}
 	b.plan = dueplan.New(b.clock, &b.flightMu, b.fireDue)
+	b.rotator = newRotator(b.clock, opts.wrapIAM, b.refresherRunning, func() {
+		b.goBackground(func(ctx context.Context) { b.scheduledRotation(ctx) })
+	})
 	if b.rand == nil {
 		b.rand = globalRand{}
 	}
@@ -363,11 +359,8 @@ func (b *backend) clean(ctx context.Context) {
 		b.startTimer.Stop()
 		b.startTimer = nil
 	}
-	if b.rotationTimer != nil {
-		b.rotationTimer.Stop()
-		b.rotationTimer = nil
-	}
 	b.bgMu.Unlock()
+	b.rotator.stop()
 	b.bgCancel()
 	b.bgWG.Wait()
 	b.resetClients()

@@ -293,8 +293,7 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	// One step against a rotation storing its new key: whichever comes
 	// second sees the other's write.
-	b.rootMu.Lock()
-	defer b.rootMu.Unlock()
+	defer b.rotator.lockRoot()()
 	cfg, err := getRootConfig(ctx, req.Storage)
 	if err != nil {
 		return nil, err
@@ -354,8 +353,7 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 }
 
 func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	b.rootMu.Lock()
-	defer b.rootMu.Unlock()
+	defer b.rotator.lockRoot()()
 	if err := deleteRootConfig(ctx, req.Storage); err != nil {
 		return nil, err
 	}

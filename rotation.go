@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -37,6 +38,121 @@ const rotationTimeout = 15 * time.Minute
 // before it is deleted: an attempt ends by its block end (at most 45 s) plus
 // one call's timeout (at most 10 s).
 const rotationDrainTimeout = time.Minute
+
+// rotator owns the state of root key rotation: the lock that serialises
+// rotations (and their planning), the lock that makes config/root's "read,
+// change, write" one step, the scheduled rotation's one timer, and the IAM
+// client seam. Its fields are touched only by its methods, below.
+//
+// Lock order: rotations, then root, then mu; mu is held while refreshing
+// is asked (which takes the backend's bgMu), never the other way round.
+type rotator struct {
+	clock clock.Clock
+	// wrapIAM, when set, wraps each IAM client a rotation builds (a test
+	// seam, from backendOptions).
+	wrapIAM func(api iamAPI) iamAPI
+	// refreshing reports whether the refresher runs on this node: only
+	// there is a scheduled rotation armed.
+	refreshing func() bool
+	// due starts the scheduled rotation when its timer fires; it must not
+	// block (the backend starts a goroutine that Clean waits for).
+	due func()
+
+	rotations sync.Mutex
+	root      sync.Mutex
+
+	// mu guards timer, at and stopped: the scheduled rotation, when it is
+	// due, and whether stop was called (after which nothing is armed).
+	mu      sync.Mutex
+	timer   clock.Timer
+	at      time.Time
+	stopped bool
+}
+
+// newRotator returns a rotator with nothing armed.
+func newRotator(clk clock.Clock, wrapIAM func(api iamAPI) iamAPI, refreshing func() bool, due func()) *rotator {
+	return &rotator{clock: clk, wrapIAM: wrapIAM, refreshing: refreshing, due: due}
+}
+
+// lockRotations takes the rotation lock and returns its unlock.
+func (r *rotator) lockRotations() (unlock func()) {
+	r.rotations.Lock()
+	return r.rotations.Unlock
+}
+
+// tryLockRotations takes the rotation lock unless a rotation holds it.
+func (r *rotator) tryLockRotations() (unlock func(), ok bool) {
+	if !r.rotations.TryLock() {
+		return nil, false
+	}
+	return r.rotations.Unlock, true
+}
+
+// lockRoot takes the config/root lock, which operator writes and a
+// rotation's store of its new key share, and returns its unlock.
+func (r *rotator) lockRoot() (unlock func()) {
+	r.root.Lock()
+	return r.root.Unlock
+}
+
+// wrapIAMClient applies the IAM seam, if any, to api.
+func (r *rotator) wrapIAMClient(api iamAPI) iamAPI {
+	if r.wrapIAM != nil {
+		return r.wrapIAM(api)
+	}
+	return api
+}
+
+// arm schedules the rotation at at, replacing any scheduled before; the
+// zero time only disarms. Nothing is armed unless the refresher runs on
+// this node, nor after stop.
+func (r *rotator) arm(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	r.at = time.Time{}
+	if r.stopped || at.IsZero() || !r.refreshing() {
+		return
+	}
+	r.at = at
+	var t clock.Timer
+	t = r.clock.AfterFunc(at.Sub(r.clock.Now()), func() {
+		// A timer that fired as it was replaced or stopped is no longer
+		// the scheduled one, and does nothing.
+		r.mu.Lock()
+		current := r.timer == t
+		if current {
+			r.timer, r.at = nil, time.Time{}
+		}
+		r.mu.Unlock()
+		if current {
+			r.due()
+		}
+	})
+	r.timer = t
+}
+
+// stop disarms the scheduled rotation for good; Clean calls it.
+func (r *rotator) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	r.at = time.Time{}
+}
+
+// scheduled returns when the armed rotation is due; zero when none is.
+func (r *rotator) scheduled() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.at
+}
 
 // iamAPI is the part of *iam.Client a rotation calls.
 type iamAPI interface {
@@ -133,9 +249,7 @@ func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
 		}
 	})
-	if b.wrapIAM != nil {
-		iamClient = b.wrapIAM(iamClient)
-	}
+	iamClient = b.rotator.wrapIAMClient(iamClient)
 	return iamClient, stsClient, func() { iamTr.CloseIdleConnections(); stsTr.CloseIdleConnections() }, nil
 }
 
@@ -194,8 +308,7 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 var errNotDue = errors.New("not due")
 
 func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (string, error) {
-	b.rotateMu.Lock()
-	defer b.rotateMu.Unlock()
+	defer b.rotator.lockRotations()()
 	now := b.clock.Now()
 	st, err := getRotationState(ctx, s)
 	if err != nil {
@@ -476,8 +589,7 @@ const (
 // oldID, under the config/root lock that operator writes take too. A failed
 // write is read back, because storage may have applied it.
 func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
-	b.rootMu.Lock()
-	defer b.rootMu.Unlock()
+	defer b.rotator.lockRoot()()
 	cur, err := getRootConfig(ctx, s)
 	if err != nil {
 		return keyOld, err
@@ -527,42 +639,9 @@ func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotat
 	st.NextRotation, st.PlanKeySetAt, st.PlanPeriod = time.Time{}, time.Time{}, 0
 	if cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 {
 		st.PlanKeySetAt, st.PlanPeriod = cfg.KeySetAt, cfg.RotationPeriod
-		failures := 0
-		if st.Outcome == rotationFailure {
-			failures = st.Failures
-		}
-		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg.KeySetAt, cfg.RotationPeriod, failures, st.LastAttempt)
+		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg, st)
 	}
-	b.scheduleRotation(st.NextRotation)
-}
-
-// scheduleRotation arms (or, for the zero time, disarms) the scheduled
-// rotation; it does nothing unless the refresher runs on this node.
-func (b *backend) scheduleRotation(at time.Time) {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if b.rotationTimer != nil {
-		b.rotationTimer.Stop()
-		b.rotationTimer = nil
-	}
-	b.rotationAt = time.Time{}
-	if !b.running || b.closed || at.IsZero() {
-		return
-	}
-	b.rotationAt = at
-	var t clock.Timer
-	t = b.clock.AfterFunc(at.Sub(b.clock.Now()), func() {
-		b.bgMu.Lock()
-		current := b.rotationTimer == t
-		if current {
-			b.rotationTimer, b.rotationAt = nil, time.Time{}
-		}
-		b.bgMu.Unlock()
-		if current {
-			b.goBackground(func(ctx context.Context) { b.scheduledRotation(ctx) })
-		}
-	})
-	b.rotationTimer = t
+	b.rotator.arm(st.NextRotation)
 }
 
 // scheduledRotation runs a due rotation, unless rotation_period was turned
@@ -575,7 +654,7 @@ func (b *backend) scheduledRotation(ctx context.Context) {
 	if err != nil {
 		// Try again after a pause, like a failed rotation.
 		b.Logger().Warn("reading config/root for the scheduled key rotation failed; retrying", "error", err)
-		b.scheduleRotation(b.clock.Now().Add(b.backoff(rotationRetryBase, 1, rotationRetryMax)))
+		b.rotator.arm(b.clock.Now().Add(b.backoff(rotationRetryBase, 1, rotationRetryMax)))
 		return
 	}
 	_, _ = b.rotateRoot(ctx, b.storage, rotationScheduled)
@@ -584,10 +663,11 @@ func (b *backend) scheduledRotation(ctx context.Context) {
 // resumeRotation arms the scheduled rotation from storage; the reconciler
 // calls it on every pass on the node that refreshes.
 func (b *backend) resumeRotation(ctx context.Context) error {
-	if !b.rotateMu.TryLock() {
+	unlock, ok := b.rotator.tryLockRotations()
+	if !ok {
 		return nil // a rotation runs, and plans when it ends
 	}
-	defer b.rotateMu.Unlock()
+	defer unlock()
 	st, err := getRotationState(ctx, b.storage)
 	if err != nil {
 		return err
@@ -600,13 +680,13 @@ func (b *backend) resumeRotation(ctx context.Context) error {
 	current := enabled && !st.NextRotation.IsZero() && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
 	switch {
 	case current:
-		b.scheduleRotation(st.NextRotation)
+		b.rotator.arm(st.NextRotation)
 	case enabled || !st.NextRotation.IsZero():
 		// The plan is missing, or was made for another key or period.
 		b.planRotation(ctx, b.storage, st)
 		return putRotationState(ctx, b.storage, st)
 	default:
-		b.scheduleRotation(time.Time{})
+		b.rotator.arm(time.Time{})
 	}
 	return nil
 }
@@ -617,10 +697,11 @@ func (b *backend) resumeRotation(ctx context.Context) error {
 // it ends, and the reconciler replans any plan made for another key or
 // period.
 func (b *backend) replanRotation(ctx context.Context, s logical.Storage, newKey bool) error {
-	if !b.rotateMu.TryLock() {
+	unlock, ok := b.rotator.tryLockRotations()
+	if !ok {
 		return nil
 	}
-	defer b.rotateMu.Unlock()
+	defer unlock()
 	st, err := getRotationState(ctx, s)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/hashicorp/vault/sdk/logical"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -474,7 +477,7 @@ func TestRotation_Scheduled(t *testing.T) {
 	if root["rotation_period"] != int64(36000) || root["next_rotation"] != formatTime(set.Add(10*time.Hour)) {
 		t.Fatalf("config/root rotation_period %v next_rotation %v, want 36000 and %s", root["rotation_period"], root["next_rotation"], formatTime(set.Add(10*time.Hour)))
 	}
-	if at := f.b.rotationAt; !at.Equal(set.Add(10 * time.Hour)) {
+	if at := f.b.rotator.scheduled(); !at.Equal(set.Add(10 * time.Hour)) {
 		t.Fatalf("timer armed for %v", at)
 	}
 
@@ -519,8 +522,8 @@ func TestRotation_Scheduled(t *testing.T) {
 
 	// Off: no plan, no timer.
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": 0})
-	if root := mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data; root["next_rotation"] != "" || !f.b.rotationAt.IsZero() {
-		t.Fatalf("rotation_period 0 left a plan: %v, timer %v", root["next_rotation"], f.b.rotationAt)
+	if root := mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data; root["next_rotation"] != "" || !f.b.rotator.scheduled().IsZero() {
+		t.Fatalf("rotation_period 0 left a plan: %v, timer %v", root["next_rotation"], f.b.rotator.scheduled())
 	}
 }
 
@@ -564,7 +567,7 @@ func TestRotation_RecordsBeforeEachRiskyStep(t *testing.T) {
 		f := rotationFixture(t, fixtureOpts{storage: fs})
 		old := rootKeyID(t, f)
 		f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:DeleteAccessKey"}, Probability: map[stsemu.Fault]float64{stsemu.FaultServiceUnavailable: 1}})
-		f.b.wrapIAM = func(api iamAPI) iamAPI {
+		f.b.rotator.wrapIAM = func(api iamAPI) iamAPI {
 			return &iamHook{iamAPI: api, before: func(action string) {
 				if action == "DeleteAccessKey" {
 					fs.failNext("put", configRotationPath, 1, false) // the outcome's record
@@ -575,7 +578,7 @@ func TestRotation_RecordsBeforeEachRiskyStep(t *testing.T) {
 		if err != nil || resp.IsError() {
 			t.Fatalf("rotate-root: err=%v resp=%v", err, respErr(resp))
 		}
-		f.b.wrapIAM = nil
+		f.b.rotator.wrapIAM = nil
 		f.emu.ClearFaults()
 		if keys := userKeys(t, f.emu); len(keys) != 2 || keys[0] != old {
 			t.Fatalf("keys %v, want the old one left beside the new", keys)
@@ -644,4 +647,99 @@ func TestRotation_ScheduledOnlyWhenDue(t *testing.T) {
 	if rootKeyID(t, f) != old || len(userKeys(t, f.emu)) != 1 {
 		t.Fatal("a rotation that was not due changed the key")
 	}
+}
+
+// lateStopClock is a fake clock whose AfterFunc timers cannot be stopped:
+// each behaves as a timer that fired just as it was stopped, whose
+// callback runs anyway.
+type lateStopClock struct{ *clocktest.Fake }
+
+func (c lateStopClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	return lateTimer{c.Fake.AfterFunc(d, f)}
+}
+
+type lateTimer struct{ clock.Timer }
+
+func (lateTimer) Stop() bool { return false }
+
+// The rotator's schedule alone, on the fake clock: one timer, armed only
+// where the refresher runs, replaced by each arm, gone for good after
+// stop; a timer that fires after it was replaced or stopped does nothing.
+func TestRotator_Schedule(t *testing.T) {
+	start := time.Now().Truncate(time.Second)
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+	setup := func(clk clock.Clock, refreshing bool) (*rotator, *atomic.Int32) {
+		var due atomic.Int32
+		return newRotator(clk, nil, func() bool { return refreshing }, func() { due.Add(1) }), &due
+	}
+	// advance moves the clock and waits for the callbacks it fired.
+	advance := func(clk *clocktest.Fake, to time.Time) {
+		clk.AdvanceTo(to)
+		clk.WaitUntil(t, func() bool { return clk.Busy() == 0 }, func() string { return "the timers' callbacks to return" })
+	}
+	want := func(r *rotator, clk *clocktest.Fake, due *atomic.Int32, scheduled time.Time, pending int, fired int32) {
+		t.Helper()
+		if got := r.scheduled(); !got.Equal(scheduled) {
+			t.Fatalf("scheduled %v, want %v", got, scheduled)
+		}
+		if got := clk.Pending(); got != pending {
+			t.Fatalf("%d timers pending, want %d", got, pending)
+		}
+		if got := due.Load(); got != fired {
+			t.Fatalf("due called %d times, want %d", got, fired)
+		}
+	}
+
+	t.Run("armed where the refresher runs, due once at its time", func(t *testing.T) {
+		clk := newFakeClock(start)
+		r, due := setup(clk, true)
+		r.arm(at(time.Hour))
+		want(r, clk, due, at(time.Hour), 1, 0)
+		advance(clk, at(time.Hour-time.Second))
+		want(r, clk, due, at(time.Hour), 1, 0)
+		advance(clk, at(time.Hour))
+		want(r, clk, due, time.Time{}, 0, 1)
+	})
+	t.Run("not armed where the refresher does not run", func(t *testing.T) {
+		clk := newFakeClock(start)
+		r, due := setup(clk, false)
+		r.arm(at(time.Hour))
+		want(r, clk, due, time.Time{}, 0, 0)
+	})
+	t.Run("arming again replaces the timer; the zero time disarms", func(t *testing.T) {
+		clk := newFakeClock(start)
+		r, due := setup(clk, true)
+		r.arm(at(time.Hour))
+		r.arm(at(2 * time.Hour))
+		want(r, clk, due, at(2*time.Hour), 1, 0)
+		advance(clk, at(time.Hour))
+		want(r, clk, due, at(2*time.Hour), 1, 0)
+		r.arm(time.Time{})
+		want(r, clk, due, time.Time{}, 0, 0)
+	})
+	t.Run("stop disarms for good", func(t *testing.T) {
+		clk := newFakeClock(start)
+		r, due := setup(clk, true)
+		r.arm(at(time.Hour))
+		r.stop()
+		want(r, clk, due, time.Time{}, 0, 0)
+		r.arm(at(2 * time.Hour))
+		want(r, clk, due, time.Time{}, 0, 0)
+		advance(clk, at(3*time.Hour))
+		want(r, clk, due, time.Time{}, 0, 0)
+	})
+	t.Run("a timer that fires after it was replaced or stopped does nothing", func(t *testing.T) {
+		clk := newFakeClock(start)
+		r, due := setup(lateStopClock{clk}, true)
+		r.arm(at(time.Hour))
+		r.arm(at(2 * time.Hour))
+		advance(clk, at(time.Hour))
+		want(r, clk, due, at(2*time.Hour), 1, 0)
+		advance(clk, at(2*time.Hour))
+		want(r, clk, due, time.Time{}, 0, 1)
+		r.arm(at(3 * time.Hour))
+		r.stop()
+		advance(clk, at(3*time.Hour))
+		want(r, clk, due, time.Time{}, 0, 1)
+	})
 }

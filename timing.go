@@ -162,17 +162,20 @@ func rotationTTL(now time.Time, cred *cacheEntry, cfg refreshConfig, scheduled *
 	return max(ttl, time.Second)
 }
 
-// nextRotation is when a scheduled root key rotation is due: one
-// rotation_period after the key was set, less a random 0-10% so that mounts
-// set up together do not rotate together; after a failed rotation not
-// before its backoff pause has passed; never in the past.
-func nextRotation(r randSource, now, keySetAt time.Time, period time.Duration, failures int, lastAttempt time.Time) time.Time {
-	next := keySetAt.Add(period - jitter(r, period/10))
-	if failures > 0 {
+// nextRotation is when a scheduled root key rotation is due, for cfg's key
+// and rotation_period (which must be set) and the record st of the last
+// rotation: one rotation_period after the key was set, less a random 0-10%
+// so that mounts set up together do not rotate together; after a failed
+// rotation not before its backoff pause has passed; never in the past.
+func nextRotation(r randSource, now time.Time, cfg *rootConfig, st *rotationState) time.Time {
+	period := cfg.RotationPeriod
+	next := cfg.KeySetAt.Add(period - jitter(r, period/10))
+	// Only a failure pauses: a superseded rotation keeps its count.
+	if st.Outcome == rotationFailure && st.Failures > 0 {
 		// Not before the pause after the failure, nor before the key is
 		// due: a manual rotation that failed long before makes no young
 		// key due.
-		if retry := lastAttempt.Add(backoff(r, rotationRetryBase, failures, rotationRetryMax)); retry.After(next) {
+		if retry := st.LastAttempt.Add(backoff(r, rotationRetryBase, st.Failures, rotationRetryMax)); retry.After(next) {
 			next = retry
 		}
 	}

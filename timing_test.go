@@ -170,19 +170,23 @@ func TestNextRotation(t *testing.T) {
 		name        string
 		r           randSource
 		now         time.Time
+		outcome     string
 		failures    int
 		lastAttempt time.Time
 		want        time.Time
 	}{
-		{"due one period after the key was set, lowest draw", randMin, t0, 0, time.Time{}, set.Add(period)},
-		{"up to 10% early, highest draw", randMax, t0, 0, time.Time{}, set.Add(period - period/10 + 1)},
-		{"an overdue key is due now", randMin, set.Add(2 * period), 0, time.Time{}, set.Add(2 * period)},
-		{"after a failure, not before its pause", randMax, set.Add(2 * period), 1, set.Add(2 * period), set.Add(2*period + rotationRetryBase)},
-		{"an old failure makes no young key due", randMin, t0, 1, t0, set.Add(period)},
+		{"due one period after the key was set, lowest draw", randMin, t0, "", 0, time.Time{}, set.Add(period)},
+		{"up to 10% early, highest draw", randMax, t0, "", 0, time.Time{}, set.Add(period - period/10 + 1)},
+		{"an overdue key is due now", randMin, set.Add(2 * period), "", 0, time.Time{}, set.Add(2 * period)},
+		{"after a failure, not before its pause", randMax, set.Add(2 * period), rotationFailure, 1, set.Add(2 * period), set.Add(2*period + rotationRetryBase)},
+		{"an old failure makes no young key due", randMin, t0, rotationFailure, 1, t0, set.Add(period)},
+		{"failures counted before a superseded rotation make no pause", randMax, set.Add(2 * period), rotationSuperseded, 1, set.Add(2 * period), set.Add(2 * period)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := nextRotation(tc.r, tc.now, set, period, tc.failures, tc.lastAttempt); !got.Equal(tc.want) {
+			cfg := &rootConfig{KeySetAt: set, RotationPeriod: period}
+			st := &rotationState{Outcome: tc.outcome, Failures: tc.failures, LastAttempt: tc.lastAttempt}
+			if got := nextRotation(tc.r, tc.now, cfg, st); !got.Equal(tc.want) {
 				t.Fatalf("next = %v, want %v", got.Sub(t0), tc.want.Sub(t0))
 			}
 		})
