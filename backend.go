@@ -11,6 +11,8 @@ import (
 
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 const (
@@ -107,7 +109,7 @@ type backend struct {
 	passWorkers int
 
 	// index is the schedule index (schedindex.go); it has its own locks.
-	index *schedIndex
+	index *schedindex.Index
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -204,7 +206,7 @@ func newBackend(opts backendOptions) *backend {
 		plan:        newDueHeap(),
 		startDone:   make(chan struct{}),
 	}
-	b.index = new(schedIndex)
+	b.index = schedindex.New()
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // maxStartBackoff caps the wait before a failed start or reconcile pass is
@@ -163,9 +165,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
 	// The schedule index now says what the pass found; keys it did not
 	// reach (an error, a cycle running) keep their entries.
-	since := b.index.mark()
+	since := b.index.Mark()
 	want, keep := b.indexWant(idx)
-	if err := b.index.repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
+	if err := b.index.Repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
 		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
 	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
@@ -222,8 +224,8 @@ func (p *passIndex) reach(key string) {
 // reached, as of now (commits during the pass included): each planned
 // key's plan and expiry. Keys with a cycle running, or still planned from
 // a hint, keep their entries (keep); the others, cold or gone, have none.
-func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
-	want, keep = map[string]indexItem{}, map[string]bool{}
+func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[string]bool) {
+	want, keep = map[string]schedindex.Item{}, map[string]bool{}
 	for key := range idx.reached {
 		// Both under flightMu, taken first as fireDue takes it: a role
 		// leaves the plan and enters its flight in one step.
@@ -244,7 +246,7 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map
 			if rs := b.state.peek(key); rs != nil {
 				exp = rs.cred.expiry()
 			}
-			want[key] = newIndexItem(at, exp)
+			want[key] = schedindex.NewItem(at, exp)
 		case planned:
 			keep[key] = true
 		}

@@ -9,30 +9,18 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // storedIndex reads every shard of the schedule index from storage.
-func storedIndex(t *testing.T, s logical.Storage) map[string]indexItem {
+func storedIndex(t *testing.T, s logical.Storage) map[string]schedindex.Item {
 	t.Helper()
-	keys, err := s.List(context.Background(), schedPrefix)
-	if err != nil {
+	x := schedindex.New()
+	if err := x.Load(context.Background(), s, nil); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]indexItem{}
-	for _, k := range keys {
-		var i int
-		if _, err := fmt.Sscan(k, &i); err != nil {
-			t.Fatalf("index shard %q", k)
-		}
-		items, err := readShard(context.Background(), s, i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for key, it := range items {
-			out[key] = it
-		}
-	}
-	return out
+	return x.Entries()
 }
 
 // roleGate holds every read of a role's own entries (roles/, cache/,
@@ -76,7 +64,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 	idx := storedIndex(t, f.s)
 	for name, at := range plans {
 		c := cached(t, f.s, name)
-		if it, ok := idx[name]; !ok || !it.next().Equal(at) || !it.exp().Equal(c.Expiration) {
+		if it, ok := idx[name]; !ok || !it.Next().Equal(at) || !it.Exp().Equal(c.Expiration) {
 			t.Fatalf("index entry of %s = %v (%v), want plan %v and expiry %v", name, it, ok, at, c.Expiration)
 		}
 	}
@@ -130,21 +118,19 @@ func startBackendOnWith(t *testing.T, f *fixture, s logical.Storage, onFlight fu
 	return b
 }
 
-// putIndex replaces the index entry of key in storage.
+// putIndex replaces the index entry of key in storage (removes it when
+// next is zero).
 func putIndex(t *testing.T, s logical.Storage, key string, next, exp time.Time) {
 	t.Helper()
-	i := shardOf(key)
-	items, err := readShard(context.Background(), s, i)
-	if err != nil {
+	ctx := context.Background()
+	x := schedindex.New()
+	if err := x.Load(ctx, s, nil); err != nil {
 		t.Fatal(err)
 	}
 	if next.IsZero() {
-		delete(items, key)
+		x.Drop(ctx, s, key)
 	} else {
-		items[key] = newIndexItem(next, exp)
-	}
-	if err := writeShard(context.Background(), s, i, items); err != nil {
-		t.Fatal(err)
+		x.Set(ctx, s, key, next, exp)
 	}
 }
 
@@ -187,8 +173,8 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	if _, ok := idx["gone"]; ok {
 		t.Error("the gone role is still in the index")
 	}
-	if it := idx[testRole]; !it.next().Equal(plan) {
-		t.Errorf("index entry after the pass = %v, want the role's plan %v", it.next(), plan)
+	if it := idx[testRole]; !it.Next().Equal(plan) {
+		t.Errorf("index entry after the pass = %v, want the role's plan %v", it.Next(), plan)
 	}
 }
 
@@ -205,7 +191,7 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 	}
 	f.b = b
 	f.s = fs
-	fs.failNext("put", schedPrefix, 1, false)
+	fs.failNext("put", schedindex.Prefix, 1, false)
 	f.mustReadCreds(testRole)
 	plan, ok := b.scheduledAt(testRole)
 	if !ok {
@@ -215,8 +201,8 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 		t.Fatal("the failed index write is in storage")
 	}
 	periodicPass(t, b, fs)
-	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.next().Equal(plan) {
-		t.Fatalf("after the pass the index has %v (%v), want %v", it.next(), ok, plan)
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
+		t.Fatalf("after the pass the index has %v (%v), want %v", it.Next(), ok, plan)
 	}
 }
 
@@ -280,37 +266,14 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 	if _, err := f.b.reconcileRole(ctx, testRole, false, f.clock.Now(), idx); err != nil {
 		t.Fatal(err)
 	}
-	since := f.b.index.mark()
+	since := f.b.index.Mark()
 	want, keep := f.b.indexWant(idx) // the role is cold: no entry wanted
 	f.mustReadCreds(testRole)        // its first cycle commits meanwhile
 	plan, _ := f.b.scheduledAt(testRole)
-	if err := f.b.index.repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[k] || keep[k] }); err != nil {
+	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[k] || keep[k] }); err != nil {
 		t.Fatal(err)
 	}
-	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.next().Equal(plan) {
-		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.next(), ok, plan)
-	}
-}
-
-// BenchmarkIndexShardWrite: what a commit pays to write its schedule index
-// shard (encoding it whole) with 1000 and 100 000 roles over the 512
-// shards; section f's scheduler cost at 100 000 includes it.
-func BenchmarkIndexShardWrite(b *testing.B) {
-	for _, roles := range []int{1000, 100000} {
-		b.Run(fmt.Sprintf("roles=%d", roles), func(b *testing.B) {
-			items := map[string]indexItem{}
-			now := time.Now()
-			for i := 0; i < roles/schedShards+1; i++ {
-				items[fmt.Sprintf("role-%06d", i)] = newIndexItem(now.Add(time.Duration(i)*time.Second), now.Add(time.Hour))
-			}
-			s := new(logical.InmemStorage)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := writeShard(ctx, s, 0, items); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
+		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.Next(), ok, plan)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -873,20 +874,11 @@ func (s *sim) check() {
 	}
 	// The schedule index says what the plan says, so that a node taking
 	// over plans every role where this one would have.
-	idx := map[string]indexItem{}
-	if keys, err := s.mem.List(ctx, schedPrefix); err == nil {
-		for _, k := range keys {
-			var i int
-			fmt.Sscan(k, &i)
-			items, err := readShard(ctx, s.mem, i)
-			if err != nil {
-				s.failf("%v", err)
-			}
-			for key, it := range items {
-				idx[key] = it
-			}
-		}
+	stored := schedindex.New()
+	if err := stored.Load(ctx, s.mem, nil); err != nil {
+		s.failf("%v", err)
 	}
+	idx := stored.Entries()
 	s.b.flightMu.Lock()
 	s.b.bgMu.RLock()
 	for key, e := range s.b.plan.byName {
@@ -894,10 +886,10 @@ func (s *sim) check() {
 			continue
 		}
 		s.fig.checks++
-		if it, ok := idx[key]; !ok || !it.next().Equal(e.at) {
+		if it, ok := idx[key]; !ok || !it.Next().Equal(e.at) {
 			s.b.bgMu.RUnlock()
 			s.b.flightMu.Unlock()
-			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.at, it.next(), ok)
+			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.at, it.Next(), ok)
 		}
 	}
 	s.b.bgMu.RUnlock()
