@@ -22,7 +22,8 @@
 //     found it absent, or Repair wrote it). Set and Drop never write a shard
 //     that is not loaded: a node that failed to read it knows only the keys
 //     it changed since, and writing those would erase every other entry.
-//     Repair writes it, from the pass's complete view.
+//     They change this node's copy alone, and Repair writes the shard from
+//     the pass's complete view, with those changes.
 //
 // Keys are strings here; the index reads only their role part (before the
 // first "/"), which chooses the shard.
@@ -255,9 +256,9 @@ func (x *Index) Drop(ctx context.Context, s logical.Storage, key string) {
 }
 
 // change applies f to the key's shard and writes the shard when f changed it
-// or it was dirty; f reports whether it changed it. On a shard that is not
-// loaded nothing is applied or written, but the change is still recorded
-// for Repair.
+// or it was dirty; f reports whether it changed it. A shard that is not
+// loaded takes the change in memory, where Repair finds it, but is not
+// written.
 func (x *Index) change(ctx context.Context, s logical.Storage, key string, f func(*shard) bool) {
 	i := shardOf(key)
 	sh := &x.shards[i]
@@ -267,10 +268,10 @@ func (x *Index) change(ctx context.Context, s logical.Storage, key string, f fun
 		sh.touched = map[string]uint64{}
 	}
 	sh.touched[key] = x.seq.Add(1)
-	if !sh.loaded {
-		return
+	if sh.items == nil {
+		sh.items = map[string]Item{}
 	}
-	if f(sh) || sh.dirty {
+	if changed := f(sh); sh.loaded && (changed || sh.dirty) {
 		sh.dirty = x.write(ctx, s, i, sh.items) != nil
 	}
 }

@@ -323,8 +323,8 @@ func TestShardNeverLoadedIsNeverWritten(t *testing.T) {
 		if got := stored(t, s, i); !maps.Equal(got, before) {
 			t.Fatalf("storage changed to %v", got)
 		}
-		if _, ok := x.Entries()[key]; ok {
-			t.Errorf("an unloaded shard took the entry")
+		if got := x.Entries()[key]; got != item(1) {
+			t.Errorf("this node's copy of the unloaded shard has %v for the key set, want %v", got, item(1))
 		}
 		// Another, loaded, shard is written as usual.
 		if x.shards[shardOf(otherShard(key))].loaded {
@@ -334,13 +334,15 @@ func TestShardNeverLoadedIsNeverWritten(t *testing.T) {
 				t.Errorf("loaded shard = %v", got)
 			}
 		}
-		// The pass knows every key: Repair writes the shard whole.
+		// The pass knows every key: Repair writes the shard whole, with the
+		// changes made since its mark.
 		since := x.Mark()
+		x.Set(ctx, s, theirs[2], item(13).Next(), item(13).Exp())
 		want := map[string]Item{theirs[1]: item(21), theirs[2]: item(22), key: item(1)}
 		if err := x.Repair(ctx, s, since, want, func(string) bool { return false }); err != nil {
 			t.Fatal(err)
 		}
-		exp := map[string]Item{theirs[1]: item(21), theirs[2]: item(22), key: item(1)}
+		exp := map[string]Item{theirs[1]: item(21), theirs[2]: item(13), key: item(1)}
 		if got := stored(t, s, i); !maps.Equal(got, exp) {
 			t.Fatalf("after Repair storage has %v, want %v", got, exp)
 		}
