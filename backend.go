@@ -221,6 +221,7 @@ func newBackend(opts backendOptions) *backend {
 		opts.version = DevVersion
 	}
 	b.metrics = newMetrics(opts.version)
+	b.metrics.watchIndex(b.index.Stats)
 	b.limiter = newRateLimiter(b.refreshCfg.STSRateLimit, b.refreshCfg.STSBurst)
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 

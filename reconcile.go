@@ -168,7 +168,11 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	since := b.index.Mark()
 	want, keep := b.indexWant(idx)
 	if err := b.index.Repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
-		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
+		// Not an error of the pass: the index is a hint, a shard that
+		// failed stays dirty for the next commit in it or the next pass,
+		// and failing the pass would only re-run every role's checks with
+		// backoff (aws_resilient_schedule_index_write_failures_total counts it).
+		b.Logger().Warn("writing the schedule index failed; the next pass writes it", "error", err)
 	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
 		keys, err := s.List(ctx, prefix)

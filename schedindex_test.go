@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -275,5 +276,169 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 	}
 	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
 		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.Next(), ok, plan)
+	}
+}
+
+// raftLimited refuses, as Vault's integrated storage (raft) does, any entry
+// larger than its 1 MiB limit.
+type raftLimited struct{ logical.Storage }
+
+const raftMaxEntry = 1 << 20
+
+func (s raftLimited) Put(ctx context.Context, e *logical.StorageEntry) error {
+	if len(e.Value) > raftMaxEntry {
+		return fmt.Errorf("raft: entry %s of %d bytes exceeds the %d byte limit", e.Key, len(e.Value), raftMaxEntry)
+	}
+	return s.Storage.Put(ctx, e)
+}
+
+// storedShards returns, per shard key under sched/, the index keys it holds.
+func storedShards(t *testing.T, s logical.Storage) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := s.List(ctx, schedindex.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, k := range keys {
+		e, err := s.Get(ctx, schedindex.Prefix+k)
+		if err != nil || e == nil {
+			t.Fatalf("reading shard %s: %v", k, err)
+		}
+		var items map[string]schedindex.Item
+		if err := json.Unmarshal(e.Value, &items); err != nil {
+			t.Fatal(err)
+		}
+		for key := range items {
+			out[k] = append(out[k], key)
+		}
+	}
+	return out
+}
+
+// A role with more entity credentials than one 1 MiB entry can list (about
+// 12 000) is indexed like any other: its keys spread over the shards, no
+// shard passes raft's limit, and the reconciler pass succeeds with every
+// key in the index.
+func TestScheduleIndex_ManyEntityCredentialsFitRaft(t *testing.T) {
+	const n = 13000
+	ents := newEntityView()
+	ents.set(aliceID, "alice", nil)
+	mem := new(logical.InmemStorage)
+	f := newFixture(t, fixtureOpts{entities: ents, storage: raftLimited{mem}})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+entityRole, map[string]interface{}{
+		"role_arn": testRoleARN, "cache_scope": "entity", "max_entities": 2 * n,
+	})
+	f.mustReadAs(entityRole, aliceID)
+	ctx := context.Background()
+	alice := entityKey(entityRole, aliceID)
+	cacheE, err := mem.Get(ctx, cachePrefix+alice)
+	if err != nil || cacheE == nil {
+		t.Fatalf("alice's cached credential: %v", err)
+	}
+	statusE, err := mem.Get(ctx, statusPrefix+alice)
+	if err != nil || statusE == nil {
+		t.Fatalf("alice's status: %v", err)
+	}
+	// n more entities with a credential each, as if each had read it (the
+	// storage entries are copies of alice's: the pass plans each alike).
+	want := map[string]bool{alice: true}
+	for i := range n {
+		id := fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
+		ents.set(id, fmt.Sprintf("entity-%d", i), nil)
+		key := entityKey(entityRole, id)
+		want[key] = true
+		for _, e := range []*logical.StorageEntry{{Key: cachePrefix + key, Value: cacheE.Value}, {Key: statusPrefix + key, Value: statusE.Value}} {
+			if err := mem.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	if err := f.b.reconcile(ctx); err != nil {
+		t.Fatalf("reconciler pass: %v", err)
+	}
+	idx := storedIndex(t, mem)
+	for key := range want {
+		at, ok := f.b.scheduledAt(key)
+		if !ok {
+			t.Fatalf("%s is not planned after the pass", key)
+		}
+		if it, ok := idx[key]; !ok || !it.Next().Equal(at) {
+			t.Fatalf("index entry of %s = %v (present %v), want its plan %v", key, it.Next(), ok, at)
+		}
+	}
+	shards := 0
+	for shard, keys := range storedShards(t, mem) {
+		for _, k := range keys {
+			if roleOf(k) == entityRole {
+				shards++
+				break
+			}
+		}
+		if e, _ := mem.Get(ctx, schedindex.Prefix+shard); len(e.Value) > raftMaxEntry/4 {
+			t.Errorf("shard %s is %d bytes", shard, len(e.Value))
+		}
+	}
+	if shards < 2 {
+		t.Errorf("the role's %d entity credentials share %d shard(s), want them spread", n+1, shards)
+	}
+}
+
+// gathered is the value of the counter name in the backend's registry.
+func gathered(t *testing.T, b *backend, name string) float64 {
+	t.Helper()
+	mfs, err := b.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// The index is a hint: a pass whose index writes all fail still succeeds
+// (it would otherwise re-run every role's checks with backoff), counts the
+// failures, and the next pass writes the index.
+func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	plan, _ := f.b.scheduledAt(testRole)
+	f.b.Cleanup(ctx)
+	putIndex(t, f.s, testRole, time.Time{}, time.Time{}) // the pass has an entry to write
+
+	fs := newFaultStorage(f.s, 4)
+	fs.failNext("put", schedindex.Prefix, 1000, false)
+	b := startBackendOn(t, f, fs)
+	if err := b.waitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.reconcile(ctx); err != nil {
+		t.Fatalf("reconciler pass failed for its index write: %v", err)
+	}
+	b.bgMu.Lock()
+	done := b.passDone
+	b.bgMu.Unlock()
+	if !done {
+		t.Error("the first pass is not done: its index write failed it")
+	}
+	if n := gathered(t, b, "aws_resilient_schedule_index_write_failures_total"); n < 2 {
+		t.Errorf("%v index write failures counted, want one per pass", n)
+	}
+	if _, ok := storedIndex(t, f.s)[testRole]; ok {
+		t.Fatal("a failed write reached storage")
+	}
+	fs.heal()
+	if err := b.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
+		t.Errorf("after a healthy pass the index has %v (present %v), want %v", it.Next(), ok, plan)
 	}
 }

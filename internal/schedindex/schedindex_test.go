@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -583,6 +585,350 @@ func TestConcurrentChanges(t *testing.T) {
 		if _, err := fmt.Sscanf(k, "w%d-%d", &w, &j); err != nil || j%2 == 1 || got[k] != item(j) {
 			t.Fatalf("entry %s = %v", k, got[k])
 		}
+	}
+}
+
+// The shard is chosen by the whole key: the entity credentials of one role
+// spread over the shards instead of sharing the role's.
+func TestShardByWholeKey(t *testing.T) {
+	seen := map[int]bool{}
+	for j := range 200 {
+		seen[shardOf(fmt.Sprintf("team/%08x-0000-4000-8000-%012x", j, j))] = true
+	}
+	if len(seen) < 100 {
+		t.Errorf("200 entity keys of one role fall in %d shards, want them spread", len(seen))
+	}
+	for _, k := range []string{"", "a", "team", "team/x"} {
+		if i := shardOf(k); i < 0 || i >= Shards {
+			t.Errorf("shardOf(%q) = %d", k, i)
+		}
+	}
+	// The layout is on disk: a change of hash moves every entry (which Load
+	// handles, at the cost of rewriting every shard once).
+	for k, want := range map[string]int{"team": 188, "team/11111111-1111-1111-1111-111111111111": 158, "": 11} {
+		if got := shardOf(k); got != want {
+			t.Errorf("shardOf(%q) = %d, want %d", k, got, want)
+		}
+	}
+}
+
+// entrySize adds up to the shard's exact JSON encoding, whatever the key.
+func TestEntrySizeIsExact(t *testing.T) {
+	keys := []string{"r", "team/11111111-1111-1111-1111-111111111111", `q"uote`, `back\slash`, "<a&b>", "new\nline", "ctl\x01", "tab\t",
+		"caf\u00e9", "bad\x80byte", "del\x7f", "line\u2028sep", " space~"}
+	nums := []int64{0, 1, -1, 9, 10, 1_800_000_000_000_000_000, -1_800_000_000_000_000_000, 1<<63 - 1, -1 << 63}
+	for _, k := range keys {
+		for _, a := range nums {
+			for _, b := range nums[:3] {
+				one := map[string]Item{k: {a, b}}
+				enc, err := json.Marshal(one)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := 1 + entrySize(k, Item{a, b}); got != len(enc) {
+					t.Fatalf("size of %s computed as %d, encoded %d", enc, got, len(enc))
+				}
+			}
+		}
+	}
+	all := map[string]Item{}
+	for j, k := range keys {
+		all[k] = Item{nums[j%len(nums)], nums[(j+3)%len(nums)]}
+	}
+	enc, _ := json.Marshal(all)
+	if size, left := fit(all); left != 0 || 1+size != len(enc) {
+		t.Errorf("fit = %d, %d; want %d, 0", size, left, len(enc)-1)
+	}
+}
+
+// checkSize asserts that every shard's tracked size is its encoding's, and
+// that storage holds no shard over the bound.
+func checkSize(t *testing.T, x *Index, s logical.Storage) {
+	t.Helper()
+	for i := range x.shards {
+		sh := &x.shards[i]
+		if len(sh.items) == 0 {
+			if sh.size != 0 {
+				t.Fatalf("empty shard %d has size %d", i, sh.size)
+			}
+			continue
+		}
+		enc, _ := json.Marshal(sh.items)
+		if 1+sh.size != len(enc) {
+			t.Fatalf("shard %d: size %d tracked, %d encoded", i, 1+sh.size, len(enc))
+		}
+		if len(enc) > MaxShardBytes {
+			t.Fatalf("shard %d holds %d bytes in memory", i, len(enc))
+		}
+	}
+	if s == nil {
+		return
+	}
+	keys, _ := s.List(ctx, Prefix)
+	for _, k := range keys {
+		if e, _ := s.Get(ctx, Prefix+k); e != nil && len(e.Value) > MaxShardBytes {
+			t.Fatalf("shard %s holds %d bytes in storage", k, len(e.Value))
+		}
+	}
+}
+
+// fill sets long keys in shard i until one is left out; it returns the keys
+// that fit and the first that did not.
+func fill(t *testing.T, x *Index, s logical.Storage, i int) ([]string, string) {
+	t.Helper()
+	pad := string(make([]byte, 2000))
+	pad = strings.Repeat("p", len(pad))
+	var in []string
+	for j := 0; ; j++ {
+		k := pad + strconv.Itoa(j)
+		if shardOf(k) != i {
+			continue
+		}
+		before := x.Stats().LeftOut
+		x.Set(ctx, s, k, item(j).Next(), item(j).Exp())
+		if x.Stats().LeftOut != before {
+			return in, k
+		}
+		in = append(in, k)
+	}
+}
+
+// A shard never grows past MaxShardBytes: an entry that would push it past
+// is left out and counted; room made by a Drop takes it.
+func TestSetBoundsTheShard(t *testing.T) {
+	s := newFaulty()
+	x := loaded(t, s)
+	in, out := fill(t, x, s, 0)
+	checkSize(t, x, s)
+	if n := len(in); n < MaxShardBytes/2100 || n > MaxShardBytes/2000 {
+		t.Fatalf("%d keys of 2 KB fit, want about %d", n, MaxShardBytes/2050)
+	}
+	if st := x.Stats(); st.LeftOut != 1 {
+		t.Errorf("LeftOut = %d, want 1", st.LeftOut)
+	}
+	got := stored(t, s, 0)
+	if _, ok := got[out]; ok || len(got) != len(in) {
+		t.Fatalf("storage holds %d entries (the one left out: %v), want %d", len(got), ok, len(in))
+	}
+	if _, ok := x.Entries()[out]; ok {
+		t.Error("this node's copy holds the entry left out")
+	}
+	// The last that fit may change to an entry of the same size.
+	last := in[len(in)-1]
+	x.Set(ctx, s, last, item(7).Next(), item(7).Exp())
+	if stored(t, s, 0)[last] != item(7) {
+		t.Error("an entry that still fits was not replaced")
+	}
+	// Growing an entry past the bound removes it: no stale hint is left.
+	// last loses its expiry (18 digits shorter), and a filler takes all but
+	// 5 bytes of the room left.
+	x.Set(ctx, s, last, item(7).Next(), time.Time{})
+	slack := MaxShardBytes - 1 - x.shards[0].size
+	n := slack - 5 - entrySize("", Item{item(0)[0], 0})
+	var filler string
+	for j := 0; filler == "" || shardOf(filler) != 0; j++ {
+		filler = fmt.Sprintf("%0*d", n, j)
+	}
+	x.Set(ctx, s, filler, item(0).Next(), time.Time{})
+	if room := MaxShardBytes - 1 - x.shards[0].size; room != 5 {
+		t.Fatalf("room left %d, want 5", room)
+	}
+	x.Set(ctx, s, last, item(7).Next(), item(7).Exp())
+	if _, ok := stored(t, s, 0)[last]; ok {
+		t.Error("an entry that grew past the bound is still stored")
+	}
+	if st := x.Stats(); st.LeftOut != 2 {
+		t.Errorf("LeftOut = %d, want 2", st.LeftOut)
+	}
+	checkSize(t, x, s)
+	// A Drop makes room.
+	x.Drop(ctx, s, in[0])
+	x.Set(ctx, s, out, item(9).Next(), item(9).Exp())
+	if stored(t, s, 0)[out] != item(9) {
+		t.Error("an entry that fits after a Drop was left out")
+	}
+	checkSize(t, x, s)
+}
+
+// Repair cuts a shard that its pass would fill past the bound, keeping the
+// entries first in key order, and a second pass with the same view writes
+// nothing.
+func TestRepairBoundsTheShard(t *testing.T) {
+	s := newFaulty()
+	x := loaded(t, s)
+	pad := strings.Repeat("p", 2000)
+	want := map[string]Item{}
+	var names []string
+	for j := 0; len(names) < MaxShardBytes/2000+20; j++ {
+		if k := fmt.Sprintf("%s%06d", pad, j); shardOf(k) == 5 {
+			names = append(names, k)
+			want[k] = item(j)
+		}
+	}
+	other := otherShard(names[0])
+	want[other] = item(1)
+	if err := x.Repair(ctx, s, x.Mark(), want, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	checkSize(t, x, s)
+	got := stored(t, s, 5)
+	left := len(names) - len(got)
+	if left < 20 || uint64(left) != x.Stats().LeftOut {
+		t.Fatalf("%d left out, LeftOut = %d", left, x.Stats().LeftOut)
+	}
+	sort.Strings(names)
+	for j, k := range names {
+		if _, ok := got[k]; ok != (j < len(got)) {
+			t.Fatalf("entry %d in key order stored: %v; want the first %d kept", j, ok, len(got))
+		}
+	}
+	if stored(t, s, shardOf(other))[other] != item(1) {
+		t.Error("the other shard was not written")
+	}
+	before := maps.Clone(s.writes)
+	if err := x.Repair(ctx, s, x.Mark(), want, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(before, s.writes) {
+		t.Error("a second pass with the same view wrote again")
+	}
+}
+
+// oldShardOf is the shard the old layout chose: plain FNV-1a of the role.
+func oldShardOf(role string) int {
+	h := fnv.New32a()
+	h.Write([]byte(role))
+	return int(h.Sum32() % Shards)
+}
+
+// Shards written by the old layout (a role's entity credentials in the
+// role's shard) load whole: every entry moves to its own shard, in memory at
+// once and in storage at the next write of each shard.
+func TestLoadOldLayout(t *testing.T) {
+	oldShard := oldShardOf("team")
+	old := map[string]Item{"team": item(0)}
+	for j := range 60 {
+		old[fmt.Sprintf("team/%08x-0000-4000-8000-%012x", j, j)] = item(j + 1)
+	}
+	// One entry's own shard has an entry for it already (written by this
+	// layout): that one wins.
+	var clash string
+	for k := range old {
+		if k != "team" && shardOf(k) != oldShard {
+			clash = k
+			break
+		}
+	}
+	s := newFaulty()
+	putShard(t, s.Storage, oldShard, old)
+	putShard(t, s.Storage, shardOf(clash), map[string]Item{clash: item(99)})
+	x := loaded(t, s)
+	wantAll := maps.Clone(old)
+	wantAll[clash] = item(99)
+	if got := x.Entries(); !maps.Equal(got, wantAll) {
+		t.Fatalf("Entries after loading the old layout: %d entries, want %d", len(got), len(wantAll))
+	}
+	checkSize(t, x, s)
+	moved := 0
+	for k := range old {
+		if i := shardOf(k); i != oldShard {
+			moved++
+			if k != clash && !x.shards[i].dirty {
+				t.Fatalf("shard %d took an entry but is not dirty", i)
+			}
+		}
+	}
+	if moved < 55 || !x.shards[oldShard].dirty {
+		t.Fatalf("%d entries moved; old shard dirty: %v", moved, x.shards[oldShard].dirty)
+	}
+	// The pass that follows keeps what it cannot vouch for, and writes the
+	// layout out.
+	if err := x.Repair(ctx, s, x.Mark(), nil, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	got, where := storedAll(t, s)
+	if !maps.Equal(got, wantAll) {
+		t.Fatalf("storage after the pass: %d entries, want %d", len(got), len(wantAll))
+	}
+	for k, shards := range where {
+		if len(shards) != 1 || shards[0] != shardOf(k) {
+			t.Fatalf("%s stored in shards %v, want only %d", k, shards, shardOf(k))
+		}
+	}
+}
+
+// An old-layout entry whose own shard could not be read is left out (that
+// shard is planned by the pass), and the shard it sat in drops it.
+func TestLoadOldLayoutOwnShardUnread(t *testing.T) {
+	old := oldShardOf("team")
+	key := "team/one"
+	for j := 0; shardOf(key) == old || shardOf(key) == shardOf("team"); j++ {
+		key = "team/" + strconv.Itoa(j)
+	}
+	s := newFaulty()
+	putShard(t, s.Storage, old, map[string]Item{"team": item(0), key: item(1)})
+	putShard(t, s.Storage, shardOf(key), map[string]Item{})
+	s.failNext("get "+shardPath(shardOf(key)), 1)
+	x := New()
+	if err := x.Load(ctx, s, nil); !errors.Is(err, errInjected) {
+		t.Fatalf("Load = %v", err)
+	}
+	if got := x.Entries(); !maps.Equal(got, map[string]Item{"team": item(0)}) {
+		t.Fatalf("Entries = %v", got)
+	}
+	// "team" moved too; the old shard, now empty, is deleted at its next
+	// write.
+	x.Drop(ctx, s, keysIn(old, 1, "x")[0])
+	if got := stored(t, s, old); got != nil {
+		t.Errorf("old shard after its next write = %v", got)
+	}
+	x.Set(ctx, s, "team", item(2).Next(), item(2).Exp())
+	if got := stored(t, s, shardOf("team")); !maps.Equal(got, map[string]Item{"team": item(2)}) {
+		t.Errorf("team's shard = %v", got)
+	}
+}
+
+// An old shard past the bound (raft took up to 1 MiB) loads cut to it.
+func TestLoadCutsAnOversizedShard(t *testing.T) {
+	s := newFaulty()
+	pad := strings.Repeat("p", 2000)
+	big := map[string]Item{}
+	for j := 0; len(big) < MaxShardBytes/2000+10; j++ {
+		if k := fmt.Sprintf("%s%06d", pad, j); shardOf(k) == 9 {
+			big[k] = item(j)
+		}
+	}
+	putShard(t, s.Storage, 9, big)
+	x := loaded(t, s)
+	checkSize(t, x, nil)
+	n := len(x.Entries())
+	if n >= len(big) || uint64(len(big)-n) != x.Stats().LeftOut || !x.shards[9].dirty {
+		t.Fatalf("%d of %d entries kept, LeftOut %d, dirty %v", n, len(big), x.Stats().LeftOut, x.shards[9].dirty)
+	}
+	if err := x.Repair(ctx, s, x.Mark(), nil, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	checkSize(t, x, s)
+	if got := stored(t, s, 9); len(got) != n {
+		t.Errorf("stored %d entries, want the %d kept", len(got), n)
+	}
+}
+
+// Every failed shard write is counted, whoever made it.
+func TestWriteFailuresCounted(t *testing.T) {
+	s := newFaulty()
+	x := loaded(t, s)
+	s.failNext("put", 1)
+	x.Set(ctx, s, "a", item(1).Next(), item(1).Exp())
+	x.Set(ctx, s, "a", item(1).Next(), item(1).Exp()) // writes the dirty shard
+	s.failNext("delete", 1)
+	x.Drop(ctx, s, "a")
+	s.failNext("delete", 1)
+	if err := x.Repair(ctx, s, x.Mark(), nil, func(string) bool { return false }); err == nil {
+		t.Fatal("Repair hid its write error")
+	}
+	if st := x.Stats(); st.WriteFailures != 3 || st.LeftOut != 0 {
+		t.Errorf("Stats = %+v, want 3 write failures", st)
 	}
 }
 
