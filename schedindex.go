@@ -62,14 +62,24 @@ func (b *backend) planFromIndex(now time.Time) int {
 // checkHint runs before the cycle of a key planned from the index: under
 // the store lock it reads the role's own record and reports whether a cycle
 // is due. When it is not, the key is planned at its real plan (or, when it
-// is gone or cold, left unplanned and dropped from the index).
+// is gone or cold, left unplanned and dropped from the index). When storage
+// cannot say, the hint is planned again a retry block later.
 func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 	lock := b.state.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
 	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
-		return true // the cycle retries the read, and records a failure
+		// Not a cycle: one would abort at its first read as "role changed",
+		// since this flight has no generation yet, and leave an overdue
+		// role unplanned until the pass. The hint stays planned instead,
+		// at the pace a cycle retries a failed read.
+		if ctx.Err() == nil {
+			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key, "error", err)
+			f.ending.Store(true)
+			b.replanHint(key, b.clock.Now().Add(b.backoff(b.getRefreshCfg().block(), 1, maxStartBackoff)))
+		}
+		return false
 	}
 	if rs == nil || !rs.warm() {
 		b.index.Drop(ctx, b.storage, key)
@@ -94,6 +104,24 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 	b.schedule(key, at)
 	b.index.Set(ctx, b.storage, key, at, rs.cred.expiry())
 	return false
+}
+
+// replanHint plans the key's hint again at at, unless something planned the
+// key since (a read's cycle, the pass): that plan is the role's own.
+func (b *backend) replanHint(key string, at time.Time) {
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if !b.running || b.closed {
+		return
+	}
+	if _, ok := b.plan.get(key); ok {
+		return
+	}
+	b.plan.put(key, at, true)
+	b.armLocked()
+	if b.onPlan != nil {
+		b.onPlan()
+	}
 }
 
 // startFromIndex starts the refresher on a node that becomes active and

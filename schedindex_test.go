@@ -442,3 +442,39 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 		t.Errorf("after a healthy pass the index has %v (present %v), want %v", it.Next(), ok, plan)
 	}
 }
+
+// A hint whose check cannot read the role (one storage error) stays
+// planned: the overdue role is checked again a retry block later and
+// refreshed then, without waiting for the reconciler's pass. Only a role
+// read as gone or changed leaves the plan.
+func TestScheduleIndex_HintCheckStorageErrorStaysPlanned(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	issued := cached(t, f.s, testRole).IssuedAt
+	f.b.Cleanup(context.Background())
+	// No node refreshed for 9 minutes: the index says the role is overdue.
+	f.clock.Advance(9 * time.Minute)
+
+	fs := newFaultStorage(f.s, 6)
+	fs.failNext("get", rolePrefix+testRole, 1, false) // the hint's check
+	// The role list waits: no pass plans the role meanwhile.
+	hold := &gateStorage{Storage: fs, gate: make(chan struct{}), listing: make(chan struct{})}
+	t.Cleanup(func() { close(hold.gate) })
+	b2 := startBackendOn(t, f, hold)
+	<-hold.listing
+	waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == 1 })
+	waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
+	at, ok := b2.scheduledAt(testRole)
+	if !ok {
+		t.Fatal("after a failed check of its hint the overdue role is neither planned nor in flight")
+	}
+	block := b2.getRefreshCfg().block()
+	if now := f.clock.Now(); at.Before(now) || at.After(now.Add(block)) {
+		t.Errorf("planned again at %v, want within a retry block of %v", at, now)
+	}
+	if b2.planChecked(testRole) {
+		t.Error("the plan is taken as checked; it should be checked again")
+	}
+	f.clock.AdvanceTo(at)
+	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
+}
