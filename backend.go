@@ -110,6 +110,10 @@ type backend struct {
 
 	// index is the schedule index (schedindex.go); it has its own locks.
 	index *schedindex.Index
+	// hintMu guards hintFailures: per key planned from the index, the
+	// checks in a row that could not read its role (checkHint).
+	hintMu       sync.Mutex
+	hintFailures map[string]int
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.

@@ -72,15 +72,18 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 	if err != nil {
 		// Not a cycle: one would abort at its first read as "role changed",
 		// since this flight has no generation yet, and leave an overdue
-		// role unplanned until the pass. The hint stays planned instead,
-		// at the pace a cycle retries a failed read.
+		// role unplanned until the pass. The hint stays planned instead, a
+		// retry block later and then backing off to a minute, so that an
+		// outage does not make every hint read storage every few seconds.
 		if ctx.Err() == nil {
-			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key, "error", err)
+			n := b.hintFailed(key)
+			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key, "failures", n, "error", err)
 			f.ending.Store(true)
-			b.replanHint(key, b.clock.Now().Add(b.backoff(b.getRefreshCfg().block(), 1, maxStartBackoff)))
+			b.replanHint(key, b.clock.Now().Add(b.backoff(b.getRefreshCfg().block(), n, maxStartBackoff)))
 		}
 		return false
 	}
+	b.hintDone(key)
 	if rs == nil || !rs.warm() {
 		b.index.Drop(ctx, b.storage, key)
 		return false
@@ -111,10 +114,9 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 func (b *backend) replanHint(key string, at time.Time) {
 	b.bgMu.Lock()
 	defer b.bgMu.Unlock()
-	if !b.running || b.closed {
-		return
-	}
-	if _, ok := b.plan.get(key); ok {
+	_, planned := b.plan.get(key)
+	if !b.running || b.closed || planned {
+		b.hintDone(key)
 		return
 	}
 	b.plan.put(key, at, true)
@@ -122,6 +124,26 @@ func (b *backend) replanHint(key string, at time.Time) {
 	if b.onPlan != nil {
 		b.onPlan()
 	}
+}
+
+// hintFailed counts a failed check of the key's hint and returns how many
+// failed in a row.
+func (b *backend) hintFailed(key string) int {
+	b.hintMu.Lock()
+	defer b.hintMu.Unlock()
+	if b.hintFailures == nil {
+		b.hintFailures = map[string]int{}
+	}
+	b.hintFailures[key]++
+	return b.hintFailures[key]
+}
+
+// hintDone forgets the key's failed checks: it was read, or is planned
+// otherwise.
+func (b *backend) hintDone(key string) {
+	b.hintMu.Lock()
+	defer b.hintMu.Unlock()
+	delete(b.hintFailures, key)
 }
 
 // startFromIndex starts the refresher on a node that becomes active and

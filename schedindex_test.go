@@ -443,38 +443,73 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	}
 }
 
+// startOverdueHint starts a backend on the fixture's storage, nine minutes
+// after the role's last refresh, whose index says the role is overdue and
+// whose first failing checks of the role's hint fail their read; the role
+// list waits, so that no pass plans the role.
+func startOverdueHint(t *testing.T, failing int) (*fixture, *backend, *faultStorage, time.Time) {
+	t.Helper()
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	issued := cached(t, f.s, testRole).IssuedAt
+	f.b.Cleanup(context.Background())
+	f.clock.Advance(9 * time.Minute)
+	fs := newFaultStorage(f.s, 6)
+	fs.failNext("get", rolePrefix+testRole, failing, false)
+	hold := &gateStorage{Storage: fs, gate: make(chan struct{}), listing: make(chan struct{})}
+	t.Cleanup(func() { close(hold.gate) })
+	b := startBackendOn(t, f, hold)
+	<-hold.listing
+	return f, b, fs, issued
+}
+
 // A hint whose check cannot read the role (one storage error) stays
 // planned: the overdue role is checked again a retry block later and
 // refreshed then, without waiting for the reconciler's pass. Only a role
 // read as gone or changed leaves the plan.
 func TestScheduleIndex_HintCheckStorageErrorStaysPlanned(t *testing.T) {
-	f := newFixture(t, fixtureOpts{})
-	f.mustReadCreds(testRole)
-	issued := cached(t, f.s, testRole).IssuedAt
-	f.b.Cleanup(context.Background())
-	// No node refreshed for 9 minutes: the index says the role is overdue.
-	f.clock.Advance(9 * time.Minute)
-
-	fs := newFaultStorage(f.s, 6)
-	fs.failNext("get", rolePrefix+testRole, 1, false) // the hint's check
-	// The role list waits: no pass plans the role meanwhile.
-	hold := &gateStorage{Storage: fs, gate: make(chan struct{}), listing: make(chan struct{})}
-	t.Cleanup(func() { close(hold.gate) })
-	b2 := startBackendOn(t, f, hold)
-	<-hold.listing
+	f, b2, fs, issued := startOverdueHint(t, 1)
 	waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == 1 })
 	waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
 	at, ok := b2.scheduledAt(testRole)
 	if !ok {
 		t.Fatal("after a failed check of its hint the overdue role is neither planned nor in flight")
 	}
-	block := b2.getRefreshCfg().block()
-	if now := f.clock.Now(); at.Before(now) || at.After(now.Add(block)) {
-		t.Errorf("planned again at %v, want within a retry block of %v", at, now)
-	}
 	if b2.planChecked(testRole) {
 		t.Error("the plan is taken as checked; it should be checked again")
 	}
+	block := b2.getRefreshCfg().block()
+	if gap := at.Sub(f.clock.Now()); gap < block/2 || gap > block {
+		t.Errorf("planned again %v later, want within [%v, %v]", gap, block/2, block)
+	}
 	f.clock.AdvanceTo(at)
 	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
+}
+
+// Checks of a hint that fail in a row back off, so that an outage does not
+// make every hint read storage every few seconds; a check that reads the
+// role forgets the failures.
+func TestScheduleIndex_HintCheckBacksOff(t *testing.T) {
+	f, b2, fs, issued := startOverdueHint(t, 2)
+	var gaps []time.Duration
+	for failed := 1; failed <= 2; failed++ {
+		waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == failed })
+		waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
+		at, ok := b2.scheduledAt(testRole)
+		if !ok {
+			t.Fatalf("after %d failed checks the role is not planned", failed)
+		}
+		gaps = append(gaps, at.Sub(f.clock.Now()))
+		f.clock.AdvanceTo(at)
+	}
+	if block := b2.getRefreshCfg().block(); gaps[1] < block || gaps[1] > 2*block {
+		t.Errorf("second check planned %v later, want within [%v, %v]", gaps[1], block, 2*block)
+	}
+	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
+	b2.hintMu.Lock()
+	left := len(b2.hintFailures)
+	b2.hintMu.Unlock()
+	if left != 0 {
+		t.Errorf("%d keys' failed checks still counted after a check that read the role", left)
+	}
 }
