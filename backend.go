@@ -111,7 +111,8 @@ type backend struct {
 	// index is the schedule index (schedindex.go); it has its own locks.
 	index *schedindex.Index
 	// hintMu guards hintFailures: per key planned from the index, the
-	// checks in a row that could not read its role (checkHint).
+	// checks in a row that could not read its role (checkHint). A key the
+	// pass planned meanwhile keeps its count (one int) until Clean.
 	hintMu       sync.Mutex
 	hintFailures map[string]int
 
