@@ -14,7 +14,8 @@ import (
 // next refresh and credential expiry in the index (the role's own status
 // stays the record). A start plans every entry as a hint; when a hint falls
 // due, the cycle first reads the role (checkHint) and runs only if the
-// role's own plan is due, and otherwise moves the plan there. The full pass
+// role's own plan is due, and otherwise moves the plan there; a hint whose
+// role cannot be read stays planned, to be checked again. The full pass
 // that follows the start checks every role as it always has, replaces each
 // hint with the role's plan, and repairs the index from what it found. So an
 // index entry that a failed write left behind, or never wrote, costs at most
