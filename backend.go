@@ -15,6 +15,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 const (
@@ -101,7 +103,12 @@ type backend struct {
 	passWorkers int
 
 	// index is the schedule index (schedindex.go); it has its own locks.
-	index *schedIndex
+	index *schedindex.Index
+	// hintMu guards hintFailures: per key planned from the index, the
+	// checks in a row that could not read its role (checkHint). A key the
+	// pass planned meanwhile keeps its count (one int) until Clean.
+	hintMu       sync.Mutex
+	hintFailures map[string]int
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -179,7 +186,7 @@ func newBackend(opts backendOptions) *backend {
 		flights:     make(map[string]*flight),
 		startDone:   make(chan struct{}),
 	}
-	b.index = new(schedIndex)
+	b.index = schedindex.New()
 	// Storage and the logger arrive after construction; the limiter's rate
 	// follows every policy put in force.
 	b.settings = newSettings(
@@ -205,6 +212,7 @@ func newBackend(opts backendOptions) *backend {
 		opts.version = DevVersion
 	}
 	b.metrics = newMetrics(opts.version)
+	b.metrics.watchIndex(b.index.Stats)
 	cfg := b.settings.policy()
 	b.limiter = ratelimit.New(cfg.STSRateLimit, cfg.STSBurst)
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())

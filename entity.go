@@ -311,7 +311,7 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 	r.mu.Lock()
 	r.del(key)
 	r.mu.Unlock()
-	r.index.drop(ctx, s, key)
+	r.index.Drop(ctx, s, key)
 	return nil
 }
 

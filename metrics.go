@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // Results of creds reads, counted by aws_resilient_creds_reads_total.
@@ -195,6 +197,20 @@ func (m *metrics) countRejection(err *refreshError) {
 // entityDropped counts an entity credential dropped for reason.
 func (m *metrics) entityDropped(reason string) {
 	m.entityDrops.WithLabelValues(reason).Inc()
+}
+
+// watchIndex exports the schedule index's own counts, read at scrape time.
+func (m *metrics) watchIndex(stats func() schedindex.Stats) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "aws_resilient_schedule_index_write_failures_total",
+			Help: "Schedule index shard writes that storage failed; the shard is written again by the next commit in it or the next reconciler pass.",
+		}, func() float64 { return float64(stats().WriteFailures) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "aws_resilient_schedule_index_left_out_total",
+			Help: "Times an entry was left out of the schedule index because its shard was full; the reconciler pass still plans its key.",
+		}, func() float64 { return float64(stats().LeftOut) }),
+	)
 }
 
 // observeCycle counts a refresh cycle that ran for d.

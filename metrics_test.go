@@ -184,6 +184,8 @@ func TestMetrics_AgreeWithStatusAndEmulator(t *testing.T) {
 	}
 	sc.want("aws_resilient_refresh_cycles_total", map[string]string{"result": "aborted"}, 0)
 	sc.want("aws_resilient_rate_limited_attempts_total", nil, 0)
+	sc.want("aws_resilient_schedule_index_write_failures_total", nil, 0)
+	sc.want("aws_resilient_schedule_index_left_out_total", nil, 0)
 
 	// Every series carries the mount, and nothing secret appears anywhere.
 	for name, fam := range sc.families {

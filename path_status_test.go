@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/vault/sdk/logical"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -211,7 +212,7 @@ func TestCompactStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st
-			r := newRoleStates(nil, time.Now, new(schedIndex))
+			r := newRoleStates(nil, time.Now, schedindex.New())
 			r.mu.Lock()
 			r.put("r", &roleState{role: &roleEntry{}, cred: tc.cred, fullStatus: &st})
 			rs := r.m["r"]

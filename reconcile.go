@@ -11,6 +11,8 @@ import (
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // maxStartBackoff caps the wait before a failed start or reconcile pass is
@@ -180,10 +182,14 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
 	// The schedule index now says what the pass found; keys it did not
 	// reach (an error, a cycle running) keep their entries.
-	since := b.index.mark()
+	since := b.index.Mark()
 	want, keep := b.indexWant(idx)
-	if err := b.index.repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
-		errs = append(errs, fmt.Errorf("writing the schedule index: %w", err))
+	if err := b.index.Repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
+		// Not an error of the pass: the index is a hint, a shard that
+		// failed stays dirty for the next commit in it or the next pass,
+		// and failing the pass would only re-run every role's checks with
+		// backoff (aws_resilient_schedule_index_write_failures_total counts it).
+		b.Logger().Warn("writing the schedule index failed; the next pass writes it", "error", err)
 	}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
 		keys, err := listUnder(ctx, s, prefix)
@@ -246,8 +252,8 @@ func (p *passIndex) reach(key string) {
 // key's plan and expiry. Keys with a cycle running, or still planned from
 // a hint, keep their entries (keep), as do keys waiting in the plan for a
 // reserved slot; the others, cold or gone, have none.
-func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map[string]bool) {
-	want, keep = map[string]indexItem{}, map[string]bool{}
+func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[string]bool) {
+	want, keep = map[string]schedindex.Item{}, map[string]bool{}
 	for key := range idx.reached {
 		// Both under flightMu, which the plan holds as it fires: a role
 		// leaves the plan and enters its flight in one step.
@@ -267,7 +273,7 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]indexItem, keep map
 			if rs := b.state.peek(key); rs != nil {
 				exp = rs.cred.expiry()
 			}
-			want[key] = newIndexItem(at, exp)
+			want[key] = schedindex.NewItem(at, exp)
 		case planned:
 			keep[key] = true
 		}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/hashicorp/vault/sdk/helper/locksutil"
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // expirationTolerance is how much later than requested a credential may
@@ -67,7 +69,7 @@ type roleStates struct {
 
 	// index is the schedule index (schedindex.go), told of every plan a
 	// commit makes and of every key a change drops.
-	index *schedIndex
+	index *schedindex.Index
 
 	// sched is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
@@ -198,7 +200,7 @@ func (rs *roleState) compactStatus() {
 	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
 }
 
-func newRoleStates(sched scheduler, now func() time.Time, index *schedIndex) *roleStates {
+func newRoleStates(sched scheduler, now func() time.Time, index *schedindex.Index) *roleStates {
 	return &roleStates{m: make(map[string]*roleState), ents: map[string]map[string]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
 }
 
@@ -532,9 +534,9 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 
 // dropFromIndex removes the role's keys from the schedule index.
 func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name string, ents []string) {
-	r.index.drop(ctx, s, name)
+	r.index.Drop(ctx, s, name)
 	for _, k := range ents {
-		r.index.drop(ctx, s, k)
+		r.index.Drop(ctx, s, k)
 	}
 }
 
@@ -619,7 +621,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name 
 	r.put(name, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
-	r.index.set(ctx, s, name, next, stored.Expiration)
+	r.index.Set(ctx, s, name, next, stored.Expiration)
 	return nil
 }
 
@@ -651,7 +653,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	r.put(name, &copied)
 	r.mu.Unlock()
 	r.sched.schedule(name, next)
-	r.index.set(ctx, s, name, next, rs.cred.expiry())
+	r.index.Set(ctx, s, name, next, rs.cred.expiry())
 	return st, rs.cred, next, nil
 }
 

@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -9,30 +10,18 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // storedIndex reads every shard of the schedule index from storage.
-func storedIndex(t *testing.T, s logical.Storage) map[string]indexItem {
+func storedIndex(t *testing.T, s logical.Storage) map[string]schedindex.Item {
 	t.Helper()
-	keys, err := s.List(context.Background(), schedPrefix)
-	if err != nil {
+	x := schedindex.New()
+	if err := x.Load(context.Background(), s, nil); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]indexItem{}
-	for _, k := range keys {
-		var i int
-		if _, err := fmt.Sscan(k, &i); err != nil {
-			t.Fatalf("index shard %q", k)
-		}
-		items, err := readShard(context.Background(), s, i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for key, it := range items {
-			out[key] = it
-		}
-	}
-	return out
+	return x.Entries()
 }
 
 // roleGate holds every read of a role's own entries (roles/, cache/,
@@ -76,7 +65,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 	idx := storedIndex(t, f.s)
 	for name, at := range plans {
 		c := cached(t, f.s, name)
-		if it, ok := idx[name]; !ok || !it.next().Equal(at) || !it.exp().Equal(c.Expiration) {
+		if it, ok := idx[name]; !ok || !it.Next().Equal(at) || !it.Exp().Equal(c.Expiration) {
 			t.Fatalf("index entry of %s = %v (%v), want plan %v and expiry %v", name, it, ok, at, c.Expiration)
 		}
 	}
@@ -130,21 +119,19 @@ func startBackendOnWith(t *testing.T, f *fixture, s logical.Storage, onFlight fu
 	return b
 }
 
-// putIndex replaces the index entry of key in storage.
+// putIndex replaces the index entry of key in storage (removes it when
+// next is zero).
 func putIndex(t *testing.T, s logical.Storage, key string, next, exp time.Time) {
 	t.Helper()
-	i := shardOf(key)
-	items, err := readShard(context.Background(), s, i)
-	if err != nil {
+	ctx := context.Background()
+	x := schedindex.New()
+	if err := x.Load(ctx, s, nil); err != nil {
 		t.Fatal(err)
 	}
 	if next.IsZero() {
-		delete(items, key)
+		x.Drop(ctx, s, key)
 	} else {
-		items[key] = newIndexItem(next, exp)
-	}
-	if err := writeShard(context.Background(), s, i, items); err != nil {
-		t.Fatal(err)
+		x.Set(ctx, s, key, next, exp)
 	}
 }
 
@@ -187,8 +174,8 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	if _, ok := idx["gone"]; ok {
 		t.Error("the gone role is still in the index")
 	}
-	if it := idx[testRole]; !it.next().Equal(plan) {
-		t.Errorf("index entry after the pass = %v, want the role's plan %v", it.next(), plan)
+	if it := idx[testRole]; !it.Next().Equal(plan) {
+		t.Errorf("index entry after the pass = %v, want the role's plan %v", it.Next(), plan)
 	}
 }
 
@@ -205,7 +192,7 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 	}
 	f.b = b
 	f.s = fs
-	fs.failNext("put", schedPrefix, 1, false)
+	fs.failNext("put", schedindex.Prefix, 1, false)
 	f.mustReadCreds(testRole)
 	plan, ok := b.scheduledAt(testRole)
 	if !ok {
@@ -215,8 +202,8 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 		t.Fatal("the failed index write is in storage")
 	}
 	periodicPass(t, b, fs)
-	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.next().Equal(plan) {
-		t.Fatalf("after the pass the index has %v (%v), want %v", it.next(), ok, plan)
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
+		t.Fatalf("after the pass the index has %v (%v), want %v", it.Next(), ok, plan)
 	}
 }
 
@@ -280,37 +267,249 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 	if _, err := f.b.reconcileRole(ctx, testRole, false, f.clock.Now(), idx); err != nil {
 		t.Fatal(err)
 	}
-	since := f.b.index.mark()
+	since := f.b.index.Mark()
 	want, keep := f.b.indexWant(idx) // the role is cold: no entry wanted
 	f.mustReadCreds(testRole)        // its first cycle commits meanwhile
 	plan, _ := f.b.scheduledAt(testRole)
-	if err := f.b.index.repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[k] || keep[k] }); err != nil {
+	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[k] || keep[k] }); err != nil {
 		t.Fatal(err)
 	}
-	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.next().Equal(plan) {
-		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.next(), ok, plan)
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
+		t.Fatalf("after the repair the index has %v (%v), want the commit's plan %v", it.Next(), ok, plan)
 	}
 }
 
-// BenchmarkIndexShardWrite: what a commit pays to write its schedule index
-// shard (encoding it whole) with 1000 and 100 000 roles over the 512
-// shards; section f's scheduler cost at 100 000 includes it.
-func BenchmarkIndexShardWrite(b *testing.B) {
-	for _, roles := range []int{1000, 100000} {
-		b.Run(fmt.Sprintf("roles=%d", roles), func(b *testing.B) {
-			items := map[string]indexItem{}
-			now := time.Now()
-			for i := 0; i < roles/schedShards+1; i++ {
-				items[fmt.Sprintf("role-%06d", i)] = newIndexItem(now.Add(time.Duration(i)*time.Second), now.Add(time.Hour))
+// raftLimited refuses, as Vault's integrated storage (raft) does, any entry
+// larger than its 1 MiB limit.
+type raftLimited struct{ logical.Storage }
+
+const raftMaxEntry = 1 << 20
+
+func (s raftLimited) Put(ctx context.Context, e *logical.StorageEntry) error {
+	if len(e.Value) > raftMaxEntry {
+		return fmt.Errorf("raft: entry %s of %d bytes exceeds the %d byte limit", e.Key, len(e.Value), raftMaxEntry)
+	}
+	return s.Storage.Put(ctx, e)
+}
+
+// storedShards returns, per shard key under sched/, the index keys it holds.
+func storedShards(t *testing.T, s logical.Storage) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := s.List(ctx, schedindex.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, k := range keys {
+		e, err := s.Get(ctx, schedindex.Prefix+k)
+		if err != nil || e == nil {
+			t.Fatalf("reading shard %s: %v", k, err)
+		}
+		var items map[string]schedindex.Item
+		if err := json.Unmarshal(e.Value, &items); err != nil {
+			t.Fatal(err)
+		}
+		for key := range items {
+			out[k] = append(out[k], key)
+		}
+	}
+	return out
+}
+
+// A role with more entity credentials than one 1 MiB entry can list (about
+// 12 000) is indexed like any other: its keys spread over the shards, no
+// shard passes raft's limit, and the reconciler pass succeeds with every
+// key in the index.
+func TestScheduleIndex_ManyEntityCredentialsFitRaft(t *testing.T) {
+	const n = 13000
+	ents := newEntityView()
+	ents.set(aliceID, "alice", nil)
+	mem := new(logical.InmemStorage)
+	f := newFixture(t, fixtureOpts{entities: ents, storage: raftLimited{mem}})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+entityRole, map[string]interface{}{
+		"role_arn": testRoleARN, "cache_scope": "entity", "max_entities": 2 * n,
+	})
+	f.mustReadAs(entityRole, aliceID)
+	ctx := context.Background()
+	alice := entityKey(entityRole, aliceID)
+	cacheE, err := mem.Get(ctx, cachePrefix+alice)
+	if err != nil || cacheE == nil {
+		t.Fatalf("alice's cached credential: %v", err)
+	}
+	statusE, err := mem.Get(ctx, statusPrefix+alice)
+	if err != nil || statusE == nil {
+		t.Fatalf("alice's status: %v", err)
+	}
+	// n more entities with a credential each, as if each had read it (the
+	// storage entries are copies of alice's: the pass plans each alike).
+	want := map[string]bool{alice: true}
+	for i := range n {
+		id := fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
+		ents.set(id, fmt.Sprintf("entity-%d", i), nil)
+		key := entityKey(entityRole, id)
+		want[key] = true
+		for _, e := range []*logical.StorageEntry{{Key: cachePrefix + key, Value: cacheE.Value}, {Key: statusPrefix + key, Value: statusE.Value}} {
+			if err := mem.Put(ctx, e); err != nil {
+				t.Fatal(err)
 			}
-			s := new(logical.InmemStorage)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := writeShard(ctx, s, 0, items); err != nil {
-					b.Fatal(err)
-				}
+		}
+	}
+
+	if err := f.b.reconcile(ctx); err != nil {
+		t.Fatalf("reconciler pass: %v", err)
+	}
+	idx := storedIndex(t, mem)
+	for key := range want {
+		at, ok := f.b.scheduledAt(key)
+		if !ok {
+			t.Fatalf("%s is not planned after the pass", key)
+		}
+		if it, ok := idx[key]; !ok || !it.Next().Equal(at) {
+			t.Fatalf("index entry of %s = %v (present %v), want its plan %v", key, it.Next(), ok, at)
+		}
+	}
+	shards := 0
+	for shard, keys := range storedShards(t, mem) {
+		for _, k := range keys {
+			if roleOf(k) == entityRole {
+				shards++
+				break
 			}
-		})
+		}
+		if e, _ := mem.Get(ctx, schedindex.Prefix+shard); len(e.Value) > raftMaxEntry/4 {
+			t.Errorf("shard %s is %d bytes", shard, len(e.Value))
+		}
+	}
+	if shards < 2 {
+		t.Errorf("the role's %d entity credentials share %d shard(s), want them spread", n+1, shards)
+	}
+}
+
+// gathered is the value of the counter name in the backend's registry.
+func gathered(t *testing.T, b *backend, name string) float64 {
+	t.Helper()
+	mfs, err := b.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// The index is a hint: a pass whose index writes all fail still succeeds
+// (it would otherwise re-run every role's checks with backoff), counts the
+// failures, and the next pass writes the index.
+func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	plan, _ := f.b.scheduledAt(testRole)
+	f.b.Cleanup(ctx)
+	putIndex(t, f.s, testRole, time.Time{}, time.Time{}) // the pass has an entry to write
+
+	fs := newFaultStorage(f.s, 4)
+	fs.failNext("put", schedindex.Prefix, 1000, false)
+	b := startBackendOn(t, f, fs)
+	if err := b.waitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.reconcile(ctx); err != nil {
+		t.Fatalf("reconciler pass failed for its index write: %v", err)
+	}
+	b.bgMu.Lock()
+	done := b.passDone
+	b.bgMu.Unlock()
+	if !done {
+		t.Error("the first pass is not done: its index write failed it")
+	}
+	if n := gathered(t, b, "aws_resilient_schedule_index_write_failures_total"); n < 2 {
+		t.Errorf("%v index write failures counted, want one per pass", n)
+	}
+	if _, ok := storedIndex(t, f.s)[testRole]; ok {
+		t.Fatal("a failed write reached storage")
+	}
+	fs.heal()
+	if err := b.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
+		t.Errorf("after a healthy pass the index has %v (present %v), want %v", it.Next(), ok, plan)
+	}
+}
+
+// startOverdueHint starts a backend on the fixture's storage, nine minutes
+// after the role's last refresh, whose index says the role is overdue and
+// whose first failing checks of the role's hint fail their read; the role
+// list waits, so that no pass plans the role.
+func startOverdueHint(t *testing.T, failing int) (*fixture, *backend, *faultStorage, time.Time) {
+	t.Helper()
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	issued := cached(t, f.s, testRole).IssuedAt
+	f.b.Cleanup(context.Background())
+	f.clock.Advance(9 * time.Minute)
+	fs := newFaultStorage(f.s, 6)
+	fs.failNext("get", rolePrefix+testRole, failing, false)
+	hold := &gateStorage{Storage: fs, gate: make(chan struct{}), listing: make(chan struct{})}
+	t.Cleanup(func() { close(hold.gate) })
+	b := startBackendOn(t, f, hold)
+	<-hold.listing
+	return f, b, fs, issued
+}
+
+// A hint whose check cannot read the role (one storage error) stays
+// planned: the overdue role is checked again a retry block later and
+// refreshed then, without waiting for the reconciler's pass. Only a role
+// read as gone or changed leaves the plan.
+func TestScheduleIndex_HintCheckStorageErrorStaysPlanned(t *testing.T) {
+	f, b2, fs, issued := startOverdueHint(t, 1)
+	waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == 1 })
+	waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
+	at, ok := b2.scheduledAt(testRole)
+	if !ok {
+		t.Fatal("after a failed check of its hint the overdue role is neither planned nor in flight")
+	}
+	if b2.planChecked(testRole) {
+		t.Error("the plan is taken as checked; it should be checked again")
+	}
+	block := b2.settings.policy().block()
+	if gap := at.Sub(f.clock.Now()); gap < block/2 || gap > block {
+		t.Errorf("planned again %v later, want within [%v, %v]", gap, block/2, block)
+	}
+	f.clock.AdvanceTo(at)
+	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
+}
+
+// Checks of a hint that fail in a row back off, so that an outage does not
+// make every hint read storage every few seconds; a check that reads the
+// role forgets the failures.
+func TestScheduleIndex_HintCheckBacksOff(t *testing.T) {
+	f, b2, fs, issued := startOverdueHint(t, 2)
+	var gaps []time.Duration
+	for failed := 1; failed <= 2; failed++ {
+		waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == failed })
+		waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
+		at, ok := b2.scheduledAt(testRole)
+		if !ok {
+			t.Fatalf("after %d failed checks the role is not planned", failed)
+		}
+		gaps = append(gaps, at.Sub(f.clock.Now()))
+		f.clock.AdvanceTo(at)
+	}
+	if block := b2.settings.policy().block(); gaps[1] < block || gaps[1] > 2*block {
+		t.Errorf("second check planned %v later, want within [%v, %v]", gaps[1], block, 2*block)
+	}
+	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
+	b2.hintMu.Lock()
+	left := len(b2.hintFailures)
+	b2.hintMu.Unlock()
+	if left != 0 {
+		t.Errorf("%d keys' failed checks still counted after a check that read the role", left)
 	}
 }

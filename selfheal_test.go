@@ -20,6 +20,7 @@ import (
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -114,7 +115,7 @@ func TestSelfHeal_StartFailure(t *testing.T) {
 			fs.failNext(tc.op, tc.key, fails, false)
 			// The schedule index cannot be read either: the pass alone
 			// plans the roles (TestScheduleIndex_* cover the index).
-			fs.failNext("list", schedPrefix, 1, false)
+			fs.failNext("list", schedindex.Prefix, 1, false)
 			g, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMax, storage: fs, wrapSTS: f.log.wrap})
 			if _, ok := g.scheduledAt(testRole); ok {
 				t.Fatal("scheduled although the start failed")

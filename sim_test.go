@@ -32,6 +32,7 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -875,20 +876,11 @@ func (s *sim) check() {
 	}
 	// The schedule index says what the plan says, so that a node taking
 	// over plans every role where this one would have.
-	idx := map[string]indexItem{}
-	if keys, err := s.mem.List(ctx, schedPrefix); err == nil {
-		for _, k := range keys {
-			var i int
-			fmt.Sscan(k, &i)
-			items, err := readShard(ctx, s.mem, i)
-			if err != nil {
-				s.failf("%v", err)
-			}
-			for key, it := range items {
-				idx[key] = it
-			}
-		}
+	stored := schedindex.New()
+	if err := stored.Load(ctx, s.mem, nil); err != nil {
+		s.failf("%v", err)
 	}
+	idx := stored.Entries()
 	s.b.flightMu.Lock()
 	for _, e := range s.b.plan.Entries() {
 		key := e.Key
@@ -896,9 +888,9 @@ func (s *sim) check() {
 			continue
 		}
 		s.fig.checks++
-		if it, ok := idx[key]; !ok || !it.next().Equal(e.At) {
+		if it, ok := idx[key]; !ok || !it.Next().Equal(e.At) {
 			s.b.flightMu.Unlock()
-			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.At, it.next(), ok)
+			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.At, it.Next(), ok)
 		}
 	}
 	s.b.flightMu.Unlock()
