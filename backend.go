@@ -93,7 +93,6 @@ type backend struct {
 	clock     clock.Clock
 	rand      randSource
 	testHooks bool
-	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
 	onPlan    func()
 	// passWorkers: see backendOptions.
@@ -118,13 +117,9 @@ type backend struct {
 	cfgStale   atomic.Bool
 	cfgWarned  string // the rule a stored config breaks, once logged (cfgLoadMu)
 
-	// clientMu guards clients, built from config/root on first use and
-	// dropped on any change to it.
-	clientMu sync.RWMutex
-	clients  *clientSet
-	// retiredSets are dropped client sets that attempts still used when
-	// they were dropped (see resetClients).
-	retiredSets []*clientSet
+	// clients owns the STS clients, built from config/root on first use and
+	// dropped on any change to it; it has its own lock.
+	clients *stsClients
 
 	// limiter caps STS calls across all roles; it has its own lock.
 	limiter *ratelimit.Limiter
@@ -185,7 +180,6 @@ func newBackend(opts backendOptions) *backend {
 		clock:       opts.clock,
 		rand:        opts.rand,
 		testHooks:   opts.testHooks,
-		wrapSTS:     opts.wrapSTS,
 		onFlight:    opts.onFlight,
 		onPlan:      opts.onPlan,
 		passWorkers: opts.passWorkers,
@@ -195,6 +189,7 @@ func newBackend(opts backendOptions) *backend {
 		startDone:   make(chan struct{}),
 	}
 	b.index = new(schedIndex)
+	b.clients = newSTSClients(func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers
@@ -341,7 +336,7 @@ func (b *backend) warmMirror(ctx context.Context) {
 func (b *backend) invalidate(ctx context.Context, key string) {
 	switch {
 	case key == configRootPath:
-		b.resetClients()
+		b.clients.reset()
 	case key == configRefreshPath:
 		b.cfgStale.Store(true)
 	case strings.HasPrefix(key, rolePrefix):
@@ -370,7 +365,7 @@ func (b *backend) clean(ctx context.Context) {
 	b.bgMu.Unlock()
 	b.bgCancel()
 	b.bgWG.Wait()
-	b.resetClients()
+	b.clients.reset()
 }
 
 // runBackground runs f in the calling goroutine, counted among those Clean
