@@ -85,10 +85,9 @@ func newSTSClients(readRoot func(ctx context.Context) (*rootConfig, error), wrap
 
 // acquire returns the STS clients for the current config/root, building them
 // on first use, and counts the caller among their users until it calls
-// release. The read lock is the fast path; the write lock re-checks because
-// another goroutine may have built them while this one waited. A user is
-// added only while its set is current (under mu), so once reset has
-// replaced a set, its count can only go down.
+// release. The read lock is the fast path. A user is added only while its
+// set is current (under mu), so once reset has replaced a set, its count
+// can only go down.
 func (c *stsClients) acquire(ctx context.Context) (eps []*stsEndpoint, release func(), err error) {
 	c.mu.RLock()
 	set := c.current
@@ -99,13 +98,19 @@ func (c *stsClients) acquire(ctx context.Context) (eps []*stsEndpoint, release f
 	if set != nil {
 		return set.eps, release, nil
 	}
+	return c.acquireSlow(ctx)
+}
 
+// acquireSlow is acquire for a caller that found no set under the read lock.
+// The write lock re-checks, because another caller may have built the set
+// while this one waited for it.
+func (c *stsClients) acquireSlow(ctx context.Context) (eps []*stsEndpoint, release func(), err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if set := c.current; set != nil {
 		return set.eps, set.acquire(), nil
 	}
-	set, err = c.build(ctx)
+	set, err := c.build(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
