@@ -189,7 +189,9 @@ func newBackend(opts backendOptions) *backend {
 		startDone:   make(chan struct{}),
 	}
 	b.index = new(schedIndex)
-	b.clients = newSTSClients(func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }, opts.wrapSTS)
+	// b.storage is read at each build: it is set only after Setup.
+	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
+	b.clients = newSTSClients(readRoot, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers
