@@ -96,7 +96,6 @@ type backend struct {
 	clock     clock.Clock
 	rand      randSource
 	testHooks bool
-	wrapSTS   func(endpoint string, api stsAPI) stsAPI
 	onFlight  func(name string, f *flight)
 	onPlan    func()
 	// passWorkers: see backendOptions.
@@ -118,13 +117,9 @@ type backend struct {
 	// locks.
 	settings *settings
 
-	// clientMu guards clients, built from config/root on first use and
-	// dropped on any change to it.
-	clientMu sync.RWMutex
-	clients  *clientSet
-	// retiredSets are dropped client sets that attempts still used when
-	// they were dropped (see resetClients).
-	retiredSets []*clientSet
+	// clients owns the STS clients, built from config/root on first use and
+	// dropped on any change to it; it has its own lock.
+	clients *stsClients
 
 	// limiter caps STS calls across all roles; it has its own lock.
 	limiter *ratelimit.Limiter
@@ -179,7 +174,6 @@ func newBackend(opts backendOptions) *backend {
 		clock:       opts.clock,
 		rand:        opts.rand,
 		testHooks:   opts.testHooks,
-		wrapSTS:     opts.wrapSTS,
 		onFlight:    opts.onFlight,
 		onPlan:      opts.onPlan,
 		passWorkers: opts.passWorkers,
@@ -194,6 +188,9 @@ func newBackend(opts backendOptions) *backend {
 		func() hclog.Logger { return b.Logger() },
 		func(cfg refreshConfig) { b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst) },
 	)
+	// b.storage is read at each build: it is set only after Setup.
+	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
+	b.clients = newSTSClients(readRoot, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.passWorkers == 0 {
 		b.passWorkers = defaultPassWorkers
@@ -345,7 +342,7 @@ func (b *backend) warmMirror(ctx context.Context) {
 func (b *backend) invalidate(ctx context.Context, key string) {
 	switch {
 	case key == configRootPath:
-		b.resetClients()
+		b.clients.reset()
 	case key == configRefreshPath:
 		b.settings.forget()
 	case strings.HasPrefix(key, rolePrefix):
@@ -371,7 +368,7 @@ func (b *backend) clean(ctx context.Context) {
 	b.rotator.stop()
 	b.bgCancel()
 	b.bgWG.Wait()
-	b.resetClients()
+	b.clients.reset()
 }
 
 // runBackground runs f in the calling goroutine, counted among those Clean

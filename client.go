@@ -59,39 +59,68 @@ func (s *clientSet) acquire() (release func()) {
 	}
 }
 
-// acquireEndpoints returns the STS clients for the current config/root,
-// building them on first use, and counts the caller among their users until
-// it calls release. The read lock is the fast path; the write lock re-checks
-// because another goroutine may have built them while this one waited. A
-// user is added only while its set is current (under clientMu), so once
-// resetClients has replaced a set, its count can only go down.
-func (b *backend) acquireEndpoints(ctx context.Context) (eps []*stsEndpoint, release func(), err error) {
-	b.clientMu.RLock()
-	set := b.clients
+// stsClients owns the STS clients: the set built from config/root on first
+// use, dropped on any change to it, and the dropped sets that attempts still
+// use. Its lock is taken only in this file.
+type stsClients struct {
+	// readRoot reads config/root (nil, nil when absent).
+	readRoot func(ctx context.Context) (*rootConfig, error)
+	// wrap, when set, wraps each STS client as it is built (a test seam:
+	// backendOptions.wrapSTS).
+	wrap func(endpoint string, api stsAPI) stsAPI
+
+	// mu guards current and retired.
+	mu      sync.RWMutex
+	current *clientSet
+	// retired are dropped sets that attempts still used when they were
+	// dropped (see reset).
+	retired []*clientSet
+}
+
+// newSTSClients returns the owner of the STS clients, which it builds from
+// what readRoot returns, each wrapped by wrap when it is set.
+func newSTSClients(readRoot func(ctx context.Context) (*rootConfig, error), wrap func(endpoint string, api stsAPI) stsAPI) *stsClients {
+	return &stsClients{readRoot: readRoot, wrap: wrap}
+}
+
+// acquire returns the STS clients for the current config/root, building them
+// on first use, and counts the caller among their users until it calls
+// release. The read lock is the fast path. A user is added only while its
+// set is current (under mu), so once reset has replaced a set, its count
+// can only go down.
+func (c *stsClients) acquire(ctx context.Context) (eps []*stsEndpoint, release func(), err error) {
+	c.mu.RLock()
+	set := c.current
 	if set != nil {
 		release = set.acquire()
 	}
-	b.clientMu.RUnlock()
+	c.mu.RUnlock()
 	if set != nil {
 		return set.eps, release, nil
 	}
+	return c.acquireSlow(ctx)
+}
 
-	b.clientMu.Lock()
-	defer b.clientMu.Unlock()
-	if set := b.clients; set != nil {
+// acquireSlow is acquire for a caller that found no set under the read lock.
+// The write lock re-checks, because another caller may have built the set
+// while this one waited for it.
+func (c *stsClients) acquireSlow(ctx context.Context) (eps []*stsEndpoint, release func(), err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if set := c.current; set != nil {
 		return set.eps, set.acquire(), nil
 	}
-	set, err = b.buildClients(ctx)
+	set, err := c.build(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	b.clients = set
+	c.current = set
 	return set.eps, set.acquire(), nil
 }
 
-// buildClients builds the STS clients from the stored config/root.
-func (b *backend) buildClients(ctx context.Context) (*clientSet, error) {
-	cfg, err := getRootConfig(ctx, b.storage)
+// build builds the STS clients from the stored config/root.
+func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
+	cfg, err := c.readRoot(ctx)
 	if err != nil {
 		return nil, &refreshError{Code: "StorageError", Message: "reading config/root failed", Retryable: true, cause: err}
 	}
@@ -127,12 +156,68 @@ func (b *backend) buildClients(ctx context.Context) (*clientSet, error) {
 				o.BaseEndpoint = aws.String(endpoint)
 			}
 		})
-		if b.wrapSTS != nil {
-			api = b.wrapSTS(endpoint, api)
+		if c.wrap != nil {
+			api = c.wrap(endpoint, api)
 		}
 		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey})
 	}
 	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
+}
+
+// reset drops the STS clients so that the next acquire rebuilds them from
+// the current config/root. Called on every config/root write or delete, in
+// Invalidate for config/root, and in Clean. A dropped set that attempts
+// still use is kept among the retired sets until they end, so that a
+// rotation can wait for every attempt signing with the old key, whoever
+// dropped its set.
+func (c *stsClients) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.current; old != nil {
+		for _, ic := range old.idle {
+			ic.CloseIdleConnections()
+		}
+		c.retired = append(c.retired, old)
+	}
+	c.current = nil
+	live := c.retired[:0]
+	for _, s := range c.retired {
+		if s.active.Load() > 0 {
+			live = append(live, s)
+		}
+	}
+	c.retired = live
+}
+
+// drainKey waits until every attempt signing with accessKey, in a set that
+// is no longer current, has ended, or until timeout or ctx ends first; it
+// reports whether they all ended. The timeout is real time: it bounds a wait
+// for HTTP calls, not a schedule.
+func (c *stsClients) drainKey(ctx context.Context, accessKey string, timeout time.Duration) bool {
+	c.mu.Lock()
+	var sets []*clientSet
+	for _, s := range c.retired {
+		if s.accessKey == accessKey {
+			sets = append(sets, s)
+		}
+	}
+	c.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		for _, s := range sets {
+			s.users.Wait()
+		}
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // newAWSConfig is the SDK configuration every client of the plugin uses:
@@ -176,62 +261,6 @@ func newAWSConfig(ctx context.Context, region, accessKey, secretKey string) (aws
 
 // idleCloser is implemented by *http.Client.
 type idleCloser interface{ CloseIdleConnections() }
-
-// resetClients drops the STS clients so that the next call rebuilds them from
-// the current config/root. Called on every config/root write or delete, in
-// Invalidate for config/root, and in Clean. A dropped set that attempts
-// still use is kept among the retired sets until they end, so that a
-// rotation can wait for every attempt signing with the old key, whoever
-// dropped its set.
-func (b *backend) resetClients() {
-	b.clientMu.Lock()
-	defer b.clientMu.Unlock()
-	if old := b.clients; old != nil {
-		for _, c := range old.idle {
-			c.CloseIdleConnections()
-		}
-		b.retiredSets = append(b.retiredSets, old)
-	}
-	b.clients = nil
-	live := b.retiredSets[:0]
-	for _, s := range b.retiredSets {
-		if s.active.Load() > 0 {
-			live = append(live, s)
-		}
-	}
-	b.retiredSets = live
-}
-
-// drainKey waits until every attempt signing with accessKey, in a set that
-// is no longer current, has ended, or until timeout or ctx ends first; it
-// reports whether they all ended. The timeout is real time: it bounds a wait
-// for HTTP calls, not a schedule.
-func (b *backend) drainKey(ctx context.Context, accessKey string, timeout time.Duration) bool {
-	b.clientMu.Lock()
-	var sets []*clientSet
-	for _, s := range b.retiredSets {
-		if s.accessKey == accessKey {
-			sets = append(sets, s)
-		}
-	}
-	b.clientMu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		for _, s := range sets {
-			s.users.Wait()
-		}
-		close(done)
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	return false
-}
 
 // callTimeout bounds one STS call: shorter than a block, so that a hung call
 // cannot eat the next attempt, and at most 10s, which is far beyond STS's

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -169,5 +170,224 @@ func TestLogs(t *testing.T) {
 		if strings.Contains(out, marker) {
 			t.Fatalf("the log contains signing detail %q", marker)
 		}
+	}
+}
+
+// fakeRoot is config/root as the STS clients' owner reads it, without a
+// backend: a test changes it, makes reads fail, and counts them.
+type fakeRoot struct {
+	mu    sync.Mutex
+	cfg   *rootConfig
+	err   error
+	reads int
+}
+
+func (f *fakeRoot) read(context.Context) (*rootConfig, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	if f.err != nil {
+		return nil, f.err
+	}
+	if f.cfg == nil {
+		return nil, nil
+	}
+	c := *f.cfg
+	return &c, nil
+}
+
+func (f *fakeRoot) set(cfg *rootConfig, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cfg, f.err = cfg, err
+}
+
+func (f *fakeRoot) readCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
+}
+
+// testRootConfig is a config/root whose clients sign with key (no call is
+// made: building a client does not reach AWS).
+func testRootConfig(key string) *rootConfig {
+	return &rootConfig{AccessKey: key, SecretKey: key + "secret", Region: "us-east-1", STSEndpoint: "http://127.0.0.1:1"}
+}
+
+// Concurrent first users build the clients once: users that all found no
+// set under the read lock queue for the write lock, and there the re-check
+// finds the set the first of them built.
+func TestSTSClients_BuiltOnceForConcurrentUsers(t *testing.T) {
+	const users = 16
+	concurrently := func(f func() (*stsEndpoint, error)) []*stsEndpoint {
+		t.Helper()
+		start := make(chan struct{})
+		got := make([]*stsEndpoint, users)
+		var wg sync.WaitGroup
+		for i := range users {
+			wg.Go(func() {
+				<-start
+				ep, err := f()
+				if err != nil {
+					t.Errorf("acquire: %v", err)
+				}
+				got[i] = ep
+			})
+		}
+		close(start)
+		wg.Wait()
+		return got
+	}
+	sameSet := func(what string, got []*stsEndpoint) {
+		t.Helper()
+		for i := range got {
+			if got[i] == nil || got[i] != got[0] {
+				t.Fatalf("%s: user %d got a different client set than user 0", what, i)
+			}
+		}
+	}
+	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
+	c := newSTSClients(root.read, nil)
+
+	// Every user past the read lock at once: the re-check alone builds once.
+	sameSet("past the read lock", concurrently(func() (*stsEndpoint, error) {
+		eps, release, err := c.acquireSlow(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		release()
+		return eps[0], nil
+	}))
+	if n := root.readCount(); n != 1 {
+		t.Fatalf("%d builds for %d users who found no set, want 1", n, users)
+	}
+
+	// And through acquire, after a reset: one more build.
+	c.reset()
+	sameSet("through acquire", concurrently(func() (*stsEndpoint, error) {
+		eps, release, err := c.acquire(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		release()
+		return eps[0], nil
+	}))
+	if n := root.readCount(); n != 2 {
+		t.Fatalf("%d builds in all, want 2 (one before the reset, one after)", n)
+	}
+}
+
+// reset drops the clients; until then a changed config/root is not read,
+// and the next acquire after it builds from the new one, each client wrapped
+// by the seam given to the constructor.
+func TestSTSClients_ResetRebuildsFromNewConfig(t *testing.T) {
+	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
+	var wrapped []string
+	c := newSTSClients(root.read, func(endpoint string, api stsAPI) stsAPI {
+		wrapped = append(wrapped, endpoint) // builds hold the write lock
+		return api
+	})
+	key := func() string {
+		t.Helper()
+		eps, release, err := c.acquire(context.Background())
+		if err != nil {
+			t.Fatalf("acquire: %v", err)
+		}
+		defer release()
+		return eps[0].secretKey
+	}
+
+	if k := key(); k != "AKIAONEsecret" {
+		t.Fatalf("first build signs with %q", k)
+	}
+	two := testRootConfig("AKIATWO")
+	two.STSFallbackEndpoints = []string{"http://127.0.0.1:2"}
+	root.set(two, nil)
+	if k := key(); k != "AKIAONEsecret" || root.readCount() != 1 {
+		t.Fatalf("before reset: signs with %q after %d reads, want the cached AKIAONE after 1", k, root.readCount())
+	}
+	c.reset()
+	eps, release, err := c.acquire(context.Background())
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	release()
+	if len(eps) != 2 || eps[0].secretKey != "AKIATWOsecret" || eps[1].url != "http://127.0.0.1:2" || root.readCount() != 2 {
+		t.Fatalf("after reset: %d endpoints, first signs with %q, after %d reads", len(eps), eps[0].secretKey, root.readCount())
+	}
+	if want := []string{"http://127.0.0.1:1", "http://127.0.0.1:1", "http://127.0.0.1:2"}; !slices.Equal(wrapped, want) {
+		t.Fatalf("wrapped %v, want %v", wrapped, want)
+	}
+}
+
+// A set that an attempt still uses when reset drops it is retired: drainKey
+// waits for the attempt, and the set is forgotten once it has ended. A
+// current set, or a dropped one nobody used, is not waited for.
+func TestSTSClients_RetiredUntilReleased(t *testing.T) {
+	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
+	c := newSTSClients(root.read, nil)
+	ctx := context.Background()
+
+	_, releaseOne, err := c.acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root.set(testRootConfig("AKIATWO"), nil)
+	c.reset()
+	// The bound is real time; the attempt holds its set far longer.
+	if c.drainKey(ctx, "AKIAONE", 20*time.Millisecond) {
+		t.Fatal("drainKey says the attempt on the dropped set ended while it runs")
+	}
+
+	_, releaseTwo, err := c.acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.drainKey(ctx, "AKIATWO", time.Hour) {
+		t.Fatal("drainKey waited for the current set's attempt")
+	}
+	releaseTwo()
+	c.reset() // AKIATWO's set is dropped with no user: not retired
+
+	ended := make(chan bool)
+	go func() { ended <- c.drainKey(ctx, "AKIAONE", time.Hour) }()
+	select {
+	case <-ended:
+		t.Fatal("drainKey returned before the attempt released its set")
+	default:
+	}
+	releaseOne()
+	if !<-ended {
+		t.Fatal("drainKey did not see the attempt end")
+	}
+	if len(c.retired) != 1 || c.retired[0].accessKey != "AKIAONE" {
+		t.Fatalf("retired sets %d, want only AKIAONE's until the next reset", len(c.retired))
+	}
+	c.reset()
+	if len(c.retired) != 0 {
+		t.Fatalf("%d retired sets kept after their attempts ended", len(c.retired))
+	}
+}
+
+// A failed config/root read builds nothing: the caller gets a retryable
+// storage error, and the next acquire reads again and builds.
+func TestSTSClients_FailedReadRetried(t *testing.T) {
+	root := &fakeRoot{}
+	root.set(testRootConfig("AKIAONE"), errors.New("storage down"))
+	c := newSTSClients(root.read, nil)
+
+	_, release, err := c.acquire(context.Background())
+	var re *refreshError
+	if !errors.As(err, &re) || re.Code != "StorageError" || !re.Retryable || release != nil {
+		t.Fatalf("acquire with config/root unreadable = %v, want a retryable StorageError and no release", err)
+	}
+	root.set(testRootConfig("AKIAONE"), nil)
+	eps, release, err := c.acquire(context.Background())
+	if err != nil {
+		t.Fatalf("acquire after storage recovered: %v", err)
+	}
+	release()
+	if eps[0].secretKey != "AKIAONEsecret" || root.readCount() != 2 {
+		t.Fatalf("built signing with %q after %d reads, want AKIAONE after 2", eps[0].secretKey, root.readCount())
 	}
 }

@@ -384,6 +384,8 @@ type fixtureOpts struct {
 	noRole      bool
 	logger      hclog.Logger
 	entities    *entityView
+	// wrapSTS, when set, wraps each STS client outside the call log.
+	wrapSTS func(endpoint string, api stsAPI) stsAPI
 }
 
 func newFixture(t *testing.T, o fixtureOpts) *fixture {
@@ -409,9 +411,13 @@ func newFixtureWith(t *testing.T, o fixtureOpts, clk *clocktest.Fake, emu *stsem
 		o.rand = randMin
 	}
 	log := &callLog{clock: clk}
+	wrap := log.wrap
+	if o.wrapSTS != nil {
+		wrap = func(endpoint string, api stsAPI) stsAPI { return o.wrapSTS(endpoint, log.wrap(endpoint, api)) }
+	}
 	flights := make(chan *flight, 10000)
 	b, s := newTestBackend(t, testOpts{
-		clock: clk, rand: o.rand, wrapSTS: log.wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger, entities: o.entities,
+		clock: clk, rand: o.rand, wrapSTS: wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger, entities: o.entities,
 		onFlight: func(_ string, fl *flight) { flights <- fl },
 	})
 	f := &fixture{t: t, b: b, s: s, clock: clk, emu: emu, log: log, flights: flights}

@@ -342,7 +342,7 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 		return nil, err
 	}
 	// After the write, so a client built concurrently cannot keep the old keys.
-	b.resetClients()
+	b.clients.reset()
 	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
 		if err := b.replanRotation(ctx, req.Storage, cfg.AccessKey != before.AccessKey); err != nil {
 			// config/root is written; the reconciler plans the rotation.
@@ -357,7 +357,7 @@ func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request
 	if err := deleteRootConfig(ctx, req.Storage); err != nil {
 		return nil, err
 	}
-	b.resetClients()
+	b.clients.reset()
 	return nil, nil
 }
 

@@ -574,7 +574,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 //
 // reserved says the first call's slot is already taken (a herd's cycle).
 func (b *backend) attempt(ctx context.Context, name string, sess stsSession, role *roleEntry, blockEnd time.Time, timeout time.Duration, queueUntil time.Time, block time.Duration, reserved bool) (*cacheEntry, *refreshError, time.Time) {
-	eps, release, err := b.acquireEndpoints(ctx)
+	eps, release, err := b.clients.acquire(ctx)
 	if err != nil {
 		return nil, classify(err, ""), time.Time{}
 	}

@@ -496,7 +496,7 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 	// 5. Attempts now build clients with the new key. Delete the old key
 	// once every attempt signing with it has ended.
 	st.PendingKeyID = ""
-	if !b.drainKey(ctx, cfg.AccessKey, rotationDrainTimeout) {
+	if !b.clients.drainKey(ctx, cfg.AccessKey, rotationDrainTimeout) {
 		b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", cfg.AccessKey)
 		return newID, nil
 	}
@@ -601,17 +601,17 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	cur.KeySetAt = b.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
-		b.resetClients()
+		b.clients.reset()
 		return keyNew, nil
 	}
 	back, err := getRootConfig(ctx, s)
 	switch {
 	case err != nil:
 		// Rebuilt from whichever key storage holds, on next use.
-		b.resetClients()
+		b.clients.reset()
 		return keyUnknown, putErr
 	case back != nil && back.AccessKey == newID:
-		b.resetClients()
+		b.clients.reset()
 		return keyNew, nil
 	default:
 		return keyOld, fmt.Errorf("writing config/root: %w", putErr)

@@ -393,13 +393,13 @@ func testRotationWaitsForAttempts(t *testing.T, configWrite bool) {
 	open := func() { opened.Do(func() { close(gate) }) }
 	entered := make(chan struct{}, 10)
 	var once sync.Once
-	f := rotationFixture(t, fixtureOpts{})
+	var armed atomic.Bool
+	f := rotationFixture(t, fixtureOpts{wrapSTS: func(_ string, api stsAPI) stsAPI {
+		return &gatedSTS{stsAPI: api, gate: gate, entered: entered, once: &once, armed: &armed}
+	}})
 	t.Cleanup(open) // before the backend's cleanup, which waits for the cycle
 	f.mustReadCreds(testRole)
-	f.b.wrapSTS = func(endpoint string, api stsAPI) stsAPI {
-		return &gatedSTS{stsAPI: api, gate: gate, entered: entered, once: &once}
-	}
-	f.b.resetClients()
+	armed.Store(true)
 	old := rootKeyID(t, f)
 
 	cycle := make(chan map[string]interface{}, 1)
@@ -444,17 +444,20 @@ func testRotationWaitsForAttempts(t *testing.T, configWrite bool) {
 	}
 }
 
-// gatedSTS holds the first AssumeRole until gate is closed.
+// gatedSTS holds the first AssumeRole made once armed until gate is closed.
 type gatedSTS struct {
 	stsAPI
 	gate    chan struct{}
 	entered chan struct{}
 	once    *sync.Once
+	armed   *atomic.Bool
 }
 
 func (g *gatedSTS) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o ...func(*sts.Options)) (*sts.AssumeRoleOutput, error) {
 	first := false
-	g.once.Do(func() { first = true })
+	if g.armed.Load() {
+		g.once.Do(func() { first = true })
+	}
 	if first {
 		g.entered <- struct{}{}
 		<-g.gate
