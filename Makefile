@@ -53,3 +53,10 @@ bench:
 .PHONY: ha
 ha:
 	./scripts/ha.sh
+
+# The code measures of the redesign (backend fields, fields touched from
+# 3+ files, files taking the store lock, ...): one line each; add -v with
+# `./scripts/measures.sh -v`.
+.PHONY: measures
+measures:
+	./scripts/measures.sh
