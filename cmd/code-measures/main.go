@@ -10,6 +10,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -63,7 +64,11 @@ Flags:
 `
 
 func main() {
-	if err := mainErr(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := mainErr(os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is printed
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "code-measures:", err)
 		os.Exit(2)
 	}
