@@ -30,6 +30,11 @@
 #                        and a mutant that times out counts as neither killed
 #                        nor lived, so it hides what the tests missed
 #
+# Run it on a quiet machine: under load a mutant's test run can time out
+# (neither killed nor lived), and Gremlins counts a run that ends on a
+# signal (exit code other than 1 or 2) as LIVED, so a loaded machine shows
+# survivors that the tests in fact kill.
+#
 # Gremlins v0.6.0 is installed from the Go module proxy, once, into
 # ${XDG_CACHE_HOME:-$HOME/.cache}/aws-resilient/bin (outside the repository),
 # and again whenever the binary there is not that version.
