@@ -1,0 +1,4 @@
+package hidden
+
+// In a hidden directory: skipped.
+type fakeClock struct{}

@@ -1,0 +1,3 @@
+package clock
+
+type Clock interface{}

@@ -1,0 +1,3 @@
+package dueplan
+
+// dueplan has only a test file: counted.

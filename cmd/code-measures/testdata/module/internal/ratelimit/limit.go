@@ -1,0 +1,3 @@
+package ratelimit
+
+// ratelimit has no test file: not counted.

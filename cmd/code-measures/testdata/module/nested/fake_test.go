@@ -1,0 +1,4 @@
+package nested
+
+// In a nested module: skipped.
+type fakeClock struct{}

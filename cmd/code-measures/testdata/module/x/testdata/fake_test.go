@@ -1,0 +1,4 @@
+package x
+
+// Under testdata: skipped.
+type fakeClock struct{}
