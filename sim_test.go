@@ -57,30 +57,52 @@ type simFigures struct {
 }
 
 func TestSimulation(t *testing.T) {
-	var seeds []uint64
+	type run struct {
+		seed  uint64
+		knobs simKnobs
+	}
+	knobs, err := parseSimKnobs(*simKnobsFlag, simKnobsDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs []run
 	switch {
 	case *simSeed != 0:
-		seeds = []uint64{*simSeed}
+		runs = []run{{*simSeed, knobs}}
 	default:
-		seeds = append(seeds, simRegressionSeeds...)
-		seeds = append(seeds, uint64(time.Now().UnixNano()))
+		// The regression seeds replay as they were found: without the
+		// newer operations (storage refuses entries over 1 MiB in every
+		// run, which draws nothing).
+		for _, seed := range simRegressionSeeds {
+			runs = append(runs, run{seed, simKnobsLegacy})
+		}
+		runs = append(runs, run{uint64(time.Now().UnixNano()), knobs})
 	}
 	var total simFigures
-	run := func(seed uint64) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			fig := runSimulation(t, seed, *simSteps)
+	do := func(r run, steps int) {
+		t.Run(fmt.Sprintf("seed=%d", r.seed), func(t *testing.T) {
+			fig := runSimulation(t, r.seed, steps, r.knobs)
 			total.add(fig)
 		})
 	}
-	for _, seed := range seeds {
-		run(seed)
+	for _, r := range runs {
+		do(r, *simSteps)
+	}
+	if *simSeed == 0 {
+		// The defects the simulation found, each with the knobs that reach
+		// it: they fail until the defect is fixed.
+		for _, d := range simDefectRuns() {
+			t.Run(d.name, func(t *testing.T) {
+				total.add(runSimulation(t, d.seed, d.steps, d.knobs))
+			})
+		}
 	}
 	if *simSoak > 0 {
 		deadline := time.Now().Add(*simSoak)
 		seed := uint64(time.Now().UnixNano())
 		for time.Now().Before(deadline) && !t.Failed() {
 			seed++
-			run(seed)
+			do(run{seed, knobs}, *simSteps)
 		}
 	}
 	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted), %d credentials served (%d of them per entity), %d restarts, %d invariant checks",
@@ -113,12 +135,19 @@ type sim struct {
 	// stored records every credential that reached storage.
 	stored *storedKeys
 	fs     *faultStorage // what the backend sees
-	b      *backend
-	sts    *simSTS
+	// size refuses entries over 1 MiB, under the faults.
+	size *sizeLimitStorage
+	// aStore and sStore are the active node's and the standby's views of
+	// fs, which a mid-load operation arms.
+	aStore, sStore *nodeStorage
+	knobs          simKnobs
+	b              *backend
+	sts            *simSTS
 	// standby is a performance standby on the same storage: it serves from
 	// its mirror and hears of every write through Invalidate.
 	standby *backend
 
+	histMu  sync.Mutex // the hooks of a new node's start log from its goroutine
 	history []string
 	fig     simFigures
 
@@ -174,8 +203,9 @@ var (
 	}
 )
 
-func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
+func runSimulation(t *testing.T, seed uint64, steps int, knobs simKnobs) simFigures {
 	s := &sim{
+		knobs:    knobs,
 		t:        t,
 		seed:     seed,
 		rng:      rand.New(rand.NewPCG(seed, seed^0xc0ffee)),
@@ -192,10 +222,14 @@ func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
 		s.ents.set(id, name, nil)
 		s.entityOf[name] = id
 	}
-	s.stored = &storedKeys{Storage: s.mem, keys: map[string]bool{}, deletes: map[string]int{}}
+	s.size = &sizeLimitStorage{Storage: s.mem}
+	s.stored = &storedKeys{Storage: s.size, keys: map[string]bool{}, deletes: map[string]int{}}
 	s.fs = newFaultStorage(s.stored, seed)
 	s.emu = startEmulator(t, stsemu.Config{Now: s.clk.Now, SigningNow: time.Now, MaxLifetime: time.Hour, Seed: seed})
 	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, inCall: map[string]int{}}
+	if knobs.entities > 0 {
+		s.seedEntities(knobs.entities)
+	}
 	s.start()
 	mustDo(t, s.b, s.fs, logical.UpdateOperation, "config/root", map[string]interface{}{
 		"access_key": stsemu.DefaultAccessKey, "secret_key": stsemu.DefaultSecretKey,
@@ -204,8 +238,8 @@ func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
 	s.lastPeriodic = s.clk.Now()
 	defer func() {
 		if t.Failed() {
-			t.Logf("seed %d failed; replay with -run 'TestSimulation' -sim.seed=%d -sim.steps=%d; last steps:\n  %s",
-				seed, seed, steps, strings.Join(s.history, "\n  "))
+			t.Logf("seed %d failed; replay with -run 'TestSimulation' -sim.seed=%d -sim.steps=%d -sim.knobs=%s; last steps:\n  %s",
+				seed, seed, steps, knobs, strings.Join(s.history, "\n  "))
 		}
 	}()
 	for i := 0; i < steps && !t.Failed(); i++ {
@@ -228,31 +262,19 @@ func runSimulation(t *testing.T, seed uint64, steps int) simFigures {
 // start builds the backend on the storage (Vault starting the mount, or
 // restarting it after a failover).
 func (s *sim) start() {
-	config := logical.TestBackendConfig()
-	config.StorageView = s.fs
-	config.Logger = hclog.NewNullLogger()
-	config.System = sharedEntities{config.System, s.ents}
 	s.mu.Lock()
 	s.cycles = map[string][]*simCycle{} // the cycles of this backend, from its start
 	s.mu.Unlock()
 	// onFlight runs on the backend's own goroutines, which may start inside
 	// Initialize, before s.b is set: it must not read s.b.
-	var b *backend
-	b, err := newBackendWith(context.Background(), config, backendOptions{
-		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrap,
-		onFlight:    func(name string, f *flight) { s.onFlight(b, name, f) },
-		passWorkers: 1, // the seed replays only with one role at a time
-	})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
+	b, ns := s.newActive()
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: ns}); err != nil {
 		s.t.Fatalf("Initialize returned %v; it must retry by itself instead", err)
 	}
 	if err := b.waitStarted(context.Background()); err != nil {
 		s.t.Fatal(err)
 	}
-	s.b = b
+	s.b, s.aStore = b, ns
 
 	if s.standby != nil {
 		s.standby.Cleanup(context.Background())
@@ -260,14 +282,15 @@ func (s *sim) start() {
 	sv := logical.TestSystemView()
 	sv.ReplicationStateVal = consts.ReplicationPerformanceStandby
 	sconf := logical.TestBackendConfig()
-	sconf.StorageView = s.fs
+	s.sStore = &nodeStorage{Storage: s.fs}
+	sconf.StorageView = s.sStore
 	sconf.Logger = hclog.NewNullLogger()
 	sconf.System = sharedEntities{sv, s.ents}
 	sb, err := newBackendWith(context.Background(), sconf, backendOptions{clock: s.clk, rand: newSeededRand(s.rng.Uint64()), passWorkers: 1})
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	if err := sb.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
+	if err := sb.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.sStore}); err != nil {
 		s.t.Fatal(err)
 	}
 	if err := sb.waitStarted(context.Background()); err != nil {
@@ -294,6 +317,8 @@ func (s *sim) onFlight(b *backend, name string, f *flight) {
 }
 
 func (s *sim) logf(format string, args ...interface{}) {
+	s.histMu.Lock()
+	defer s.histMu.Unlock()
 	s.history = append(s.history, fmt.Sprintf("[%s] ", s.clk.Now().UTC().Format("15:04:05.000"))+fmt.Sprintf(format, args...))
 	if len(s.history) > 40 {
 		s.history = s.history[1:]
@@ -310,8 +335,12 @@ func (s *sim) pick(xs []string) string { return xs[s.rng.IntN(len(xs))] }
 // step runs one random operation, lets the world settle, and checks every
 // invariant.
 func (s *sim) step(i int) {
-	r := s.rng.IntN(100)
+	// The newer operations draw above 100, so that with their weights at 0
+	// a seed draws as it did before they existed.
+	r := s.rng.IntN(100 + s.knobs.extra())
 	switch {
+	case r >= 100:
+		s.stepExtra(r - 100)
 	case r < 14:
 		s.writeRole()
 	case r < 17:
@@ -378,17 +407,29 @@ func (s *sim) replicate() {
 // active node's; a cold read is handed to the active node; status shows the
 // active node's record.
 func (s *sim) readStandby(name string) {
-	entityID := s.pickEntity()
-	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.fs, EntityID: entityID})
+	s.readStandbyCreds(name, s.pickEntity())
+	s.readStandbyStatus(name)
+}
+
+// readStandbyCreds reads a role's credential on the standby as entityID.
+func (s *sim) readStandbyCreds(name, entityID string) {
+	before, _ := getRole(context.Background(), s.mem, name)
+	start := s.clk.Now()
+	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.sStore, EntityID: entityID})
 	if err == nil && !resp.IsError() {
-		s.checkServed(name, entityID, resp, "standby", s.clk.Now())
+		s.checkServed(name, entityID, resp, "standby", start, before)
 	} else if err != nil && err != logical.ErrReadOnly && !strings.Contains(err.Error(), "injected storage failure") {
 		s.failf("standby read creds/%s: %v", name, err)
 	}
+}
+
+// readStandbyStatus reads a role's status on the standby: it shows the
+// active node's record.
+func (s *sim) readStandbyStatus(name string) {
 	if !s.fs.healthy() {
 		return
 	}
-	sresp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "status/" + name, Storage: s.fs})
+	sresp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "status/" + name, Storage: s.sStore})
 	if err != nil || sresp.IsError() {
 		return
 	}
@@ -575,17 +616,18 @@ func (s *sim) advance(d time.Duration) {
 func (s *sim) periodic() {
 	s.lastPeriodic = s.clk.Now()
 	healthy := s.fs.healthy()
-	if _, err := s.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.RollbackOperation, Storage: s.fs}); err != nil {
+	if _, err := s.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.RollbackOperation, Storage: s.aStore}); err != nil {
 		s.failf("periodic pass returned %v", err)
 	}
 	s.settle()
 	if healthy && s.fs.healthy() {
 		s.healedPass = true
+		s.checkPass()
 	}
 }
 
 func (s *sim) do(op logical.Operation, path string, data map[string]interface{}) (*logical.Response, error) {
-	return s.b.HandleRequest(context.Background(), &logical.Request{Operation: op, Path: path, Storage: s.fs, Data: data})
+	return s.b.HandleRequest(context.Background(), &logical.Request{Operation: op, Path: path, Storage: s.aStore, Data: data})
 }
 
 // driven runs a request that may wait on a refresh cycle, moving the clock
@@ -595,7 +637,7 @@ func (s *sim) driven(op logical.Operation, path string, data map[string]interfac
 }
 
 func (s *sim) drivenReq(req *logical.Request) (*logical.Response, error) {
-	req.Storage = s.fs
+	req.Storage = s.aStore
 	done := make(chan struct{})
 	var resp *logical.Response
 	var err error
@@ -657,13 +699,14 @@ func (s *sim) settle() {
 
 func (s *sim) readCreds(name string) {
 	entityID := s.pickEntity()
+	before, _ := getRole(context.Background(), s.mem, name)
 	start := s.clk.Now()
 	resp, err := s.drivenReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, EntityID: entityID})
 	s.logf("read creds/%s as %q: %s", name, entityID, outcome(resp, err))
 	if err != nil || resp.IsError() {
 		return
 	}
-	s.checkServed(name, entityID, resp, "active", start)
+	s.checkServed(name, entityID, resp, "active", start, before)
 }
 
 // checkServed checks a credential a node served: complete, unexpired, really
@@ -673,7 +716,7 @@ func (s *sim) readCreds(name string) {
 // goroutine's time), also between the moment the handler read the clock and
 // its return, so validity and lease are checked as of the request's start,
 // not the clock after it.
-func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string, served time.Time) {
+func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string, served time.Time, before *roleEntry) {
 	s.fig.served++
 	now := served
 	d := resp.Data
@@ -693,14 +736,23 @@ func (s *sim) checkServed(name, entityID string, resp *logical.Response, node st
 	if resp.Secret != nil && now.Add(resp.Secret.TTL).After(exp.Add(time.Second)) {
 		s.failf("lease TTL %v outlives the credential (expires %v)", resp.Secret.TTL, exp)
 	}
-	role, _ := getRole(context.Background(), s.mem, name)
+	// The role as stored when the read began, or as stored now: a read
+	// that overlaps a role change may serve either.
+	after, _ := getRole(context.Background(), s.mem, name)
+	role := after
 	if role == nil {
-		s.failf("served creds/%s, but storage has no such role", name)
+		role = before
+	}
+	if role == nil {
+		s.failf("%s served creds/%s, but storage has no such role", node, name)
 	}
 	if !s.stored.has(d["access_key"].(string)) {
 		s.failf("%s served creds/%s with an access key that never reached storage", node, name)
 	}
 	issuedFor := s.sts.issuedFor(d["access_key"].(string))
+	if issuedFor != role.RoleARN && before != nil && issuedFor == before.RoleARN {
+		role = before
+	}
 	if issuedFor != role.RoleARN {
 		s.failf("%s served creds/%s issued for %q, but the role is %q", node, name, issuedFor, role.RoleARN)
 	}
@@ -717,6 +769,7 @@ func (s *sim) checkServed(name, entityID string, resp *logical.Response, node st
 		s.fig.entityServed++
 	}
 	s.fig.checks += 5
+	s.checkLease(node, name, resp, exp, served, s.clk.Now(), before, after)
 }
 
 // check verifies every invariant against the truth in storage.
@@ -897,7 +950,8 @@ func (s *sim) check() {
 		if it, ok := idx[key]; !ok || !it.next().Equal(e.at) {
 			s.b.bgMu.RUnlock()
 			s.b.flightMu.Unlock()
-			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.at, it.next(), ok)
+			mine, in := s.b.index.entries()[key]
+			s.failf("%s is planned at %v, but the schedule index says %v (present %v; this node's copy of it says %v, present %v)", key, e.at, it.next(), ok, mine.next(), in)
 		}
 	}
 	s.b.bgMu.RUnlock()
@@ -1044,7 +1098,8 @@ type simSTS struct {
 	mu        sync.Mutex
 	issued    map[string]string // access key id -> role ARN
 	sources   map[string]string // access key id -> SourceIdentity
-	inCall    map[string]int
+	inCall    map[string]int    // by node and key
+	nodes     int               // nodes wrapped so far
 	violation atomic.Pointer[string]
 	// short makes issued credentials expire sooner than STS said.
 	short atomic.Bool
@@ -1070,7 +1125,16 @@ func (w *simSTS) takeDuring(name string) func() {
 	return f
 }
 
-func (w *simSTS) wrap(_ string, api stsAPI) stsAPI { return &simClient{w: w, api: api} }
+// wrapFor returns the wrapper of one node's STS clients: during an
+// overlapping failover two active nodes may each have a call in flight for
+// a role, so calls are counted per node.
+func (w *simSTS) wrapFor() func(string, stsAPI) stsAPI {
+	w.mu.Lock()
+	w.nodes++
+	node := w.nodes
+	w.mu.Unlock()
+	return func(_ string, api stsAPI) stsAPI { return &simClient{w: w, api: api, node: node} }
+}
 
 func (w *simSTS) issuedFor(akid string) string {
 	w.mu.Lock()
@@ -1097,8 +1161,9 @@ func (w *simSTS) keyOf(in *sts.AssumeRoleInput) string {
 }
 
 type simClient struct {
-	w   *simSTS
-	api stsAPI
+	w    *simSTS
+	api  stsAPI
+	node int
 }
 
 func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o ...func(*sts.Options)) (*sts.AssumeRoleOutput, error) {
@@ -1106,9 +1171,10 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 	name := w.keyOf(in)
 	w.calls.Add(1)
 	w.mu.Lock()
-	w.inCall[name]++
-	if w.inCall[name] > 1 {
-		msg := fmt.Sprintf("role %s has %d STS calls in flight at once", name, w.inCall[name])
+	call := fmt.Sprintf("%d:%s", c.node, name)
+	w.inCall[call]++
+	if w.inCall[call] > 1 {
+		msg := fmt.Sprintf("role %s has %d STS calls in flight at once", name, w.inCall[call])
 		w.violation.CompareAndSwap(nil, &msg)
 	}
 	w.mu.Unlock()
@@ -1130,7 +1196,7 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 	}
 
 	w.mu.Lock()
-	w.inCall[name]--
+	w.inCall[call]--
 	if err == nil && out.Credentials != nil {
 		w.issued[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.RoleArn)
 		w.sources[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.SourceIdentity)
