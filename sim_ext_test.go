@@ -11,6 +11,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"runtime/debug"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,16 +40,20 @@ type simKnobs struct {
 	// entities: entity credentials of r0 stored before the mount starts
 	// (a mount that has grown them over time).
 	entities int
+	// mounts: backends in the one simulated process (1 or 2), each with
+	// its own storage and standby; they share the clock, STS, the identity
+	// store and the process's memory limit.
+	mounts int
 }
 
 // simKnobsLegacy: what every seed ran with before these operations existed.
 var simKnobsLegacy = simKnobs{}
 
 // simKnobsDefault: new seeds run every operation.
-var simKnobsDefault = simKnobs{midLoad: 4, leaseFault: 3, overlap: 2}
+var simKnobsDefault = simKnobs{midLoad: 4, leaseFault: 3, overlap: 2, mounts: 2}
 
 func (k simKnobs) String() string {
-	return fmt.Sprintf("midload=%d,leasefault=%d,overlap=%d,entities=%d", k.midLoad, k.leaseFault, k.overlap, k.entities)
+	return fmt.Sprintf("midload=%d,leasefault=%d,overlap=%d,entities=%d,mounts=%d", k.midLoad, k.leaseFault, k.overlap, k.entities, max(k.mounts, 1))
 }
 
 func (k simKnobs) extra() int { return k.midLoad + k.leaseFault + k.overlap }
@@ -72,6 +78,11 @@ func parseSimKnobs(s string, base simKnobs) (simKnobs, error) {
 			k.overlap = n
 		case "entities":
 			k.entities = n
+		case "mounts":
+			if n > 2 {
+				return k, fmt.Errorf("at most 2 mounts; got %d", n)
+			}
+			k.mounts = n
 		default:
 			return k, fmt.Errorf("unknown knob %q", name)
 		}
@@ -500,4 +511,96 @@ func simDefectRuns() []struct {
 		{"defect3_index_shard_size", 13, 8, simKnobs{entities: 13000}},
 		{"finding4_overlap_index", 5, 300, simKnobs{overlap: 30}},
 	}
+}
+
+// shareMemoryLimit makes the process's soft memory limit the plugin's own,
+// as the plugin binary does, so that the mounts' metrics scrapes lend
+// themselves headroom on the one limit of the process (set far above what
+// the test uses, so that the GC is never held to it).
+func (s *sim) shareMemoryLimit() {
+	prev := debug.SetMemoryLimit(1 << 40)
+	OwnMemoryLimit()
+	s.t.Cleanup(func() {
+		memHeadroom.mu.Lock()
+		memHeadroom.owned, memHeadroom.floor = false, 0
+		memHeadroom.mu.Unlock()
+		debug.SetMemoryLimit(prev)
+	})
+}
+
+// snapshot describes what a mount holds: every storage entry, and on each
+// of its nodes the mirror, the plan of every mirrored key and the refresh
+// config.
+func (s *sim) snapshot() string {
+	ctx := context.Background()
+	var out []string
+	var walk func(prefix string)
+	walk = func(prefix string) {
+		keys, _ := s.mem.List(ctx, prefix)
+		for _, k := range keys {
+			if strings.HasSuffix(k, "/") {
+				walk(prefix + k)
+				continue
+			}
+			if e, _ := s.mem.Get(ctx, prefix+k); e != nil {
+				out = append(out, fmt.Sprintf("storage %s = %s", prefix+k, e.Value))
+			}
+		}
+	}
+	walk("")
+	for node, b := range map[string]*backend{"active": s.b, "standby": s.standby} {
+		out = append(out, fmt.Sprintf("%s config %+v", node, b.getRefreshCfg()))
+		for _, k := range b.state.names() {
+			rs := b.state.peek(k)
+			if rs == nil {
+				continue
+			}
+			akid := ""
+			if rs.cred != nil {
+				akid = rs.cred.AccessKey
+			}
+			at, planned := b.scheduledAt(k)
+			out = append(out, fmt.Sprintf("%s mirror %s: gen %d stale %v role %+v cred %q status %+v planned %v at %v",
+				node, k, rs.gen, rs.stale, rs.role, akid, rs.status(), planned, at))
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, "\n")
+}
+
+// checkUnchanged: nothing of this mount changed (was is its snapshot from
+// before an operation on mount by).
+func (s *sim) checkUnchanged(was string, by *sim) {
+	s.fig.checks++
+	now := s.snapshot()
+	if now == was {
+		return
+	}
+	gone, added := diffLines(strings.Split(was, "\n"), strings.Split(now, "\n"))
+	s.failf("an operation on mount %s changed this mount: %q is gone, %q is new", by.mount, gone, added)
+}
+
+// diffLines returns the first line of a not in b and the first of b not in a.
+func diffLines(a, b []string) (gone, added string) {
+	in := func(xs []string) map[string]bool {
+		m := map[string]bool{}
+		for _, x := range xs {
+			m[x] = true
+		}
+		return m
+	}
+	ina, inb := in(a), in(b)
+	for _, x := range a {
+		if !inb[x] {
+			gone = x
+			break
+		}
+	}
+	for _, y := range b {
+		if !ina[y] {
+			added = y
+			break
+		}
+	}
+	return gone, added
 }

@@ -147,9 +147,12 @@ type sim struct {
 	// its mirror and hears of every write through Invalidate.
 	standby *backend
 
-	histMu  sync.Mutex // the hooks of a new node's start log from its goroutine
-	history []string
-	fig     simFigures
+	log *simLog // shared by the mounts
+	// mount names this mount in logs and failures when there are two; all
+	// holds every mount of the process, this one included.
+	mount string
+	all   []*sim
+	fig   simFigures
 
 	// lastPeriodic is when Vault's periodic pass last ran (every minute).
 	lastPeriodic time.Time
@@ -211,52 +214,77 @@ func runSimulation(t *testing.T, seed uint64, steps int, knobs simKnobs) simFigu
 		rng:      rand.New(rand.NewPCG(seed, seed^0xc0ffee)),
 		rng2:     newSeededRand(seed ^ 0xbadcafe),
 		clk:      newFakeClock(time.Now().Truncate(time.Second)),
-		mem:      new(logical.InmemStorage),
-		maxExp:   map[string]simExp{},
-		cycles:   map[string][]*simCycle{},
 		ents:     newEntityView(),
 		entityOf: map[string]string{},
+		log:      &simLog{},
 	}
 	for i, id := range simEntityIDs {
 		name := fmt.Sprintf("e%d", i)
 		s.ents.set(id, name, nil)
 		s.entityOf[name] = id
 	}
-	s.size = &sizeLimitStorage{Storage: s.mem}
-	s.stored = &storedKeys{Storage: s.size, keys: map[string]bool{}, deletes: map[string]int{}}
-	s.fs = newFaultStorage(s.stored, seed)
 	s.emu = startEmulator(t, stsemu.Config{Now: s.clk.Now, SigningNow: time.Now, MaxLifetime: time.Hour, Seed: seed})
-	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, inCall: map[string]int{}}
-	if knobs.entities > 0 {
-		s.seedEntities(knobs.entities)
+	s.all = []*sim{s}
+	if knobs.mounts > 1 {
+		s.shareMemoryLimit()
+		s.mount = "m0"
+		peer := &sim{knobs: knobs, t: t, seed: seed, rng: s.rng, rng2: s.rng2, clk: s.clk, emu: s.emu,
+			ents: s.ents, entityOf: s.entityOf, log: s.log, mount: "m1"}
+		s.all = append(s.all, peer)
+		for _, m := range s.all {
+			m.all = s.all
+		}
 	}
-	s.start()
-	mustDo(t, s.b, s.fs, logical.UpdateOperation, "config/root", map[string]interface{}{
-		"access_key": stsemu.DefaultAccessKey, "secret_key": stsemu.DefaultSecretKey,
-		"sts_endpoint": s.emu.URL(), "sts_fallback_endpoints": s.emu.URL(),
-	})
-	s.lastPeriodic = s.clk.Now()
+	for i, m := range s.all {
+		m.initMount(seed + uint64(i))
+	}
 	defer func() {
 		if t.Failed() {
 			t.Logf("seed %d failed; replay with -run 'TestSimulation' -sim.seed=%d -sim.steps=%d -sim.knobs=%s; last steps:\n  %s",
-				seed, seed, steps, knobs, strings.Join(s.history, "\n  "))
+				seed, seed, steps, knobs, strings.Join(s.log.lines, "\n  "))
 		}
 	}()
 	for i := 0; i < steps && !t.Failed(); i++ {
 		s.step(i)
 		s.fig.steps++
 	}
-	s.b.Cleanup(context.Background())
-	s.standby.Cleanup(context.Background())
-	s.fig.runs = 1
-	s.fig.storageFaults = s.fs.injectedTotal()
-	s.fig.stsCalls = int(s.sts.calls.Load())
+	var fig simFigures
+	for _, m := range s.all {
+		m.b.Cleanup(context.Background())
+		m.standby.Cleanup(context.Background())
+		m.fig.storageFaults = m.fs.injectedTotal()
+		m.fig.stsCalls = int(m.sts.calls.Load())
+		fig.add(m.fig)
+	}
+	fig.runs = 1
 	for _, c := range s.emu.Calls() {
 		if c.Outcome != "ok" {
-			s.fig.stsFaults++
+			fig.stsFaults++
 		}
 	}
-	return s.fig
+	return fig
+}
+
+// initMount gives a mount its storage, its STS wrapper and its backends,
+// and configures it; the mounts of a process share the clock, the STS
+// emulator, the identity store and the draws.
+func (s *sim) initMount(seed uint64) {
+	s.mem = new(logical.InmemStorage)
+	s.maxExp = map[string]simExp{}
+	s.cycles = map[string][]*simCycle{}
+	s.size = &sizeLimitStorage{Storage: s.mem}
+	s.stored = &storedKeys{Storage: s.size, keys: map[string]bool{}, deletes: map[string]int{}}
+	s.fs = newFaultStorage(s.stored, seed)
+	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, inCall: map[string]int{}}
+	if s.knobs.entities > 0 && s == s.all[0] {
+		s.seedEntities(s.knobs.entities)
+	}
+	s.start()
+	mustDo(s.t, s.b, s.fs, logical.UpdateOperation, "config/root", map[string]interface{}{
+		"access_key": stsemu.DefaultAccessKey, "secret_key": stsemu.DefaultSecretKey,
+		"sts_endpoint": s.emu.URL(), "sts_fallback_endpoints": s.emu.URL(),
+	})
+	s.lastPeriodic = s.clk.Now()
 }
 
 // start builds the backend on the storage (Vault starting the mount, or
@@ -316,17 +344,32 @@ func (s *sim) onFlight(b *backend, name string, f *flight) {
 	s.cycles[name] = append(s.cycles[name], &simCycle{f: f, start: s.clk.Now(), window: window})
 }
 
+// simLog keeps the last steps of a run; the hooks of a new node's start
+// log from its goroutine.
+type simLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
 func (s *sim) logf(format string, args ...interface{}) {
-	s.histMu.Lock()
-	defer s.histMu.Unlock()
-	s.history = append(s.history, fmt.Sprintf("[%s] ", s.clk.Now().UTC().Format("15:04:05.000"))+fmt.Sprintf(format, args...))
-	if len(s.history) > 40 {
-		s.history = s.history[1:]
+	l := s.log
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	prefix := fmt.Sprintf("[%s] ", s.clk.Now().UTC().Format("15:04:05.000"))
+	if s.mount != "" {
+		prefix += s.mount + ": "
+	}
+	l.lines = append(l.lines, prefix+fmt.Sprintf(format, args...))
+	if len(l.lines) > 40 {
+		l.lines = l.lines[1:]
 	}
 }
 
 func (s *sim) failf(format string, args ...interface{}) {
 	s.t.Helper()
+	if s.mount != "" {
+		format = "mount " + s.mount + ": " + format
+	}
 	s.t.Fatalf("seed %d: "+format, append([]interface{}{s.seed}, args...)...)
 }
 
@@ -335,9 +378,44 @@ func (s *sim) pick(xs []string) string { return xs[s.rng.IntN(len(xs))] }
 // step runs one random operation, lets the world settle, and checks every
 // invariant.
 func (s *sim) step(i int) {
+	m := s
+	if len(s.all) > 1 {
+		m = s.all[s.rng.IntN(len(s.all))]
+	}
 	// The newer operations draw above 100, so that with their weights at 0
 	// a seed draws as it did before they existed.
 	r := s.rng.IntN(100 + s.knobs.extra())
+	// An operation on one mount that does not move the clock (so that no
+	// cycle of the other runs meanwhile) leaves the other mount as it was.
+	var others []*sim
+	var snaps []string
+	t0 := s.clk.Now()
+	for _, o := range s.all {
+		if o != m {
+			others, snaps = append(others, o), append(snaps, o.snapshot())
+		}
+	}
+	m.op(r)
+	if s.clk.Now().Equal(t0) {
+		for i, o := range others {
+			o.checkUnchanged(snaps[i], m)
+		}
+	}
+	s.settle()
+	for _, x := range s.all {
+		if now := s.clk.Now(); now.Sub(x.lastPeriodic) >= time.Minute {
+			x.periodic()
+		}
+	}
+	for _, x := range s.all {
+		x.replicate()
+		x.check()
+		x.readStandby(s.pick(simRoleNames))
+	}
+}
+
+// op runs operation r (drawn by step) on this mount.
+func (s *sim) op(r int) {
 	switch {
 	case r >= 100:
 		s.stepExtra(r - 100)
@@ -385,13 +463,6 @@ func (s *sim) step(i int) {
 		s.logf("invalidate %s", key)
 		s.b.InvalidateKey(context.Background(), key)
 	}
-	s.settle()
-	if now := s.clk.Now(); now.Sub(s.lastPeriodic) >= time.Minute {
-		s.periodic()
-	}
-	s.replicate()
-	s.check()
-	s.readStandby(s.pick(simRoleNames))
 }
 
 // replicate delivers every key written since the last step to the standby,
@@ -516,9 +587,14 @@ func (s *sim) changeEntity() {
 	default:
 		s.renames++
 		name := fmt.Sprintf("e%d", len(s.entityOf))
-		s.sts.mu.Lock()
+		// Every mount's STS wrapper reads the one identity store's names.
+		for _, m := range s.all {
+			m.sts.mu.Lock()
+		}
 		s.entityOf[name] = id
-		s.sts.mu.Unlock()
+		for _, m := range s.all {
+			m.sts.mu.Unlock()
+		}
 		s.ents.set(id, name, nil)
 		s.logf("entity %s is now named %s", id, name)
 	}
@@ -607,8 +683,10 @@ func (s *sim) advance(d time.Duration) {
 		}
 		s.clk.AdvanceTo(next)
 		s.settle()
-		if s.clk.Now().Sub(s.lastPeriodic) >= time.Minute {
-			s.periodic()
+		for _, x := range s.all {
+			if x.clk.Now().Sub(x.lastPeriodic) >= time.Minute {
+				x.periodic()
+			}
 		}
 	}
 }
@@ -672,13 +750,16 @@ func (s *sim) drive(done <-chan struct{}) {
 	}
 }
 
-// settle lets every cycle that is running or due finish.
+// settle lets every cycle that is running or due finish, on every mount.
 func (s *sim) settle() {
 	deadline := time.Now().Add(waitLimit)
 	for quiet := 0; quiet < 3; {
-		s.b.flightMu.Lock()
-		n := len(s.b.flights)
-		s.b.flightMu.Unlock()
+		n := 0
+		for _, m := range s.all {
+			m.b.flightMu.Lock()
+			n += len(m.b.flights)
+			m.b.flightMu.Unlock()
+		}
 		if n == 0 && s.clk.busy.Load() == 0 {
 			quiet++
 			runtime.Gosched()
