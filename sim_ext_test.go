@@ -259,7 +259,15 @@ func (s *sim) leaseOnlyFault() {
 		resp, err = s.do(logical.UpdateOperation, "roles/"+name, data)
 		s.logf("  the same write again: %s", outcome(resp, err))
 	}
+	if s.rng.IntN(3) == 0 {
+		// The read that follows cannot reload the role: a node serves
+		// what it mirrors while storage fails, and must not serve it in
+		// a shape the role no longer has.
+		s.fs.failNext("get", rolePrefix+name, 1, false)
+		s.logf("  storage fails the next read of %s%s", rolePrefix, name)
+	}
 	s.readCreds(name)
+	s.dropRule(rolePrefix + name)
 }
 
 // dropRule disarms what is left of the fault rules on prefix (a write that
@@ -412,7 +420,7 @@ func (s *sim) checkPass() {
 // the read began or when it ended (a read may overlap a role change): a
 // lease whose TTL is the credential's remaining validity, or, for
 // lease=false, no lease and the ttl and rotation_period fields.
-func (s *sim) checkLease(node, name string, resp *logical.Response, exp, start, end time.Time, roles ...*roleEntry) {
+func (s *sim) checkLease(node, name, entityID string, resp *logical.Response, exp, start, end time.Time, roles ...*roleEntry) {
 	s.fig.checks++
 	_, hasTTL := resp.Data["ttl"]
 	_, hasRot := resp.Data["rotation_period"]
@@ -451,7 +459,7 @@ func (s *sim) checkLease(node, name string, resp *logical.Response, exp, start, 
 		}
 	}
 	if len(want) > 0 {
-		s.failf("%s served creds/%s with %s, but the role as stored (when the read began and when it ended) says %s", node, name, got, strings.Join(want, ", then "))
+		s.failf("%s served creds/%s (entity %q) with %s, but the role as stored (when the read began and when it ended) says %s", node, name, entityID, got, strings.Join(want, ", then "))
 	}
 }
 
@@ -491,7 +499,11 @@ func (s *sim) newActive() (*backend, *nodeStorage) {
 //     and every reconciler pass fails;
 //   - finding 4: after an overlapping failover the schedule index keeps the
 //     old active node's last write: the new node's copy of the shard agrees
-//     with its plan, so its passes never write the shard back.
+//     with its plan, so its passes never write the shard back;
+//   - finding 5: after a lease-only write whose Put is applied but reported
+//     failed (the retry then reports success and changes nothing), a read
+//     that cannot reload the role is served from the mirror (fallback) in
+//     the lease shape the role had before the write.
 func simDefectRuns() []struct {
 	name  string
 	seed  uint64
@@ -504,14 +516,15 @@ func simDefectRuns() []struct {
 		steps int
 		knobs simKnobs
 	}{
-		// On today's code they fail at steps 5, 111, 23, 44, 4 and 72; each
-		// runs some way past that, so that a fixed build shows more.
+		// On today's code they fail at steps 5, 111, 23, 23, 4, 72 and 6;
+		// each runs some way past that, so that a fixed build shows more.
 		{"defect1_reload_invalidation", 41, 60, simKnobs{midLoad: 40}},
 		{"defect1_reload_invalidation_delete", 11, 150, simKnobs{midLoad: 40}},
 		{"defect1_active_overlap", 27, 60, simKnobs{overlap: 20}},
-		{"defect2_lease_only_write", 12, 80, simKnobs{leaseFault: 40}},
+		{"defect2_lease_only_write", 30, 40, simKnobs{leaseFault: 40}},
 		{"defect3_index_shard_size", 13, 6, simKnobs{entities: 13000}},
 		{"finding4_overlap_index", 5, 120, simKnobs{overlap: 30}},
+		{"finding5_lease_fallback", 16, 40, simKnobs{leaseFault: 40}},
 	}
 }
 

@@ -870,7 +870,7 @@ func (s *sim) checkServed(name, entityID string, resp *logical.Response, node st
 		s.fig.entityServed++
 	}
 	s.fig.checks += 5
-	s.checkLease(node, name, resp, exp, served, s.clk.Now(), before, after)
+	s.checkLease(node, name, entityID, resp, exp, served, s.clk.Now(), before, after)
 }
 
 // check verifies every invariant against the truth in storage.
