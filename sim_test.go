@@ -7,7 +7,11 @@ package awsresilient
 //
 //	go test -run TestSimulation -sim.soak=1h -timeout 2h .
 //
-// and one seed with -sim.seed=N (-sim.steps sets the length of each run).
+// and one seed with -sim.seed=N (-sim.steps sets the length of each run,
+// -sim.knobs the weights of the newer operations and the shape of the
+// world: see sim_ext_test.go). The regression seeds run as they were
+// found; one new seed runs with every newer operation and two mounts; and
+// the defect*/finding* subtests replay the seeds that found defects.
 
 import (
 	"bytes"
