@@ -1,0 +1,6 @@
+//go:build !race
+
+package awsresilient
+
+// simRace: see sim_race_test.go.
+const simRace = false
