@@ -348,3 +348,38 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 		t.Fatalf("recreated role: mirrored=%v gen=%d, want a generation other than the deleted role's %d", ok, gen, oldGen)
 	}
 }
+
+// TestMirror_FailedLeaseWriteNoFallbackInTheOldShape: after a lease-only
+// role write whose Put was applied but reported failed, the node does not
+// know which lease shape storage holds. If storage then cannot be read, the
+// credential in memory must not be served in the old shape (a lease, where
+// storage now says lease=false): the read fails instead, and once storage
+// answers, the new shape is served. (Found by the simulation, seed 16 of
+// finding5_lease_fallback.)
+func TestMirror_FailedLeaseWriteNoFallbackInTheOldShape(t *testing.T) {
+	fs := newFaultStorage(new(logical.InmemStorage), 1)
+	f := newFixture(t, fixtureOpts{storage: fs})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/app", map[string]interface{}{"role_arn": testRoleARN})
+	first := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/app", nil)
+	if first.Secret == nil {
+		t.Fatal("the first read has no lease")
+	}
+
+	fs.failNext("put", rolePrefix+"app", 1, true)
+	if _, err := do(t, f.b, f.s, logical.UpdateOperation, "roles/app", map[string]interface{}{"lease": false}); err == nil {
+		t.Fatal("the role write whose Put failed succeeded")
+	}
+	fs.failNext("get", rolePrefix+"app", 1, false)
+	resp, err := do(t, f.b, f.s, logical.ReadOperation, "creds/app", nil)
+	if err == nil && !resp.IsError() && resp.Secret != nil {
+		t.Fatalf("served %v with a lease while storage, which could not be read, says lease=false", resp.Data["access_key"])
+	}
+
+	resp = mustDo(t, f.b, f.s, logical.ReadOperation, "creds/app", nil)
+	if resp.Secret != nil || resp.Data["rotation_period"] == nil {
+		t.Fatalf("read after storage answered: secret=%v data=%v, want no lease and a rotation_period", resp.Secret, resp.Data)
+	}
+	if resp.Data["access_key"] != first.Data["access_key"] {
+		t.Fatalf("access key %v, want the cached %v (the credential itself did not change)", resp.Data["access_key"], first.Data["access_key"])
+	}
+}

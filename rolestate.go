@@ -405,6 +405,19 @@ func (r *roleStates) markLocked(name string, bump bool) uint64 {
 	return next.gen
 }
 
+// markShapeUnsure keeps the fallback from serving the entry: how its
+// credential is served (lease, ttl) may have changed in storage. Unlike a
+// bumped generation, a cycle running for it may still commit.
+func (r *roleStates) markShapeUnsure(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rs := r.m[name]; rs != nil && !rs.defUnsure {
+		copied := *rs
+		copied.defUnsure = true
+		r.put(name, &copied)
+	}
+}
+
 // forget is Invalidate's: storage changed under the key, a role's or an
 // entity credential's. definition says that name is a role whose
 // definition may have changed (or that was deleted); its entity credentials
@@ -492,9 +505,13 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 			// each mirrored entity credential, which carries the role's
 			// definition too, are read again on their next access. (A
 			// retried write finds storage changed and has nothing to do.)
-			r.markLocked(name, false)
-			for _, k := range r.entityKeys(name) {
+			// Until then nobody knows which lease shape storage holds, so
+			// the credential is not served from memory while storage
+			// cannot be read; it stays good for what STS issues, so the
+			// generation (and a running cycle) stays.
+			for _, k := range append(r.entityKeys(name), name) {
 				r.markLocked(k, false)
+				r.markShapeUnsure(k)
 			}
 			return err
 		}
