@@ -349,6 +349,10 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 		b.state.forget(strings.TrimPrefix(key, rolePrefix), true)
 	case strings.HasPrefix(key, cachePrefix), strings.HasPrefix(key, statusPrefix):
 		b.state.forget(key[strings.IndexByte(key, '/')+1:], false)
+	case strings.HasPrefix(key, schedindex.Prefix):
+		// Another node wrote the shard: the next pass writes this node's
+		// view of it again, even where its copy agrees with its plan.
+		b.index.Forget(key)
 	}
 }
 

@@ -48,6 +48,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,6 +174,22 @@ func shardPath(i int) string { return Prefix + strconv.Itoa(i) }
 func shardNumber(k string) (int, bool) {
 	i, err := strconv.Atoi(k)
 	return i, err == nil && i >= 0 && i < Shards
+}
+
+// Forget is told that storage changed under a shard (path is the storage
+// key, Prefix + n: Vault's Invalidate): another node wrote it, so this
+// node's copy, even where it agrees with this node's plan, may no longer be
+// what storage holds. The shard is marked dirty, and the next Repair writes
+// this node's view. Other paths are ignored.
+func (x *Index) Forget(path string) {
+	i, ok := shardNumber(strings.TrimPrefix(path, Prefix))
+	if !ok || !strings.HasPrefix(path, Prefix) {
+		return
+	}
+	sh := &x.shards[i]
+	sh.mu.Lock()
+	sh.dirty = true
+	sh.mu.Unlock()
 }
 
 // Load reads every shard from storage, replacing this node's copy. each runs

@@ -955,3 +955,35 @@ func BenchmarkIndexShardWrite(b *testing.B) {
 		})
 	}
 }
+
+// Another node's write to a shard (an old active still committing after a
+// failover) leaves this node's copy agreeing with its own plan but not with
+// storage: after Forget of that shard's path, the next Repair writes this
+// node's view again; Forget of any other path changes nothing.
+func TestForgetRewritesAShardAnotherNodeWrote(t *testing.T) {
+	s := newFaulty()
+	x := loaded(t, s)
+	x.Set(ctx, s, "r2", item(10).Next(), item(10).Exp())
+	i := shardOf("r2")
+	putShard(t, s, i, map[string]Item{"r2": item(15)}) // the other node's write
+	want := map[string]Item{"r2": item(10)}
+	none := func(string) bool { return false }
+
+	for _, other := range []string{"roles/r2", Prefix + "x", Prefix + strconv.Itoa(Shards), "cache/" + shardPath(i)} {
+		x.Forget(other)
+	}
+	if err := x.Repair(ctx, s, x.Mark(), want, none); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(t, s, i); !maps.Equal(got, map[string]Item{"r2": item(15)}) {
+		t.Fatalf("a Forget of another path made Repair write: storage has %v", got)
+	}
+
+	x.Forget(shardPath(i))
+	if err := x.Repair(ctx, s, x.Mark(), want, none); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(t, s, i); !maps.Equal(got, want) {
+		t.Fatalf("after Forget of %s, Repair left storage at %v, want this node's view %v", shardPath(i), got, want)
+	}
+}
