@@ -478,7 +478,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 				AttemptsLastCycle: attempts,
 			}
 			f.ending.Store(true)
-			err := b.state.commitSuccess(ctx, b.storage, name, f.gen, cred, st, next)
+			err := b.state.commitSuccess(ctx, b.storage, successCommit{key: name, gen: f.gen, cred: cred, status: st, next: next})
 			if errors.Is(err, errShuttingDown) {
 				return stopped()
 			}

@@ -580,13 +580,26 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 	return nil
 }
 
+// successCommit is a successful cycle's outcome, as commitSuccess stores
+// it: the credential fetched for key by a cycle that started under
+// generation gen, the status that records it, and when the key's next
+// cycle is due.
+type successCommit struct {
+	key    string
+	gen    uint64
+	cred   *cacheEntry
+	status *statusEntry
+	next   time.Time
+}
+
 // commitSuccess stores a cycle's new credential and status and schedules the
-// role's next cycle, all under the store lock and only while gen is the
+// role's next cycle, all under the store lock and only while c.gen is the
 // role's current generation. The credential is checked against the cached
 // one here, under the lock, not against a copy read before the STS call.
 // A failed cache write changes nothing and fails the attempt; a failed
 // status write leaves the status dirty for the reconciler.
-func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name string, gen uint64, cred *cacheEntry, st *statusEntry, next time.Time) error {
+func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c successCommit) error {
+	name, gen, cred, st, next := c.key, c.gen, c.cred, c.status, c.next
 	lock := r.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()
