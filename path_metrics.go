@@ -115,8 +115,8 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	active := b.WriteSafeReplicationState()
 	perRole := len(names) <= cfg.MetricsMaxRoles
 
-	tally, err := b.tallyRoles(ctx, s, names, now, cfg, active, perRole)
-	if err != nil {
+	tally := &roleTally{now: now, cfg: cfg, active: active, perRole: perRole, byState: make(map[string]int, len(roleStateNames))}
+	if err := b.tallyRoles(ctx, s, names, tally); err != nil {
 		return nil, err
 	}
 	root, err := getRootConfig(ctx, s)
@@ -148,7 +148,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	if err := w.encodeFamilies(families, mount); err != nil {
 		return nil, err
 	}
-	b.writeAggregates(w, tally, cfg, perRole)
+	b.writeAggregates(w, tally)
 	writeRootGauges(w, root, rot, now)
 	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
 		b.entityStates(now, cfg, active))
@@ -170,38 +170,45 @@ type roleSample struct {
 // roleTally is what a scrape counts over the roles: the aggregates, and
 // the per-role samples when they are exported.
 type roleTally struct {
+	// now, cfg and active are the scrape's time, config/refresh and
+	// whether this node runs the refresher; perRole says whether per-role
+	// series are exported.
+	now             time.Time
+	cfg             refreshConfig
+	active, perRole bool
+
 	samples                                            []roleSample
 	byState                                            map[string]int
 	defined, cached, starved, failing, expiringFailing int
 }
 
 // tallyRoles reads each listed role from the mirror (from storage only when
-// it is not mirrored) and counts it; with perRole, it keeps its sample.
-func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []string, now time.Time, cfg refreshConfig, active, perRole bool) (*roleTally, error) {
-	t := &roleTally{byState: make(map[string]int, len(roleStateNames))}
-	if perRole {
+// it is not mirrored) and counts it in t; with t.perRole, it keeps its
+// sample.
+func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []string, t *roleTally) error {
+	if t.perRole {
 		t.samples = make([]roleSample, 0, len(names))
 	}
 	var entities map[string]entitySummary // on the first entity-scoped role
 	for _, name := range names {
 		rs, err := b.state.current(ctx, s, name)
 		if err != nil {
-			return nil, fmt.Errorf("loading role %q: %w", name, err)
+			return fmt.Errorf("loading role %q: %w", name, err)
 		}
 		if rs == nil {
 			continue // deleted since the list
 		}
 		t.defined++
-		r := b.report(name, rs, now, cfg, active)
+		r := b.report(name, rs, t.now, t.cfg, t.active)
 		if rs.role != nil && rs.role.entityScoped() {
 			if entities == nil {
-				entities = b.summarizeEntities("", now, cfg, active)
+				entities = b.summarizeEntities("", t.now, t.cfg, t.active)
 			}
 			r, rs = t.entityScopedRole(entities[name], rs)
 		}
-		t.add(name, r, rs, now, cfg, perRole)
+		t.add(name, r, rs)
 	}
-	return t, nil
+	return nil
 }
 
 // entityScopedRole is what an entity-scoped role reports, as status/<name>
@@ -219,9 +226,9 @@ func (t *roleTally) entityScopedRole(sum entitySummary, rs *roleState) (roleRepo
 }
 
 // add counts the role in the aggregates and, with perRole, keeps its sample.
-func (t *roleTally) add(name string, r roleReport, rs *roleState, now time.Time, cfg refreshConfig, perRole bool) {
+func (t *roleTally) add(name string, r roleReport, rs *roleState) {
 	t.byState[r.state]++
-	if rs.cred.validAt(now) {
+	if rs.cred.validAt(t.now) {
 		t.cached++
 	}
 	if r.starved {
@@ -233,10 +240,10 @@ func (t *roleTally) add(name string, r roleReport, rs *roleState, now time.Time,
 	if st.FailedCycles >= 2 {
 		t.failing++
 	}
-	if expiringWhileFailing(&st, rs.cred, now, cfg) {
+	if expiringWhileFailing(&st, rs.cred, t.now, t.cfg) {
 		t.expiringFailing++
 	}
-	if perRole {
+	if t.perRole {
 		t.samples = append(t.samples, newRoleSample(name, r, rs.cred, &st))
 	}
 }
@@ -276,7 +283,7 @@ func (w *expositionWriter) encodeFamilies(families []*dto.MetricFamily, mount st
 }
 
 // writeAggregates writes the gauges about the mount as a whole.
-func (b *backend) writeAggregates(w *expositionWriter, t *roleTally, cfg refreshConfig, perRole bool) {
+func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
 	w.gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(t.defined))
 	w.gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(t.cached))
 	w.gauge("aws_resilient_roles_refresh_failing", "Roles whose last 2 or more refresh cycles failed.", float64(t.failing))
@@ -284,8 +291,8 @@ func (b *backend) writeAggregates(w *expositionWriter, t *roleTally, cfg refresh
 	w.gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(t.starved))
 	w.gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.refresherRunning()))
 	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.rolesInPlan()))
-	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", cfg.RetryWindow.Seconds())
-	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(perRole))
+	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", t.cfg.RetryWindow.Seconds())
+	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(t.perRole))
 }
 
 // writeRootGauges writes the root key's gauges: its rotation failures, and
