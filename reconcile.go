@@ -357,13 +357,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 	if _, entityID := splitKey(name); entityID != "" {
 		// An entity credential nobody read for entity_idle_ttl, or whose
 		// entity Vault deleted or disabled, costs no more STS calls.
-		reason := ""
-		switch {
-		case rs.idle(b.clock.Now()):
-			reason = dropIdle
-		case b.entityGone(entityID):
-			reason = dropEntityGone
-		}
+		reason := entityDropReason(rs, b.clock.Now(), func() bool { return b.entityGone(entityID) })
 		if reason != "" {
 			if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
 				return nil, err
