@@ -237,16 +237,11 @@ func (e errTooManyEntities) Error() string {
 	return fmt.Sprintf("the role already caches credentials for max_entities=%d entities; raise max_entities or lower entity_idle_ttl", e.max)
 }
 
-// admit makes sure the role keeps an entry for the entity and records the
-// read, before a cold read fetches the entity's first credential. A new
-// entity is counted against max_entities and its entry is created with a
-// status recording the read, under the role's store lock, so that two new
-// entities cannot both take the last place. It returns nil, nil when the
-// role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
-	lock := r.lockFor(key)
-	lock.Lock()
-	defer lock.Unlock()
+// admitLocked is admit's work, under the role's store lock (rolestate.go).
+// A new entity is counted against max_entities and its entry is created
+// with a status recording the read, so that two new entities cannot both
+// take the last place.
+func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
 	rs, err := r.currentLocked(ctx, s, key)
 	if err != nil || rs == nil {
 		return rs, err
@@ -319,9 +314,7 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 // entityDropReason says so at now (gone as there); it reports whether it
 // did.
 func (b *backend) dropEntity(ctx context.Context, key string, now time.Time, gone func() bool) (bool, error) {
-	lock := b.state.lockFor(key)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(key)()
 	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil || rs == nil {
 		return false, err

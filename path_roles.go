@@ -360,9 +360,7 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 
 	// The store lock makes "load, change, store, drop the cache" one step
 	// against a cycle that is about to store a credential for this role.
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(name)()
 
 	old, err := getRole(ctx, req.Storage, name)
 	if err != nil {
@@ -423,10 +421,7 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 
 func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
-	if err := b.state.deleteRoleLocked(ctx, req.Storage, name); err != nil {
+	if err := b.state.deleteRole(ctx, req.Storage, name); err != nil {
 		return nil, err
 	}
 	return nil, nil
