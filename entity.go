@@ -237,16 +237,11 @@ func (e errTooManyEntities) Error() string {
 	return fmt.Sprintf("the role already caches credentials for max_entities=%d entities; raise max_entities or lower entity_idle_ttl", e.max)
 }
 
-// admit makes sure the role keeps an entry for the entity and records the
-// read, before a cold read fetches the entity's first credential. A new
-// entity is counted against max_entities and its entry is created with a
-// status recording the read, under the role's store lock, so that two new
-// entities cannot both take the last place. It returns nil, nil when the
-// role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
-	lock := r.lockFor(key)
-	lock.Lock()
-	defer lock.Unlock()
+// admitLocked is admit's work, under the role's store lock (rolestate.go).
+// A new entity is counted against max_entities and its entry is created
+// with a status recording the read, so that two new entities cannot both
+// take the last place.
+func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
 	rs, err := r.currentLocked(ctx, s, key)
 	if err != nil || rs == nil {
 		return rs, err
@@ -315,17 +310,17 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 	return nil
 }
 
-// dropIdleEntity drops the entity credential when it is idle at now, under
-// its store lock; it reports whether it did.
-func (b *backend) dropIdleEntity(ctx context.Context, key string, now time.Time, reason string) (bool, error) {
-	lock := b.state.lockFor(key)
-	lock.Lock()
-	defer lock.Unlock()
+// dropEntity drops the entity credential, under its store lock, when
+// entityDropReason says so at now (gone as there); it reports whether it
+// did.
+func (b *backend) dropEntity(ctx context.Context, key string, now time.Time, gone func() bool) (bool, error) {
+	defer b.state.lockRole(key)()
 	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil || rs == nil {
 		return false, err
 	}
-	if reason == dropIdle && !rs.idle(now) {
+	reason := entityDropReason(rs, now, gone)
+	if reason == "" {
 		return false, nil
 	}
 	if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
@@ -335,6 +330,27 @@ func (b *backend) dropIdleEntity(ctx context.Context, key string, now time.Time,
 	b.Logger().Info("dropped entity credential", "role", roleOf(key), "entity_id", key[len(roleOf(key))+1:], "reason", reason)
 	return true, nil
 }
+
+// entityDropReason is the one rule for dropping an entity credential
+// rather than refreshing it, for the cycle and the reconciler alike: it
+// returns why, or "" to keep it. dropIdle: nobody has read it for its
+// role's entity_idle_ttl at now. dropEntityGone: gone reports that Vault
+// deleted or disabled its entity. Idleness is decided first, and gone is
+// asked only for a credential not idle, as it may cost a lookup; a nil
+// gone means the caller has not looked the entity up.
+func entityDropReason(rs *roleState, now time.Time, gone func() bool) string {
+	switch {
+	case rs.idle(now):
+		return dropIdle
+	case gone != nil && gone():
+		return dropEntityGone
+	}
+	return ""
+}
+
+// entityIsGone is gone for a caller that already knows the entity is gone
+// (its lookup said errEntityGone).
+func entityIsGone() bool { return true }
 
 // Reasons an entity credential is dropped, as the metric labels them.
 const (

@@ -506,3 +506,51 @@ func TestEntity_SingleFlightPerEntity(t *testing.T) {
 		t.Errorf("STS calls = %d, want 2", n)
 	}
 }
+
+// entityDropReason is the one rule the cycle and the reconciler drop entity
+// credentials by: idle first, then gone, asked only when not idle.
+func TestEntityDropReason(t *testing.T) {
+	read := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	entry := func(idleTTL time.Duration) *roleState {
+		return &roleState{
+			role: &roleEntry{CredentialType: credentialTypeAssumedRole, CacheScope: cacheScopeEntity, TTL: time.Hour, EntityIdleTTL: idleTTL},
+			use:  newEntityUse(read),
+		}
+	}
+	const (
+		unknown = iota // the caller has not looked the entity up
+		live
+		gone
+	)
+	for _, tc := range []struct {
+		name   string
+		rs     *roleState
+		since  time.Duration // now - last read
+		entity int
+		want   string
+		asked  bool // whether gone must be asked
+	}{
+		{name: "read recently, not looked up", rs: entry(10 * time.Minute), since: 9 * time.Minute, entity: unknown, want: ""},
+		{name: "read recently, entity live", rs: entry(10 * time.Minute), since: 9 * time.Minute, entity: live, want: "", asked: true},
+		{name: "read recently, entity gone", rs: entry(10 * time.Minute), since: 9 * time.Minute, entity: gone, want: dropEntityGone, asked: true},
+		{name: "idle at exactly entity_idle_ttl", rs: entry(10 * time.Minute), since: 10 * time.Minute, entity: unknown, want: dropIdle},
+		{name: "idle and entity gone: idle, gone not asked", rs: entry(10 * time.Minute), since: time.Hour, entity: gone, want: dropIdle},
+		{name: "idle, entity live", rs: entry(10 * time.Minute), since: time.Hour, entity: live, want: dropIdle},
+		{name: "default idle ttl is 2 x ttl: not yet", rs: entry(0), since: 2*time.Hour - time.Second, entity: live, want: "", asked: true},
+		{name: "default idle ttl is 2 x ttl: idle", rs: entry(0), since: 2 * time.Hour, entity: live, want: dropIdle},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var asked bool
+			var goneFn func() bool
+			if tc.entity != unknown {
+				goneFn = func() bool { asked = true; return tc.entity == gone }
+			}
+			if got := entityDropReason(tc.rs, read.Add(tc.since), goneFn); got != tc.want {
+				t.Errorf("entityDropReason = %q, want %q", got, tc.want)
+			}
+			if asked != tc.asked {
+				t.Errorf("gone asked = %v, want %v", asked, tc.asked)
+			}
+		})
+	}
+}

@@ -115,78 +115,10 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	active := b.WriteSafeReplicationState()
 	perRole := len(names) <= cfg.MetricsMaxRoles
 
-	type roleSample struct {
-		name                                     string
-		report                                   roleReport
-		exp, lifetime, lastSuccess, failedCycles float64
-		cached, issued, succeeded                bool
+	tally := &roleTally{now: now, cfg: cfg, active: active, perRole: perRole, byState: make(map[string]int, len(roleStateNames))}
+	if err := b.tallyRoles(ctx, s, names, tally); err != nil {
+		return nil, err
 	}
-	var samples []roleSample
-	if perRole {
-		samples = make([]roleSample, 0, len(names))
-	}
-	byState := make(map[string]int, len(roleStateNames))
-	var entities map[string]entitySummary // on the first entity-scoped role
-	var defined, cached, starved, failing, expiringFailing int
-	for _, name := range names {
-		rs, err := b.state.current(ctx, s, name)
-		if err != nil {
-			return nil, fmt.Errorf("loading role %q: %w", name, err)
-		}
-		if rs == nil {
-			continue // deleted since the list
-		}
-		defined++
-		r := b.report(name, rs, now, cfg, active)
-		if rs.role != nil && rs.role.entityScoped() {
-			// As status/<name> says: its entities' worst state, and no
-			// plan of its own.
-			if entities == nil {
-				entities = b.summarizeEntities("", now, cfg, active)
-			}
-			sum := entities[name]
-			r = roleReport{state: sum.state()}
-			if sum.worst == nil {
-				sum.worst = &statusEntry{}
-			}
-			// Its entities' figures, so that the alerts fire for them.
-			rs = &roleState{role: rs.role, fullStatus: &statusEntry{FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess}}
-			if sum.expiringFailing {
-				expiringFailing++
-			}
-		}
-		byState[r.state]++
-		if rs.cred.validAt(now) {
-			cached++
-		}
-		if r.starved {
-			starved++
-		}
-		// The aggregates behind the two per-role alerts, for mounts above
-		// metrics_max_roles (the rules use these thresholds).
-		st := rs.status()
-		if st.FailedCycles >= 2 {
-			failing++
-		}
-		if expiringWhileFailing(&st, rs.cred, now, cfg) {
-			expiringFailing++
-		}
-		if !perRole {
-			continue
-		}
-		smp := roleSample{name: name, report: r, failedCycles: float64(st.FailedCycles)}
-		if c := rs.cred; c != nil {
-			smp.cached, smp.exp = true, unixSeconds(c.Expiration)
-			if !c.IssuedAt.IsZero() {
-				smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
-			}
-		}
-		if t := st.LastSuccess; !t.IsZero() {
-			smp.succeeded, smp.lastSuccess = true, unixSeconds(t)
-		}
-		samples = append(samples, smp)
-	}
-
 	root, err := getRootConfig(ctx, s)
 	if err != nil {
 		return nil, err
@@ -195,13 +127,12 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	if err != nil {
 		return nil, err
 	}
-
 	families, err := b.metrics.reg.Gather()
 	if err != nil {
 		return nil, fmt.Errorf("gathering metrics: %w", err)
 	}
 	// About 100 bytes per series, ten series per role, plus the names.
-	size := 16<<10 + len(samples)*(1100+10*len(mount)+10*8)
+	size := 16<<10 + len(tally.samples)*(1100+10*len(mount)+10*8)
 	if size > 1<<20 {
 		// The body, and the sdk's base64 and protobuf copies of it after
 		// this returns, would otherwise make the GC thrash against the
@@ -214,6 +145,129 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		fmt.Fprintf(w, "# aws_resilient: %d roles exceed metrics_max_roles (%d): per-role series are omitted, aggregates only.\n",
 			len(names), cfg.MetricsMaxRoles)
 	}
+	if err := w.encodeFamilies(families, mount); err != nil {
+		return nil, err
+	}
+	b.writeAggregates(w, tally)
+	writeRootGauges(w, root, rot, now)
+	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
+		b.entityStates(now, cfg, active))
+	w.stateFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.", tally.byState)
+	if perRole && len(tally.samples) > 0 {
+		w.roleSeries(tally.samples)
+	}
+	return w.buf, nil
+}
+
+// roleSample is one role's per-role series.
+type roleSample struct {
+	name                                     string
+	report                                   roleReport
+	exp, lifetime, lastSuccess, failedCycles float64
+	cached, issued, succeeded                bool
+}
+
+// roleTally is what a scrape counts over the roles: the aggregates, and
+// the per-role samples when they are exported.
+type roleTally struct {
+	// now, cfg and active are the scrape's time, config/refresh and
+	// whether this node runs the refresher; perRole says whether per-role
+	// series are exported.
+	now             time.Time
+	cfg             refreshConfig
+	active, perRole bool
+
+	samples                                            []roleSample
+	byState                                            map[string]int
+	defined, cached, starved, failing, expiringFailing int
+}
+
+// tallyRoles reads each listed role from the mirror (from storage only when
+// it is not mirrored) and counts it in t; with t.perRole, it keeps its
+// sample.
+func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []string, t *roleTally) error {
+	if t.perRole {
+		t.samples = make([]roleSample, 0, len(names))
+	}
+	var entities map[string]entitySummary // on the first entity-scoped role
+	for _, name := range names {
+		rs, err := b.state.current(ctx, s, name)
+		if err != nil {
+			return fmt.Errorf("loading role %q: %w", name, err)
+		}
+		if rs == nil {
+			continue // deleted since the list
+		}
+		t.defined++
+		r := b.report(name, rs, t.now, t.cfg, t.active)
+		if rs.role != nil && rs.role.entityScoped() {
+			if entities == nil {
+				entities = b.summarizeEntities("", t.now, t.cfg, t.active)
+			}
+			r, rs = t.entityScopedRole(entities[name], rs)
+		}
+		t.add(name, r, rs)
+	}
+	return nil
+}
+
+// entityScopedRole is what an entity-scoped role reports, as status/<name>
+// says: its entities' worst state, and no plan of its own; and its
+// entities' figures, so that the alerts fire for them.
+func (t *roleTally) entityScopedRole(sum entitySummary, rs *roleState) (roleReport, *roleState) {
+	if sum.worst == nil {
+		sum.worst = &statusEntry{}
+	}
+	if sum.expiringFailing {
+		t.expiringFailing++
+	}
+	return roleReport{state: sum.state()},
+		&roleState{role: rs.role, fullStatus: &statusEntry{FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess}}
+}
+
+// add counts the role in the aggregates and, with perRole, keeps its sample.
+func (t *roleTally) add(name string, r roleReport, rs *roleState) {
+	t.byState[r.state]++
+	if rs.cred.validAt(t.now) {
+		t.cached++
+	}
+	if r.starved {
+		t.starved++
+	}
+	// The aggregates behind the two per-role alerts, for mounts above
+	// metrics_max_roles (the rules use these thresholds).
+	st := rs.status()
+	if st.FailedCycles >= 2 {
+		t.failing++
+	}
+	if expiringWhileFailing(&st, rs.cred, t.now, t.cfg) {
+		t.expiringFailing++
+	}
+	if t.perRole {
+		t.samples = append(t.samples, newRoleSample(name, r, rs.cred, &st))
+	}
+}
+
+// newRoleSample holds the role's per-role figures; a figure the role does
+// not have (nothing cached, no issue time, never succeeded) is flagged
+// absent.
+func newRoleSample(name string, r roleReport, c *cacheEntry, st *statusEntry) roleSample {
+	smp := roleSample{name: name, report: r, failedCycles: float64(st.FailedCycles)}
+	if c != nil {
+		smp.cached, smp.exp = true, unixSeconds(c.Expiration)
+		if !c.IssuedAt.IsZero() {
+			smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
+		}
+	}
+	if t := st.LastSuccess; !t.IsZero() {
+		smp.succeeded, smp.lastSuccess = true, unixSeconds(t)
+	}
+	return smp
+}
+
+// encodeFamilies encodes the registry's families with expfmt, each series
+// labelled with the mount when it is known.
+func (w *expositionWriter) encodeFamilies(families []*dto.MetricFamily, mount string) error {
 	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, f := range families {
 		if mount != "" {
@@ -222,57 +276,54 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 			}
 		}
 		if err := enc.Encode(f); err != nil {
-			return nil, fmt.Errorf("encoding metrics: %w", err)
+			return fmt.Errorf("encoding metrics: %w", err)
 		}
 	}
+	return nil
+}
 
-	gauge := func(name, help string, v float64) {
-		w.family(name, help)
-		w.sample(name, v)
-	}
-	bool01 := func(b bool) float64 {
-		if b {
-			return 1
-		}
-		return 0
-	}
-	gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(defined))
-	gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(cached))
-	gauge("aws_resilient_roles_refresh_failing", "Roles whose last 2 or more refresh cycles failed.", float64(failing))
-	gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed with less than two retry windows of validity left.", float64(expiringFailing))
-	gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(starved))
-	gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.refresherRunning()))
-	gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.rolesInPlan()))
-	gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", cfg.RetryWindow.Seconds())
-	gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(perRole))
-	gauge("aws_resilient_root_rotation_failures", "Consecutive failed root key rotations (config/rotation failures).", float64(rot.Failures))
+// writeAggregates writes the gauges about the mount as a whole.
+func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
+	w.gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(t.defined))
+	w.gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(t.cached))
+	w.gauge("aws_resilient_roles_refresh_failing", "Roles whose last 2 or more refresh cycles failed.", float64(t.failing))
+	w.gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed with less than two retry windows of validity left.", float64(t.expiringFailing))
+	w.gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(t.starved))
+	w.gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.refresherRunning()))
+	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.rolesInPlan()))
+	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", t.cfg.RetryWindow.Seconds())
+	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(t.perRole))
+}
+
+// writeRootGauges writes the root key's gauges: its rotation failures, and
+// its age and rotation times when they are known.
+func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, now time.Time) {
+	w.gauge("aws_resilient_root_rotation_failures", "Consecutive failed root key rotations (config/rotation failures).", float64(rot.Failures))
 	if root != nil && root.AccessKey != "" && !root.KeySetAt.IsZero() {
-		gauge("aws_resilient_root_key_age_seconds", "How long ago config/root's static access key was stored (by an operator or a rotation).", now.Sub(root.KeySetAt).Seconds())
+		w.gauge("aws_resilient_root_key_age_seconds", "How long ago config/root's static access key was stored (by an operator or a rotation).", now.Sub(root.KeySetAt).Seconds())
 	}
 	if !rot.LastRotated.IsZero() {
-		gauge("aws_resilient_root_last_rotation_timestamp_seconds", "When the root key was last rotated (unix seconds).", unixSeconds(rot.LastRotated))
+		w.gauge("aws_resilient_root_last_rotation_timestamp_seconds", "When the root key was last rotated (unix seconds).", unixSeconds(rot.LastRotated))
 	}
 	if !rot.NextRotation.IsZero() {
-		gauge("aws_resilient_root_next_rotation_timestamp_seconds", "When the next scheduled root key rotation is due (unix seconds); absent when rotation_period is 0.", unixSeconds(rot.NextRotation))
+		w.gauge("aws_resilient_root_next_rotation_timestamp_seconds", "When the next scheduled root key rotation is due (unix seconds); absent when rotation_period is 0.", unixSeconds(rot.NextRotation))
 	}
-	entityStates := map[string]int{}
+}
+
+// entityStates counts the entity credentials held on this node, by state.
+func (b *backend) entityStates(now time.Time, cfg refreshConfig, active bool) map[string]int {
+	states := map[string]int{}
 	for _, sum := range b.summarizeEntities("", now, cfg, active) {
 		for st, n := range sum.byState {
-			entityStates[st] += n
+			states[st] += n
 		}
 	}
-	w.family("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.")
-	for _, st := range roleStateNames {
-		w.sample("aws_resilient_entity_credentials", float64(entityStates[st]), "state", st)
-	}
-	w.family("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.")
-	for _, st := range roleStateNames {
-		w.sample("aws_resilient_roles", float64(byState[st]), "state", st)
-	}
-	if !perRole || len(samples) == 0 {
-		return w.buf, nil
-	}
+	return states
+}
 
+// roleSeries writes the per-role families, one series per role (the state
+// family one per role and state), in the samples' order.
+func (w *expositionWriter) roleSeries(samples []roleSample) {
 	perRoleFamily := func(name, help string, each func(smp *roleSample) (float64, bool)) {
 		w.family(name, help)
 		for i := range samples {
@@ -303,7 +354,6 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 			w.sample(stateName, bool01(st == samples[i].report.state), "role", samples[i].name, "state", st)
 		}
 	}
-	return w.buf, nil
 }
 
 // refresherRunning reports whether this node runs the refresher.
@@ -364,6 +414,27 @@ func (w *expositionWriter) sample(name string, v float64, labels ...string) {
 	w.buf = append(w.buf, ' ')
 	w.buf = strconv.AppendFloat(w.buf, v, 'g', -1, 64)
 	w.buf = append(w.buf, '\n')
+}
+
+// gauge writes a gauge family of one series.
+func (w *expositionWriter) gauge(name, help string, v float64) {
+	w.family(name, help)
+	w.sample(name, v)
+}
+
+// stateFamily writes a gauge family with one series per role state.
+func (w *expositionWriter) stateFamily(name, help string, byState map[string]int) {
+	w.family(name, help)
+	for _, st := range roleStateNames {
+		w.sample(name, float64(byState[st]), "state", st)
+	}
+}
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func appendLabel(buf []byte, name, value string) []byte {

@@ -360,9 +360,7 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 
 	// The store lock makes "load, change, store, drop the cache" one step
 	// against a cycle that is about to store a credential for this role.
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(name)()
 
 	old, err := getRole(ctx, req.Storage, name)
 	if err != nil {
@@ -423,10 +421,7 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 
 func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
-	if err := b.state.deleteRoleLocked(ctx, req.Storage, name); err != nil {
+	if err := b.state.deleteRole(ctx, req.Storage, name); err != nil {
 		return nil, err
 	}
 	return nil, nil
@@ -496,8 +491,30 @@ type roleEntry struct {
 }
 
 // validate returns a message naming what is wrong and what is allowed, or ""
-// when the role can be sent to STS as written.
+// when the role can be sent to STS as written. The checks run in this
+// order, and the first that fails names the mistake.
 func (r *roleEntry) validate(name string) string {
+	if msg := r.validateCredentialType(); msg != "" {
+		return msg
+	}
+	if msg := r.validateSessionName(name); msg != "" {
+		return msg
+	}
+	if msg := r.validatePolicies(); msg != "" {
+		return msg
+	}
+	if msg := r.validateSessionTags(); msg != "" {
+		return msg
+	}
+	if r.TTL < minRoleTTL || r.TTL > maxRoleTTL {
+		return fmt.Sprintf("ttl must be between %s and %s; got %s", minRoleTTL, maxRoleTTL, r.TTL)
+	}
+	return ""
+}
+
+// validateCredentialType checks the credential type against the cache
+// scope, and the fields only assumed_role takes (role_arn, external_id).
+func (r *roleEntry) validateCredentialType() string {
 	if r.entityScoped() && r.CredentialType != credentialTypeAssumedRole {
 		return fmt.Sprintf("cache_scope=entity needs credential_type assumed_role (the session carries the entity's name); got %s", r.CredentialType)
 	}
@@ -524,9 +541,16 @@ func (r *roleEntry) validate(name string) string {
 	default:
 		return fmt.Sprintf("credential_type must be one of assumed_role, session_token, federation_token; got %q", r.CredentialType)
 	}
+	return ""
+}
 
-	if r.CredentialType == credentialTypeSessionToken {
-		// GetSessionToken takes no name, policy or tags.
+// validateSessionName checks what names the STS session: nothing for
+// session_token (GetSessionToken takes no name, policy or tags), the
+// template for an entity-scoped role, else the session name the role
+// sends (role_session_name, or the default from the role's name).
+func (r *roleEntry) validateSessionName(name string) string {
+	switch {
+	case r.CredentialType == credentialTypeSessionToken:
 		if r.RoleSessionName != "" {
 			return "role_session_name is not valid for credential_type session_token"
 		}
@@ -536,7 +560,7 @@ func (r *roleEntry) validate(name string) string {
 		if len(r.SessionTags) != 0 {
 			return "session_tags are not valid for credential_type session_token"
 		}
-	} else if r.entityScoped() {
+	case r.entityScoped():
 		// The template names each entity's session.
 		if r.RoleSessionName != "" {
 			return "role_session_name is not valid with cache_scope=entity: session_name_template names each entity's session"
@@ -544,7 +568,7 @@ func (r *roleEntry) validate(name string) string {
 		if err := checkSessionTemplate(r.sessionTemplate()); err != nil {
 			return fmt.Sprintf("session_name_template is not a valid template: %s", err)
 		}
-	} else {
+	default:
 		maxLen := maxSessionNameLength
 		if r.CredentialType == credentialTypeFederationToken {
 			maxLen = maxFederationName
@@ -554,7 +578,12 @@ func (r *roleEntry) validate(name string) string {
 			return fmt.Sprintf(`role_session_name must be 2 to %d characters matching [\w+=,.@-] for %s; got %q`, maxLen, r.CredentialType, sn)
 		}
 	}
+	return ""
+}
 
+// validatePolicies checks the session policies: policy_document a JSON
+// object within STS's packed size, policy_arns IAM policy ARNs.
+func (r *roleEntry) validatePolicies() string {
 	if r.PolicyDocument != "" {
 		var obj map[string]interface{}
 		if err := json.Unmarshal([]byte(r.PolicyDocument), &obj); err != nil || obj == nil {
@@ -576,6 +605,11 @@ func (r *roleEntry) validate(name string) string {
 			return fmt.Sprintf("policy_arns must be IAM policy ARNs such as arn:aws:iam::aws:policy/ReadOnlyAccess; got %q", a)
 		}
 	}
+	return ""
+}
+
+// validateSessionTags checks the session tags against what STS accepts.
+func (r *roleEntry) validateSessionTags() string {
 	if len(r.SessionTags) > maxSessionTags {
 		return fmt.Sprintf("session_tags takes at most %d tags; got %d", maxSessionTags, len(r.SessionTags))
 	}
@@ -586,9 +620,6 @@ func (r *roleEntry) validate(name string) string {
 		if utf8.RuneCountInString(v) > 256 || !tagRegex.MatchString(v) {
 			return `session_tags values must be at most 256 characters of letters, digits, spaces and _.:/=+-@`
 		}
-	}
-	if r.TTL < minRoleTTL || r.TTL > maxRoleTTL {
-		return fmt.Sprintf("ttl must be between %s and %s; got %s", minRoleTTL, maxRoleTTL, r.TTL)
 	}
 	return ""
 }

@@ -337,9 +337,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 	if err := ctx.Err(); err != nil {
 		return nil, err // the pass is stopping: no more storage calls
 	}
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(name)()
 	if reread {
 		b.state.markLocked(name, false)
 	}
@@ -357,13 +355,7 @@ func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, p
 	if _, entityID := splitKey(name); entityID != "" {
 		// An entity credential nobody read for entity_idle_ttl, or whose
 		// entity Vault deleted or disabled, costs no more STS calls.
-		reason := ""
-		switch {
-		case rs.idle(b.clock.Now()):
-			reason = dropIdle
-		case b.entityGone(entityID):
-			reason = dropEntityGone
-		}
+		reason := entityDropReason(rs, b.clock.Now(), func() bool { return b.entityGone(entityID) })
 		if reason != "" {
 			if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
 				return nil, err
@@ -421,9 +413,7 @@ func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, pa
 }
 
 func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStart time.Time, idx *passIndex) error {
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(name)()
 	rs, err := b.state.currentLocked(ctx, b.storage, name)
 	if err != nil {
 		return err
@@ -465,9 +455,7 @@ func (b *backend) plannedRefresh(rs *roleState) time.Time {
 // dropOrphan deletes a cached credential or status whose role is gone,
 // after checking under the store lock that the role really is.
 func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(name)()
 	role, err := getRole(ctx, b.storage, name)
 	if err != nil || role != nil {
 		return err
@@ -482,9 +470,7 @@ func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
 // dropOrphanEntities deletes the entity credentials stored under a role
 // that is gone or not entity-scoped, after checking under the store lock.
 func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
-	lock := b.state.lockFor(name)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(name)()
 	role, err := getRole(ctx, b.storage, name)
 	if err != nil || (role != nil && role.entityScoped()) {
 		return err

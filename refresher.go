@@ -398,7 +398,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 	if _, entityID := splitKey(name); entityID != "" && f.background {
 		// An entity credential nobody read for entity_idle_ttl is dropped
 		// here, at its refresh, instead of costing another STS call.
-		dropped, err := b.dropIdleEntity(ctx, name, start, dropIdle)
+		dropped, err := b.dropEntity(ctx, name, start, nil)
 		if err != nil {
 			b.Logger().Warn("dropping idle entity credential failed", "role", roleOf(name), "error", err)
 		}
@@ -439,7 +439,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		sess, serr := b.sessionFor(name, rs.role)
 		if errors.Is(serr, errEntityGone) && f.background {
 			// Nobody can read it any more: drop it rather than refresh.
-			if _, err := b.dropIdleEntity(ctx, name, b.clock.Now(), dropEntityGone); err != nil {
+			if _, err := b.dropEntity(ctx, name, b.clock.Now(), entityIsGone); err != nil {
 				b.Logger().Warn("dropping entity credential failed", "role", roleOf(name), "error", err)
 			}
 			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
@@ -478,7 +478,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 				AttemptsLastCycle: attempts,
 			}
 			f.ending.Store(true)
-			err := b.state.commitSuccess(ctx, b.storage, name, f.gen, cred, st, next)
+			err := b.state.commitSuccess(ctx, b.storage, successCommit{key: name, gen: f.gen, cred: cred, status: st, next: next})
 			if errors.Is(err, errShuttingDown) {
 				return stopped()
 			}

@@ -62,6 +62,8 @@ type roleStates struct {
 
 	// locks serialise, per role name, every storage change of that role:
 	// role writes and deletes, cycle commits, reloads and the reconciler.
+	// Only this file takes them (lockFor): others call an operation that
+	// takes the lock itself, or lockRole.
 	locks []*locksutil.LockEntry
 
 	// now is the backend's clock.
@@ -208,6 +210,17 @@ func newRoleStates(sched scheduler, now func() time.Time, index *schedindex.Inde
 // shares its role's lock, so a role change and an entity commit cannot cross.
 func (r *roleStates) lockFor(key string) *locksutil.LockEntry {
 	return locksutil.LockForKey(r.locks, roleOf(key))
+}
+
+// lockRole takes the store lock of the key's role (lockFor) and returns
+// its release: defer r.lockRole(key)(). It is for a caller whose step
+// under the lock is more than one of the operations below: a role write
+// (load, change, store), the reconciler's checks of a role, a planned
+// cycle's hint check, an entity drop with its count and log.
+func (r *roleStates) lockRole(key string) (unlock func()) {
+	lock := r.lockFor(key)
+	lock.Lock()
+	return lock.Unlock
 }
 
 // lookup returns the mirrored role definition, credential and generation.
@@ -572,6 +585,14 @@ func (r *roleStates) markRoleLocked(name string) (uint64, []string) {
 	return gen, ents
 }
 
+// deleteRole deletes the role (deleteRoleLocked) under its store lock.
+func (r *roleStates) deleteRole(ctx context.Context, s logical.Storage, name string) error {
+	lock := r.lockFor(name)
+	lock.Lock()
+	defer lock.Unlock()
+	return r.deleteRoleLocked(ctx, s, name)
+}
+
 // deleteRoleLocked deletes the role with its cached credential and status.
 // Cache and status go first: a role without a cache is a cold role, whereas
 // a cache without a role would be an orphan (the reconciler removes those
@@ -597,13 +618,37 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 	return nil
 }
 
+// successCommit is a successful cycle's outcome, as commitSuccess stores
+// it: the credential fetched for key by a cycle that started under
+// generation gen, the status that records it, and when the key's next
+// cycle is due.
+type successCommit struct {
+	key    string
+	gen    uint64
+	cred   *cacheEntry
+	status *statusEntry
+	next   time.Time
+}
+
+// admit makes sure the role keeps an entry for the entity and records the
+// read, before a cold read fetches the entity's first credential
+// (admitLocked, in entity.go), under the role's store lock. It returns nil,
+// nil when the role is gone or no longer entity-scoped.
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
+	lock := r.lockFor(key)
+	lock.Lock()
+	defer lock.Unlock()
+	return r.admitLocked(ctx, s, key, now)
+}
+
 // commitSuccess stores a cycle's new credential and status and schedules the
-// role's next cycle, all under the store lock and only while gen is the
+// role's next cycle, all under the store lock and only while c.gen is the
 // role's current generation. The credential is checked against the cached
 // one here, under the lock, not against a copy read before the STS call.
 // A failed cache write changes nothing and fails the attempt; a failed
 // status write leaves the status dirty for the reconciler.
-func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, name string, gen uint64, cred *cacheEntry, st *statusEntry, next time.Time) error {
+func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c successCommit) error {
+	name, gen, cred, st, next := c.key, c.gen, c.cred, c.status, c.next
 	lock := r.lockFor(name)
 	lock.Lock()
 	defer lock.Unlock()

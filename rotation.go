@@ -374,146 +374,213 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		return "", awsFailure("building the IAM client", err, cfg.SecretKey)
 	}
 	defer closeOld()
-	callCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, iamCallTimeout) }
+	rot := &rootRotation{b: b, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}
 
 	// 1. Who are we, and what keys are there?
-	c, cancel := callCtx()
-	user, err := oldIAM.GetUser(c, &iam.GetUserInput{})
+	if err := rot.identify(); err != nil {
+		return "", err
+	}
+	if err := rot.clearEarlierKeys(); err != nil {
+		return "", err
+	}
+	// 2. A new key.
+	if err := rot.createKey(); err != nil {
+		return "", err
+	}
+	// 3. Verify the new key where it will be used.
+	if err := b.verifyKey(ctx, cfg, rot.newID, rot.newSecret, rot.userARN); err != nil {
+		rot.deleteNew(oldIAM, cfg.SecretKey)
+		return "", err
+	}
+	// 4. Store it.
+	if err := rot.storeKey(); err != nil {
+		return "", err
+	}
+	// 5. Retire the old one.
+	rot.retireOldKey()
+	return rot.newID, nil
+}
+
+// rootRotation is one run of rotateSteps: what its steps share.
+type rootRotation struct {
+	b   *backend
+	ctx context.Context
+	s   logical.Storage
+	// st is the rotation's record, updated in place by the steps.
+	st *rotationState
+	// cfg is config/root as the rotation started; oldIAM signs with its key.
+	cfg    *rootConfig
+	oldIAM iamAPI
+	// userName and userARN are the IAM user the keys belong to (identify).
+	userName, userARN string
+	// newID and newSecret are the key createKey made.
+	newID, newSecret string
+}
+
+// call bounds one IAM call (iamCallTimeout).
+func (r *rootRotation) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, iamCallTimeout)
+}
+
+// identify asks IAM which user config/root's key belongs to.
+func (r *rootRotation) identify() error {
+	c, cancel := r.call()
+	user, err := r.oldIAM.GetUser(c, &iam.GetUserInput{})
 	cancel()
 	if err != nil {
-		return "", awsFailure("iam:GetUser", err, cfg.SecretKey)
+		return awsFailure("iam:GetUser", err, r.cfg.SecretKey)
 	}
 	if user.User == nil || aws.ToString(user.User.UserName) == "" {
-		return "", &rotationError{status: http.StatusBadRequest, msg: "root key rotation needs the keys of an IAM user; iam:GetUser named none (root account keys or a role cannot be rotated here)"}
+		return &rotationError{status: http.StatusBadRequest, msg: "root key rotation needs the keys of an IAM user; iam:GetUser named none (root account keys or a role cannot be rotated here)"}
 	}
-	userName, userARN := aws.ToString(user.User.UserName), aws.ToString(user.User.Arn)
-	c, cancel = callCtx()
-	list, err := oldIAM.ListAccessKeys(c, &iam.ListAccessKeysInput{UserName: aws.String(userName)})
+	r.userName, r.userARN = aws.ToString(user.User.UserName), aws.ToString(user.User.Arn)
+	return nil
+}
+
+// clearEarlierKeys deletes the user's keys an earlier rotation left, and
+// refuses to go on when the user holds a key this plugin did not make: IAM
+// allows two, so no new one could be created.
+func (r *rootRotation) clearEarlierKeys() error {
+	c, cancel := r.call()
+	list, err := r.oldIAM.ListAccessKeys(c, &iam.ListAccessKeysInput{UserName: aws.String(r.userName)})
 	cancel()
 	if err != nil {
-		return "", awsFailure("iam:ListAccessKeys", err, cfg.SecretKey)
+		return awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
 	}
 	var others []iamtypes.AccessKeyMetadata
 	for _, k := range list.AccessKeyMetadata {
 		id := aws.ToString(k.AccessKeyId)
-		if id == cfg.AccessKey {
+		if id == r.cfg.AccessKey {
 			continue // config/root's key is never cleaned up
 		}
-		ours := id != "" && (id == st.PendingKeyID || id == st.RetiredKeyID)
-		if !st.CreatingSince.IsZero() && k.CreateDate != nil && !k.CreateDate.Before(st.CreatingSince) {
-			// Created after a rotation said it was about to create one,
-			// whose answer never arrived.
-			ours = true
-		}
-		if !ours {
+		if !r.leftByEarlierRotation(k) {
 			others = append(others, k)
 			continue
 		}
-		c, cancel = callCtx()
-		_, err := oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(id)})
+		c, cancel = r.call()
+		_, err := r.oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(id)})
 		cancel()
 		if err != nil && !isNoSuchEntity(err) {
-			return "", awsFailure("iam:DeleteAccessKey of the key an earlier rotation left", err, cfg.SecretKey)
+			return awsFailure("iam:DeleteAccessKey of the key an earlier rotation left", err, r.cfg.SecretKey)
 		}
 	}
 	if len(others) > 0 {
-		return "", &rotationError{status: http.StatusBadRequest, msg: fmt.Sprintf(
+		return &rotationError{status: http.StatusBadRequest, msg: fmt.Sprintf(
 			"root key rotation cannot create a key: IAM user %q already has its 2 access keys (LimitExceeded), the configured one and %s, "+
 				"which this plugin did not create; delete it if nothing uses it (aws iam delete-access-key --user-name %s --access-key-id %s), then rotate again",
-			userName, aws.ToString(others[0].AccessKeyId), userName, aws.ToString(others[0].AccessKeyId))}
+			r.userName, aws.ToString(others[0].AccessKeyId), r.userName, aws.ToString(others[0].AccessKeyId))}
 	}
+	return nil
+}
 
-	// 2. A new key. The intent is recorded first: if the answer is lost, the
-	// next rotation knows a key made from now on is ours. The key is
-	// recorded as soon as it is known.
+// leftByEarlierRotation reports whether the key is one an earlier rotation
+// recorded, or created after a rotation said it was about to create one,
+// whose answer never arrived.
+func (r *rootRotation) leftByEarlierRotation(k iamtypes.AccessKeyMetadata) bool {
+	id := aws.ToString(k.AccessKeyId)
+	if id != "" && (id == r.st.PendingKeyID || id == r.st.RetiredKeyID) {
+		return true
+	}
+	return !r.st.CreatingSince.IsZero() && k.CreateDate != nil && !k.CreateDate.Before(r.st.CreatingSince)
+}
+
+// createKey creates the new key. The intent is recorded first: if the
+// answer is lost, the next rotation knows a key made from now on is ours.
+// The key is recorded as soon as it is known.
+func (r *rootRotation) createKey() error {
+	st := r.st
 	st.PendingKeyID, st.RetiredKeyID = "", ""
 	// IAM dates keys to the second: whole seconds, from this one on.
-	st.CreatingSince = b.clock.Now().Truncate(time.Second)
-	if err := putRotationState(ctx, s, st); err != nil {
-		return "", err
+	st.CreatingSince = r.b.clock.Now().Truncate(time.Second)
+	if err := putRotationState(r.ctx, r.s, st); err != nil {
+		return err
 	}
-	c, cancel = callCtx()
-	created, err := oldIAM.CreateAccessKey(c, &iam.CreateAccessKeyInput{UserName: aws.String(userName)})
+	c, cancel := r.call()
+	created, err := r.oldIAM.CreateAccessKey(c, &iam.CreateAccessKeyInput{UserName: aws.String(r.userName)})
 	cancel()
 	if err != nil {
-		re := awsFailure("iam:CreateAccessKey", err, cfg.SecretKey)
+		re := awsFailure("iam:CreateAccessKey", err, r.cfg.SecretKey)
 		if classify(err, "").Code == "LimitExceeded" {
-			re.msg += fmt.Sprintf("; IAM user %q has 2 access keys already: delete the one not in config/root, then rotate again", userName)
+			re.msg += fmt.Sprintf("; IAM user %q has 2 access keys already: delete the one not in config/root, then rotate again", r.userName)
 		}
-		return "", re
+		return re
 	}
 	if created.AccessKey == nil || aws.ToString(created.AccessKey.AccessKeyId) == "" || aws.ToString(created.AccessKey.SecretAccessKey) == "" {
-		return "", &rotationError{status: http.StatusServiceUnavailable, msg: "root key rotation failed at iam:CreateAccessKey: IAM returned no key"}
+		return &rotationError{status: http.StatusServiceUnavailable, msg: "root key rotation failed at iam:CreateAccessKey: IAM returned no key"}
 	}
-	newID, newSecret := aws.ToString(created.AccessKey.AccessKeyId), aws.ToString(created.AccessKey.SecretAccessKey)
-	deleteNew := func(api iamAPI, signingSecret string) {
-		c, cancel := callCtx()
-		defer cancel()
-		if _, err := api.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(newID)}); err != nil && !isNoSuchEntity(err) {
-			b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", newID,
-				"error", sanitizeMessage(classify(err, signingSecret).Error(), newSecret))
-			return
-		}
-		st.PendingKeyID = ""
-	}
-	st.PendingKeyID, st.CreatingSince = newID, time.Time{}
-	if err := putRotationState(ctx, s, st); err != nil {
+	r.newID, r.newSecret = aws.ToString(created.AccessKey.AccessKeyId), aws.ToString(created.AccessKey.SecretAccessKey)
+	st.PendingKeyID, st.CreatingSince = r.newID, time.Time{}
+	if err := putRotationState(r.ctx, r.s, st); err != nil {
 		// The intent is on record: the next rotation deletes the key if
 		// this one cannot.
-		deleteNew(oldIAM, cfg.SecretKey)
-		return "", err
+		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
+		return err
 	}
+	return nil
+}
 
-	// 3. Verify the new key where it will be used.
-	if err := b.verifyKey(ctx, cfg, newID, newSecret, userARN); err != nil {
-		deleteNew(oldIAM, cfg.SecretKey)
-		return "", err
+// deleteNew deletes the new key, signing with api; when it cannot, the key
+// stays on record for the next rotation to delete.
+func (r *rootRotation) deleteNew(api iamAPI, signingSecret string) {
+	c, cancel := r.call()
+	defer cancel()
+	if _, err := api.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.newID)}); err != nil && !isNoSuchEntity(err) {
+		r.b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", r.newID,
+			"error", sanitizeMessage(classify(err, signingSecret).Error(), r.newSecret))
+		return
 	}
+	r.st.PendingKeyID = ""
+}
 
-	// 4. Record both keys, so that wherever the rest stops, the next
-	// rotation deletes the one config/root does not hold. Then store the
-	// new key, unless the key changed under us.
-	st.RetiredKeyID = cfg.AccessKey
-	if err := putRotationState(ctx, s, st); err != nil {
-		deleteNew(oldIAM, cfg.SecretKey)
-		return "", err
+// storeKey records both keys, so that wherever the rest stops, the next
+// rotation deletes the one config/root does not hold. Then it stores the
+// new key, unless the key changed under us.
+func (r *rootRotation) storeKey() error {
+	r.st.RetiredKeyID = r.cfg.AccessKey
+	if err := putRotationState(r.ctx, r.s, r.st); err != nil {
+		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
+		return err
 	}
-	stored, err := b.storeRotatedKey(ctx, s, cfg.AccessKey, newID, newSecret)
+	stored, err := r.b.storeRotatedKey(r.ctx, r.s, r.cfg.AccessKey, r.newID, r.newSecret)
 	switch {
 	case err != nil && stored == keyUnknown:
 		// Nobody knows which key storage holds. Both work, both are on
 		// record, and the clients are rebuilt from whatever it holds.
-		return "", fmt.Errorf("storing the rotated root key: %w; both keys are kept until a rotation succeeds", err)
+		return fmt.Errorf("storing the rotated root key: %w; both keys are kept until a rotation succeeds", err)
 	case stored == keyOld:
-		st.RetiredKeyID = ""
-		deleteNew(oldIAM, cfg.SecretKey)
+		r.st.RetiredKeyID = ""
+		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
 		if err != nil {
-			return "", err
+			return err
 		}
-		return "", &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and the new key was deleted"}
+		return &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and the new key was deleted"}
 	}
+	return nil
+}
 
-	// 5. Attempts now build clients with the new key. Delete the old key
-	// once every attempt signing with it has ended.
-	st.PendingKeyID = ""
-	if !b.clients.drainKey(ctx, cfg.AccessKey, rotationDrainTimeout) {
-		b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", cfg.AccessKey)
-		return newID, nil
+// retireOldKey deletes the old key once every attempt signing with it has
+// ended: attempts now build clients with the new key. When it cannot, the
+// key stays on record for the next rotation to delete; the rotation has
+// succeeded either way.
+func (r *rootRotation) retireOldKey() {
+	r.st.PendingKeyID = ""
+	if !r.b.clients.drainKey(r.ctx, r.cfg.AccessKey, rotationDrainTimeout) {
+		r.b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", r.cfg.AccessKey)
+		return
 	}
-	newIAM, _, closeNew, err := b.rootClients(ctx, cfg, newID, newSecret)
+	newIAM, _, closeNew, err := r.b.rootClients(r.ctx, r.cfg, r.newID, r.newSecret)
 	if err == nil {
 		defer closeNew()
-		c, cancel = callCtx()
-		_, err = newIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(userName), AccessKeyId: aws.String(cfg.AccessKey)})
+		c, cancel := r.call()
+		_, err = newIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.cfg.AccessKey)})
 		cancel()
 	}
 	if err != nil && !isNoSuchEntity(err) {
-		b.Logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", cfg.AccessKey,
-			"error", sanitizeMessage(classify(err, newSecret).Error(), cfg.SecretKey))
-		return newID, nil
+		r.b.Logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", r.cfg.AccessKey,
+			"error", sanitizeMessage(classify(err, r.newSecret).Error(), r.cfg.SecretKey))
+		return
 	}
-	st.RetiredKeyID = ""
-	return newID, nil
+	r.st.RetiredKeyID = ""
 }
 
 func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEntity" }

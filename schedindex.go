@@ -69,9 +69,7 @@ func (b *backend) planFromIndex(now time.Time) int {
 // is gone or cold, left unplanned and dropped from the index). When storage
 // cannot say, the hint is planned again a retry block later.
 func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
-	lock := b.state.lockFor(key)
-	lock.Lock()
-	defer lock.Unlock()
+	defer b.state.lockRole(key)()
 	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
 		// Not a cycle: one would abort at its first read as "role changed",
