@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
@@ -19,38 +17,6 @@ const minCallTime = 500 * time.Millisecond
 // codeRateLimited is the error code of an attempt that the global STS rate
 // limiter refused a slot before the end of its block; no STS call was made.
 const codeRateLimited = "RateLimited"
-
-// flight is one refresh cycle in progress, shared by everyone who wants the
-// role refreshed while it runs: the background refresher, refresh/<name>,
-// and any number of cold creds reads (single flight).
-type flight struct {
-	done chan struct{}
-	// gen is the role generation the cycle works for; a reader of a newer
-	// definition starts its own flight rather than join this one.
-	gen uint64
-	// background: started by the schedule, not by a waiting caller.
-	background bool
-	// slot, when set, is the sts_rate_limit slot its role took in a herd
-	// (fireDue): the plan starts the cycle there (or just after), and it
-	// makes its first call then.
-	slot time.Time
-	// hurry is closed when a caller starts waiting on the cycle: an attempt
-	// not yet made then goes at once instead of after its jitter.
-	hurry     chan struct{}
-	hurryOnce sync.Once
-	// cancel stops the cycle when a newer definition supersedes it.
-	cancel context.CancelFunc
-	// ending is set while the cycle commits its outcome, which schedules the
-	// next cycle: a scheduled cycle due at once must start anew, not join
-	// this one. A waiting caller still joins: the outcome is fresh.
-	ending atomic.Bool
-	// res is the cycle's outcome, set before done is closed.
-	res cycleResult
-	// waiters counts requests that joined; tests and debugging read it.
-	waiters atomic.Int32
-}
-
-func (f *flight) hurryUp() { f.hurryOnce.Do(func() { close(f.hurry) }) }
 
 // cycleResult is everything a refresh cycle decided, committed in one place
 // (roleStates.commitSuccess or commitFailure) and carried by the flight to
@@ -70,133 +36,48 @@ type cycleResult struct {
 	outcome string
 }
 
-// startFlight starts a refresh cycle for the role, or returns the one already
-// running. A caller that waits on the outcome passes urgent, which makes the
-// cycle's first attempt go at once. The cycle runs on the backend's context,
-// not a request's, so that one reader giving up does not cancel it for the
-// others.
-//
-// At most one cycle runs per role: a cycle for a newer definition cancels the
-// one it supersedes and starts only once that one has returned, and a cycle
-// that starts while the previous one commits waits for it likewise.
-func (b *backend) startFlight(name string, urgent bool) *flight {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	return b.startFlightLocked(name, urgent)
-}
-
-// coldFlight is startFlight for a cold read: when a cycle stored a valid
-// credential since the reader found the cache cold, it gets that one instead
-// of a new cycle. A cycle updates the mirror before it leaves b.flights, both
-// under locks, so a reader that does not find the cycle here finds its
-// credential.
-func (b *backend) coldFlight(name string) *flight {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	if rs := b.state.peek(name); rs != nil && !rs.stale && b.flights[name] == nil && rs.cred.validAt(b.clock.Now()) {
-		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
-	}
-	return b.startFlightLocked(name, true)
-}
-
-// doneFlight is a flight that has already ended with res.
-func doneFlight(gen uint64, res cycleResult) *flight {
-	f := &flight{done: make(chan struct{}), gen: gen, hurry: make(chan struct{}), res: res}
-	close(f.done)
-	return f
-}
-
-// startFlightLocked is startFlight with flightMu held.
-func (b *backend) startFlightLocked(name string, urgent bool) *flight {
-	return b.startFlightLockedHint(name, urgent, time.Time{}, false)
-}
-
-// startFlightLockedHint is startFlightLocked for the plan (fireDue): hint
-// says the plan may be a hint from the schedule index, so the cycle first
-// checks the role's own plan (checkHint), and may start before the role was
-// ever read on this node. slot, when set, is the sts_rate_limit slot a
-// herd's role took (see fireDue): a new background cycle starts at that
-// slot and makes its first attempt there, without jitter.
-func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time, hint bool) *flight {
-	// The generation is read under flightMu, so two callers racing a role
-	// change agree on which flight is current.
-	rs := b.state.peek(name)
-	var gen uint64 // 0: not read yet (a hint); checkHint sets it
-	switch {
-	case rs != nil:
-		gen = rs.gen
-	case !hint:
-		return doneFlight(0, cycleResult{err: errRoleChanged})
-	}
-	prev := b.flights[name]
-	if prev != nil && prev.gen == gen && (urgent || !prev.ending.Load()) {
-		if urgent {
-			prev.hurryUp()
-		}
-		return prev
-	}
-	if prev != nil && prev.gen != gen {
-		// Its result could not be stored anyway.
-		prev.cancel()
-	}
+// launchCycle is the flights' launch: it starts f's cycle on a goroutine
+// that Clean waits for, once prev (when not nil) has ended. The cycle runs
+// on the backend's context, not a request's, so that one reader giving up
+// does not cancel it for the others.
+func (b *backend) launchCycle(name string, f, prev *flight) (context.CancelFunc, bool) {
 	ctx, cancel := context.WithCancel(b.bgCtx)
-	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
-	if !urgent && prev == nil {
-		// Not after prev: a cycle that waits for prev to end would reach
-		// its slot late, its blocks counted from a past slot. It takes a
-		// slot of its own as it calls, and the one given is left unused.
-		f.slot = slot
-	}
-	if urgent {
-		f.hurryUp()
-	}
 	started := b.goBackground(func(context.Context) {
 		defer cancel()
-		var res cycleResult
 		if prev != nil {
 			<-prev.done
 		}
-		if at, planned := b.scheduledAt(name); prev != nil && !urgent && planned && at.After(b.clock.Now()) {
-			// Started by a timer that fired while prev committed, which
-			// planned the next cycle since: nothing is due now.
-			res = prev.res
-		} else if hint && !b.checkHint(ctx, name, f) {
-			// The index's plan was not the role's: it is planned at its
-			// own now (or not at all), and no cycle runs.
-		} else {
-			start := b.clock.Now()
-			res = b.runCycle(ctx, name, f)
-			b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
-		}
-		b.flightMu.Lock()
-		if b.flights[name] == f {
-			delete(b.flights, name)
-		}
-		f.res = res
-		b.flightMu.Unlock()
-		close(f.done)
+		b.flights.land(name, f, b.flightOutcome(ctx, name, f, prev))
 	})
 	if !started {
 		cancel()
-		f.res = cycleResult{err: errShuttingDown}
-		close(f.done)
-		return f
 	}
-	b.flights[name] = f
-	if b.onFlight != nil {
-		b.onFlight(name, f)
+	return cancel, started
+}
+
+// flightOutcome runs f's cycle, when one is still due, and returns its
+// outcome; prev is the cycle f waited for, if any.
+func (b *backend) flightOutcome(ctx context.Context, name string, f, prev *flight) cycleResult {
+	if at, planned := b.scheduledAt(name); prev != nil && f.background && planned && at.After(b.clock.Now()) {
+		// Started by a timer that fired while prev committed, which
+		// planned the next cycle since: nothing is due now.
+		return prev.res
 	}
-	return f
+	if f.hint && !b.checkHint(ctx, name, f) {
+		// The index's plan was not the role's: it is planned at its own
+		// now (or not at all), and no cycle runs.
+		return cycleResult{}
+	}
+	start := b.clock.Now()
+	res := b.runCycle(ctx, name, f)
+	b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
+	return res
 }
 
 var errShuttingDown = &refreshError{Code: "ShuttingDown", Message: "the backend is shutting down"}
 
 // inFlight reports whether a cycle for the role runs on this node.
-func (b *backend) inFlight(name string) bool {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	return b.flights[name] != nil
-}
+func (b *backend) inFlight(name string) bool { return b.flights.running(name) }
 
 // busy reports whether a cycle for the role is planned or running on this
 // node (roleStates' scheduler): its mirrored entry must keep its generation.
@@ -210,16 +91,22 @@ func (b *backend) busy(name string) bool {
 // inHand reports whether a cycle for the role runs on this node, or waits
 // in the plan for the sts_rate_limit slot its herd took (fireDue): either
 // way its cycle has begun, and the reconciler leaves the role alone. It
-// looks once under flightMu, which the plan holds as it fires, so a role
-// that moves from the plan into its flight is never missed.
+// looks once under the flights' lock, which the plan holds as it fires, so
+// a role that moves from the plan into its flight is never missed.
 func (b *backend) inHand(name string) bool {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	if b.flights[name] != nil {
-		return true
-	}
-	e, ok := b.plan.Get(name)
-	return ok && e.Mark&dueplan.Reserved != 0
+	running, e, _ := b.flightOrPlan(name)
+	return running || e.Mark&dueplan.Reserved != 0
+}
+
+// flightOrPlan reports, in one look, whether a cycle for the role runs on
+// this node and what the plan holds for it: the plan fires under the
+// flights' lock, so a role is seen in one or the other as it moves.
+func (b *backend) flightOrPlan(name string) (running bool, e dueplan.Entry[string], planned bool) {
+	b.flights.view(func(inFlight map[string]*flight) {
+		running = inFlight[name] != nil
+		e, planned = b.plan.Get(name)
+	})
+	return running, e, planned
 }
 
 // schedule sets the role's next refresh cycle to start at at, replacing any
@@ -249,7 +136,7 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 
 // fireDue is the plan's fire callback: it starts (or joins) the cycle of
 // every role in due, the roles due by now, earliest first. The plan calls
-// it with flightMu held from before the entries left the plan: whoever
+// it with the flights' lock held from before the entries left the plan: whoever
 // looks (the reconciler, under the role's store lock) sees a role scheduled
 // or in flight, never neither, and schedules no second cycle.
 //
@@ -291,7 +178,7 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 			}
 			if ok {
 				slot = at
-			} else if hint && b.flights[e.Key] == nil && b.state.peek(e.Key) == nil {
+			} else if hint && !b.flights.runningLocked(e.Key) && b.state.peek(e.Key) == nil {
 				// A hint's role is not read yet, so it queues only up to
 				// the start of its last block: how long its credential
 				// lasts is in storage. Rather than start a cycle that
@@ -302,16 +189,16 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 				continue
 			}
 		}
-		b.startFlightLockedHint(e.Key, false, slot, hint)
+		b.flights.firedLocked(e.Key, planned{slot: slot, hint: hint})
 	}
 }
 
 // herdSlot takes the sts_rate_limit slot of a herd's role, due now, up to
-// its queue horizon; flightMu held. It takes none (ok false) when no new
+// its queue horizon; the flights' lock held (fireDue). It takes none (ok false) when no new
 // cycle would start for the role: one runs already, whose slot it would
 // waste, or the role is gone.
 func (b *backend) herdSlot(name string, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
-	if b.flights[name] != nil {
+	if b.flights.runningLocked(name) {
 		return time.Time{}, false
 	}
 	var cred *cacheEntry
@@ -337,15 +224,15 @@ func (b *backend) plannedRoles() int { return b.plan.Len() }
 // a next cycle planned, or a cycle running. Right after a start or a
 // failover it counts up to the number of warm roles as the reconciler
 // reaches them.
-func (b *backend) rolesInPlan() int {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	n := b.plan.Len()
-	for name := range b.flights {
-		if _, ok := b.plan.Get(name); !ok {
-			n++
+func (b *backend) rolesInPlan() (n int) {
+	b.flights.view(func(inFlight map[string]*flight) {
+		n = b.plan.Len()
+		for name := range inFlight {
+			if _, ok := b.plan.Get(name); !ok {
+				n++
+			}
 		}
-	}
+	})
 	return n
 }
 

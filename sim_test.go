@@ -637,9 +637,9 @@ func (s *sim) drive(done <-chan struct{}) {
 func (s *sim) settle() {
 	deadline := time.Now().Add(clocktest.WaitLimit)
 	for quiet := 0; quiet < 3; {
-		s.b.flightMu.Lock()
-		n := len(s.b.flights)
-		s.b.flightMu.Unlock()
+		s.b.flights.mu.Lock()
+		n := len(s.b.flights.m)
+		s.b.flights.mu.Unlock()
 		if n == 0 && s.clk.Busy() == 0 {
 			quiet++
 			runtime.Gosched()
@@ -881,19 +881,19 @@ func (s *sim) check() {
 		s.failf("%v", err)
 	}
 	idx := stored.Entries()
-	s.b.flightMu.Lock()
+	s.b.flights.mu.Lock()
 	for _, e := range s.b.plan.Entries() {
 		key := e.Key
-		if s.b.flights[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
+		if s.b.flights.m[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
 			continue
 		}
 		s.fig.checks++
 		if it, ok := idx[key]; !ok || !it.Next().Equal(e.At) {
-			s.b.flightMu.Unlock()
+			s.b.flights.mu.Unlock()
 			s.failf("%s is planned at %v, but the schedule index says %v (present %v)", key, e.At, it.Next(), ok)
 		}
 	}
-	s.b.flightMu.Unlock()
+	s.b.flights.mu.Unlock()
 
 	for key := range entityKeys {
 		s.fig.checks += 2
