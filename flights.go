@@ -12,6 +12,9 @@ import (
 // creds reads all join the role's running cycle rather than start a second.
 // Its lock is taken only in this file, and by the plan, which fires under
 // it (planLock).
+//
+// Lock order: mu before the plan's own lock, the role states' lock (peek)
+// and the lifecycle's lock (launch).
 type flights struct {
 	// mu guards m and each flight's gen (checkHint sets a hint's). The plan
 	// (internal/dueplan) also holds it from taking due entries until its
