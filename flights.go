@@ -114,11 +114,12 @@ func (fs *flights) wait(name string) *flight {
 // since the reader found the cache cold, it gets that one instead of a new
 // cycle. A cycle updates the mirror before it leaves the flights (land),
 // both under locks, so a reader that does not find the cycle here finds its
-// credential.
-func (fs *flights) cold(name string, now time.Time) *flight {
+// credential. now is read only once the lock is held, as a valid
+// credential is judged then.
+func (fs *flights) cold(name string, now func() time.Time) *flight {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if rs := fs.peek(name); rs != nil && !rs.stale && fs.m[name] == nil && rs.cred.validAt(now) {
+	if rs := fs.peek(name); rs != nil && !rs.stale && fs.m[name] == nil && rs.cred.validAt(now()) {
 		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
 	}
 	return fs.beginLocked(name, true, planned{})

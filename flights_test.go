@@ -56,7 +56,7 @@ func TestFlightsSingleFlight(t *testing.T) {
 		if !isClosed(a.hurry) {
 			t.Fatal("a waiting reader did not hurry the cycle")
 		}
-		if c := r.fs.cold("app", time.Now()); c != a {
+		if c := r.fs.cold("app", time.Now); c != a {
 			t.Fatal("a cold read did not join the running cycle")
 		}
 		if len(r.launched) != 1 || len(r.started) != 1 || r.started[0] != a {

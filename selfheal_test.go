@@ -606,7 +606,7 @@ func TestSelfHeal_StandbyStatusFollowsActive(t *testing.T) {
 func TestSelfHeal_LateColdReaderGetsTheStoredCredential(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	first := f.mustReadCreds(testRole)
-	fl := f.b.flights.cold(testRole, f.clock.Now())
+	fl := f.b.flights.cold(testRole, f.clock.Now)
 	if !isClosed(fl.done) || fl.res.cred == nil || fl.res.cred.AccessKey != first.Data["access_key"] {
 		t.Fatalf("late cold reader got flight %+v, want the stored credential at once", fl.res)
 	}
