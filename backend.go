@@ -96,7 +96,6 @@ type backend struct {
 	clock     clock.Clock
 	rand      randSource
 	testHooks bool
-	onFlight  func(name string, f *flight)
 	onPlan    func()
 	// passWorkers: see backendOptions.
 	passWorkers int
@@ -128,14 +127,14 @@ type backend struct {
 	// they are safe for concurrent use.
 	metrics *metrics
 
-	// flightMu guards flights: the one in-progress cycle per role, shared by
-	// the background refresher, refresh/<name> and cold creds reads.
-	flightMu sync.Mutex
-	flights  map[string]*flight
+	// flights owns the one cycle in progress per role, shared by the
+	// background refresher, refresh/<name> and cold creds reads; it has its
+	// own lock, which the plan fires under.
+	flights *flights
 
 	// plan holds every scheduled role's next cycle, with the refresher's
 	// only timer between cycles; it has its own lock, and fires under
-	// flightMu (see fireDue).
+	// the flights' lock (see fireDue).
 	plan *dueplan.Plan[string]
 
 	// bgMu guards running, closed, passDone, startTimer and startFailures.
@@ -174,10 +173,8 @@ func newBackend(opts backendOptions) *backend {
 		clock:       opts.clock,
 		rand:        opts.rand,
 		testHooks:   opts.testHooks,
-		onFlight:    opts.onFlight,
 		onPlan:      opts.onPlan,
 		passWorkers: opts.passWorkers,
-		flights:     make(map[string]*flight),
 		startDone:   make(chan struct{}),
 	}
 	b.index = schedindex.New()
@@ -198,7 +195,8 @@ func newBackend(opts backendOptions) *backend {
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
-	b.plan = dueplan.New(b.clock, &b.flightMu, b.fireDue)
+	b.flights = newFlights(b.state.peek, b.launchCycle, opts.onFlight)
+	b.plan = dueplan.New(b.clock, b.flights.planLock(), b.fireDue)
 	b.rotator = newRotator(b.clock, opts.wrapIAM, b.refresherRunning, func() {
 		b.goBackground(func(ctx context.Context) { b.scheduledRotation(ctx) })
 	})

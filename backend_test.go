@@ -294,7 +294,7 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 	if f.b.inFlight("other") {
 		t.Fatal("a cycle is still registered after Clean")
 	}
-	if fl := f.b.startFlight(testRole, false); !isClosed(fl.done) {
+	if fl := f.b.flights.wait(testRole); !isClosed(fl.done) {
 		t.Fatal("a cycle started after Clean")
 	}
 	waitFor(t, "goroutines to exit", func() bool {

@@ -480,9 +480,9 @@ func TestEntity_SingleFlightPerEntity(t *testing.T) {
 	}
 	aliceKey := entityKey(entityRole, aliceID)
 	waitFor(t, "alice's three readers to join one cycle and both calls to start", func() bool {
-		f.b.flightMu.Lock()
-		fl := f.b.flights[aliceKey]
-		f.b.flightMu.Unlock()
+		f.b.flights.mu.Lock()
+		fl := f.b.flights.m[aliceKey]
+		f.b.flights.mu.Unlock()
 		return fl != nil && fl.waiters.Load() == 3 && len(f.log.all()) == 2
 	})
 	close(release)

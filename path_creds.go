@@ -215,7 +215,7 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key string
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
-		f = b.coldFlight(key)
+		f = b.flights.cold(key, b.clock.Now)
 		f.waiters.Add(1)
 		select {
 		case <-f.done:

@@ -62,7 +62,7 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 	}
 	flights := make([]*flight, len(keys))
 	for i, key := range keys {
-		flights[i] = b.startFlight(key, true)
+		flights[i] = b.flights.wait(key)
 		flights[i].waiters.Add(1)
 	}
 	for _, f := range flights {

@@ -19,13 +19,13 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 		at   time.Time
 	}
 	starts := make(chan start, 100)
-	f.b.flightMu.Lock()
-	inner := f.b.onFlight
-	f.b.onFlight = func(name string, fl *flight) {
+	f.b.flights.mu.Lock()
+	inner := f.b.flights.onStart
+	f.b.flights.onStart = func(name string, fl *flight) {
 		starts <- start{name, f.clock.Now()}
 		inner(name, fl)
 	}
-	f.b.flightMu.Unlock()
+	f.b.flights.mu.Unlock()
 	for _, n := range []string{"r1", "r2", "r3", "r4", "r5"} {
 		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+n, map[string]interface{}{"role_arn": testRoleARN + "-" + n})
 	}

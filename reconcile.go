@@ -255,12 +255,8 @@ func (p *passIndex) reach(key string) {
 func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[string]bool) {
 	want, keep = map[string]schedindex.Item{}, map[string]bool{}
 	for key := range idx.reached {
-		// Both under flightMu, which the plan holds as it fires: a role
-		// leaves the plan and enters its flight in one step.
-		b.flightMu.Lock()
-		_, running := b.flights[key]
-		e, planned := b.plan.Get(key)
-		b.flightMu.Unlock()
+		// In one look: a role leaves the plan and enters its flight in one step.
+		running, e, planned := b.flightOrPlan(key)
 		at, checked := e.At, e.Mark&dueplan.Hint == 0
 		if running || e.Mark&dueplan.Reserved != 0 {
 			// At a reserved slot its cycle has begun, as if running.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
@@ -19,38 +17,6 @@ const minCallTime = 500 * time.Millisecond
 // codeRateLimited is the error code of an attempt that the global STS rate
 // limiter refused a slot before the end of its block; no STS call was made.
 const codeRateLimited = "RateLimited"
-
-// flight is one refresh cycle in progress, shared by everyone who wants the
-// role refreshed while it runs: the background refresher, refresh/<name>,
-// and any number of cold creds reads (single flight).
-type flight struct {
-	done chan struct{}
-	// gen is the role generation the cycle works for; a reader of a newer
-	// definition starts its own flight rather than join this one.
-	gen uint64
-	// background: started by the schedule, not by a waiting caller.
-	background bool
-	// slot, when set, is the sts_rate_limit slot its role took in a herd
-	// (fireDue): the plan starts the cycle there (or just after), and it
-	// makes its first call then.
-	slot time.Time
-	// hurry is closed when a caller starts waiting on the cycle: an attempt
-	// not yet made then goes at once instead of after its jitter.
-	hurry     chan struct{}
-	hurryOnce sync.Once
-	// cancel stops the cycle when a newer definition supersedes it.
-	cancel context.CancelFunc
-	// ending is set while the cycle commits its outcome, which schedules the
-	// next cycle: a scheduled cycle due at once must start anew, not join
-	// this one. A waiting caller still joins: the outcome is fresh.
-	ending atomic.Bool
-	// res is the cycle's outcome, set before done is closed.
-	res cycleResult
-	// waiters counts requests that joined; tests and debugging read it.
-	waiters atomic.Int32
-}
-
-func (f *flight) hurryUp() { f.hurryOnce.Do(func() { close(f.hurry) }) }
 
 // cycleResult is everything a refresh cycle decided, committed in one place
 // (roleStates.commitSuccess or commitFailure) and carried by the flight to
@@ -70,133 +36,48 @@ type cycleResult struct {
 	outcome string
 }
 
-// startFlight starts a refresh cycle for the role, or returns the one already
-// running. A caller that waits on the outcome passes urgent, which makes the
-// cycle's first attempt go at once. The cycle runs on the backend's context,
-// not a request's, so that one reader giving up does not cancel it for the
-// others.
-//
-// At most one cycle runs per role: a cycle for a newer definition cancels the
-// one it supersedes and starts only once that one has returned, and a cycle
-// that starts while the previous one commits waits for it likewise.
-func (b *backend) startFlight(name string, urgent bool) *flight {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	return b.startFlightLocked(name, urgent)
-}
-
-// coldFlight is startFlight for a cold read: when a cycle stored a valid
-// credential since the reader found the cache cold, it gets that one instead
-// of a new cycle. A cycle updates the mirror before it leaves b.flights, both
-// under locks, so a reader that does not find the cycle here finds its
-// credential.
-func (b *backend) coldFlight(name string) *flight {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	if rs := b.state.peek(name); rs != nil && !rs.stale && b.flights[name] == nil && rs.cred.validAt(b.clock.Now()) {
-		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
-	}
-	return b.startFlightLocked(name, true)
-}
-
-// doneFlight is a flight that has already ended with res.
-func doneFlight(gen uint64, res cycleResult) *flight {
-	f := &flight{done: make(chan struct{}), gen: gen, hurry: make(chan struct{}), res: res}
-	close(f.done)
-	return f
-}
-
-// startFlightLocked is startFlight with flightMu held.
-func (b *backend) startFlightLocked(name string, urgent bool) *flight {
-	return b.startFlightLockedHint(name, urgent, time.Time{}, false)
-}
-
-// startFlightLockedHint is startFlightLocked for the plan (fireDue): hint
-// says the plan may be a hint from the schedule index, so the cycle first
-// checks the role's own plan (checkHint), and may start before the role was
-// ever read on this node. slot, when set, is the sts_rate_limit slot a
-// herd's role took (see fireDue): a new background cycle starts at that
-// slot and makes its first attempt there, without jitter.
-func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time, hint bool) *flight {
-	// The generation is read under flightMu, so two callers racing a role
-	// change agree on which flight is current.
-	rs := b.state.peek(name)
-	var gen uint64 // 0: not read yet (a hint); checkHint sets it
-	switch {
-	case rs != nil:
-		gen = rs.gen
-	case !hint:
-		return doneFlight(0, cycleResult{err: errRoleChanged})
-	}
-	prev := b.flights[name]
-	if prev != nil && prev.gen == gen && (urgent || !prev.ending.Load()) {
-		if urgent {
-			prev.hurryUp()
-		}
-		return prev
-	}
-	if prev != nil && prev.gen != gen {
-		// Its result could not be stored anyway.
-		prev.cancel()
-	}
+// launchCycle is the flights' launch: it starts f's cycle on a goroutine
+// that Clean waits for, once prev (when not nil) has ended. The cycle runs
+// on the backend's context, not a request's, so that one reader giving up
+// does not cancel it for the others.
+func (b *backend) launchCycle(name string, f, prev *flight) (context.CancelFunc, bool) {
 	ctx, cancel := context.WithCancel(b.bgCtx)
-	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
-	if !urgent && prev == nil {
-		// Not after prev: a cycle that waits for prev to end would reach
-		// its slot late, its blocks counted from a past slot. It takes a
-		// slot of its own as it calls, and the one given is left unused.
-		f.slot = slot
-	}
-	if urgent {
-		f.hurryUp()
-	}
 	started := b.goBackground(func(context.Context) {
 		defer cancel()
-		var res cycleResult
 		if prev != nil {
 			<-prev.done
 		}
-		if at, planned := b.scheduledAt(name); prev != nil && !urgent && planned && at.After(b.clock.Now()) {
-			// Started by a timer that fired while prev committed, which
-			// planned the next cycle since: nothing is due now.
-			res = prev.res
-		} else if hint && !b.checkHint(ctx, name, f) {
-			// The index's plan was not the role's: it is planned at its
-			// own now (or not at all), and no cycle runs.
-		} else {
-			start := b.clock.Now()
-			res = b.runCycle(ctx, name, f)
-			b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
-		}
-		b.flightMu.Lock()
-		if b.flights[name] == f {
-			delete(b.flights, name)
-		}
-		f.res = res
-		b.flightMu.Unlock()
-		close(f.done)
+		b.flights.land(name, f, b.flightOutcome(ctx, name, f, prev))
 	})
 	if !started {
 		cancel()
-		f.res = cycleResult{err: errShuttingDown}
-		close(f.done)
-		return f
 	}
-	b.flights[name] = f
-	if b.onFlight != nil {
-		b.onFlight(name, f)
+	return cancel, started
+}
+
+// flightOutcome runs f's cycle, when one is still due, and returns its
+// outcome; prev is the cycle f waited for, if any.
+func (b *backend) flightOutcome(ctx context.Context, name string, f, prev *flight) cycleResult {
+	if at, planned := b.scheduledAt(name); prev != nil && f.background && planned && at.After(b.clock.Now()) {
+		// Started by a timer that fired while prev committed, which
+		// planned the next cycle since: nothing is due now.
+		return prev.res
 	}
-	return f
+	if f.hint && !b.checkHint(ctx, name, f) {
+		// The index's plan was not the role's: it is planned at its own
+		// now (or not at all), and no cycle runs.
+		return cycleResult{}
+	}
+	start := b.clock.Now()
+	res := b.runCycle(ctx, name, f)
+	b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
+	return res
 }
 
 var errShuttingDown = &refreshError{Code: "ShuttingDown", Message: "the backend is shutting down"}
 
 // inFlight reports whether a cycle for the role runs on this node.
-func (b *backend) inFlight(name string) bool {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	return b.flights[name] != nil
-}
+func (b *backend) inFlight(name string) bool { return b.flights.running(name) }
 
 // busy reports whether a cycle for the role is planned or running on this
 // node (roleStates' scheduler): its mirrored entry must keep its generation.
@@ -210,16 +91,22 @@ func (b *backend) busy(name string) bool {
 // inHand reports whether a cycle for the role runs on this node, or waits
 // in the plan for the sts_rate_limit slot its herd took (fireDue): either
 // way its cycle has begun, and the reconciler leaves the role alone. It
-// looks once under flightMu, which the plan holds as it fires, so a role
-// that moves from the plan into its flight is never missed.
+// looks once under the flights' lock, which the plan holds as it fires, so
+// a role that moves from the plan into its flight is never missed.
 func (b *backend) inHand(name string) bool {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	if b.flights[name] != nil {
-		return true
-	}
-	e, ok := b.plan.Get(name)
-	return ok && e.Mark&dueplan.Reserved != 0
+	running, e, _ := b.flightOrPlan(name)
+	return running || e.Mark&dueplan.Reserved != 0
+}
+
+// flightOrPlan reports, in one look, whether a cycle for the role runs on
+// this node and what the plan holds for it: the plan fires under the
+// flights' lock, so a role is seen in one or the other as it moves.
+func (b *backend) flightOrPlan(name string) (running bool, e dueplan.Entry[string], planned bool) {
+	b.flights.view(func(inFlight map[string]*flight) {
+		running = inFlight[name] != nil
+		e, planned = b.plan.Get(name)
+	})
+	return running, e, planned
 }
 
 // schedule sets the role's next refresh cycle to start at at, replacing any
@@ -249,7 +136,7 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 
 // fireDue is the plan's fire callback: it starts (or joins) the cycle of
 // every role in due, the roles due by now, earliest first. The plan calls
-// it with flightMu held from before the entries left the plan: whoever
+// it with the flights' lock held from before the entries left the plan: whoever
 // looks (the reconciler, under the role's store lock) sees a role scheduled
 // or in flight, never neither, and schedules no second cycle.
 //
@@ -291,7 +178,7 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 			}
 			if ok {
 				slot = at
-			} else if hint && b.flights[e.Key] == nil && b.state.peek(e.Key) == nil {
+			} else if hint && !b.flights.runningLocked(e.Key) && b.state.peek(e.Key) == nil {
 				// A hint's role is not read yet, so it queues only up to
 				// the start of its last block: how long its credential
 				// lasts is in storage. Rather than start a cycle that
@@ -302,16 +189,16 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 				continue
 			}
 		}
-		b.startFlightLockedHint(e.Key, false, slot, hint)
+		b.flights.firedLocked(e.Key, planned{slot: slot, hint: hint})
 	}
 }
 
 // herdSlot takes the sts_rate_limit slot of a herd's role, due now, up to
-// its queue horizon; flightMu held. It takes none (ok false) when no new
+// its queue horizon; the flights' lock held (fireDue). It takes none (ok false) when no new
 // cycle would start for the role: one runs already, whose slot it would
 // waste, or the role is gone.
 func (b *backend) herdSlot(name string, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
-	if b.flights[name] != nil {
+	if b.flights.runningLocked(name) {
 		return time.Time{}, false
 	}
 	var cred *cacheEntry
@@ -337,15 +224,15 @@ func (b *backend) plannedRoles() int { return b.plan.Len() }
 // a next cycle planned, or a cycle running. Right after a start or a
 // failover it counts up to the number of warm roles as the reconciler
 // reaches them.
-func (b *backend) rolesInPlan() int {
-	b.flightMu.Lock()
-	defer b.flightMu.Unlock()
-	n := b.plan.Len()
-	for name := range b.flights {
-		if _, ok := b.plan.Get(name); !ok {
-			n++
+func (b *backend) rolesInPlan() (n int) {
+	b.flights.view(func(inFlight map[string]*flight) {
+		n = b.plan.Len()
+		for name := range inFlight {
+			if _, ok := b.plan.Get(name); !ok {
+				n++
+			}
 		}
-	}
+	})
 	return n
 }
 
@@ -362,6 +249,67 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 	return e.At, ok
 }
 
+// cycleJob is one refresh cycle as it runs: the role's key and flight, the
+// policy as the cycle began, where its blocks are counted from, and what
+// its attempts have found so far.
+type cycleJob struct {
+	name    string
+	f       *flight
+	cfg     refreshConfig
+	block   time.Duration
+	timeout time.Duration
+	// start is where the cycle's blocks are counted from: when it began, or
+	// the slot a herd took for it, and later than either when an attempt
+	// queued for a slot past its block.
+	start time.Time
+
+	attempts    int
+	lastAttempt time.Time
+	lastErr     *refreshError
+	// upstream is set once an attempt fails for a reason other than the
+	// local rate limiter refusing it a slot: only then did STS (or
+	// storage) actually fail.
+	upstream bool
+}
+
+// failed records an attempt's failure.
+func (j *cycleJob) failed(rerr *refreshError) {
+	j.lastErr = rerr
+	if rerr.Code != codeRateLimited {
+		j.upstream = true
+	}
+}
+
+// hurry is what attempt i waits on besides its time: only the first
+// attempt hurries for a waiting caller; retries keep their jitter, which is
+// what spreads a herd. An attempt with its slot taken waits for that slot.
+func (j *cycleJob) hurry(i int, reserved bool) <-chan struct{} {
+	if i == 0 && !reserved {
+		return j.f.hurry
+	}
+	return nil
+}
+
+// window is attempt i's block, for the role's cached credential cred.
+func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow {
+	w := attemptWindow{
+		blockEnd: j.start.Add(time.Duration(i+1) * j.block),
+		timeout:  j.timeout,
+		block:    j.block,
+		reserved: reserved,
+	}
+	if j.f.background {
+		w.queueUntil = queueHorizon(j.start, j.cfg, cred)
+	}
+	return w
+}
+
+// moved counts attempt i's block, and those after it, from the slot the
+// attempt queued for past its block, which ended the block at end.
+func (j *cycleJob) moved(i int, end time.Time) {
+	j.start = end.Add(-time.Duration(i+1) * j.block)
+}
+
 // runCycle makes up to max_retries attempts to fetch and store a new
 // credential for the role. With block = retry_window / max_retries, attempt i
 // (from 0) happens at start + i*block + U[0, block), except that the first
@@ -372,162 +320,161 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 // place, and returned.
 func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleResult {
 	cfg := b.settings.policy()
-	n := cfg.MaxRetries
-	block := cfg.block()
-	timeout := callTimeout(block)
-
-	start := b.clock.Now()
+	j := &cycleJob{name: name, f: f, cfg: cfg, block: cfg.block(), timeout: callTimeout(cfg.block()), start: b.clock.Now()}
 	if !f.slot.IsZero() {
-		start = f.slot
+		j.start = f.slot
 	}
-	var (
-		lastErr     *refreshError
-		attempts    int
-		lastAttempt time.Time
-		// upstream is set once an attempt fails for a reason other than the
-		// local rate limiter refusing it a slot: only then did STS (or
-		// storage) actually fail.
-		upstream bool
-	)
-	stopped := func() cycleResult {
-		if b.bgCtx.Err() != nil {
-			return cycleResult{err: errShuttingDown, outcome: cycleAborted}
-		}
+	if b.droppedIdle(ctx, j) {
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
-	if _, entityID := splitKey(name); entityID != "" && f.background {
-		// An entity credential nobody read for entity_idle_ttl is dropped
-		// here, at its refresh, instead of costing another STS call.
-		dropped, err := b.dropEntity(ctx, name, start, nil)
-		if err != nil {
-			b.Logger().Warn("dropping idle entity credential failed", "role", roleOf(name), "error", err)
-		}
-		if dropped {
-			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
-		}
-	}
-	for i := 0; i < n; i++ {
+	for i := 0; i < cfg.MaxRetries; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
-		at := attemptAt(b.rand, start, block, i, reserved)
-		// Only the first attempt hurries for a waiting caller; retries keep
-		// their jitter, which is what spreads a herd. An attempt with its
-		// slot taken waits for that slot.
-		var hurry <-chan struct{}
-		if i == 0 && !reserved {
-			hurry = f.hurry
-		}
-		if err := b.sleepUntil(ctx, at, hurry); err != nil {
-			return stopped()
+		if err := b.sleepUntil(ctx, attemptAt(b.rand, j.start, j.block, i, reserved), j.hurry(i, reserved)); err != nil {
+			return b.cycleStopped()
 		}
 		rs, err := b.state.current(ctx, b.storage, name)
 		if err != nil {
-			lastErr, upstream = &refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err}, true
-			b.Logger().Warn("refresh attempt failed", "role", name, "attempt", attempts, "outcome", lastErr.Code, "error", err)
+			j.failed(&refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err})
+			b.Logger().Warn("refresh attempt failed", "role", name, "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
 			continue
 		}
 		if rs == nil || rs.gen != f.gen {
 			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 		}
-		attempts++
-		lastAttempt = b.clock.Now()
-		blockEnd := start.Add(time.Duration(i+1) * block)
-		var queueUntil time.Time
-		if f.background {
-			queueUntil = queueHorizon(start, cfg, rs.cred)
+		if res, done := b.cycleAttempt(ctx, j, rs, i, reserved); done {
+			return res
 		}
-
-		sess, serr := b.sessionFor(name, rs.role)
-		if errors.Is(serr, errEntityGone) && f.background {
-			// Nobody can read it any more: drop it rather than refresh.
-			if _, err := b.dropEntity(ctx, name, b.clock.Now(), entityIsGone); err != nil {
-				b.Logger().Warn("dropping entity credential failed", "role", roleOf(name), "error", err)
-			}
-			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
-		}
-		var (
-			cred     *cacheEntry
-			rerr     *refreshError
-			movedEnd time.Time
-		)
-		if serr != nil {
-			rerr = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
-		} else {
-			cred, rerr, movedEnd = b.attempt(ctx, name, sess, rs.role, blockEnd, timeout, queueUntil, block, reserved)
-		}
-		if !movedEnd.IsZero() {
-			// The attempt queued for a slot past its block: the cycle's
-			// blocks now run from the block that slot opened.
-			start = movedEnd.Add(-time.Duration(i+1) * block)
-		}
-		if ctx.Err() != nil {
-			// Clean is running (storage may be going away) or a newer
-			// definition superseded the cycle: write nothing.
-			return stopped()
-		}
-		if rerr == nil {
-			cred.IssuedAt = lastAttempt
-			rerr = validateCredential(cred, rs.role, b.clock.Now())
-			b.metrics.countRejection(rerr)
-		}
-		if rerr == nil {
-			next := nextRefreshAfterSuccess(b.rand, cred, cfg.RefreshFraction)
-			st := &statusEntry{
-				NextRefresh:       next,
-				LastAttempt:       lastAttempt,
-				LastSuccess:       lastAttempt,
-				AttemptsLastCycle: attempts,
-			}
-			f.ending.Store(true)
-			err := b.state.commitSuccess(ctx, b.storage, successCommit{key: name, gen: f.gen, cred: cred, status: st, next: next})
-			if errors.Is(err, errShuttingDown) {
-				return stopped()
-			}
-			if err == nil {
-				b.Logger().Info("refresh succeeded", "role", name, "attempt", attempts, "outcome", "ok",
-					"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
-				return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}
-			}
-			f.ending.Store(false)
-			if errors.Is(err, errRoleChanged) {
-				return cycleResult{err: err, outcome: cycleAborted}
-			}
-			rerr = classify(err, "")
-			b.metrics.countRejection(rerr)
-			if rerr.Code == "StorageError" {
-				b.Logger().Error("writing cached credential failed", "role", name, "error", err)
-			}
-		}
-
-		lastErr = rerr
-		if lastErr.Code != codeRateLimited {
-			upstream = true
-		}
-		b.Logger().Warn("refresh attempt failed", "role", name, "attempt", attempts, "outcome", lastErr.Code, "error", lastErr.Message)
-		if !lastErr.Retryable {
+		b.Logger().Warn("refresh attempt failed", "role", name, "attempt", j.attempts, "outcome", j.lastErr.Code, "error", j.lastErr.Message)
+		if !j.lastErr.Retryable {
 			break
 		}
 	}
+	return b.commitCycleFailure(ctx, j)
+}
 
-	// Every attempt failed: record it, keep the cached credential, come back
-	// after a pause.
-	f.ending.Store(true)
+// cycleStopped is the result of a cycle that stopped without writing:
+// Clean is running (storage may be going away) or a newer definition
+// superseded it.
+func (b *backend) cycleStopped() cycleResult {
+	if b.bgCtx.Err() != nil {
+		return cycleResult{err: errShuttingDown, outcome: cycleAborted}
+	}
+	return cycleResult{err: errRoleChanged, outcome: cycleAborted}
+}
+
+// droppedIdle drops an entity credential that nobody read for
+// entity_idle_ttl here, at its background refresh, instead of spending
+// another STS call on it, and reports whether it did.
+func (b *backend) droppedIdle(ctx context.Context, j *cycleJob) bool {
+	if _, entityID := splitKey(j.name); entityID == "" || !j.f.background {
+		return false
+	}
+	dropped, err := b.dropEntity(ctx, j.name, j.start, nil)
+	if err != nil {
+		b.Logger().Warn("dropping idle entity credential failed", "role", roleOf(j.name), "error", err)
+	}
+	return dropped
+}
+
+// cycleAttempt makes attempt i of j's cycle for the role as read (rs) and
+// commits a success. It returns done with the cycle's result when the
+// cycle ends here; otherwise the attempt failed, recorded in j.
+func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, i int, reserved bool) (cycleResult, bool) {
+	j.attempts++
+	j.lastAttempt = b.clock.Now()
+	w := j.window(i, reserved, rs.cred)
+
+	sess, serr := b.sessionFor(j.name, rs.role)
+	if errors.Is(serr, errEntityGone) && j.f.background {
+		// Nobody can read it any more: drop it rather than refresh.
+		if _, err := b.dropEntity(ctx, j.name, b.clock.Now(), entityIsGone); err != nil {
+			b.Logger().Warn("dropping entity credential failed", "role", roleOf(j.name), "error", err)
+		}
+		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
+	}
+	var out attemptResult
+	if serr != nil {
+		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
+	} else {
+		out = b.attempt(ctx, j.name, sess, rs.role, w)
+	}
+	if !out.movedEnd.IsZero() {
+		j.moved(i, out.movedEnd)
+	}
+	if ctx.Err() != nil {
+		return b.cycleStopped(), true
+	}
+	rerr := out.err
+	if rerr == nil {
+		var res cycleResult
+		if res, rerr = b.commitCredential(ctx, j, rs.role, out.cred); rerr == nil {
+			return res, true
+		}
+	}
+	j.failed(rerr)
+	return cycleResult{}, false
+}
+
+// commitCredential validates the credential an attempt fetched and commits
+// it as the cycle's success, returning the cycle's result; or the error
+// that makes the attempt a failure instead.
+func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleEntry, cred *cacheEntry) (cycleResult, *refreshError) {
+	cred.IssuedAt = j.lastAttempt
+	rerr := validateCredential(cred, role, b.clock.Now())
+	b.metrics.countRejection(rerr)
+	if rerr != nil {
+		return cycleResult{}, rerr
+	}
+	next := nextRefreshAfterSuccess(b.rand, cred, j.cfg.RefreshFraction)
+	st := &statusEntry{
+		NextRefresh:       next,
+		LastAttempt:       j.lastAttempt,
+		LastSuccess:       j.lastAttempt,
+		AttemptsLastCycle: j.attempts,
+	}
+	j.f.ending.Store(true)
+	err := b.state.commitSuccess(ctx, b.storage, successCommit{key: j.name, gen: j.f.gen, cred: cred, status: st, next: next})
+	if errors.Is(err, errShuttingDown) {
+		return b.cycleStopped(), nil
+	}
+	if err == nil {
+		b.Logger().Info("refresh succeeded", "role", j.name, "attempt", j.attempts, "outcome", "ok",
+			"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
+		return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}, nil
+	}
+	j.f.ending.Store(false)
+	if errors.Is(err, errRoleChanged) {
+		return cycleResult{err: err, outcome: cycleAborted}, nil
+	}
+	rerr = classify(err, "")
+	b.metrics.countRejection(rerr)
+	if rerr.Code == "StorageError" {
+		b.Logger().Error("writing cached credential failed", "role", j.name, "error", err)
+	}
+	return cycleResult{}, rerr
+}
+
+// commitCycleFailure records a cycle whose every attempt failed: it keeps
+// the cached credential, and comes back after a pause.
+func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResult {
+	j.f.ending.Store(true)
 	now := b.clock.Now()
-	st, cred, next, err := b.state.commitFailure(ctx, b.storage, name, f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
+	st, cred, next, err := b.state.commitFailure(ctx, b.storage, j.name, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
 		st := &statusEntry{
-			LastAttempt:       lastAttempt,
-			AttemptsLastCycle: attempts,
+			LastAttempt:       j.lastAttempt,
+			AttemptsLastCycle: j.attempts,
 			FailedCycles:      prev.FailedCycles,
-			LastError:         lastErr.Error(),
+			LastError:         j.lastErr.Error(),
 			LastSuccess:       prev.LastSuccess,
 			RateLimitedSince:  prev.RateLimitedSince,
 		}
 		if st.LastAttempt.IsZero() {
 			st.LastAttempt = prev.LastAttempt
 		}
-		if upstream {
+		if j.upstream {
 			st.FailedCycles++
 			st.RateLimitedSince = time.Time{}
-			st.NextRefresh = nextRefreshAfterFailure(b.rand, failedCycle{now: now, start: start, failed: st.FailedCycles, window: cfg.RetryWindow, cached: cached, retryable: lastErr.Retryable})
+			st.NextRefresh = nextRefreshAfterFailure(b.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: j.lastErr.Retryable})
 			return st, st.NextRefresh
 		}
 		// A cycle whose every attempt our own limiter refused made no STS
@@ -538,87 +485,92 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		// free, without counting a failed cycle; the status shows since when
 		// the role has been starved.
 		if st.RateLimitedSince.IsZero() {
-			st.RateLimitedSince = start
+			st.RateLimitedSince = j.start
 		}
 		st.NextRefresh = b.limiter.NextFree(now)
 		return st, st.NextRefresh
 	})
 	if errors.Is(err, errShuttingDown) {
-		return stopped()
+		return b.cycleStopped()
 	}
 	if err != nil {
 		return cycleResult{err: err, outcome: cycleAborted}
 	}
 	outcome := cycleFailure
-	if !upstream {
+	if !j.upstream {
 		outcome = cycleRateLimited
 	}
-	b.Logger().Warn("refresh cycle failed", "role", name, "attempts", attempts, "outcome", lastErr.Code,
-		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", lastErr.Message)
-	return cycleResult{cred: cred, status: st, next: next, err: lastErr, outcome: outcome}
+	b.Logger().Warn("refresh cycle failed", "role", j.name, "attempts", j.attempts, "outcome", j.lastErr.Code,
+		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", j.lastErr.Message)
+	return cycleResult{cred: cred, status: st, next: next, err: j.lastErr, outcome: outcome}
+}
+
+// attemptWindow is the block an attempt has to call STS in.
+type attemptWindow struct {
+	// blockEnd is when the attempt's block ends: every call starts before
+	// it and must answer by it (or within minCallTime).
+	blockEnd time.Time
+	// timeout caps one STS call (callTimeout of the block).
+	timeout time.Duration
+	// queueUntil, when set (a background cycle), is how long the attempt
+	// may queue for a rate limiter slot past its block (queueHorizon).
+	queueUntil time.Time
+	// block is the length of a block, which moves with a queued attempt.
+	block time.Duration
+	// reserved says the first call's slot is already taken (a herd's cycle).
+	reserved bool
+}
+
+// attemptResult is what one attempt got.
+type attemptResult struct {
+	// cred is the credential fetched, not validated yet; nil on failure.
+	cred *cacheEntry
+	// err is why the attempt failed, nil when it fetched cred.
+	err *refreshError
+	// movedEnd is the new end of a block that the attempt queued past; zero
+	// when it did not move.
+	movedEnd time.Time
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
-// the error is retryable. Every call starts before blockEnd, after taking a
-// slot from the global rate limiter (waiting for it inside the block), and
-// must answer by blockEnd (or within minCallTime): no slot or no time left
-// before blockEnd means no call. Errors are classified here, once, with the
-// endpoint's own secret key for redaction.
+// the error is retryable. Every call starts before w.blockEnd, after taking
+// a slot from the global rate limiter (waiting for it inside the block),
+// and must answer by the block's end (or within minCallTime): no slot or no
+// time left before it means no call. Errors are classified here, once, with
+// the endpoint's own secret key for redaction.
 //
-// When the limiter has no slot left in the block and queueUntil is set (a
+// When the limiter has no slot left in the block and w.queueUntil is set (a
 // background cycle), the attempt queues for the next free slot up to
 // queueUntil instead of giving the block up: our own limiter is then the
 // constraint, not STS, and the roles it holds back take its slots in the
 // order they asked, with no slot left idle. The block moves to start at
-// that slot, and its new end is returned (zero when it did not move).
-//
-// reserved says the first call's slot is already taken (a herd's cycle).
-func (b *backend) attempt(ctx context.Context, name string, sess stsSession, role *roleEntry, blockEnd time.Time, timeout time.Duration, queueUntil time.Time, block time.Duration, reserved bool) (*cacheEntry, *refreshError, time.Time) {
+// that slot, and its new end is returned (movedEnd).
+func (b *backend) attempt(ctx context.Context, name string, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
 	eps, release, err := b.clients.acquire(ctx)
 	if err != nil {
-		return nil, classify(err, ""), time.Time{}
+		return attemptResult{err: classify(err, "")}
 	}
 	defer release()
-	var lastErr *refreshError
-	var moved time.Time
-	if b.clock.Now().After(blockEnd) {
+	if b.clock.Now().After(w.blockEnd) {
 		// The attempt waited (for a lock, for storage) past its block: not
 		// our rate limiter's doing, and no call may start now.
-		return nil, &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}, moved
+		return attemptResult{err: &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}}
 	}
 	action := role.stsAction()
 	for i, ep := range eps {
-		at, ok := b.clock.Now(), true
-		if i > 0 || !reserved {
-			at, ok = b.limiter.Reserve(b.clock.Now(), blockEnd)
-		}
-		if !ok && i == 0 && queueUntil.After(blockEnd) {
-			if at, ok = b.limiter.Reserve(b.clock.Now(), queueUntil); ok {
-				blockEnd = at.Add(block)
-				moved = blockEnd
-				b.metrics.queued.Inc()
-			}
-		}
+		at, ok := b.callSlot(&w, &out, i)
 		if !ok {
-			if lastErr != nil {
-				return nil, lastErr, moved
+			if out.err == nil {
+				b.metrics.rateLimited.Inc()
+				out.err = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 			}
-			b.metrics.rateLimited.Inc()
-			return nil, &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}, moved
+			return out
 		}
-		if err := b.sleepUntil(ctx, at, nil); err != nil {
-			return nil, classify(err, ""), moved
+		if err := b.waitSlot(ctx, at); err != nil {
+			out.err = classify(err, "")
+			return out
 		}
-		// The slot has come; a call that reached it late waits its turn
-		// among the calls actually made (ratelimit.Limiter.Pace).
-		now := b.clock.Now()
-		if p := b.limiter.Pace(now); p.After(now) {
-			b.metrics.paced.Inc()
-			if err := b.sleepUntil(ctx, p, nil); err != nil {
-				return nil, classify(err, ""), moved
-			}
-		}
-		d := min(timeout, max(blockEnd.Sub(b.clock.Now()), min(timeout, minCallTime)))
+		d := min(w.timeout, max(w.blockEnd.Sub(b.clock.Now()), min(w.timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
 		called := b.clock.Now()
 		cred, err := ep.fetch(callCtx, sess, role)
@@ -626,17 +578,51 @@ func (b *backend) attempt(ctx context.Context, name string, sess stsSession, rol
 		took := b.clock.Now().Sub(called)
 		if err == nil {
 			b.metrics.observeSTSCall(action, i, "ok", took)
-			return cred, nil, moved
+			out.cred, out.err = cred, nil
+			return out
 		}
-		lastErr = classify(err, ep.secretKey)
-		b.metrics.observeSTSCall(action, i, lastErr.Code, took)
+		out.err = classify(err, ep.secretKey)
+		b.metrics.observeSTSCall(action, i, out.err.Code, took)
 		// Counted here: a fallback's error may replace it.
-		b.metrics.countRejection(lastErr)
-		if ctx.Err() != nil || !lastErr.Retryable {
-			return nil, lastErr, moved
+		b.metrics.countRejection(out.err)
+		if ctx.Err() != nil || !out.err.Retryable {
+			return out
 		}
 	}
-	return nil, lastErr, moved
+	return out
+}
+
+// callSlot takes the rate limiter slot of the attempt's call to endpoint i,
+// queueing the first call past the block when w allows it (which moves the
+// block: w and out record its new end). ok is false when no slot was free.
+func (b *backend) callSlot(w *attemptWindow, out *attemptResult, i int) (at time.Time, ok bool) {
+	at, ok = b.clock.Now(), true
+	if i > 0 || !w.reserved {
+		at, ok = b.limiter.Reserve(b.clock.Now(), w.blockEnd)
+	}
+	if !ok && i == 0 && w.queueUntil.After(w.blockEnd) {
+		if at, ok = b.limiter.Reserve(b.clock.Now(), w.queueUntil); ok {
+			w.blockEnd = at.Add(w.block)
+			out.movedEnd = w.blockEnd
+			b.metrics.queued.Inc()
+		}
+	}
+	return at, ok
+}
+
+// waitSlot sleeps until the call's slot at has come; a call that reached it
+// late then waits its turn among the calls actually made
+// (ratelimit.Limiter.Pace).
+func (b *backend) waitSlot(ctx context.Context, at time.Time) error {
+	if err := b.sleepUntil(ctx, at, nil); err != nil {
+		return err
+	}
+	now := b.clock.Now()
+	if p := b.limiter.Pace(now); p.After(now) {
+		b.metrics.paced.Inc()
+		return b.sleepUntil(ctx, p, nil)
+	}
+	return nil
 }
 
 // validateCredential accepts a credential only if it can be served: all three

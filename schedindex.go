@@ -90,15 +90,9 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 		b.index.Drop(ctx, b.storage, key)
 		return false
 	}
-	b.flightMu.Lock()
-	if f.gen == 0 {
-		// Planned before the role was read: the cycle works for the
-		// definition just read.
-		f.gen = rs.gen
-	}
-	changed := f.gen != rs.gen
-	b.flightMu.Unlock()
-	if changed {
+	// Planned before the role was read, the cycle works for the definition
+	// just read, unless the role changed since.
+	if !b.flights.adopt(f, rs.gen) {
 		return false // a role change since; its first read plans it anew
 	}
 	at := b.plannedRefresh(rs)

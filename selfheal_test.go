@@ -406,9 +406,9 @@ func TestSelfHeal_OneCycleAtATime(t *testing.T) {
 		second <- result{resp, err}
 	}()
 	waitFor(t, "the second read to wait", func() bool {
-		f.b.flightMu.Lock()
-		defer f.b.flightMu.Unlock()
-		fl := f.b.flights[testRole]
+		f.b.flights.mu.Lock()
+		defer f.b.flights.mu.Unlock()
+		fl := f.b.flights.m[testRole]
 		return fl != nil && fl.waiters.Load() == 1 && len(f.log.all()) == 1
 	})
 	close(release)
@@ -524,9 +524,9 @@ func TestSelfHeal_ReaderJoinsCommittingCycle(t *testing.T) {
 	<-committing
 	go read()
 	waitFor(t, "the second reader to join the committing cycle", func() bool {
-		f.b.flightMu.Lock()
-		defer f.b.flightMu.Unlock()
-		fl := f.b.flights[testRole]
+		f.b.flights.mu.Lock()
+		defer f.b.flights.mu.Unlock()
+		fl := f.b.flights.m[testRole]
 		return fl != nil && fl.waiters.Load() == 2
 	})
 	unblock()
@@ -606,7 +606,7 @@ func TestSelfHeal_StandbyStatusFollowsActive(t *testing.T) {
 func TestSelfHeal_LateColdReaderGetsTheStoredCredential(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	first := f.mustReadCreds(testRole)
-	fl := f.b.coldFlight(testRole)
+	fl := f.b.flights.cold(testRole, f.clock.Now)
 	if !isClosed(fl.done) || fl.res.cred == nil || fl.res.cred.AccessKey != first.Data["access_key"] {
 		t.Fatalf("late cold reader got flight %+v, want the stored credential at once", fl.res)
 	}
@@ -665,20 +665,20 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	f.log.reset()
 	f.drainFlights()
 
-	// Hold flightMu: the timer fires, but its cycle cannot be registered.
-	f.b.flightMu.Lock()
+	// Hold the flights' lock: the timer fires, but its cycle cannot be registered.
+	f.b.flights.mu.Lock()
 	f.clock.AdvanceTo(at)
-	waitFor(t, "the timer callback to block on flightMu", func() bool { return goroutineBlockedIn("internal/dueplan.(*Plan[") })
+	waitFor(t, "the timer callback to block on the flights' lock", func() bool { return goroutineBlockedIn("internal/dueplan.(*Plan[") })
 	if _, ok := f.b.scheduledAt(testRole); !ok {
-		f.b.flightMu.Unlock()
+		f.b.flights.mu.Unlock()
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
 	}
 	// A reconciler pass now sees the role scheduled and leaves it alone.
 	if od, err := f.b.reconcileRole(context.Background(), testRole, false, f.clock.Now(), newPassIndex()); err != nil || od != nil {
-		f.b.flightMu.Unlock()
+		f.b.flights.mu.Unlock()
 		t.Fatalf("reconcileRole: overdue %v, error %v; want neither", od, err)
 	}
-	f.b.flightMu.Unlock()
+	f.b.flights.mu.Unlock()
 
 	f.clock.DriveUntil(t, f.nextFlight().done)
 	waitFor(t, "the timer callback to return", func() bool { return f.clock.Busy() == 0 })

@@ -783,9 +783,9 @@ func (s *sim) settle() {
 	for quiet := 0; quiet < 3; {
 		n := 0
 		for _, m := range s.all {
-			m.b.flightMu.Lock()
-			n += len(m.b.flights)
-			m.b.flightMu.Unlock()
+			m.b.flights.mu.Lock()
+			n += len(m.b.flights.m)
+			m.b.flights.mu.Unlock()
 		}
 		if n == 0 && s.clk.Busy() == 0 {
 			quiet++
@@ -1039,20 +1039,20 @@ func (s *sim) check() {
 		s.failf("%v", err)
 	}
 	idx := stored.Entries()
-	s.b.flightMu.Lock()
+	s.b.flights.mu.Lock()
 	for _, e := range s.b.plan.Entries() {
 		key := e.Key
-		if s.b.flights[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
+		if s.b.flights.m[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
 			continue
 		}
 		s.fig.checks++
 		if it, ok := idx[key]; !ok || !it.Next().Equal(e.At) {
-			s.b.flightMu.Unlock()
+			s.b.flights.mu.Unlock()
 			mine, in := s.b.index.Entries()[key]
 			s.failf("%s is planned at %v, but the schedule index says %v (present %v; this node's copy of it says %v, present %v)", key, e.At, it.Next(), ok, mine.Next(), in)
 		}
 	}
-	s.b.flightMu.Unlock()
+	s.b.flights.mu.Unlock()
 
 	for key := range entityKeys {
 		s.fig.checks += 2
