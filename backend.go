@@ -138,24 +138,18 @@ type backend struct {
 	// flightMu (see fireDue).
 	plan *dueplan.Plan[string]
 
-	// bgMu guards running, closed, passDone, startTimer and startFailures.
-	// bgWG counts every goroutine the backend starts; Clean waits for it
-	// after cancelling bgCtx.
-	bgMu     sync.RWMutex
-	running  bool // the refresher schedules cycles (write-safe node, started)
+	// life owns the backend's own life: whether the refresher runs here,
+	// whether Clean has begun, the goroutines Clean cancels and waits for,
+	// and the end of Initialize's first pass; it has its own lock.
+	life *lifecycle
+
+	// retryMu guards passDone, startTimer and startFailures.
+	retryMu  sync.Mutex
 	passDone bool // a reconciler pass has completed without error
-	closed   bool
-	bgWG     sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelFunc
 	// startTimer retries a start or reconcile pass that storage failed, with
 	// backoff (startFailures in a row), before the next periodic pass.
 	startTimer    clock.Timer
 	startFailures int
-
-	// startDone is closed when Initialize's first pass (reconciler or,
-	// on a standby, mirror warm-up) has ended.
-	startDone chan struct{}
 
 	// reconcileMu serialises reconciler passes (periodic, start retries).
 	reconcileMu sync.Mutex
@@ -178,7 +172,7 @@ func newBackend(opts backendOptions) *backend {
 		onPlan:      opts.onPlan,
 		passWorkers: opts.passWorkers,
 		flights:     make(map[string]*flight),
-		startDone:   make(chan struct{}),
+		life:        newLifecycle(),
 	}
 	b.index = schedindex.New()
 	// Storage and the logger arrive after construction; the limiter's rate
@@ -199,8 +193,8 @@ func newBackend(opts backendOptions) *backend {
 		b.clock = clock.Real{}
 	}
 	b.plan = dueplan.New(b.clock, &b.flightMu, b.fireDue)
-	b.rotator = newRotator(b.clock, opts.wrapIAM, b.refresherRunning, func() {
-		b.goBackground(func(ctx context.Context) { b.scheduledRotation(ctx) })
+	b.rotator = newRotator(b.clock, opts.wrapIAM, b.life.running, func() {
+		b.life.spawn(func(ctx context.Context) { b.scheduledRotation(ctx) })
 	})
 	if b.rand == nil {
 		b.rand = globalRand{}
@@ -212,7 +206,6 @@ func newBackend(opts backendOptions) *backend {
 	b.metrics.watchIndex(b.index.Stats)
 	cfg := b.settings.policy()
 	b.limiter = ratelimit.New(cfg.STSRateLimit, cfg.STSBurst)
-	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 
 	paths := []*framework.Path{
 		pathConfigRoot(b),
@@ -286,8 +279,8 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 	// first pass reads every role: with many roles that takes longer than a
 	// mount start should. It runs in the background; requests meanwhile load
 	// what they need on demand.
-	started := b.goBackground(func(ctx context.Context) {
-		defer close(b.startDone)
+	began := b.life.spawn(func(ctx context.Context) {
+		defer b.life.started()
 		if !b.WriteSafeReplicationState() {
 			b.warmMirror(ctx)
 			return
@@ -300,21 +293,10 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 			b.Logger().Error("refresher start failed, retrying", "error", err)
 		}
 	})
-	if !started {
-		close(b.startDone)
+	if !began {
+		b.life.started()
 	}
 	return nil
-}
-
-// waitStarted waits until the first pass that Initialize began has ended
-// (successfully or not), or ctx is done.
-func (b *backend) waitStarted(ctx context.Context) error {
-	select {
-	case <-b.startDone:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // warmMirror loads config/refresh and every role into memory on a node that
@@ -353,53 +335,20 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 }
 
 // clean stops the refresher and waits for every goroutine the backend
-// started: pending timers are stopped, running cycles see their context
-// cancelled and return without writing.
+// started: nothing more starts, pending timers are stopped, running cycles
+// see their context cancelled and return without writing.
 func (b *backend) clean(ctx context.Context) {
-	b.bgMu.Lock()
-	b.closed = true
-	b.running = false
+	b.life.shut()
 	b.plan.Stop()
+	b.retryMu.Lock()
 	if b.startTimer != nil {
 		b.startTimer.Stop()
 		b.startTimer = nil
 	}
-	b.bgMu.Unlock()
+	b.retryMu.Unlock()
 	b.rotator.stop()
-	b.bgCancel()
-	b.bgWG.Wait()
+	b.life.close()
 	b.clients.reset()
-}
-
-// runBackground runs f in the calling goroutine, counted among those Clean
-// waits for. It returns false, without running f, once Clean has begun.
-func (b *backend) runBackground(f func(ctx context.Context)) bool {
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
-		return false
-	}
-	b.bgWG.Add(1)
-	b.bgMu.Unlock()
-	defer b.bgWG.Done()
-	f(b.bgCtx)
-	return true
-}
-
-// goBackground runs f in a goroutine that Clean waits for. It returns false,
-// without running f, once Clean has begun.
-func (b *backend) goBackground(f func(ctx context.Context)) bool {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if b.closed {
-		return false
-	}
-	b.bgWG.Add(1)
-	go func() {
-		defer b.bgWG.Done()
-		f(b.bgCtx)
-	}()
-	return true
 }
 
 const backendHelp = `

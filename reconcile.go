@@ -31,7 +31,7 @@ func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 	if !b.WriteSafeReplicationState() {
 		return nil
 	}
-	b.runBackground(func(bgCtx context.Context) {
+	b.life.run(func(bgCtx context.Context) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		defer context.AfterFunc(bgCtx, cancel)()
@@ -49,32 +49,34 @@ func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 func (b *backend) reconcile(ctx context.Context) error {
 	b.reconcileMu.Lock()
 	defer b.reconcileMu.Unlock()
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
+	// Under retryMu, Clean has either begun (and stops any timer armed
+	// before) or not: no timer is armed after Clean stopped them.
+	b.retryMu.Lock()
+	if b.life.isClosed() {
+		b.retryMu.Unlock()
 		return nil
 	}
 	if b.startTimer != nil {
 		b.startTimer.Stop()
 		b.startTimer = nil
 	}
-	b.bgMu.Unlock()
+	b.retryMu.Unlock()
 
 	err := b.reconcilePass(ctx)
 
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
+	b.retryMu.Lock()
+	defer b.retryMu.Unlock()
 	if err == nil {
 		b.startFailures = 0
 		return nil
 	}
-	if b.closed {
+	if b.life.isClosed() {
 		return err
 	}
 	b.startFailures++
 	b.startTimer = b.clock.AfterFunc(b.backoff(time.Second, b.startFailures, maxStartBackoff), func() {
 		// In the timer's own goroutine, counted for Clean.
-		b.runBackground(func(ctx context.Context) { _ = b.reconcile(ctx) })
+		b.life.run(func(ctx context.Context) { _ = b.reconcile(ctx) })
 	})
 	return err
 }
@@ -100,14 +102,12 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
-		return nil
+	if !b.life.setRunning() {
+		return nil // Clean has begun
 	}
-	b.running = true
+	b.retryMu.Lock()
 	first := !b.passDone
-	b.bgMu.Unlock()
+	b.retryMu.Unlock()
 	idx := newPassIndex()
 
 	var (
@@ -225,9 +225,9 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("planning the root key rotation: %w", err))
 	}
 	if first && len(errs) == 0 {
-		b.bgMu.Lock()
+		b.retryMu.Lock()
 		b.passDone = true
-		b.bgMu.Unlock()
+		b.retryMu.Unlock()
 		b.Logger().Info("first reconciler pass done", "roles", len(names), "took", b.clock.Now().Sub(passStart))
 	}
 	return errors.Join(errs...)

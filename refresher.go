@@ -139,7 +139,7 @@ func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time
 		// Its result could not be stored anyway.
 		prev.cancel()
 	}
-	ctx, cancel := context.WithCancel(b.bgCtx)
+	ctx, cancel := context.WithCancel(b.life.bgContext())
 	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hurry: make(chan struct{}), cancel: cancel}
 	if !urgent && prev == nil {
 		// Not after prev: a cycle that waits for prev to end would reach
@@ -150,7 +150,7 @@ func (b *backend) startFlightLockedHint(name string, urgent bool, slot time.Time
 	if urgent {
 		f.hurryUp()
 	}
-	started := b.goBackground(func(context.Context) {
+	started := b.life.spawn(func(context.Context) {
 		defer cancel()
 		var res cycleResult
 		if prev != nil {
@@ -227,7 +227,7 @@ func (b *backend) inHand(name string) bool {
 // plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
 func (b *backend) schedule(name string, at time.Time) {
-	if !b.refresherRunning() {
+	if !b.life.running() {
 		return
 	}
 	b.plan.Set(name, at)
@@ -390,7 +390,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		upstream bool
 	)
 	stopped := func() cycleResult {
-		if b.bgCtx.Err() != nil {
+		if b.life.bgContext().Err() != nil {
 			return cycleResult{err: errShuttingDown, outcome: cycleAborted}
 		}
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}

@@ -31,7 +31,7 @@ import (
 func (b *backend) planFromIndex(now time.Time) int {
 	items := b.index.Entries()
 	var overdue []overdueRole
-	if !b.refresherRunning() {
+	if !b.life.running() {
 		return 0
 	}
 	// One batch: the overdue keys must not start before all are planned.
@@ -116,7 +116,7 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 // replanHint plans the key's hint again at at, unless something planned the
 // key since (a read's cycle, the pass): that plan is the role's own.
 func (b *backend) replanHint(key string, at time.Time) {
-	if !b.refresherRunning() || !b.plan.Add(key, at, dueplan.Hint) {
+	if !b.life.running() || !b.plan.Add(key, at, dueplan.Hint) {
 		b.hintDone(key)
 		return
 	}
@@ -151,13 +151,9 @@ func (b *backend) startFromIndex(ctx context.Context) {
 		b.Logger().Warn("reading config/refresh failed; the reconciler plans the roles", "error", err)
 		return
 	}
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
-		return
+	if !b.life.setRunning() {
+		return // Clean has begun
 	}
-	b.running = true
-	b.bgMu.Unlock()
 	if err := b.index.Load(ctx, b.storage, b.forEachParallel); err != nil {
 		b.Logger().Warn("reading the schedule index failed; the reconciler plans the roles it holds", "error", err)
 	}

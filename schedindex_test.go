@@ -87,7 +87,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 		t.Errorf("%d reads of role entries before every role was planned, want 0", reads)
 	}
 	close(g.open)
-	if err := b2.waitStarted(context.Background()); err != nil {
+	if err := b2.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for name := range plans {
@@ -167,7 +167,7 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 		t.Errorf("%d STS calls for stale hints, want 0", n-calls)
 	}
 	close(hold.gate)
-	if err := b2.waitStarted(context.Background()); err != nil {
+	if err := b2.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	idx := storedIndex(t, f.s)
@@ -187,7 +187,7 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 	fs := newFaultStorage(f.s, 3)
 	f.b.Cleanup(context.Background())
 	b := startBackendOn(t, f, fs)
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	f.b = b
@@ -416,15 +416,15 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	fs := newFaultStorage(f.s, 4)
 	fs.failNext("put", schedindex.Prefix, 1000, false)
 	b := startBackendOn(t, f, fs)
-	if err := b.waitStarted(ctx); err != nil {
+	if err := b.life.waitStarted(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.reconcile(ctx); err != nil {
 		t.Fatalf("reconciler pass failed for its index write: %v", err)
 	}
-	b.bgMu.Lock()
+	b.retryMu.Lock()
 	done := b.passDone
-	b.bgMu.Unlock()
+	b.retryMu.Unlock()
 	if !done {
 		t.Error("the first pass is not done: its index write failed it")
 	}

@@ -252,7 +252,7 @@ func (s *sim) start() {
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
 		s.t.Fatalf("Initialize returned %v; it must retry by itself instead", err)
 	}
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		s.t.Fatal(err)
 	}
 	s.b = b
@@ -273,7 +273,7 @@ func (s *sim) start() {
 	if err := sb.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.fs}); err != nil {
 		s.t.Fatal(err)
 	}
-	if err := sb.waitStarted(context.Background()); err != nil {
+	if err := sb.life.waitStarted(context.Background()); err != nil {
 		s.t.Fatal(err)
 	}
 	s.standby = sb
