@@ -98,16 +98,9 @@ type backend struct {
 	testHooks bool
 	onFlight  func(name string, f *flight)
 	onPlan    func()
-	// passWorkers: see backendOptions.
-	passWorkers int
 
 	// index is the schedule index (schedindex.go); it has its own locks.
 	index *schedindex.Index
-	// hintMu guards hintFailures: per key planned from the index, the
-	// checks in a row that could not read its role (checkHint). A key the
-	// pass planned meanwhile keeps its count (one int) until Clean.
-	hintMu       sync.Mutex
-	hintFailures map[string]int
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -143,16 +136,10 @@ type backend struct {
 	// and the end of Initialize's first pass; it has its own lock.
 	life *lifecycle
 
-	// retryMu guards passDone, startTimer and startFailures.
-	retryMu  sync.Mutex
-	passDone bool // a reconciler pass has completed without error
-	// startTimer retries a start or reconcile pass that storage failed, with
-	// backoff (startFailures in a row), before the next periodic pass.
-	startTimer    clock.Timer
-	startFailures int
-
-	// reconcileMu serialises reconciler passes (periodic, start retries).
-	reconcileMu sync.Mutex
+	// reconciler owns the reconciler's passes, their retry timer and the
+	// schedule index's failed hint checks (reconcile.go); it has its own
+	// locks.
+	reconciler *reconciler
 
 	// rotator owns root key rotation: its locks (config/root's among
 	// them), the scheduled rotation's timer and the IAM seam.
@@ -165,14 +152,13 @@ type backend struct {
 
 func newBackend(opts backendOptions) *backend {
 	b := &backend{
-		clock:       opts.clock,
-		rand:        opts.rand,
-		testHooks:   opts.testHooks,
-		onFlight:    opts.onFlight,
-		onPlan:      opts.onPlan,
-		passWorkers: opts.passWorkers,
-		flights:     make(map[string]*flight),
-		life:        newLifecycle(),
+		clock:     opts.clock,
+		rand:      opts.rand,
+		testHooks: opts.testHooks,
+		onFlight:  opts.onFlight,
+		onPlan:    opts.onPlan,
+		flights:   make(map[string]*flight),
+		life:      newLifecycle(),
 	}
 	b.index = schedindex.New()
 	// Storage and the logger arrive after construction; the limiter's rate
@@ -186,12 +172,10 @@ func newBackend(opts backendOptions) *backend {
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
 	b.clients = newSTSClients(readRoot, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
-	if b.passWorkers == 0 {
-		b.passWorkers = defaultPassWorkers
-	}
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
+	b.reconciler = newReconciler(b.clock, b.life.isClosed, b.retryBackoff, b.retryPass, opts.passWorkers)
 	b.plan = dueplan.New(b.clock, &b.flightMu, b.fireDue)
 	b.rotator = newRotator(b.clock, opts.wrapIAM, b.life.running, func() {
 		b.life.spawn(func(ctx context.Context) { b.scheduledRotation(ctx) })
@@ -311,7 +295,7 @@ func (b *backend) warmMirror(ctx context.Context) {
 		b.Logger().Warn("listing roles failed; they load on first access", "error", err)
 		return
 	}
-	b.forEachParallel(names, func(name string) {
+	b.reconciler.forEach(names, func(name string) {
 		if _, err := b.state.current(ctx, b.storage, name); err != nil {
 			b.Logger().Warn("loading role failed; it loads on first access", "role", name, "error", err)
 		}
@@ -340,12 +324,7 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 func (b *backend) clean(ctx context.Context) {
 	b.life.shut()
 	b.plan.Stop()
-	b.retryMu.Lock()
-	if b.startTimer != nil {
-		b.startTimer.Stop()
-		b.startTimer = nil
-	}
-	b.retryMu.Unlock()
+	b.reconciler.stop()
 	b.rotator.stop()
 	b.life.close()
 	b.clients.reset()

@@ -422,10 +422,7 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	if err := b.reconcile(ctx); err != nil {
 		t.Fatalf("reconciler pass failed for its index write: %v", err)
 	}
-	b.retryMu.Lock()
-	done := b.passDone
-	b.retryMu.Unlock()
-	if !done {
+	if b.reconciler.firstPass() {
 		t.Error("the first pass is not done: its index write failed it")
 	}
 	if n := gathered(t, b, "aws_resilient_schedule_index_write_failures_total"); n < 2 {
@@ -506,9 +503,7 @@ func TestScheduleIndex_HintCheckBacksOff(t *testing.T) {
 		t.Errorf("second check planned %v later, want within [%v, %v]", gaps[1], block, 2*block)
 	}
 	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
-	b2.hintMu.Lock()
-	left := len(b2.hintFailures)
-	b2.hintMu.Unlock()
+	left := b2.reconciler.failingHints()
 	if left != 0 {
 		t.Errorf("%d keys' failed checks still counted after a check that read the role", left)
 	}
