@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -92,12 +91,13 @@ type backend struct {
 	// storage is the mount's storage view, used by background work that has
 	// no request (cycles, the reconciler). Requests use req.Storage, the
 	// same view.
-	storage   logical.Storage
-	clock     clock.Clock
-	rand      randSource
-	testHooks bool
-	onFlight  func(name string, f *flight)
-	onPlan    func()
+	storage  logical.Storage
+	clock    clock.Clock
+	rand     randSource
+	onFlight func(name string, f *flight)
+	// opts are the seams the backend was built with, as given (the clock
+	// and rand source in force, defaulted, are clock and rand above).
+	opts backendOptions
 
 	// index is the schedule index (schedindex.go); it has its own locks.
 	index *schedindex.Index
@@ -144,21 +144,16 @@ type backend struct {
 	// rotator owns root key rotation: its locks (config/root's among
 	// them), the scheduled rotation's timer and the IAM seam.
 	rotator *rotator
-
-	// cacheWriteFailures is the test hook's count of cache writes still to
-	// fail; only a binary built with -tags testhooks reads it.
-	cacheWriteFailures atomic.Int64
 }
 
 func newBackend(opts backendOptions) *backend {
 	b := &backend{
-		clock:     opts.clock,
-		rand:      opts.rand,
-		testHooks: opts.testHooks,
-		onFlight:  opts.onFlight,
-		onPlan:    opts.onPlan,
-		flights:   make(map[string]*flight),
-		life:      newLifecycle(),
+		clock:    opts.clock,
+		rand:     opts.rand,
+		onFlight: opts.onFlight,
+		opts:     opts,
+		flights:  make(map[string]*flight),
+		life:     newLifecycle(),
 	}
 	b.index = schedindex.New()
 	// Storage and the logger arrive after construction; the limiter's rate
@@ -201,7 +196,7 @@ func newBackend(opts backendOptions) *backend {
 	paths = append(paths, pathRefresh(b))
 	paths = append(paths, pathMetrics(b))
 	paths = append(paths, pathsRotation(b)...)
-	if b.testHooks {
+	if opts.testHooks {
 		paths = append(paths, testHookPaths(b)...)
 	}
 

@@ -236,8 +236,8 @@ func (b *backend) schedule(name string, at time.Time) {
 
 // planChanged tells the test hook that the plan changed.
 func (b *backend) planChanged() {
-	if b.onPlan != nil {
-		b.onPlan()
+	if b.opts.onPlan != nil {
+		b.opts.onPlan()
 	}
 }
 
