@@ -5,8 +5,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -92,21 +90,15 @@ type backend struct {
 	// storage is the mount's storage view, used by background work that has
 	// no request (cycles, the reconciler). Requests use req.Storage, the
 	// same view.
-	storage   logical.Storage
-	clock     clock.Clock
-	rand      randSource
-	testHooks bool
-	onPlan    func()
-	// passWorkers: see backendOptions.
-	passWorkers int
+	storage logical.Storage
+	clock   clock.Clock
+	rand    randSource
+	// opts are the seams the backend was built with, as given (the clock
+	// and rand source in force, defaulted, are clock and rand above).
+	opts backendOptions
 
 	// index is the schedule index (schedindex.go); it has its own locks.
 	index *schedindex.Index
-	// hintMu guards hintFailures: per key planned from the index, the
-	// checks in a row that could not read its role (checkHint). A key the
-	// pass planned meanwhile keeps its count (one int) until Clean.
-	hintMu       sync.Mutex
-	hintFailures map[string]int
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -137,45 +129,27 @@ type backend struct {
 	// the flights' lock (see fireDue).
 	plan *dueplan.Plan[string]
 
-	// bgMu guards running, closed, passDone, startTimer and startFailures.
-	// bgWG counts every goroutine the backend starts; Clean waits for it
-	// after cancelling bgCtx.
-	bgMu     sync.RWMutex
-	running  bool // the refresher schedules cycles (write-safe node, started)
-	passDone bool // a reconciler pass has completed without error
-	closed   bool
-	bgWG     sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelFunc
-	// startTimer retries a start or reconcile pass that storage failed, with
-	// backoff (startFailures in a row), before the next periodic pass.
-	startTimer    clock.Timer
-	startFailures int
+	// life owns the backend's own life: whether the refresher runs here,
+	// whether Clean has begun, the goroutines Clean cancels and waits for,
+	// and the end of Initialize's first pass; it has its own lock.
+	life *lifecycle
 
-	// startDone is closed when Initialize's first pass (reconciler or,
-	// on a standby, mirror warm-up) has ended.
-	startDone chan struct{}
-
-	// reconcileMu serialises reconciler passes (periodic, start retries).
-	reconcileMu sync.Mutex
+	// reconciler owns the reconciler's passes, their retry timer and the
+	// schedule index's failed hint checks (reconcile.go); it has its own
+	// locks.
+	reconciler *reconciler
 
 	// rotator owns root key rotation: its locks (config/root's among
 	// them), the scheduled rotation's timer and the IAM seam.
 	rotator *rotator
-
-	// cacheWriteFailures is the test hook's count of cache writes still to
-	// fail; only a binary built with -tags testhooks reads it.
-	cacheWriteFailures atomic.Int64
 }
 
 func newBackend(opts backendOptions) *backend {
 	b := &backend{
-		clock:       opts.clock,
-		rand:        opts.rand,
-		testHooks:   opts.testHooks,
-		onPlan:      opts.onPlan,
-		passWorkers: opts.passWorkers,
-		startDone:   make(chan struct{}),
+		clock: opts.clock,
+		rand:  opts.rand,
+		opts:  opts,
+		life:  newLifecycle(),
 	}
 	b.index = schedindex.New()
 	// Storage and the logger arrive after construction; the limiter's rate
@@ -189,16 +163,14 @@ func newBackend(opts backendOptions) *backend {
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
 	b.clients = newSTSClients(readRoot, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
-	if b.passWorkers == 0 {
-		b.passWorkers = defaultPassWorkers
-	}
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
+	b.reconciler = newReconciler(b.clock, b.life.isClosed, b.retryBackoff, b.retryPass, opts.passWorkers)
 	b.flights = newFlights(b.state.peek, b.launchCycle, opts.onFlight)
 	b.plan = dueplan.New(b.clock, b.flights.planLock(), b.fireDue)
-	b.rotator = newRotator(b.clock, opts.wrapIAM, b.refresherRunning, func() {
-		b.goBackground(func(ctx context.Context) { b.scheduledRotation(ctx) })
+	b.rotator = newRotator(b.clock, opts.wrapIAM, b.life.running, func() {
+		b.life.spawn(func(ctx context.Context) { b.scheduledRotation(ctx) })
 	})
 	if b.rand == nil {
 		b.rand = globalRand{}
@@ -210,7 +182,6 @@ func newBackend(opts backendOptions) *backend {
 	b.metrics.watchIndex(b.index.Stats)
 	cfg := b.settings.policy()
 	b.limiter = ratelimit.New(cfg.STSRateLimit, cfg.STSBurst)
-	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 
 	paths := []*framework.Path{
 		pathConfigRoot(b),
@@ -222,7 +193,7 @@ func newBackend(opts backendOptions) *backend {
 	paths = append(paths, pathRefresh(b))
 	paths = append(paths, pathMetrics(b))
 	paths = append(paths, pathsRotation(b)...)
-	if b.testHooks {
+	if opts.testHooks {
 		paths = append(paths, testHookPaths(b)...)
 	}
 
@@ -284,8 +255,8 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 	// first pass reads every role: with many roles that takes longer than a
 	// mount start should. It runs in the background; requests meanwhile load
 	// what they need on demand.
-	started := b.goBackground(func(ctx context.Context) {
-		defer close(b.startDone)
+	began := b.life.spawn(func(ctx context.Context) {
+		defer b.life.started()
 		if !b.WriteSafeReplicationState() {
 			b.warmMirror(ctx)
 			return
@@ -298,21 +269,10 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 			b.Logger().Error("refresher start failed, retrying", "error", err)
 		}
 	})
-	if !started {
-		close(b.startDone)
+	if !began {
+		b.life.started()
 	}
 	return nil
-}
-
-// waitStarted waits until the first pass that Initialize began has ended
-// (successfully or not), or ctx is done.
-func (b *backend) waitStarted(ctx context.Context) error {
-	select {
-	case <-b.startDone:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // warmMirror loads config/refresh and every role into memory on a node that
@@ -327,7 +287,7 @@ func (b *backend) warmMirror(ctx context.Context) {
 		b.Logger().Warn("listing roles failed; they load on first access", "error", err)
 		return
 	}
-	b.forEachParallel(names, func(name string) {
+	b.reconciler.forEach(names, func(name string) {
 		if _, err := b.state.current(ctx, b.storage, name); err != nil {
 			b.Logger().Warn("loading role failed; it loads on first access", "role", name, "error", err)
 		}
@@ -355,53 +315,15 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 }
 
 // clean stops the refresher and waits for every goroutine the backend
-// started: pending timers are stopped, running cycles see their context
-// cancelled and return without writing.
+// started: nothing more starts, pending timers are stopped, running cycles
+// see their context cancelled and return without writing.
 func (b *backend) clean(ctx context.Context) {
-	b.bgMu.Lock()
-	b.closed = true
-	b.running = false
+	b.life.shut()
 	b.plan.Stop()
-	if b.startTimer != nil {
-		b.startTimer.Stop()
-		b.startTimer = nil
-	}
-	b.bgMu.Unlock()
+	b.reconciler.stop()
 	b.rotator.stop()
-	b.bgCancel()
-	b.bgWG.Wait()
+	b.life.close()
 	b.clients.reset()
-}
-
-// runBackground runs f in the calling goroutine, counted among those Clean
-// waits for. It returns false, without running f, once Clean has begun.
-func (b *backend) runBackground(f func(ctx context.Context)) bool {
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
-		return false
-	}
-	b.bgWG.Add(1)
-	b.bgMu.Unlock()
-	defer b.bgWG.Done()
-	f(b.bgCtx)
-	return true
-}
-
-// goBackground runs f in a goroutine that Clean waits for. It returns false,
-// without running f, once Clean has begun.
-func (b *backend) goBackground(f func(ctx context.Context)) bool {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if b.closed {
-		return false
-	}
-	b.bgWG.Add(1)
-	go func() {
-		defer b.bgWG.Done()
-		f(b.bgCtx)
-	}()
-	return true
 }
 
 const backendHelp = `

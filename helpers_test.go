@@ -41,7 +41,7 @@ func getTestBackend(tb testing.TB) (*backend, logical.Storage) {
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: config.StorageView}); err != nil {
 		tb.Fatal(err)
 	}
-	if err := b.(*backend).waitStarted(context.Background()); err != nil {
+	if err := b.(*backend).life.waitStarted(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { b.Cleanup(context.Background()) })
@@ -130,7 +130,7 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: s}); err != nil {
 		tb.Fatal(err)
 	}
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { b.Cleanup(context.Background()) })

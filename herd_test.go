@@ -274,7 +274,7 @@ func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
 		}
 	}
 	close(gate.gate)
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	driveUntilRefreshed(t, clk, b, roles, refreshed)

@@ -176,3 +176,68 @@ func TestClean_StopsAndWaitsForThePeriodicPass(t *testing.T) {
 		t.Errorf("a periodic pass after Clean called storage: %v", late)
 	}
 }
+
+// The lifecycle alone: close cancels the context of the goroutines it
+// counted and waits for them; once closed, nothing more starts and the
+// refresher is no longer running.
+func TestLifecycle_CloseCancelsWaitsAndRefuses(t *testing.T) {
+	l := newLifecycle()
+	if !l.setRunning() || !l.running() {
+		t.Fatal("setRunning on a fresh lifecycle did not mark the refresher running")
+	}
+	entered, release := make(chan context.Context), make(chan struct{})
+	returned := make(chan struct{})
+	if !l.spawn(func(ctx context.Context) {
+		defer close(returned)
+		entered <- ctx
+		<-release
+	}) {
+		t.Fatal("spawn refused before close")
+	}
+	ctx := <-entered
+
+	closed := make(chan struct{})
+	go func() {
+		l.close()
+		close(closed)
+	}()
+	select {
+	case <-ctx.Done():
+	case <-time.After(clocktest.WaitLimit):
+		t.Fatal("close did not cancel the running goroutine's context")
+	}
+	select {
+	case <-closed:
+		t.Fatal("close returned while a goroutine it counted was still running")
+	default:
+	}
+	close(release)
+	select {
+	case <-closed:
+	case <-time.After(clocktest.WaitLimit):
+		t.Fatal("close did not return after the goroutine ended")
+	}
+	select {
+	case <-returned:
+	default:
+		t.Fatal("close returned before the goroutine did")
+	}
+
+	if l.running() {
+		t.Error("running after close")
+	}
+	if l.setRunning() || l.running() {
+		t.Error("setRunning after close marked the refresher running")
+	}
+	ran := false
+	if l.spawn(func(context.Context) { ran = true }) {
+		t.Error("spawn after close accepted f")
+	}
+	if l.run(func(context.Context) { ran = true }) {
+		t.Error("run after close accepted f")
+	}
+	l.close() // a second Clean returns at once
+	if ran {
+		t.Error("f ran after close")
+	}
+}

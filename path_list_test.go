@@ -200,7 +200,7 @@ func TestList_StatusAsksVaultPerList(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first pass, in the background, asks for the state too.
-	if err := b.waitStarted(ctx); err != nil {
+	if err := b.life.waitStarted(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Cleanup(ctx) })

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/hashicorp/vault/sdk/logical"
 
@@ -31,7 +32,7 @@ func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 	if !b.WriteSafeReplicationState() {
 		return nil
 	}
-	b.runBackground(func(bgCtx context.Context) {
+	b.life.run(func(bgCtx context.Context) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		defer context.AfterFunc(bgCtx, cancel)()
@@ -42,195 +43,383 @@ func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 	return nil
 }
 
+// reconciler owns the reconciler's own state: the lock that serialises
+// passes, the timer that retries a failed pass with backoff, whether a
+// pass has completed, and the failed checks of keys planned from the
+// schedule index. Its fields are touched only by its methods, in this file.
+//
+// Lock order: passes, then mu; mu is held while the lifecycle is asked
+// whether Clean has begun, never the other way round.
+type reconciler struct {
+	clock clock.Clock
+	// closed reports whether Clean has begun (the lifecycle's); it is asked
+	// under mu, so that no timer is armed after stop.
+	closed func() bool
+	// backoff is the wait before the nth retry of a failed pass in a row.
+	backoff func(n int) time.Duration
+	// retry runs a pass again when the timer fires; it must not block
+	// longer than the pass (the backend runs it counted for Clean).
+	retry func()
+	// workers is how many roles a pass reconciles at once (a test seam:
+	// the simulation uses 1 to replay exactly).
+	workers int
+
+	// passes serialises reconciler passes (periodic, start retries).
+	passes sync.Mutex
+
+	// mu guards timer, failures, passDone and hintFailures.
+	mu sync.Mutex
+	// timer retries a start or reconcile pass that storage failed, with
+	// backoff (failures in a row), before the next periodic pass.
+	timer    clock.Timer
+	failures int
+	passDone bool // a reconciler pass has completed without error
+	// hintFailures: per key planned from the index, the checks in a row
+	// that could not read its role (checkHint). A key the pass planned
+	// meanwhile keeps its count (one int) until Clean.
+	hintFailures map[string]int
+}
+
+func newReconciler(clk clock.Clock, closed func() bool, backoff func(n int) time.Duration, retry func(), workers int) *reconciler {
+	if workers == 0 {
+		workers = defaultPassWorkers
+	}
+	return &reconciler{clock: clk, closed: closed, backoff: backoff, retry: retry, workers: workers}
+}
+
+// begin is the start of a pass, under passes: it stops the retry timer (the
+// pass is the retry) and reports whether to run, false once Clean began.
+func (r *reconciler) begin() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed() {
+		return false
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	return true
+}
+
+// end records the outcome of a pass, under passes: a failed one arms the
+// retry timer after a jittered, growing backoff, unless Clean has begun.
+func (r *reconciler) end(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		r.failures = 0
+		return
+	}
+	if r.closed() {
+		return
+	}
+	r.failures++
+	r.timer = r.clock.AfterFunc(r.backoff(r.failures), r.retry)
+}
+
+// stop stops the retry timer; Clean calls it once the lifecycle is shut,
+// after which end arms none.
+func (r *reconciler) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+}
+
+// firstPass reports whether no pass has completed without error yet.
+func (r *reconciler) firstPass() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.passDone
+}
+
+// passed records that a pass completed without error.
+func (r *reconciler) passed() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.passDone = true
+}
+
+// hintFailed counts a failed check of the key's hint and returns how many
+// failed in a row.
+func (r *reconciler) hintFailed(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hintFailures == nil {
+		r.hintFailures = map[string]int{}
+	}
+	r.hintFailures[key]++
+	return r.hintFailures[key]
+}
+
+// hintDone forgets the key's failed checks: it was read, or is planned
+// otherwise.
+func (r *reconciler) hintDone(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.hintFailures, key)
+}
+
+// failingHints is how many keys have failed checks counted.
+func (r *reconciler) failingHints() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.hintFailures)
+}
+
+// forEach calls f for every name, workers at a time (in order, one at a
+// time, when workers is 1: the seeded simulation replays exactly only then).
+func (r *reconciler) forEach(names []string, f func(name string)) {
+	if r.workers <= 1 || len(names) < 2 {
+		for _, name := range names {
+			f(name)
+		}
+		return
+	}
+	next := make(chan string)
+	var wg sync.WaitGroup
+	for range min(r.workers, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range next {
+				f(name)
+			}
+		}()
+	}
+	for _, name := range names {
+		next <- name
+	}
+	close(next)
+	wg.Wait()
+}
+
 // reconcile runs one reconciler pass and, when storage fails it, arranges
 // another after a jittered, growing backoff (1s, 2s, 4s, ... up to a minute)
 // so that a failed start is never left half-done until the next periodic
 // pass.
 func (b *backend) reconcile(ctx context.Context) error {
-	b.reconcileMu.Lock()
-	defer b.reconcileMu.Unlock()
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
+	r := b.reconciler
+	r.passes.Lock()
+	defer r.passes.Unlock()
+	if !r.begin() {
 		return nil
 	}
-	if b.startTimer != nil {
-		b.startTimer.Stop()
-		b.startTimer = nil
-	}
-	b.bgMu.Unlock()
-
 	err := b.reconcilePass(ctx)
-
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if err == nil {
-		b.startFailures = 0
-		return nil
-	}
-	if b.closed {
-		return err
-	}
-	b.startFailures++
-	b.startTimer = b.clock.AfterFunc(b.backoff(time.Second, b.startFailures, maxStartBackoff), func() {
-		// In the timer's own goroutine, counted for Clean.
-		b.runBackground(func(ctx context.Context) { _ = b.reconcile(ctx) })
-	})
+	r.end(err)
 	return err
 }
 
+// retryBackoff is the wait before the nth retry of a failed pass.
+func (b *backend) retryBackoff(n int) time.Duration {
+	return b.backoff(time.Second, n, maxStartBackoff)
+}
+
+// retryPass is the retry timer's: in the timer's own goroutine, counted
+// for Clean.
+func (b *backend) retryPass() {
+	b.life.run(func(ctx context.Context) { _ = b.reconcile(ctx) })
+}
+
 // reconcilePass compares storage with this node's state and puts back what
-// is out of line:
+// is out of line, in phases:
 //   - config/refresh is reloaded, and the refresher marked running;
 //   - every role is loaded if it is not mirrored (or marked for reload), its
-//     dirty status written, an unusable cached credential deleted;
+//     dirty status written, an unusable cached credential deleted, and so
+//     is every entity credential of an entity-scoped role;
 //   - every warm role (one with a credential or a status) has a cycle
 //     scheduled or in flight;
+//   - the schedule index is repaired from what the pass found;
 //   - mirrored roles that storage no longer has are dropped, and cached
 //     credentials or statuses without a role are deleted;
 //   - the scheduled root key rotation is armed (or planned anew).
 //
 // It returns the first error; the roles it could reach are reconciled.
 func (b *backend) reconcilePass(ctx context.Context) error {
-	s := b.storage
-	if err := b.settings.load(ctx); err != nil {
-		return err
+	p, names, err := b.passBegin(ctx)
+	if p == nil {
+		return err // storage failed it, or Clean has begun
 	}
-	names, err := listRoles(ctx, s)
-	if err != nil {
-		return err
-	}
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
-		return nil
-	}
-	b.running = true
-	first := !b.passDone
-	b.bgMu.Unlock()
-	idx := newPassIndex()
-
-	var (
-		errs    []error
-		overdue []overdueRole
-		mu      sync.Mutex // guards errs and overdue for the workers
-	)
-	listed := make(map[string]bool, len(names))
-	for _, name := range names {
-		listed[name] = true
-	}
-	passStart := b.clock.Now()
-	// Each role costs a few storage reads, one gRPC round trip each; with
-	// tens of thousands of roles they go several at a time. Roles are
-	// independent (each under its own store lock).
-	var entityRoles []string
-	b.forEachParallel(names, func(name string) {
-		od, err := b.reconcileRole(ctx, name, false, passStart, idx)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			errs = append(errs, err)
-		} else if od != nil {
-			overdue = append(overdue, *od)
-		}
-		if rs := b.state.peek(name); rs != nil && rs.role != nil && rs.role.entityScoped() {
-			entityRoles = append(entityRoles, name)
-		}
-	})
-	// Entity credentials (cache_scope=entity) are reconciled like roles,
-	// each under its role's store lock; idle ones are dropped.
-	sort.Strings(entityRoles)
-	for _, name := range entityRoles {
-		ids, err := listEntityIDs(ctx, s, name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		keys := make([]string, len(ids))
-		for i, id := range ids {
-			keys[i] = entityKey(name, id)
-			listed[keys[i]] = true
-		}
-		b.forEachParallel(keys, func(key string) {
-			od, err := b.reconcileRole(ctx, key, false, passStart, idx)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-			} else if od != nil {
-				overdue = append(overdue, *od)
-			}
-		})
-	}
-	// A mirrored role the list did not show may have been deleted, or
-	// created since the list was read: it is read again.
-	for _, name := range b.state.names() {
-		if !listed[name] {
-			od, err := b.reconcileRole(ctx, name, true, passStart, idx)
-			if err != nil {
-				errs = append(errs, err)
-			} else if od != nil {
-				overdue = append(overdue, *od)
-			}
-		}
-	}
+	b.passRoles(ctx, p, names)
+	b.passEntities(ctx, p)
+	b.passUnlisted(ctx, p)
 	// A pass that Clean (or Vault) cancelled stops before its next write:
 	// storage may be going away, and the next pass does what this one left.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	errs = append(errs, b.scheduleOverdue(ctx, overdue, passStart, idx)...)
-	// The schedule index now says what the pass found; keys it did not
-	// reach (an error, a cycle running) keep their entries.
+	p.fail(b.scheduleOverdue(ctx, p.overdue, p.start, p.idx)...)
+	b.passRepairIndex(ctx, p.idx)
+	if err := b.passOrphans(ctx, p); err != nil {
+		return err // cancelled
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := b.resumeRotation(ctx); err != nil {
+		p.fail(fmt.Errorf("planning the root key rotation: %w", err))
+	}
+	if p.first && len(p.errs) == 0 {
+		b.reconciler.passed()
+		b.Logger().Info("first reconciler pass done", "roles", len(names), "took", b.clock.Now().Sub(p.start))
+	}
+	return errors.Join(p.errs...)
+}
+
+// pass is what one reconciler pass found, shared by its phases.
+type pass struct {
+	start  time.Time
+	first  bool // no pass had completed without error when it began
+	idx    *passIndex
+	listed map[string]bool // the keys storage listed: roles, entity credentials
+
+	mu          sync.Mutex // guards the rest, for the workers
+	errs        []error
+	overdue     []overdueRole
+	entityRoles []string // listed roles that are entity-scoped
+}
+
+// found records one key's reconciliation.
+func (p *pass) found(od *overdueRole, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.errs = append(p.errs, err)
+	} else if od != nil {
+		p.overdue = append(p.overdue, *od)
+	}
+}
+
+// fail records errors of the pass; nil ones are none.
+func (p *pass) fail(errs ...error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, err := range errs {
+		if err != nil {
+			p.errs = append(p.errs, err)
+		}
+	}
+}
+
+// passBegin is a pass's first phase: config/refresh is reloaded, the roles
+// are listed, and the refresher marked running. It returns no pass when
+// storage failed it (with the error) or Clean has begun (with none).
+func (b *backend) passBegin(ctx context.Context) (*pass, []string, error) {
+	if err := b.settings.load(ctx); err != nil {
+		return nil, nil, err
+	}
+	names, err := listRoles(ctx, b.storage)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !b.life.setRunning() {
+		return nil, nil, nil
+	}
+	p := &pass{first: b.reconciler.firstPass(), idx: newPassIndex(), listed: make(map[string]bool, len(names))}
+	for _, name := range names {
+		p.listed[name] = true
+	}
+	p.start = b.clock.Now()
+	return p, names, nil
+}
+
+// passRoles reconciles every listed role. Each costs a few storage reads,
+// one gRPC round trip each; with tens of thousands of roles they go several
+// at a time. Roles are independent (each under its own store lock).
+func (b *backend) passRoles(ctx context.Context, p *pass, names []string) {
+	b.reconciler.forEach(names, func(name string) {
+		p.found(b.reconcileRole(ctx, name, false, p.start, p.idx))
+		if rs := b.state.peek(name); rs != nil && rs.role != nil && rs.role.entityScoped() {
+			p.mu.Lock()
+			p.entityRoles = append(p.entityRoles, name)
+			p.mu.Unlock()
+		}
+	})
+}
+
+// passEntities reconciles the entity credentials (cache_scope=entity) of
+// every entity-scoped role like roles, each under its role's store lock;
+// idle ones are dropped.
+func (b *backend) passEntities(ctx context.Context, p *pass) {
+	sort.Strings(p.entityRoles)
+	for _, name := range p.entityRoles {
+		ids, err := listEntityIDs(ctx, b.storage, name)
+		if err != nil {
+			p.fail(err)
+			continue
+		}
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = entityKey(name, id)
+			p.listed[keys[i]] = true
+		}
+		b.reconciler.forEach(keys, func(key string) {
+			p.found(b.reconcileRole(ctx, key, false, p.start, p.idx))
+		})
+	}
+}
+
+// passUnlisted reads again every mirrored role the list did not show: it
+// may have been deleted, or created since the list was read.
+func (b *backend) passUnlisted(ctx context.Context, p *pass) {
+	for _, name := range b.state.names() {
+		if !p.listed[name] {
+			p.found(b.reconcileRole(ctx, name, true, p.start, p.idx))
+		}
+	}
+}
+
+// passRepairIndex makes the schedule index say what the pass found; keys it
+// did not reach (an error, a cycle running) keep their entries.
+func (b *backend) passRepairIndex(ctx context.Context, idx *passIndex) {
 	since := b.index.Mark()
 	want, keep := b.indexWant(idx)
-	if err := b.index.Repair(ctx, s, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
+	if err := b.index.Repair(ctx, b.storage, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
 		// Not an error of the pass: the index is a hint, a shard that
 		// failed stays dirty for the next commit in it or the next pass,
 		// and failing the pass would only re-run every role's checks with
 		// backoff (aws_resilient_schedule_index_write_failures_total counts it).
 		b.Logger().Warn("writing the schedule index failed; the next pass writes it", "error", err)
 	}
+}
+
+// passOrphans deletes cached credentials and statuses whose role is gone.
+// It returns only the context's error, when the pass is cancelled; the
+// others are the pass's.
+func (b *backend) passOrphans(ctx context.Context, p *pass) error {
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
-		keys, err := listUnder(ctx, s, prefix)
+		keys, err := listUnder(ctx, b.storage, prefix)
 		if err != nil {
-			errs = append(errs, err)
+			p.fail(err)
 			continue
 		}
 		for _, name := range keys {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if folder, ok := strings.CutSuffix(name, entitySep); ok {
-				// Entity credentials of a role that is gone or no longer
-				// entity-scoped.
-				if rs := b.state.peek(folder); !listed[folder] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
-					if err := b.dropOrphanEntities(ctx, folder); err != nil {
-						errs = append(errs, err)
-					}
-				}
-				continue
-			}
-			if !listed[name] {
-				if err := b.dropOrphan(ctx, prefix, name); err != nil {
-					errs = append(errs, err)
-				}
-			}
+			p.fail(b.passOrphan(ctx, prefix, name, p.listed))
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	return nil
+}
+
+// passOrphan deletes what prefix+name holds if the pass did not list its
+// role: a cached credential or status, or a folder of entity credentials
+// of a role that is gone or no longer entity-scoped.
+func (b *backend) passOrphan(ctx context.Context, prefix, name string, listed map[string]bool) error {
+	if folder, ok := strings.CutSuffix(name, entitySep); ok {
+		if rs := b.state.peek(folder); !listed[folder] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
+			return b.dropOrphanEntities(ctx, folder)
+		}
+		return nil
 	}
-	if err := b.resumeRotation(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("planning the root key rotation: %w", err))
+	if !listed[name] {
+		return b.dropOrphan(ctx, prefix, name)
 	}
-	if first && len(errs) == 0 {
-		b.bgMu.Lock()
-		b.passDone = true
-		b.bgMu.Unlock()
-		b.Logger().Info("first reconciler pass done", "roles", len(names), "took", b.clock.Now().Sub(passStart))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // passIndex collects the keys a pass reconciled, for the schedule index.
@@ -294,35 +483,6 @@ func sortOverdue(overdue []overdueRole) {
 		}
 		return overdue[i].name < overdue[j].name
 	})
-}
-
-// forEachParallel calls f for every name, passWorkers at a time (in order,
-// one at a time, when passWorkers is 1: the seeded simulation replays
-// exactly only then).
-func (b *backend) forEachParallel(names []string, f func(name string)) {
-	workers := b.passWorkers
-	if workers <= 1 || len(names) < 2 {
-		for _, name := range names {
-			f(name)
-		}
-		return
-	}
-	next := make(chan string)
-	var wg sync.WaitGroup
-	for range min(workers, len(names)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for name := range next {
-				f(name)
-			}
-		}()
-	}
-	for _, name := range names {
-		next <- name
-	}
-	close(next)
-	wg.Wait()
 }
 
 // reconcileRole brings one role in line with storage, under its store lock;

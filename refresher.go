@@ -41,8 +41,8 @@ type cycleResult struct {
 // on the backend's context, not a request's, so that one reader giving up
 // does not cancel it for the others.
 func (b *backend) launchCycle(name string, f, prev *flight) (context.CancelFunc, bool) {
-	ctx, cancel := context.WithCancel(b.bgCtx)
-	started := b.goBackground(func(context.Context) {
+	ctx, cancel := context.WithCancel(b.life.bgContext())
+	started := b.life.spawn(func(context.Context) {
 		defer cancel()
 		if prev != nil {
 			<-prev.done
@@ -114,7 +114,7 @@ func (b *backend) flightOrPlan(name string) (running bool, e dueplan.Entry[strin
 // plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
 func (b *backend) schedule(name string, at time.Time) {
-	if !b.refresherRunning() {
+	if !b.life.running() {
 		return
 	}
 	b.plan.Set(name, at)
@@ -123,8 +123,8 @@ func (b *backend) schedule(name string, at time.Time) {
 
 // planChanged tells the test hook that the plan changed.
 func (b *backend) planChanged() {
-	if b.onPlan != nil {
-		b.onPlan()
+	if b.opts.onPlan != nil {
+		b.opts.onPlan()
 	}
 }
 
@@ -356,7 +356,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 // Clean is running (storage may be going away) or a newer definition
 // superseded it.
 func (b *backend) cycleStopped() cycleResult {
-	if b.bgCtx.Err() != nil {
+	if b.life.bgContext().Err() != nil {
 		return cycleResult{err: errShuttingDown, outcome: cycleAborted}
 	}
 	return cycleResult{err: errRoleChanged, outcome: cycleAborted}

@@ -45,7 +45,7 @@ const rotationDrainTimeout = time.Minute
 // client seam. Its fields are touched only by its methods, below.
 //
 // Lock order: rotations, then root, then mu; mu is held while refreshing
-// is asked (which takes the backend's bgMu), never the other way round.
+// is asked (which takes the lifecycle's lock), never the other way round.
 type rotator struct {
 	clock clock.Clock
 	// wrapIAM, when set, wraps each IAM client a rotation builds (a test
@@ -293,7 +293,7 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 		err   error
 		ran   bool
 	)
-	ran = b.runBackground(func(bg context.Context) {
+	ran = b.life.run(func(bg context.Context) {
 		ctx, cancel := context.WithTimeout(bg, rotationTimeout)
 		defer cancel()
 		newID, err = b.rotateLocked(ctx, s, trigger)

@@ -31,7 +31,7 @@ import (
 func (b *backend) planFromIndex(now time.Time) int {
 	items := b.index.Entries()
 	var overdue []overdueRole
-	if !b.refresherRunning() {
+	if !b.life.running() {
 		return 0
 	}
 	// One batch: the overdue keys must not start before all are planned.
@@ -78,14 +78,14 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 		// retry block later and then backing off to a minute, so that an
 		// outage does not make every hint read storage every few seconds.
 		if ctx.Err() == nil {
-			n := b.hintFailed(key)
+			n := b.reconciler.hintFailed(key)
 			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key, "failures", n, "error", err)
 			f.ending.Store(true)
 			b.replanHint(key, b.clock.Now().Add(b.backoff(b.settings.policy().block(), n, maxStartBackoff)))
 		}
 		return false
 	}
-	b.hintDone(key)
+	b.reconciler.hintDone(key)
 	if rs == nil || !rs.warm() {
 		b.index.Drop(ctx, b.storage, key)
 		return false
@@ -108,31 +108,11 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 // replanHint plans the key's hint again at at, unless something planned the
 // key since (a read's cycle, the pass): that plan is the role's own.
 func (b *backend) replanHint(key string, at time.Time) {
-	if !b.refresherRunning() || !b.plan.Add(key, at, dueplan.Hint) {
-		b.hintDone(key)
+	if !b.life.running() || !b.plan.Add(key, at, dueplan.Hint) {
+		b.reconciler.hintDone(key)
 		return
 	}
 	b.planChanged()
-}
-
-// hintFailed counts a failed check of the key's hint and returns how many
-// failed in a row.
-func (b *backend) hintFailed(key string) int {
-	b.hintMu.Lock()
-	defer b.hintMu.Unlock()
-	if b.hintFailures == nil {
-		b.hintFailures = map[string]int{}
-	}
-	b.hintFailures[key]++
-	return b.hintFailures[key]
-}
-
-// hintDone forgets the key's failed checks: it was read, or is planned
-// otherwise.
-func (b *backend) hintDone(key string) {
-	b.hintMu.Lock()
-	defer b.hintMu.Unlock()
-	delete(b.hintFailures, key)
 }
 
 // startFromIndex starts the refresher on a node that becomes active and
@@ -143,14 +123,10 @@ func (b *backend) startFromIndex(ctx context.Context) {
 		b.Logger().Warn("reading config/refresh failed; the reconciler plans the roles", "error", err)
 		return
 	}
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
-		return
+	if !b.life.setRunning() {
+		return // Clean has begun
 	}
-	b.running = true
-	b.bgMu.Unlock()
-	if err := b.index.Load(ctx, b.storage, b.forEachParallel); err != nil {
+	if err := b.index.Load(ctx, b.storage, b.reconciler.forEach); err != nil {
 		b.Logger().Warn("reading the schedule index failed; the reconciler plans the roles it holds", "error", err)
 	}
 	n := b.planFromIndex(b.clock.Now())

@@ -87,7 +87,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 		t.Errorf("%d reads of role entries before every role was planned, want 0", reads)
 	}
 	close(g.open)
-	if err := b2.waitStarted(context.Background()); err != nil {
+	if err := b2.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for name := range plans {
@@ -167,7 +167,7 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 		t.Errorf("%d STS calls for stale hints, want 0", n-calls)
 	}
 	close(hold.gate)
-	if err := b2.waitStarted(context.Background()); err != nil {
+	if err := b2.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	idx := storedIndex(t, f.s)
@@ -187,7 +187,7 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 	fs := newFaultStorage(f.s, 3)
 	f.b.Cleanup(context.Background())
 	b := startBackendOn(t, f, fs)
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	f.b = b
@@ -416,16 +416,13 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	fs := newFaultStorage(f.s, 4)
 	fs.failNext("put", schedindex.Prefix, 1000, false)
 	b := startBackendOn(t, f, fs)
-	if err := b.waitStarted(ctx); err != nil {
+	if err := b.life.waitStarted(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.reconcile(ctx); err != nil {
 		t.Fatalf("reconciler pass failed for its index write: %v", err)
 	}
-	b.bgMu.Lock()
-	done := b.passDone
-	b.bgMu.Unlock()
-	if !done {
+	if b.reconciler.firstPass() {
 		t.Error("the first pass is not done: its index write failed it")
 	}
 	if n := gathered(t, b, "aws_resilient_schedule_index_write_failures_total"); n < 2 {
@@ -506,9 +503,7 @@ func TestScheduleIndex_HintCheckBacksOff(t *testing.T) {
 		t.Errorf("second check planned %v later, want within [%v, %v]", gaps[1], block, 2*block)
 	}
 	waitFor(t, "the role to be refreshed", func() bool { return cached(t, f.s, testRole).IssuedAt.After(issued) })
-	b2.hintMu.Lock()
-	left := len(b2.hintFailures)
-	b2.hintMu.Unlock()
+	left := b2.reconciler.failingHints()
 	if left != 0 {
 		t.Errorf("%d keys' failed checks still counted after a check that read the role", left)
 	}

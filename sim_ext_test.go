@@ -327,7 +327,7 @@ func (s *sim) overlapFailover() {
 	if err := nb.Initialize(context.Background(), &logical.InitializationRequest{Storage: ns}); err != nil {
 		s.failf("Initialize returned %v", err)
 	}
-	s.drive(nb.startDone)
+	s.drive(nb.life.startDone)
 	ns.disarm()
 	once.Do(func() { close(release) })
 	s.drive(oldDone)
@@ -406,9 +406,9 @@ func (s *sim) seedEntities(n int) {
 // checkPass: a reconciler pass that ran on healthy storage (no fault armed
 // before or after) succeeded.
 func (s *sim) checkPass() {
-	s.b.bgMu.RLock()
-	failures := s.b.startFailures
-	s.b.bgMu.RUnlock()
+	s.b.reconciler.mu.Lock()
+	failures := s.b.reconciler.failures
+	s.b.reconciler.mu.Unlock()
 	s.fig.checks++
 	if failures > 0 {
 		n, last := s.size.refusals()

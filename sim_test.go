@@ -326,7 +326,7 @@ func (s *sim) start() {
 	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: ns}); err != nil {
 		s.t.Fatalf("Initialize returned %v; it must retry by itself instead", err)
 	}
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		s.t.Fatal(err)
 	}
 	s.b, s.aStore = b, ns
@@ -348,7 +348,7 @@ func (s *sim) start() {
 	if err := sb.Initialize(context.Background(), &logical.InitializationRequest{Storage: s.sStore}); err != nil {
 		s.t.Fatal(err)
 	}
-	if err := sb.waitStarted(context.Background()); err != nil {
+	if err := sb.life.waitStarted(context.Background()); err != nil {
 		s.t.Fatal(err)
 	}
 	s.standby = sb

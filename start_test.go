@@ -87,7 +87,7 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	}
 
 	close(g.gate)
-	if err := b.waitStarted(context.Background()); err != nil {
+	if err := b.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if at, ok := b.scheduledAt(testRole); !ok || !at.Equal(plan) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
@@ -43,36 +44,45 @@ func testHookPaths(b *backend) []*framework.Path {
 // wrapStorage makes the mount's storage, as background work sees it, fail
 // cache writes while the hook says so.
 func (b *backend) wrapStorage(s logical.Storage) logical.Storage {
-	if !b.testHooks || s == nil {
+	if !b.opts.testHooks || s == nil {
 		return s
 	}
-	return &hookStorage{Storage: s, b: b}
+	return &hookStorage{Storage: s}
 }
 
-// hookStorage fails the next cache_write_failures writes of cache/ entries.
+// hookStorage fails the next cacheWriteFailures writes of cache/ entries.
 type hookStorage struct {
 	logical.Storage
-	b *backend
+	// cacheWriteFailures is the count of cache writes still to fail, set
+	// by test/storage-faults.
+	cacheWriteFailures atomic.Int64
 }
 
 func (h *hookStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
-	if strings.HasPrefix(e.Key, cachePrefix) && h.b.takeCacheWriteFailure() {
+	if strings.HasPrefix(e.Key, cachePrefix) && h.takeCacheWriteFailure() {
 		return errors.New("writing the cached credential failed (injected by test hook)")
 	}
 	return h.Storage.Put(ctx, e)
 }
 
 // takeCacheWriteFailure consumes one injected cache write failure, if any.
-func (b *backend) takeCacheWriteFailure() bool {
+func (h *hookStorage) takeCacheWriteFailure() bool {
 	for {
-		n := b.cacheWriteFailures.Load()
+		n := h.cacheWriteFailures.Load()
 		if n <= 0 {
 			return false
 		}
-		if b.cacheWriteFailures.CompareAndSwap(n, n-1) {
+		if h.cacheWriteFailures.CompareAndSwap(n, n-1) {
 			return true
 		}
 	}
+}
+
+// hooks is the mount's hook storage, which the test path drives; nil
+// before Setup gave the backend its storage.
+func (b *backend) hooks() *hookStorage {
+	h, _ := b.storage.(*hookStorage)
+	return h
 }
 
 // pathTestStorageFaults lets the fault matrix make the cache write that
@@ -117,8 +127,12 @@ func pathTestStorageFaults(b *backend) *framework.Path {
 }
 
 func (b *backend) pathTestStorageFaultsRead(context.Context, *logical.Request, *framework.FieldData) (*logical.Response, error) {
+	h := b.hooks()
+	if h == nil {
+		return nil, errors.New("the mount's storage is not set up")
+	}
 	return &logical.Response{Data: map[string]interface{}{
-		"cache_write_failures": int(b.cacheWriteFailures.Load()),
+		"cache_write_failures": int(h.cacheWriteFailures.Load()),
 	}}, nil
 }
 
@@ -130,6 +144,10 @@ func (b *backend) pathTestStorageFaultsWrite(_ context.Context, _ *logical.Reque
 	if n.(int) < 0 || n.(int) > 1000 {
 		return logical.ErrorResponse("cache_write_failures must be between 0 and 1000; got %d", n.(int)), nil
 	}
-	b.cacheWriteFailures.Store(int64(n.(int)))
+	h := b.hooks()
+	if h == nil {
+		return nil, errors.New("the mount's storage is not set up")
+	}
+	h.cacheWriteFailures.Store(int64(n.(int)))
 	return nil, nil
 }
