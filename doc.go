@@ -1,0 +1,51 @@
+// Package awsresilient is a Vault secrets engine that serves AWS STS
+// credentials from a cache kept in Vault storage, refreshed in the
+// background with jittered block retries; a failure is recorded as status,
+// never stored as a credential.
+//
+// # Code map
+//
+// Every piece of state has one owner, in one file, whose lock only that
+// file takes:
+//
+//	backend.go     the backend: a handful of owners, Factory, Initialize,
+//	               Invalidate (it only forgets) and Clean
+//	storage.go     every storage key and the typed reads and writes; the only
+//	               file that calls logical.Storage (config/ and cache/ are
+//	               seal-wrapped)
+//	rolestate.go   roleStates: the mirror of roles/, cache/ and status/, the
+//	               generations and the per-role store locks (lockFor)
+//	flights.go     flights: the one refresh cycle in progress per key
+//	refresher.go   the cycle (runCycle over a cycleJob), the plan's firing
+//	timing.go      every timing rule as a pure function of (time, config, rand)
+//	reconcile.go   reconciler: passes, their retry, orphans, index repair
+//	schedindex.go  the start from the schedule index (its hints)
+//	settings.go    settings: config/refresh in force (policy)
+//	client.go      stsClients: the STS client sets built from config/root
+//	rotation.go    rotator: root key rotation, config/root's lock
+//	lifecycle.go   lifecycle: running, Clean, the background goroutines
+//	entity.go      the rules of cache_scope=entity (entityDropReason)
+//	path_*.go      handlers: parse the fields, call an owner, shape the answer
+//
+// Mechanisms that need no backend live under internal/ and import neither
+// this package nor each other (internal/clock excepted; imports_test.go):
+// clock (+ clocktest, the one fake clock), ratelimit, dueplan (the plan of
+// due times with its one timer), schedindex (the sched/ hint shards) and
+// memlimit (the process's soft memory limit).
+//
+// # Lock order
+//
+// A lock may be taken while holding only those above it:
+//
+//	reconciler.passes            one reconciler pass at a time
+//	rotator.rotations, .root     a rotation; config/root's read-change-write
+//	role store lock (lockFor)    every storage change of a role
+//	flights.mu                   held by the plan while it fires
+//	plan (dueplan)               its own lock
+//	settings.loadMu, settings.mu a reload of config/refresh
+//	roleStates.mu                the mirror (a read lock on the hot path)
+//	reconciler.mu, rotator.mu,   the owners' small state; schedule index
+//	index shards, stsClients.mu, shards are written under the store lock
+//	limiter, metrics
+//	lifecycle                    last: it calls nothing while held
+package awsresilient
