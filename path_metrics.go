@@ -32,11 +32,9 @@ const scrapeHeadroomHold = 5 * time.Second
 // scrapeHeadroomFactor is the headroom a scrape asks for, in multiples of
 // its body's size: the body, the sdk's JSON of it (base64, in a buffer that
 // grows by doubling), the string it converts that to, and the protobuf
-// message. A scrape of 10 000 roles allocates about 6.5 times its 9 MB body;
-// twice that keeps the GC from running on the limit until they are all
-// garbage (in-process at 10 000 roles under GOMEMLIMIT=32MiB: 1.8 s of CPU
-// per scrape without headroom, 210 ms with 6×, 165 ms with 8×, 130 ms with
-// 12×, as without any limit).
+// message. Twice what a scrape allocates keeps the GC from running on the
+// limit until those copies are all garbage; the figures per factor are in
+// BENCHMARKS.md, "Figures behind the code's constants".
 const scrapeHeadroomFactor = 12
 
 // roleStateNames lists every state a role can be in, for the one-hot

@@ -274,12 +274,10 @@ func listRolesPage(ctx context.Context, s logical.Storage, data *framework.Field
 }
 
 // The memory headroom a LIST takes, per key it returns: about twice what
-// the plugin allocates to answer it, as a scrape takes (path_metrics.go).
-// Measured in-process at 10 000 roles, the sdk's encoding of the response
-// for gRPC included: 131 bytes a key for roles/ (a 13-byte JSON entry),
-// 1770 for status/, whose key_info is a map per role (a 118-byte entry).
-// At 100 000 roles that is 26 MB for roles/; status/ is cut to the 256 MiB
-// a hold may take.
+// the plugin allocates to answer it (the sdk's encoding for gRPC included),
+// as a scrape takes (path_metrics.go); status/ costs more per key, its
+// key_info being a map per role. The measured allocations are in
+// BENCHMARKS.md, "Figures behind the code's constants".
 const (
 	listRolesHeadroomPerKey  = 256
 	listStatusHeadroomPerKey = 3584

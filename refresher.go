@@ -143,8 +143,8 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 // A role of a herd whose slot is still to come goes back into the plan at
 // that slot, marked dueplan.Reserved, and starts its cycle when the plan
 // fires it there: only roles whose slot has come hold a goroutine, however
-// many wait (parked each on a timer of its own, 45 000 roles after an
-// outage cost 45 000 goroutines and 180 MiB of stacks).
+// many wait (parked each on a timer of its own, a goroutine and its stack
+// per overdue role: BENCHMARKS.md, "Figures behind the code's constants").
 func (b *backend) fireDue(due []dueplan.Entry[string]) {
 	b.planChanged()
 	cfg := b.settings.policy()

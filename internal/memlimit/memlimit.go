@@ -5,11 +5,10 @@
 //
 // Why the plugin sets its own limit: with the default GOGC alone the heap
 // may grow to twice the live heap and freed pages go back to the OS slowly,
-// so 10 000 cached roles (~17 MB live) cost about 78 MiB of RSS; under a
-// 32 MiB limit about 55 MiB (BENCHMARKS.md, section e). But a limit below
-// what the runtime holds makes the GC run without pause, capped only by
-// its 50 % CPU limiter: at 100 000 roles one of two cores went to GC
-// whatever the work (section f). So the limit Adapt keeps is the live heap
+// so a cache of modest size costs several times its live heap in RSS. But a
+// limit below what the runtime holds makes the GC run without pause, capped
+// only by its 50 % CPU limiter. (Both measured: BENCHMARKS.md, sections e
+// and f, and "Figures behind the code's constants".) So the limit Adapt keeps is the live heap
 // and the runtime's overhead plus an eighth of the live heap (at least
 // 4 MiB), never below the default the binary chose (Own).
 //
@@ -43,8 +42,9 @@ const (
 // The plugin's own limit leaves an eighth of the live heap, and at least
 // liveHeapMinHeadroom, to allocate between two GCs. The minimum matters only
 // just above the floor (the 32 MiB default), where the heap is small and a
-// GC cheap: below it the floor leaves more. 8 MiB there lifted the limit
-// above the floor at 10 000 roles, and section e's RSS from 61 to 66 MiB.
+// GC cheap: below it the floor leaves more. A larger minimum lifted the
+// limit above the floor at 10 000 roles and with it section e's RSS
+// (BENCHMARKS.md).
 const (
 	liveHeapHeadroomDiv = 8
 	liveHeapMinHeadroom = 4 << 20
@@ -83,9 +83,8 @@ func readSample() sample {
 // live heap and the overhead, which no GC can free, plus the headroom,
 // never below floor. The limit counts all of the runtime's memory, not the
 // heap alone: a limit of the live heap plus an eighth sat below what the
-// runtime held at 30 000 roles (129 MiB live, 29 MiB of overhead, a
-// 145 MiB limit), so the GC ran without pause and took most of a core
-// (BENCHMARKS.md, section f).
+// runtime held (span fragmentation, GC metadata, stacks), so the GC ran
+// without pause and took most of a core (BENCHMARKS.md, section f).
 func limitFor(m sample, floor int64) int64 {
 	return max(floor, m.live+m.overhead+max(m.live/liveHeapHeadroomDiv, liveHeapMinHeadroom))
 }
