@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
 	"github.com/hashicorp/vault/sdk/logical"
 	dto "github.com/prometheus/client_model/go"
 
@@ -406,27 +407,8 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	if len(calls) != roles {
 		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
 	}
-	checkRateWindows(t, times, rate, burst)
+	ratelimittest.CheckWindows(t, times, rate, burst)
 	if n := counterValue(t, b.metrics.paced); n < 25 {
 		t.Fatalf("%v calls paced, want the ~30 that came late", n)
-	}
-}
-
-// checkRateWindows fails if, in any window [a, b] spanned by the given call
-// times, there are more calls than burst + rate * (b - a). (The limiter's
-// own tests in internal/ratelimit keep their copy.)
-func checkRateWindows(t *testing.T, times []time.Time, rate float64, burst int) {
-	t.Helper()
-	sorted := append([]time.Time(nil), times...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Before(sorted[j]) })
-	interval := time.Duration(float64(time.Second) / rate)
-	for i := range sorted {
-		for j := i; j < len(sorted); j++ {
-			calls := j - i + 1
-			allowed := burst + int(sorted[j].Sub(sorted[i])/interval)
-			if calls > allowed {
-				t.Fatalf("%d calls in [%v, %v] (%v), limit allows %d", calls, sorted[i], sorted[j], sorted[j].Sub(sorted[i]), allowed)
-			}
-		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
@@ -725,7 +726,7 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 	if s := emu.Stats(); s.Count("AssumeRole", "ok") != roles || s.Count("", "Throttling") != 0 {
 		t.Fatalf("emulator outcomes: %v", s.ByOutcome)
 	}
-	checkRateWindows(t, times, rate, burst)
+	ratelimittest.CheckWindows(t, times, rate, burst)
 	first, last := times[0], times[0]
 	for _, at := range times {
 		if at.Before(first) {

@@ -6,25 +6,9 @@ import (
 	"sort"
 	"testing"
 	"time"
-)
 
-// checkRateWindows fails if, in any window [a, b] spanned by the given call
-// times, there are more calls than burst + rate * (b - a).
-func checkRateWindows(t *testing.T, times []time.Time, rate float64, burst int) {
-	t.Helper()
-	sorted := append([]time.Time(nil), times...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Before(sorted[j]) })
-	interval := time.Duration(float64(time.Second) / rate)
-	for i := range sorted {
-		for j := i; j < len(sorted); j++ {
-			calls := j - i + 1
-			allowed := burst + int(sorted[j].Sub(sorted[i])/interval)
-			if calls > allowed {
-				t.Fatalf("%d calls in [%v, %v] (%v), limit allows %d", calls, sorted[i], sorted[j], sorted[j].Sub(sorted[i]), allowed)
-			}
-		}
-	}
-}
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
+)
 
 func TestLimiter_Slots(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -152,7 +136,7 @@ func TestLimiter_Windows(t *testing.T) {
 			if len(slots) < 100 {
 				t.Fatalf("only %d slots granted", len(slots))
 			}
-			checkRateWindows(t, slots, tc.rate, tc.burst)
+			ratelimittest.CheckWindows(t, slots, tc.rate, tc.burst)
 		})
 	}
 }
@@ -200,7 +184,7 @@ func TestLimiter_PaceSpacesLateCalls(t *testing.T) {
 				}
 				calls = append(calls, at)
 			}
-			checkRateWindows(t, calls, tc.rate, tc.burst)
+			ratelimittest.CheckWindows(t, calls, tc.rate, tc.burst)
 			if tc.late == 0 && waited != 0 {
 				t.Fatalf("%d calls made at their slots waited, want none", waited)
 			}
