@@ -14,8 +14,6 @@ import (
 
 	"github.com/hashicorp/vault/sdk/helper/locksutil"
 	"github.com/hashicorp/vault/sdk/logical"
-
-	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // expirationTolerance is how much later than requested a credential may
@@ -47,13 +45,13 @@ type roleStates struct {
 	// mu guards m. Entries are replaced, never changed in place, so a
 	// pointer read under mu may be used after it is released.
 	mu sync.RWMutex
-	m  map[string]*roleState
+	m  map[credKey]*roleState
 	// ents indexes m's entity keys by role (guarded by mu, kept by put and
 	// del), so that a role's entity keys are found without a scan of every
 	// mirrored role: role writes and deletes look them up.
-	ents map[string]map[string]struct{}
+	ents map[string]map[credKey]struct{}
 
-	// loading holds the load in progress (loadLocked), by role, guarded by
+	// loading holds the load in progress (loadLocked), by role name, guarded by
 	// mu. Loads run under the role's store lock, so a role has at most one.
 	loading map[string]*pendingLoad
 
@@ -71,7 +69,7 @@ type roleStates struct {
 
 	// index is the schedule index (schedindex.go), told of every plan a
 	// commit makes and of every key a change drops.
-	index *schedindex.Index
+	index credIndex
 
 	// sched is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
@@ -80,28 +78,28 @@ type roleStates struct {
 }
 
 // put mirrors key; r.mu must be held for writing.
-func (r *roleStates) put(key string, rs *roleState) {
+func (r *roleStates) put(key credKey, rs *roleState) {
 	rs.cred = rs.cred.mirrored()
 	rs.compactStatus()
 	r.m[key] = rs
-	if role, id := splitKey(key); id != "" {
-		set := r.ents[role]
+	if key.isEntity() {
+		set := r.ents[key.role]
 		if set == nil {
-			set = map[string]struct{}{}
-			r.ents[role] = set
+			set = map[credKey]struct{}{}
+			r.ents[key.role] = set
 		}
 		set[key] = struct{}{}
 	}
 }
 
 // del drops key from the mirror; r.mu must be held for writing.
-func (r *roleStates) del(key string) {
+func (r *roleStates) del(key credKey) {
 	delete(r.m, key)
-	if role, id := splitKey(key); id != "" {
-		if set := r.ents[role]; set != nil {
+	if key.isEntity() {
+		if set := r.ents[key.role]; set != nil {
 			delete(set, key)
 			if len(set) == 0 {
-				delete(r.ents, role)
+				delete(r.ents, key.role)
 			}
 		}
 	}
@@ -109,18 +107,18 @@ func (r *roleStates) del(key string) {
 
 // scheduler is the refresher's side of the owner: the backend implements it.
 type scheduler interface {
-	schedule(name string, at time.Time)
-	unschedule(name string)
+	schedule(key credKey, at time.Time)
+	unschedule(key credKey)
 	// busy reports whether a cycle for the key is planned or running on
 	// this node: one that carries, or will carry, the entry's generation.
-	busy(name string) bool
+	busy(key credKey) bool
 }
 
 // pendingLoad is a load between the start of its storage reads and its
 // publish. forget marks it: storage changed after the load may have read
 // it, so what it publishes is marked for reload.
 type pendingLoad struct {
-	key string
+	key credKey
 	// forgotten: an invalidation of the key (or, with definition, of its
 	// role's definition) arrived during the load.
 	forgotten, definition bool
@@ -202,14 +200,14 @@ func (rs *roleState) compactStatus() {
 	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
 }
 
-func newRoleStates(sched scheduler, now func() time.Time, index *schedindex.Index) *roleStates {
-	return &roleStates{m: make(map[string]*roleState), ents: map[string]map[string]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
+func newRoleStates(sched scheduler, now func() time.Time, index credIndex) *roleStates {
+	return &roleStates{m: make(map[credKey]*roleState), ents: map[string]map[credKey]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
 // shares its role's lock, so a role change and an entity commit cannot cross.
-func (r *roleStates) lockFor(key string) *locksutil.LockEntry {
-	return locksutil.LockForKey(r.locks, roleOf(key))
+func (r *roleStates) lockFor(key credKey) *locksutil.LockEntry {
+	return locksutil.LockForKey(r.locks, key.role)
 }
 
 // lockRole takes the store lock of the key's role (lockFor) and returns
@@ -217,7 +215,7 @@ func (r *roleStates) lockFor(key string) *locksutil.LockEntry {
 // under the lock is more than one of the operations below: a role write
 // (load, change, store), the reconciler's checks of a role, a planned
 // cycle's hint check, an entity drop with its count and log.
-func (r *roleStates) lockRole(key string) (unlock func()) {
+func (r *roleStates) lockRole(key credKey) (unlock func()) {
 	lock := r.lockFor(key)
 	lock.Lock()
 	return lock.Unlock
@@ -226,7 +224,7 @@ func (r *roleStates) lockRole(key string) (unlock func()) {
 // lookup returns the mirrored role definition, credential and generation.
 // This is the whole cost of a cached creds read. ok is false when the role
 // is not mirrored or marked for reload.
-func (r *roleStates) lookup(name string) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
+func (r *roleStates) lookup(name credKey) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
 	r.mu.RLock()
 	rs := r.m[name]
 	if rs != nil && !rs.stale {
@@ -237,7 +235,7 @@ func (r *roleStates) lookup(name string) (role *roleEntry, cred *cacheEntry, gen
 }
 
 // peek returns the entry as mirrored, stale or not.
-func (r *roleStates) peek(name string) *roleState {
+func (r *roleStates) peek(name credKey) *roleState {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.m[name]
@@ -245,7 +243,7 @@ func (r *roleStates) peek(name string) *roleState {
 
 // current returns the role's state, reading storage when it is not mirrored
 // or marked for reload. It returns nil, nil when the role does not exist.
-func (r *roleStates) current(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+func (r *roleStates) current(ctx context.Context, s logical.Storage, name credKey) (*roleState, error) {
 	r.mu.RLock()
 	rs := r.m[name]
 	r.mu.RUnlock()
@@ -259,7 +257,7 @@ func (r *roleStates) current(ctx context.Context, s logical.Storage, name string
 }
 
 // currentLocked is current for a caller holding the store lock.
-func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name credKey) (*roleState, error) {
 	if rs := r.peek(name); rs != nil && !rs.stale {
 		return rs, nil
 	}
@@ -272,10 +270,10 @@ func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name 
 // invalidation of the key that arrives between the first read and the
 // publish leaves the published entry marked for reload: what was read may
 // predate the change.
-func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name credKey) (*roleState, error) {
 	pl := &pendingLoad{key: name}
 	r.mu.Lock()
-	r.loading[roleOf(name)] = pl
+	r.loading[name.role] = pl
 	r.mu.Unlock()
 	rs, err := r.readLocked(ctx, s, name, pl)
 	if err != nil {
@@ -289,19 +287,18 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 // endLoad ends the load's watch for invalidations; r.mu must be held for
 // writing.
 func (r *roleStates) endLoad(pl *pendingLoad) {
-	if role := roleOf(pl.key); r.loading[role] == pl {
-		delete(r.loading, role)
+	if r.loading[pl.key.role] == pl {
+		delete(r.loading, pl.key.role)
 	}
 }
 
 // readLocked is loadLocked's reads and publish, for the load pl.
-func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name string, pl *pendingLoad) (*roleState, error) {
-	roleName, entityID := splitKey(name)
-	role, err := getRole(ctx, s, roleName)
+func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name credKey, pl *pendingLoad) (*roleState, error) {
+	role, err := getRole(ctx, s, name.role)
 	if err != nil {
 		return nil, err
 	}
-	if role == nil || (entityID != "" && !role.entityScoped()) {
+	if role == nil || (name.isEntity() && !role.entityScoped()) {
 		// An entity credential exists only under an entity-scoped role.
 		r.mu.Lock()
 		r.endLoad(pl)
@@ -339,7 +336,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name str
 		next.defUnsure = pl.definition
 	}
 	old := r.m[name]
-	if entityID != "" {
+	if name.isEntity() {
 		// The last read is the later of what this node saw and what the
 		// last commit (on any node) recorded; an entry never recorded is
 		// as good as read now, so that it is not dropped before its use.
@@ -400,7 +397,7 @@ func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
 // new generation so no cycle started before can commit. A name not mirrored
 // gets a placeholder, so that the generation is not lost. It returns the
 // entry's generation.
-func (r *roleStates) markLocked(name string, bump bool) uint64 {
+func (r *roleStates) markLocked(name credKey, bump bool) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rs := r.m[name]
@@ -421,7 +418,7 @@ func (r *roleStates) markLocked(name string, bump bool) uint64 {
 // markShapeUnsure keeps the fallback from serving the entry: how its
 // credential is served (lease, ttl) may have changed in storage. Unlike a
 // bumped generation, a cycle running for it may still commit.
-func (r *roleStates) markShapeUnsure(name string) {
+func (r *roleStates) markShapeUnsure(name credKey) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rs := r.m[name]; rs != nil && !rs.defUnsure {
@@ -444,24 +441,24 @@ func (r *roleStates) markShapeUnsure(name string) {
 // a cycle carries or will carry (planned or running on this node) is only
 // marked: it is kept, not lost. Dropping loses no generation either way: an
 // entry loaded again gets a new one, which no cycle started before carries.
-func (r *roleStates) forget(name string, definition bool) {
-	var keep map[string]bool // checked, and must be kept
+func (r *roleStates) forget(name credKey, definition bool) {
+	var keep map[credKey]bool // checked, and must be kept
 	if definition && r.sched != nil {
 		// Asked before mu is taken: the refresher takes its locks first.
-		keep = map[string]bool{}
-		for _, k := range append([]string{name}, r.entityKeys(name)...) {
+		keep = map[credKey]bool{}
+		for _, k := range append([]credKey{name}, r.entityKeys(name.role)...) {
 			keep[k] = r.sched.busy(k)
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pl := r.loading[roleOf(name)]; pl != nil && (pl.key == name || definition && roleOf(pl.key) == name) {
+	if pl := r.loading[name.role]; pl != nil && (pl.key == name || definition && pl.key.role == name.role) {
 		pl.forgotten = true
 		pl.definition = pl.definition || definition
 	}
-	keys := []string{name}
+	keys := []credKey{name}
 	if definition {
-		for k := range r.ents[name] {
+		for k := range r.ents[name.role] {
 			keys = append(keys, k)
 		}
 	}
@@ -484,7 +481,7 @@ func (r *roleStates) forget(name string, definition bool) {
 
 // fallback returns the credential mirrored for the role when storage cannot
 // be read: only one known to be issued for the role's current definition.
-func (r *roleStates) fallback(name string) (*roleEntry, *cacheEntry) {
+func (r *roleStates) fallback(name credKey) (*roleEntry, *cacheEntry) {
 	rs := r.peek(name)
 	if rs == nil || rs.defUnsure || rs.cred == nil {
 		return nil, nil
@@ -492,11 +489,11 @@ func (r *roleStates) fallback(name string) (*roleEntry, *cacheEntry) {
 	return rs.role, rs.cred
 }
 
-// names returns the mirrored role names.
-func (r *roleStates) names() []string {
+// names returns the mirrored keys: roles' and entity credentials'.
+func (r *roleStates) names() []credKey {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.m))
+	out := make([]credKey, 0, len(r.m))
 	for name := range r.m {
 		out = append(out, name)
 	}
@@ -522,7 +519,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 			// the credential is not served from memory while storage
 			// cannot be read; it stays good for what STS issues, so the
 			// generation (and a running cycle) stays.
-			for _, k := range append(r.entityKeys(name), name) {
+			for _, k := range append(r.entityKeys(name), roleKey(name)) {
 				r.markLocked(k, false)
 				r.markShapeUnsure(k)
 			}
@@ -532,7 +529,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		// marked for reload is read whole on its next access anyway.
 		ents := r.entityKeys(name)
 		r.mu.Lock()
-		for _, k := range append(ents, name) {
+		for _, k := range append(ents, roleKey(name)) {
 			if rs := r.m[k]; rs != nil && !rs.stale {
 				copied := *rs
 				copied.role = role
@@ -543,7 +540,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return nil
 	}
 	gen, ents := r.markRoleLocked(name)
-	if err := deleteRoleData(ctx, s, name); err != nil {
+	if err := deleteRoleData(ctx, s, roleKey(name)); err != nil {
 		return err
 	}
 	if err := deleteEntityData(ctx, s, name); err != nil {
@@ -553,7 +550,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return err
 	}
 	r.mu.Lock()
-	r.put(name, &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
+	r.put(roleKey(name), &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
 	for _, k := range ents {
 		r.del(k)
 	}
@@ -563,8 +560,8 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 }
 
 // dropFromIndex removes the role's keys from the schedule index.
-func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name string, ents []string) {
-	r.index.Drop(ctx, s, name)
+func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name string, ents []credKey) {
+	r.index.Drop(ctx, s, roleKey(name))
 	for _, k := range ents {
 		r.index.Drop(ctx, s, k)
 	}
@@ -574,9 +571,9 @@ func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name 
 // for reload with a new generation, and drops their plans, before a change
 // deletes them: no cycle started before can commit. It returns the entity
 // keys and the role's new generation.
-func (r *roleStates) markRoleLocked(name string) (uint64, []string) {
-	gen := r.markLocked(name, true)
-	r.sched.unschedule(name)
+func (r *roleStates) markRoleLocked(name string) (uint64, []credKey) {
+	gen := r.markLocked(roleKey(name), true)
+	r.sched.unschedule(roleKey(name))
 	ents := r.entityKeys(name)
 	for _, k := range ents {
 		r.markLocked(k, true)
@@ -587,7 +584,7 @@ func (r *roleStates) markRoleLocked(name string) (uint64, []string) {
 
 // deleteRole deletes the role (deleteRoleLocked) under its store lock.
 func (r *roleStates) deleteRole(ctx context.Context, s logical.Storage, name string) error {
-	lock := r.lockFor(name)
+	lock := r.lockFor(roleKey(name))
 	lock.Lock()
 	defer lock.Unlock()
 	return r.deleteRoleLocked(ctx, s, name)
@@ -599,7 +596,7 @@ func (r *roleStates) deleteRole(ctx context.Context, s logical.Storage, name str
 // too).
 func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, name string) error {
 	_, ents := r.markRoleLocked(name)
-	if err := deleteRoleData(ctx, s, name); err != nil {
+	if err := deleteRoleData(ctx, s, roleKey(name)); err != nil {
 		return err
 	}
 	if err := deleteEntityData(ctx, s, name); err != nil {
@@ -609,7 +606,7 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 		return err
 	}
 	r.mu.Lock()
-	r.del(name)
+	r.del(roleKey(name))
 	for _, k := range ents {
 		r.del(k)
 	}
@@ -623,7 +620,7 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 // generation gen, the status that records it, and when the key's next
 // cycle is due.
 type successCommit struct {
-	key    string
+	key    credKey
 	gen    uint64
 	cred   *cacheEntry
 	status *statusEntry
@@ -634,7 +631,7 @@ type successCommit struct {
 // read, before a cold read fetches the entity's first credential
 // (admitLocked, in entity.go), under the role's store lock. It returns nil,
 // nil when the role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time) (*roleState, error) {
 	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
@@ -691,7 +688,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 // the next cycle's time from the role's current status and credential. The
 // status is written (or left dirty for the reconciler) and the next cycle
 // scheduled, under the store lock and only while gen is current.
-func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name string, gen uint64,
+func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name credKey, gen uint64,
 	build func(prev *statusEntry, cred *cacheEntry) (*statusEntry, time.Time)) (*statusEntry, *cacheEntry, time.Time, error) {
 	lock := r.lockFor(name)
 	lock.Lock()
@@ -721,7 +718,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 
 // flushLocked writes what the entry owes storage: a dirty status, and the
 // removal of a cached credential that must not be served.
-func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name string, rs *roleState) error {
+func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name credKey, rs *roleState) error {
 	if rs.badCache {
 		if err := deleteCacheEntry(ctx, s, name); err != nil {
 			return err
