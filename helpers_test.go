@@ -487,11 +487,11 @@ func (f *fixture) nextFlight() *flight {
 // fireScheduled moves the clock to the role's scheduled refresh, lets the
 // timer fire and drives the cycle it starts to its end. It returns the time
 // the cycle started.
-func (f *fixture) fireScheduled(name credKey) time.Time {
+func (f *fixture) fireScheduled(key credKey) time.Time {
 	f.t.Helper()
-	at, ok := f.b.scheduledAt(name)
+	at, ok := f.b.scheduledAt(key)
 	if !ok {
-		f.t.Fatalf("no refresh scheduled for %s", name)
+		f.t.Fatalf("no refresh scheduled for %s", key)
 	}
 	f.drainFlights()
 	f.clock.AdvanceTo(at)

@@ -307,7 +307,7 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 		}
 		mustDo(t, sb, s, logical.ReadOperation, "creds/"+name, nil)
 	}
-	if got := len(sb.state.names()); got != n+n/2 {
+	if got := len(sb.state.keys()); got != n+n/2 {
 		t.Fatalf("standby mirrors %d entries, want %d", got, n+n/2)
 	}
 	_, _, oldGen, _ := sb.state.lookup(roleKey(names[0]))
@@ -320,7 +320,7 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 			sb.InvalidateKey(ctx, key)
 		}
 	}
-	if left := sb.state.names(); len(left) != 0 {
+	if left := sb.state.keys(); len(left) != 0 {
 		t.Fatalf("standby still mirrors %v after their roles were deleted", left)
 	}
 	sb.state.mu.RLock()
@@ -333,7 +333,7 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 		resp, err := do(t, sb, s, logical.ReadOperation, "creds/"+name, nil)
 		wantBadRequest(t, resp, err, fmt.Sprintf("role %q not found", name))
 	}
-	if left := sb.state.names(); len(left) != 0 {
+	if left := sb.state.keys(); len(left) != 0 {
 		t.Fatalf("reads of deleted roles left %v in the mirror", left)
 	}
 

@@ -234,17 +234,17 @@ type roleReport struct {
 // the pending timer, or zero while a cycle runs or nothing is scheduled; on
 // a node that does not (a performance standby) it is the plan the active
 // node recorded.
-func (b *backend) report(name credKey, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
+func (b *backend) report(key credKey, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
 	cred, st := rs.cred, rs.status()
 	r := roleReport{next: st.NextRefresh}
 	if refresher {
-		r.next, _ = b.scheduledAt(name)
+		r.next, _ = b.scheduledAt(key)
 	}
 	r.starved = !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
 
 	r.state = stateFresh
 	switch {
-	case b.inFlight(name):
+	case b.inFlight(key):
 		r.state = stateRefreshing
 	case cred == nil:
 		r.state = stateEmpty

@@ -367,12 +367,13 @@ func (b *backend) passEntities(ctx context.Context, p *pass) {
 	}
 }
 
-// passUnlisted reads again every mirrored role the list did not show: it
-// may have been deleted, or created since the list was read.
+// passUnlisted reads again every mirrored role (or entity credential) the
+// lists did not show: it may have been deleted, or created since the list
+// was read.
 func (b *backend) passUnlisted(ctx context.Context, p *pass) {
-	for _, name := range b.state.names() {
-		if !p.listed[name] {
-			p.found(b.reconcileRole(ctx, name, true, p.start, p.idx))
+	for _, key := range b.state.keys() {
+		if !p.listed[key] {
+			p.found(b.reconcileRole(ctx, key, true, p.start, p.idx))
 		}
 	}
 }
@@ -477,7 +478,7 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, ke
 // reached it (after a restart or a failover: it fell due while no node
 // refreshed).
 type overdueRole struct {
-	name   credKey
+	key    credKey
 	expiry time.Time // the cached credential's; zero when none is usable
 }
 
@@ -488,7 +489,7 @@ func sortOverdue(overdue []overdueRole) {
 		if !overdue[i].expiry.Equal(overdue[j].expiry) {
 			return overdue[i].expiry.Before(overdue[j].expiry)
 		}
-		return overdue[i].name.String() < overdue[j].name.String()
+		return overdue[i].key.String() < overdue[j].key.String()
 	})
 }
 
@@ -496,59 +497,59 @@ func sortOverdue(overdue []overdueRole) {
 // reread reads it from storage even when it is mirrored. A warm role with
 // nothing planned or running is scheduled at its plan, unless that plan is
 // due by passStart: such a role is returned instead, for scheduleOverdue.
-func (b *backend) reconcileRole(ctx context.Context, name credKey, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
+func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // the pass is stopping: no more storage calls
 	}
-	defer b.state.lockRole(name)()
+	defer b.state.lockRole(key)()
 	if reread {
-		b.state.markLocked(name, false)
+		b.state.markLocked(key, false)
 	}
-	rs, err := b.state.currentLocked(ctx, b.storage, name)
+	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
 		return nil, err
 	}
 	if rs == nil {
-		idx.reach(name)
+		idx.reach(key)
 		return nil, nil
 	}
-	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
+	if err := b.state.flushLocked(ctx, b.storage, key, rs); err != nil {
 		return nil, err
 	}
-	if entityID := name.entity; entityID != "" {
+	if entityID := key.entity; entityID != "" {
 		// An entity credential nobody read for entity_idle_ttl, or whose
 		// entity Vault deleted or disabled, costs no more STS calls.
 		reason := entityDropReason(rs, b.clock.Now(), func() bool { return b.entityGone(entityID) })
 		if reason != "" {
-			if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
+			if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
 				return nil, err
 			}
 			b.metrics.entityDropped(reason)
-			b.Logger().Info("dropped entity credential", "role", name.role, "entity_id", entityID, "reason", reason)
-			idx.reach(name)
+			b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", entityID, "reason", reason)
+			idx.reach(key)
 			return nil, nil
 		}
 	}
 	exp := rs.cred.expiry()
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
-		idx.reach(name)
+		idx.reach(key)
 		return nil, nil
 	}
-	if b.planChecked(name) {
-		idx.reach(name)
+	if b.planChecked(key) {
+		idx.reach(key)
 		return nil, nil
 	}
-	if b.inHand(name) {
+	if b.inHand(key) {
 		return nil, nil // its commit writes the index
 	}
 	// Not planned, or planned from the index: the role's own plan.
 	at := b.plannedRefresh(rs)
 	if !at.After(passStart) {
-		return &overdueRole{name: name, expiry: exp}, nil
+		return &overdueRole{key: key, expiry: exp}, nil
 	}
-	b.schedule(name, at)
-	idx.reach(name)
+	b.schedule(key, at)
+	idx.reach(key)
 	return nil, nil
 }
 
@@ -568,28 +569,28 @@ func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, pa
 	}
 	var errs []error
 	for _, od := range overdue {
-		if err := b.scheduleOverdueRole(ctx, od.name, passStart, idx); err != nil {
+		if err := b.scheduleOverdueRole(ctx, od.key, passStart, idx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errs
 }
 
-func (b *backend) scheduleOverdueRole(ctx context.Context, name credKey, passStart time.Time, idx *passIndex) error {
-	defer b.state.lockRole(name)()
-	rs, err := b.state.currentLocked(ctx, b.storage, name)
+func (b *backend) scheduleOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
+	defer b.state.lockRole(key)()
+	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
 		return err
 	}
 	if rs == nil || !rs.warm() {
-		idx.reach(name)
+		idx.reach(key)
 		return nil
 	}
-	if b.planChecked(name) {
-		idx.reach(name)
+	if b.planChecked(key) {
+		idx.reach(key)
 		return nil
 	}
-	if b.inHand(name) {
+	if b.inHand(key) {
 		return nil
 	}
 	at := b.plannedRefresh(rs)
@@ -597,8 +598,8 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name credKey, passSta
 		at = passStart
 	}
 	// (A plan that moved past passStart: a cycle ran meanwhile.)
-	b.schedule(name, at)
-	idx.reach(name)
+	b.schedule(key, at)
+	idx.reach(key)
 	return nil
 }
 

@@ -224,9 +224,9 @@ func (r *roleStates) lockRole(key credKey) (unlock func()) {
 // lookup returns the mirrored role definition, credential and generation.
 // This is the whole cost of a cached creds read. ok is false when the role
 // is not mirrored or marked for reload.
-func (r *roleStates) lookup(name credKey) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
+func (r *roleStates) lookup(key credKey) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
 	r.mu.RLock()
-	rs := r.m[name]
+	rs := r.m[key]
 	if rs != nil && !rs.stale {
 		role, cred, gen, ok = rs.role, rs.cred, rs.gen, true
 	}
@@ -235,33 +235,33 @@ func (r *roleStates) lookup(name credKey) (role *roleEntry, cred *cacheEntry, ge
 }
 
 // peek returns the entry as mirrored, stale or not.
-func (r *roleStates) peek(name credKey) *roleState {
+func (r *roleStates) peek(key credKey) *roleState {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	return r.m[name]
+	return r.m[key]
 }
 
 // current returns the role's state, reading storage when it is not mirrored
 // or marked for reload. It returns nil, nil when the role does not exist.
-func (r *roleStates) current(ctx context.Context, s logical.Storage, name credKey) (*roleState, error) {
+func (r *roleStates) current(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
 	r.mu.RLock()
-	rs := r.m[name]
+	rs := r.m[key]
 	r.mu.RUnlock()
 	if rs != nil && !rs.stale {
 		return rs, nil
 	}
-	lock := r.lockFor(name)
+	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
-	return r.currentLocked(ctx, s, name)
+	return r.currentLocked(ctx, s, key)
 }
 
 // currentLocked is current for a caller holding the store lock.
-func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name credKey) (*roleState, error) {
-	if rs := r.peek(name); rs != nil && !rs.stale {
+func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
+	if rs := r.peek(key); rs != nil && !rs.stale {
 		return rs, nil
 	}
-	return r.loadLocked(ctx, s, name)
+	return r.loadLocked(ctx, s, key)
 }
 
 // loadLocked reads the role, its cached credential and its status from
@@ -270,12 +270,12 @@ func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name 
 // invalidation of the key that arrives between the first read and the
 // publish leaves the published entry marked for reload: what was read may
 // predate the change.
-func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name credKey) (*roleState, error) {
-	pl := &pendingLoad{key: name}
+func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
+	pl := &pendingLoad{key: key}
 	r.mu.Lock()
-	r.loading[name.role] = pl
+	r.loading[key.role] = pl
 	r.mu.Unlock()
-	rs, err := r.readLocked(ctx, s, name, pl)
+	rs, err := r.readLocked(ctx, s, key, pl)
 	if err != nil {
 		r.mu.Lock()
 		r.endLoad(pl)
@@ -293,25 +293,25 @@ func (r *roleStates) endLoad(pl *pendingLoad) {
 }
 
 // readLocked is loadLocked's reads and publish, for the load pl.
-func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name credKey, pl *pendingLoad) (*roleState, error) {
-	role, err := getRole(ctx, s, name.role)
+func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key credKey, pl *pendingLoad) (*roleState, error) {
+	role, err := getRole(ctx, s, key.role)
 	if err != nil {
 		return nil, err
 	}
-	if role == nil || (name.isEntity() && !role.entityScoped()) {
+	if role == nil || (key.isEntity() && !role.entityScoped()) {
 		// An entity credential exists only under an entity-scoped role.
 		r.mu.Lock()
 		r.endLoad(pl)
-		r.del(name)
+		r.del(key)
 		r.mu.Unlock()
-		r.sched.unschedule(name)
+		r.sched.unschedule(key)
 		return nil, nil
 	}
-	cred, err := getCacheEntry(ctx, s, name)
+	cred, err := getCacheEntry(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
-	st, err := getStatus(ctx, s, name)
+	st, err := getStatus(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
@@ -335,8 +335,8 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name cre
 		next.stale = true
 		next.defUnsure = pl.definition
 	}
-	old := r.m[name]
-	if name.isEntity() {
+	old := r.m[key]
+	if key.isEntity() {
 		// The last read is the later of what this node saw and what the
 		// last commit (on any node) recorded; an entry never recorded is
 		// as good as read now, so that it is not dropped before its use.
@@ -361,7 +361,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name cre
 	} else {
 		next.gen = r.gens.Add(1)
 	}
-	r.put(name, next)
+	r.put(key, next)
 	return next, nil
 }
 
@@ -394,13 +394,13 @@ func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
 }
 
 // markLocked marks the entry for reload and, when bump is set, gives it a
-// new generation so no cycle started before can commit. A name not mirrored
+// new generation so no cycle started before can commit. A key not mirrored
 // gets a placeholder, so that the generation is not lost. It returns the
 // entry's generation.
-func (r *roleStates) markLocked(name credKey, bump bool) uint64 {
+func (r *roleStates) markLocked(key credKey, bump bool) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rs := r.m[name]
+	rs := r.m[key]
 	next := &roleState{fullStatus: &statusEntry{}, stale: true}
 	if rs != nil {
 		copied := *rs
@@ -411,25 +411,25 @@ func (r *roleStates) markLocked(name credKey, bump bool) uint64 {
 		next.gen = r.gens.Add(1)
 		next.defUnsure = true
 	}
-	r.put(name, next)
+	r.put(key, next)
 	return next.gen
 }
 
 // markShapeUnsure keeps the fallback from serving the entry: how its
 // credential is served (lease, ttl) may have changed in storage. Unlike a
 // bumped generation, a cycle running for it may still commit.
-func (r *roleStates) markShapeUnsure(name credKey) {
+func (r *roleStates) markShapeUnsure(key credKey) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rs := r.m[name]; rs != nil && !rs.defUnsure {
+	if rs := r.m[key]; rs != nil && !rs.defUnsure {
 		copied := *rs
 		copied.defUnsure = true
-		r.put(name, &copied)
+		r.put(key, &copied)
 	}
 }
 
 // forget is Invalidate's: storage changed under the key, a role's or an
-// entity credential's. definition says that name is a role whose
+// entity credential's. definition says that key is a role's own, whose
 // definition may have changed (or that was deleted); its entity credentials
 // hang on it too.
 //
@@ -441,24 +441,24 @@ func (r *roleStates) markShapeUnsure(name credKey) {
 // a cycle carries or will carry (planned or running on this node) is only
 // marked: it is kept, not lost. Dropping loses no generation either way: an
 // entry loaded again gets a new one, which no cycle started before carries.
-func (r *roleStates) forget(name credKey, definition bool) {
+func (r *roleStates) forget(key credKey, definition bool) {
 	var keep map[credKey]bool // checked, and must be kept
 	if definition && r.sched != nil {
 		// Asked before mu is taken: the refresher takes its locks first.
 		keep = map[credKey]bool{}
-		for _, k := range append([]credKey{name}, r.entityKeys(name.role)...) {
+		for _, k := range append([]credKey{key}, r.entityKeys(key.role)...) {
 			keep[k] = r.sched.busy(k)
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pl := r.loading[name.role]; pl != nil && (pl.key == name || definition && pl.key.role == name.role) {
+	if pl := r.loading[key.role]; pl != nil && (pl.key == key || definition && pl.key.role == key.role) {
 		pl.forgotten = true
 		pl.definition = pl.definition || definition
 	}
-	keys := []credKey{name}
+	keys := []credKey{key}
 	if definition {
-		for k := range r.ents[name.role] {
+		for k := range r.ents[key.role] {
 			keys = append(keys, k)
 		}
 	}
@@ -481,21 +481,21 @@ func (r *roleStates) forget(name credKey, definition bool) {
 
 // fallback returns the credential mirrored for the role when storage cannot
 // be read: only one known to be issued for the role's current definition.
-func (r *roleStates) fallback(name credKey) (*roleEntry, *cacheEntry) {
-	rs := r.peek(name)
+func (r *roleStates) fallback(key credKey) (*roleEntry, *cacheEntry) {
+	rs := r.peek(key)
 	if rs == nil || rs.defUnsure || rs.cred == nil {
 		return nil, nil
 	}
 	return rs.role, rs.cred
 }
 
-// names returns the mirrored keys: roles' and entity credentials'.
-func (r *roleStates) names() []credKey {
+// keys returns the mirrored keys: roles' own and entity credentials'.
+func (r *roleStates) keys() []credKey {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := make([]credKey, 0, len(r.m))
-	for name := range r.m {
-		out = append(out, name)
+	for key := range r.m {
+		out = append(out, key)
 	}
 	return out
 }
@@ -645,15 +645,15 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, 
 // A failed cache write changes nothing and fails the attempt; a failed
 // status write leaves the status dirty for the reconciler.
 func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c successCommit) error {
-	name, gen, cred, st, next := c.key, c.gen, c.cred, c.status, c.next
-	lock := r.lockFor(name)
+	key, gen, cred, st, next := c.key, c.gen, c.cred, c.status, c.next
+	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
 	if ctx.Err() != nil {
 		// Clean is running: storage may be going away.
 		return errShuttingDown
 	}
-	rs, err := r.currentLocked(ctx, s, name)
+	rs, err := r.currentLocked(ctx, s, key)
 	if err != nil {
 		return &refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err}
 	}
@@ -668,19 +668,19 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()
-	if err := putCacheEntry(ctx, s, name, &stored); err != nil {
+	if err := putCacheEntry(ctx, s, key, &stored); err != nil {
 		// The write may have been applied: until storage is read again,
 		// nobody knows which credential it holds, and the next one must be
 		// compared with that one.
-		r.markLocked(name, false)
+		r.markLocked(key, false)
 		return &refreshError{Code: "StorageError", Message: "writing the cached credential failed", Retryable: true, cause: err}
 	}
-	dirty := putStatus(ctx, s, name, st) != nil
+	dirty := putStatus(ctx, s, key, st) != nil
 	r.mu.Lock()
-	r.put(name, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
+	r.put(key, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
-	r.sched.schedule(name, next)
-	r.index.Set(ctx, s, name, next, stored.Expiration)
+	r.sched.schedule(key, next)
+	r.index.Set(ctx, s, key, next, stored.Expiration)
 	return nil
 }
 
@@ -688,15 +688,15 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 // the next cycle's time from the role's current status and credential. The
 // status is written (or left dirty for the reconciler) and the next cycle
 // scheduled, under the store lock and only while gen is current.
-func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name credKey, gen uint64,
+func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key credKey, gen uint64,
 	build func(prev *statusEntry, cred *cacheEntry) (*statusEntry, time.Time)) (*statusEntry, *cacheEntry, time.Time, error) {
-	lock := r.lockFor(name)
+	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
 	if ctx.Err() != nil {
 		return nil, nil, time.Time{}, errShuttingDown
 	}
-	rs := r.peek(name)
+	rs := r.peek(key)
 	if rs == nil || rs.gen != gen {
 		return nil, nil, time.Time{}, errRoleChanged
 	}
@@ -705,37 +705,37 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	if rs.use != nil {
 		st.LastRead = rs.use.last()
 	}
-	dirty := putStatus(ctx, s, name, st) != nil
+	dirty := putStatus(ctx, s, key, st) != nil
 	r.mu.Lock()
 	copied := *rs
 	copied.fullStatus, copied.statusDirty, copied.known = st, dirty, true
-	r.put(name, &copied)
+	r.put(key, &copied)
 	r.mu.Unlock()
-	r.sched.schedule(name, next)
-	r.index.Set(ctx, s, name, next, rs.cred.expiry())
+	r.sched.schedule(key, next)
+	r.index.Set(ctx, s, key, next, rs.cred.expiry())
 	return st, rs.cred, next, nil
 }
 
 // flushLocked writes what the entry owes storage: a dirty status, and the
 // removal of a cached credential that must not be served.
-func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name credKey, rs *roleState) error {
+func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, key credKey, rs *roleState) error {
 	if rs.badCache {
-		if err := deleteCacheEntry(ctx, s, name); err != nil {
+		if err := deleteCacheEntry(ctx, s, key); err != nil {
 			return err
 		}
 	}
 	if rs.statusDirty {
 		st := rs.status()
-		if err := putStatus(ctx, s, name, &st); err != nil {
-			return fmt.Errorf("writing status of role %q: %w", name, err)
+		if err := putStatus(ctx, s, key, &st); err != nil {
+			return fmt.Errorf("writing status of role %q: %w", key, err)
 		}
 	}
 	if rs.badCache || rs.statusDirty {
 		r.mu.Lock()
-		if cur := r.m[name]; cur == rs {
+		if cur := r.m[key]; cur == rs {
 			copied := *rs
 			copied.badCache, copied.statusDirty = false, false
-			r.put(name, &copied)
+			r.put(key, &copied)
 		}
 		r.mu.Unlock()
 	}

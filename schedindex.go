@@ -73,12 +73,12 @@ func (b *backend) planFromIndex(now time.Time) int {
 			continue
 		}
 		if _, ok := b.plan.Get(key); !ok {
-			overdue = append(overdue, overdueRole{name: key, expiry: it.Exp()})
+			overdue = append(overdue, overdueRole{key: key, expiry: it.Exp()})
 		}
 	}
 	sortOverdue(overdue)
 	for _, od := range overdue {
-		if b.plan.Add(od.name, now, dueplan.Hint) {
+		if b.plan.Add(od.key, now, dueplan.Hint) {
 			n++
 		}
 	}

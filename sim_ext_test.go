@@ -558,7 +558,7 @@ func (s *sim) snapshot() string {
 	walk("")
 	for node, b := range map[string]*backend{"active": s.b, "standby": s.standby} {
 		out = append(out, fmt.Sprintf("%s config %+v", node, b.settings.policy()))
-		for _, k := range b.state.names() {
+		for _, k := range b.state.keys() {
 			rs := b.state.peek(k)
 			if rs == nil {
 				continue

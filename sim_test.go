@@ -1024,7 +1024,7 @@ func (s *sim) check() {
 	}
 	// Storage is healthy and a periodic pass has run since: memory agrees
 	// with storage, and every warm role has a cycle scheduled or in flight.
-	for _, name := range s.b.state.names() {
+	for _, name := range s.b.state.keys() {
 		role := roles[name.role]
 		if role == nil || name.isEntity() && !role.entityScoped() {
 			if rs := s.b.state.peek(name); rs != nil && !rs.stale {
