@@ -51,8 +51,9 @@ type roleStates struct {
 	// mirrored role: role writes and deletes look them up.
 	ents map[string]map[credKey]struct{}
 
-	// loading holds the load in progress (loadLocked), by role name, guarded by
-	// mu. Loads run under the role's store lock, so a role has at most one.
+	// loading holds the load in progress (loadLocked), by role name,
+	// guarded by mu. Loads run under the role's store lock, so a role has
+	// at most one.
 	loading map[string]*pendingLoad
 
 	// gens hands out generations; see roleState.gen.

@@ -3,8 +3,8 @@ package awsresilient
 import "testing"
 
 // TestCredKeyString: a key's String form is what storage and the schedule
-// index hold, and parseCredKey reads it back as splitKey did: the role is
-// what precedes the first slash, the entity all that follows.
+// index hold, and parseCredKey reads it back as keys were always cut: the
+// role is what precedes the first slash, the entity all that follows.
 func TestCredKeyString(t *testing.T) {
 	for _, tc := range []struct {
 		s    string
