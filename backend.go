@@ -70,7 +70,7 @@ type backendOptions struct {
 	// the configured URL ("" for the SDK default).
 	wrapSTS func(endpoint string, api stsAPI) stsAPI
 	// onFlight, when set, is told of every refresh cycle as it starts.
-	onFlight func(name string, f *flight)
+	onFlight func(key credKey, f *flight)
 	// onPlan, when set, is called after every change of the refresher's
 	// plan: tests with a fake clock wake their waiters with it.
 	onPlan func()
@@ -98,7 +98,7 @@ type backend struct {
 	opts backendOptions
 
 	// index is the schedule index (schedindex.go); it has its own locks.
-	index *schedindex.Index
+	index credIndex
 
 	// state owns every role's mirrored definition, credential, status,
 	// generation and store lock; it has its own locks.
@@ -127,7 +127,7 @@ type backend struct {
 	// plan holds every scheduled role's next cycle, with the refresher's
 	// only timer between cycles; it has its own lock, and fires under
 	// the flights' lock (see fireDue).
-	plan *dueplan.Plan[string]
+	plan *dueplan.Plan[credKey]
 
 	// life owns the backend's own life: whether the refresher runs here,
 	// whether Clean has begun, the goroutines Clean cancels and waits for,
@@ -151,7 +151,7 @@ func newBackend(opts backendOptions) *backend {
 		opts:  opts,
 		life:  newLifecycle(),
 	}
-	b.index = schedindex.New()
+	b.index = newCredIndex()
 	// Storage and the logger arrive after construction; the limiter's rate
 	// follows every policy put in force.
 	b.settings = newSettings(
@@ -288,7 +288,7 @@ func (b *backend) warmMirror(ctx context.Context) {
 		return
 	}
 	b.reconciler.forEach(names, func(name string) {
-		if _, err := b.state.current(ctx, b.storage, name); err != nil {
+		if _, err := b.state.current(ctx, b.storage, roleKey(name)); err != nil {
 			b.Logger().Warn("loading role failed; it loads on first access", "role", name, "error", err)
 		}
 	})
@@ -304,9 +304,9 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 	case key == configRefreshPath:
 		b.settings.forget()
 	case strings.HasPrefix(key, rolePrefix):
-		b.state.forget(strings.TrimPrefix(key, rolePrefix), true)
+		b.state.forget(roleKey(strings.TrimPrefix(key, rolePrefix)), true)
 	case strings.HasPrefix(key, cachePrefix), strings.HasPrefix(key, statusPrefix):
-		b.state.forget(key[strings.IndexByte(key, '/')+1:], false)
+		b.state.forget(parseCredKey(key[strings.IndexByte(key, '/')+1:]), false)
 	case strings.HasPrefix(key, schedindex.Prefix):
 		// Another node wrote the shard: the next pass writes this node's
 		// view of it again, even where its copy agrees with its plan.

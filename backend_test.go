@@ -280,7 +280,7 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 	// The cold read's cycle failed its first attempt and sleeps until the
 	// next block; the role "app" waits for its scheduled refresh.
 	f.clock.BlockUntil(t, 2)
-	if !f.b.inFlight("other") {
+	if !f.b.inFlight(roleKey("other")) {
 		t.Fatal("cycle for other is not running")
 	}
 
@@ -291,10 +291,10 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 	if n := f.clock.Pending(); n != 0 {
 		t.Fatalf("%d timers still pending after Clean", n)
 	}
-	if f.b.inFlight("other") {
+	if f.b.inFlight(roleKey("other")) {
 		t.Fatal("a cycle is still registered after Clean")
 	}
-	if fl := f.b.flights.wait(testRole); !isClosed(fl.done) {
+	if fl := f.b.flights.wait(roleKey(testRole)); !isClosed(fl.done) {
 		t.Fatal("a cycle started after Clean")
 	}
 	waitFor(t, "goroutines to exit", func() bool {
@@ -328,12 +328,12 @@ func TestBackend_RestartPicksUpCache(t *testing.T) {
 		t.Fatalf("after restart a cached read made %d STS calls", n)
 	}
 	c := cached(t, g.s, testRole)
-	at, ok := g.b.scheduledAt(testRole)
+	at, ok := g.b.scheduledAt(roleKey(testRole))
 	margin := time.Duration(0.33 * float64(c.Expiration.Sub(c.IssuedAt)))
 	if want := c.Expiration.Add(-margin).Add(margin/10 - 1); !ok || !at.Equal(want) {
 		t.Fatalf("refresh scheduled at %v (%v), want %v", at, ok, want)
 	}
-	g.fireScheduled(testRole)
+	g.fireScheduled(roleKey(testRole))
 	if n := len(g.log.all()); n != 1 {
 		t.Fatalf("scheduled refresh made %d STS calls, want 1", n)
 	}
@@ -350,7 +350,7 @@ func restartOn(t *testing.T, f *fixture) *fixture {
 	flights := make(chan *flight, 1000)
 	b, s := newTestBackend(t, testOpts{
 		clock: f.clock, rand: randMax, wrapSTS: log.wrap, storage: f.s,
-		onFlight: func(_ string, fl *flight) { flights <- fl },
+		onFlight: func(_ credKey, fl *flight) { flights <- fl },
 	})
 	return &fixture{t: t, b: b, s: s, clock: f.clock, emu: f.emu, log: log, flights: flights}
 }

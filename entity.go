@@ -26,29 +26,6 @@ const (
 	defaultMaxEntities         = 1000
 )
 
-// entitySep joins a role name and an entity ID into the key of an entity
-// credential. Role names match framework.GenericNameRegex, which has no
-// slash, and Vault's entity IDs are UUIDs, so a key splits one way only. The
-// key is also the credential's storage key below cache/ and status/.
-const entitySep = "/"
-
-// entityKey is the key of the role's credential for the entity.
-func entityKey(role, entityID string) string { return role + entitySep + entityID }
-
-// splitKey returns the role and, for an entity credential, the entity ID.
-func splitKey(key string) (role, entityID string) {
-	role, entityID, _ = strings.Cut(key, entitySep)
-	return role, entityID
-}
-
-// roleOf returns the role a key belongs to.
-func roleOf(key string) string {
-	if i := strings.Index(key, entitySep); i >= 0 {
-		return key[:i]
-	}
-	return key
-}
-
 // entityScoped reports whether the role caches a credential per entity.
 func (r *roleEntry) entityScoped() bool { return r.CacheScope == cacheScopeEntity }
 
@@ -130,8 +107,8 @@ var errEntityGone = errors.New("the Vault entity no longer exists")
 // or, for an entity credential, the role's template rendered for the entity
 // as Vault knows it now (so a renamed entity's new name shows from its next
 // refresh) with the entity name as SourceIdentity.
-func (b *backend) sessionFor(key string, role *roleEntry) (stsSession, error) {
-	name, entityID := splitKey(key)
+func (b *backend) sessionFor(key credKey, role *roleEntry) (stsSession, error) {
+	name, entityID := key.role, key.entity
 	if entityID == "" {
 		return stsSession{name: role.sessionName(name)}, nil
 	}
@@ -241,7 +218,7 @@ func (e errTooManyEntities) Error() string {
 // A new entity is counted against max_entities and its entry is created
 // with a status recording the read, so that two new entities cannot both
 // take the last place.
-func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
+func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key credKey, now time.Time) (*roleState, error) {
 	rs, err := r.currentLocked(ctx, s, key)
 	if err != nil || rs == nil {
 		return rs, err
@@ -250,8 +227,7 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key str
 		rs.use.touch(now)
 		return rs, nil
 	}
-	name, _ := splitKey(key)
-	ids, err := listEntityIDs(ctx, s, name)
+	ids, err := listEntityIDs(ctx, s, key.role)
 	if err != nil {
 		return nil, err
 	}
@@ -280,15 +256,15 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key str
 	return &next, nil
 }
 
-// entityKeys returns the mirrored entity keys of the role, sorted.
-func (r *roleStates) entityKeys(name string) []string {
+// entityKeys returns the mirrored entity keys of the role, sorted by entity.
+func (r *roleStates) entityKeys(name string) []credKey {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	var keys []string
+	var keys []credKey
 	for k := range r.ents[name] {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	sort.Slice(keys, func(i, j int) bool { return keys[i].entity < keys[j].entity })
 	return keys
 }
 
@@ -297,7 +273,7 @@ func (r *roleStates) entityKeys(name string) []string {
 // The entry is marked for reload with a new generation first: a cycle
 // running for it cannot commit, and a failure half-way leaves an entry that
 // the next access reads back from storage.
-func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, key string) error {
+func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, key credKey) error {
 	r.markLocked(key, true)
 	r.sched.unschedule(key)
 	if err := deleteRoleData(ctx, s, key); err != nil {
@@ -313,7 +289,7 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 // dropEntity drops the entity credential, under its store lock, when
 // entityDropReason says so at now (gone as there); it reports whether it
 // did.
-func (b *backend) dropEntity(ctx context.Context, key string, now time.Time, gone func() bool) (bool, error) {
+func (b *backend) dropEntity(ctx context.Context, key credKey, now time.Time, gone func() bool) (bool, error) {
 	defer b.state.lockRole(key)()
 	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil || rs == nil {
@@ -327,7 +303,7 @@ func (b *backend) dropEntity(ctx context.Context, key string, now time.Time, gon
 		return false, err
 	}
 	b.metrics.entityDropped(reason)
-	b.Logger().Info("dropped entity credential", "role", roleOf(key), "entity_id", key[len(roleOf(key))+1:], "reason", reason)
+	b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", key.entity, "reason", reason)
 	return true, nil
 }
 
@@ -360,15 +336,15 @@ const (
 
 // entityEntries returns the mirrored entity credentials, by role: all roles'
 // when name is "", else the one role's.
-func (r *roleStates) entityEntries(name string) map[string]map[string]*roleState {
+func (r *roleStates) entityEntries(name string) map[string]map[credKey]*roleState {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := map[string]map[string]*roleState{}
+	out := map[string]map[credKey]*roleState{}
 	for role, keys := range r.ents {
 		if name != "" && role != name {
 			continue
 		}
-		entries := make(map[string]*roleState, len(keys))
+		entries := make(map[credKey]*roleState, len(keys))
 		for k := range keys {
 			entries[k] = r.m[k]
 		}
@@ -435,7 +411,7 @@ func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfi
 			}
 			if w := s.worst; w == nil || st.FailedCycles > w.FailedCycles ||
 				st.FailedCycles == w.FailedCycles && st.LastAttempt.After(w.LastAttempt) {
-				s.worst, s.worstID = st, key[len(role)+1:]
+				s.worst, s.worstID = st, key.entity
 			}
 		}
 		if s.worst == nil {

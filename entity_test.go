@@ -240,7 +240,7 @@ func TestEntity_IdleExpiry(t *testing.T) {
 	f, _ := newEntityFixture(t, map[string]interface{}{"entity_idle_ttl": 120})
 	f.mustReadAs(entityRole, aliceID)
 	f.mustReadAs(entityRole, bobID)
-	aliceKey, bobKey := entityKey(entityRole, aliceID), entityKey(entityRole, bobID)
+	aliceKey, bobKey := entityCred(entityRole, aliceID), entityCred(entityRole, bobID)
 
 	// Bob keeps reading up to just before the refresh; alice does not.
 	at, ok := f.b.scheduledAt(bobKey)
@@ -290,7 +290,7 @@ func TestEntity_RenamedAndDeletedEntities(t *testing.T) {
 	ents.set(aliceID, "alice2", nil)
 	ents.remove(bobID)
 	before := len(f.assumeRoleCalls())
-	at, _ := f.b.scheduledAt(entityKey(entityRole, aliceID))
+	at, _ := f.b.scheduledAt(entityCred(entityRole, aliceID))
 	f.fireAllDue(at, 2)
 	calls := f.assumeRoleCalls()[before:]
 	if len(calls) != 1 || calls[0].RoleSessionName != "vault-alice2" || calls[0].SourceIdentity != "alice2" {
@@ -329,7 +329,7 @@ func TestEntity_RoleChangeDropsAllEntities(t *testing.T) {
 				mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+entityRole, tc.write)
 			}
 			ids := storedEntities(t, f.s, entityRole)
-			_, planned := f.b.scheduledAt(entityKey(entityRole, aliceID))
+			_, planned := f.b.scheduledAt(entityCred(entityRole, aliceID))
 			if tc.keeps {
 				if len(ids) != 2 || !planned {
 					t.Fatalf("stored %v planned %v, want both kept and planned", ids, planned)
@@ -358,7 +358,7 @@ func TestEntity_SurvivesRestart(t *testing.T) {
 	f.b.Cleanup(context.Background())
 
 	f2 := newFixtureWith(t, fixtureOpts{storage: f.s, noRole: true, entities: ents}, f.clock, f.emu)
-	if _, ok := f2.b.scheduledAt(entityKey(entityRole, aliceID)); !ok {
+	if _, ok := f2.b.scheduledAt(entityCred(entityRole, aliceID)); !ok {
 		t.Error("alice's credential is not scheduled after the restart")
 	}
 	got := f2.mustReadAs(entityRole, aliceID).Data
@@ -375,9 +375,9 @@ func TestEntity_SurvivesRestart(t *testing.T) {
 func TestEntity_ReconcilerOrphans(t *testing.T) {
 	f, _ := newEntityFixture(t, nil)
 	f.mustReadAs(entityRole, aliceID)
-	orphan := entityKey("gone", aliceID)
-	putJSON(t, f.s, cachePrefix+orphan, &cacheEntry{AccessKey: "AKIA", SecretKey: "s", SessionToken: "t", Expiration: f.clock.Now().Add(time.Hour)})
-	putJSON(t, f.s, statusPrefix+orphan, &statusEntry{})
+	orphan := entityCred("gone", aliceID)
+	putJSON(t, f.s, cachePrefix+orphan.String(), &cacheEntry{AccessKey: "AKIA", SecretKey: "s", SessionToken: "t", Expiration: f.clock.Now().Add(time.Hour)})
+	putJSON(t, f.s, statusPrefix+orphan.String(), &statusEntry{})
 	if err := f.b.reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ func TestEntity_ReconcilerDropsGoneEntities(t *testing.T) {
 		t.Errorf("stored entities after the pass = %v, want none", ids)
 	}
 	for _, id := range []string{aliceID, bobID} {
-		if _, ok := f.b.scheduledAt(entityKey(entityRole, id)); ok {
+		if _, ok := f.b.scheduledAt(entityCred(entityRole, id)); ok {
 			t.Errorf("%s's credential is still scheduled", id)
 		}
 	}
@@ -440,7 +440,7 @@ func TestEntity_StatusAndMetricsShowAFailingEntity(t *testing.T) {
 	f.clock.Advance(time.Minute) // bob's refresh comes a minute after alice's
 	f.mustReadAs(entityRole, bobID)
 	f.emu.SetFaults(alwaysFail(stsemu.FaultAccessDenied))
-	aliceKey := entityKey(entityRole, aliceID)
+	aliceKey := entityCred(entityRole, aliceID)
 	for range 2 {
 		f.fireScheduled(aliceKey)
 	}
@@ -478,7 +478,7 @@ func TestEntity_SingleFlightPerEntity(t *testing.T) {
 			answers <- answer{id, resp.Data["access_key"]}
 		}()
 	}
-	aliceKey := entityKey(entityRole, aliceID)
+	aliceKey := entityCred(entityRole, aliceID)
 	waitFor(t, "alice's three readers to join one cycle and both calls to start", func() bool {
 		f.b.flights.mu.Lock()
 		fl := f.b.flights.m[aliceKey]

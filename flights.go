@@ -21,23 +21,23 @@ type flights struct {
 	// fire callback returns: a role is always seen planned or in flight,
 	// never neither.
 	mu sync.Mutex
-	m  map[string]*flight
+	m  map[credKey]*flight
 	// peek reads a role's mirrored state (roleStates.peek). It is called
 	// under mu, so that two callers racing a role change agree on which
 	// flight is current.
-	peek func(name string) *roleState
+	peek func(key credKey) *roleState
 	// launch starts f's cycle on a goroutine that Clean waits for, once prev
 	// (when not nil) has ended, and returns what cancels it; ok is false,
 	// and nothing runs, once the backend is shutting down. Called under mu;
 	// the cycle ends with land.
-	launch func(name string, f, prev *flight) (cancel context.CancelFunc, ok bool)
+	launch func(key credKey, f, prev *flight) (cancel context.CancelFunc, ok bool)
 	// onStart, when set (a test seam), is told of every cycle as it starts,
 	// under mu.
-	onStart func(name string, f *flight)
+	onStart func(key credKey, f *flight)
 }
 
-func newFlights(peek func(string) *roleState, launch func(name string, f, prev *flight) (context.CancelFunc, bool), onStart func(string, *flight)) *flights {
-	return &flights{m: make(map[string]*flight), peek: peek, launch: launch, onStart: onStart}
+func newFlights(peek func(credKey) *roleState, launch func(key credKey, f, prev *flight) (context.CancelFunc, bool), onStart func(credKey, *flight)) *flights {
+	return &flights{m: make(map[credKey]*flight), peek: peek, launch: launch, onStart: onStart}
 }
 
 // planLock is the plan's outer lock (dueplan.New): the plan takes due
@@ -104,10 +104,10 @@ type planned struct {
 // At most one cycle runs per role: a cycle for a newer definition cancels the
 // one it supersedes and starts only once that one has returned, and a cycle
 // that starts while the previous one commits waits for it likewise.
-func (fs *flights) wait(name string) *flight {
+func (fs *flights) wait(key credKey) *flight {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return fs.beginLocked(name, true, planned{})
+	return fs.beginLocked(key, true, planned{})
 }
 
 // cold is wait for a cold read: when a cycle stored a valid credential
@@ -116,24 +116,24 @@ func (fs *flights) wait(name string) *flight {
 // both under locks, so a reader that does not find the cycle here finds its
 // credential. now is read only once the lock is held, as a valid
 // credential is judged then.
-func (fs *flights) cold(name string, now func() time.Time) *flight {
+func (fs *flights) cold(key credKey, now func() time.Time) *flight {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if rs := fs.peek(name); rs != nil && !rs.stale && fs.m[name] == nil && rs.cred.validAt(now()) {
+	if rs := fs.peek(key); rs != nil && !rs.stale && fs.m[key] == nil && rs.cred.validAt(now()) {
 		return doneFlight(rs.gen, cycleResult{cred: rs.cred})
 	}
-	return fs.beginLocked(name, true, planned{})
+	return fs.beginLocked(key, true, planned{})
 }
 
 // firedLocked starts (or joins) the background cycle of a role the plan
 // fired; mu held (the plan fires under it).
-func (fs *flights) firedLocked(name string, p planned) *flight {
-	return fs.beginLocked(name, false, p)
+func (fs *flights) firedLocked(key credKey, p planned) *flight {
+	return fs.beginLocked(key, false, p)
 }
 
 // beginLocked is wait (urgent) or firedLocked; mu held.
-func (fs *flights) beginLocked(name string, urgent bool, p planned) *flight {
-	rs := fs.peek(name)
+func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
+	rs := fs.peek(key)
 	var gen uint64 // 0: not read yet (a hint); checkHint sets it
 	switch {
 	case rs != nil:
@@ -141,7 +141,7 @@ func (fs *flights) beginLocked(name string, urgent bool, p planned) *flight {
 	case !p.hint:
 		return doneFlight(0, cycleResult{err: errRoleChanged})
 	}
-	prev := fs.m[name]
+	prev := fs.m[key]
 	if prev != nil && prev.gen == gen && (urgent || !prev.ending.Load()) {
 		if urgent {
 			prev.hurryUp()
@@ -162,25 +162,25 @@ func (fs *flights) beginLocked(name string, urgent bool, p planned) *flight {
 	if urgent {
 		f.hurryUp()
 	}
-	cancel, ok := fs.launch(name, f, prev)
+	cancel, ok := fs.launch(key, f, prev)
 	if !ok {
 		f.res = cycleResult{err: errShuttingDown}
 		close(f.done)
 		return f
 	}
 	f.cancel = cancel
-	fs.m[name] = f
+	fs.m[key] = f
 	if fs.onStart != nil {
-		fs.onStart(name, f)
+		fs.onStart(key, f)
 	}
 	return f
 }
 
 // land ends f's cycle with res: f leaves the flights, and its waiters wake.
-func (fs *flights) land(name string, f *flight, res cycleResult) {
+func (fs *flights) land(key credKey, f *flight, res cycleResult) {
 	fs.mu.Lock()
-	if fs.m[name] == f {
-		delete(fs.m, name)
+	if fs.m[key] == f {
+		delete(fs.m, key)
 	}
 	f.res = res
 	fs.mu.Unlock()
@@ -200,20 +200,20 @@ func (fs *flights) adopt(f *flight, gen uint64) bool {
 }
 
 // running reports whether a cycle for the role runs on this node.
-func (fs *flights) running(name string) bool {
+func (fs *flights) running(key credKey) bool {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return fs.m[name] != nil
+	return fs.m[key] != nil
 }
 
 // runningLocked is running with mu held (the plan's fire).
-func (fs *flights) runningLocked(name string) bool { return fs.m[name] != nil }
+func (fs *flights) runningLocked(key credKey) bool { return fs.m[key] != nil }
 
-// view calls see with mu held and the names of the roles in flight, a set
+// view calls see with mu held and the keys of the cycles in flight, a set
 // that see must not keep or change. The plan fires under mu, so what see
 // reads of the plan agrees with it: a role leaves the plan and enters its
 // flight in one step.
-func (fs *flights) view(see func(inFlight map[string]*flight)) {
+func (fs *flights) view(see func(inFlight map[credKey]*flight)) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	see(fs.m)

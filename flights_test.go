@@ -21,13 +21,13 @@ type flightsRig struct {
 
 func newFlightsRig() *flightsRig {
 	r := &flightsRig{gens: map[string]uint64{"app": 1}}
-	peek := func(name string) *roleState {
-		if gen, ok := r.gens[name]; ok {
+	peek := func(key credKey) *roleState {
+		if gen, ok := r.gens[key.String()]; ok {
 			return &roleState{gen: gen}
 		}
 		return nil
 	}
-	launch := func(_ string, f, prev *flight) (context.CancelFunc, bool) {
+	launch := func(_ credKey, f, prev *flight) (context.CancelFunc, bool) {
 		if r.shutdown {
 			return nil, false
 		}
@@ -35,7 +35,7 @@ func newFlightsRig() *flightsRig {
 		r.prevs = append(r.prevs, prev)
 		return func() { r.cancels++ }, true
 	}
-	r.fs = newFlights(peek, launch, func(_ string, f *flight) { r.started = append(r.started, f) })
+	r.fs = newFlights(peek, launch, func(_ credKey, f *flight) { r.started = append(r.started, f) })
 	return r
 }
 
@@ -47,45 +47,45 @@ func TestFlightsSingleFlight(t *testing.T) {
 		fired := func() *flight {
 			r.fs.mu.Lock() // as the plan does when it fires
 			defer r.fs.mu.Unlock()
-			return r.fs.firedLocked("app", planned{})
+			return r.fs.firedLocked(roleKey("app"), planned{})
 		}
 		a := fired()
-		if b := r.fs.wait("app"); b != a {
+		if b := r.fs.wait(roleKey("app")); b != a {
 			t.Fatal("a waiting reader did not join the running cycle")
 		}
 		if !isClosed(a.hurry) {
 			t.Fatal("a waiting reader did not hurry the cycle")
 		}
-		if c := r.fs.cold("app", time.Now); c != a {
+		if c := r.fs.cold(roleKey("app"), time.Now); c != a {
 			t.Fatal("a cold read did not join the running cycle")
 		}
 		if len(r.launched) != 1 || len(r.started) != 1 || r.started[0] != a {
 			t.Fatalf("%d launched, %d seen by the seam for three starts, want 1 and 1", len(r.launched), len(r.started))
 		}
-		if !r.fs.running("app") {
+		if !r.fs.running(roleKey("app")) {
 			t.Fatal("the cycle is not running")
 		}
 		want := errors.New("the outcome")
-		r.fs.land("app", a, cycleResult{err: want})
+		r.fs.land(roleKey("app"), a, cycleResult{err: want})
 		if !isClosed(a.done) || a.res.err != want {
 			t.Fatalf("landed flight: done %v, err %v", isClosed(a.done), a.res.err)
 		}
-		if r.fs.running("app") {
+		if r.fs.running(roleKey("app")) {
 			t.Fatal("a landed cycle is still running")
 		}
-		if b := r.fs.wait("app"); b == a || len(r.started) != 2 || r.started[1] != b {
+		if b := r.fs.wait(roleKey("app")); b == a || len(r.started) != 2 || r.started[1] != b {
 			t.Fatal("a start after the cycle landed did not start a new one seen by the seam")
 		}
 	})
 	t.Run("an ending cycle is joined by readers, not by the plan", func(t *testing.T) {
 		r := newFlightsRig()
-		a := r.fs.wait("app")
+		a := r.fs.wait(roleKey("app"))
 		a.ending.Store(true)
-		if b := r.fs.wait("app"); b != a {
+		if b := r.fs.wait(roleKey("app")); b != a {
 			t.Fatal("a waiting reader did not join the committing cycle")
 		}
 		r.fs.mu.Lock()
-		b := r.fs.firedLocked("app", planned{slot: time.Unix(100, 0)})
+		b := r.fs.firedLocked(roleKey("app"), planned{slot: time.Unix(100, 0)})
 		r.fs.mu.Unlock()
 		if b == a || len(r.prevs) != 2 || r.prevs[1] != a {
 			t.Fatal("the plan's start did not start a new cycle after the committing one")
@@ -96,24 +96,24 @@ func TestFlightsSingleFlight(t *testing.T) {
 	})
 	t.Run("a newer definition cancels the cycle it supersedes", func(t *testing.T) {
 		r := newFlightsRig()
-		a := r.fs.wait("app")
+		a := r.fs.wait(roleKey("app"))
 		r.gens["app"] = 2
-		b := r.fs.wait("app")
+		b := r.fs.wait(roleKey("app"))
 		if b == a || r.cancels != 1 || r.prevs[1] != a || b.gen != 2 {
 			t.Fatalf("new definition: new flight %v, cancels %d, gen %d; want a new flight after the old, cancelled", b != a, r.cancels, b.gen)
 		}
-		r.fs.land("app", a, cycleResult{})
-		if !r.fs.running("app") {
+		r.fs.land(roleKey("app"), a, cycleResult{})
+		if !r.fs.running(roleKey("app")) {
 			t.Fatal("the superseded cycle's landing removed its successor")
 		}
 	})
 	t.Run("no cycle for a role not read, unless a hint", func(t *testing.T) {
 		r := newFlightsRig()
-		if f := r.fs.wait("gone"); !isClosed(f.done) || !errors.Is(f.res.err, errRoleChanged) || len(r.launched) != 0 {
+		if f := r.fs.wait(roleKey("gone")); !isClosed(f.done) || !errors.Is(f.res.err, errRoleChanged) || len(r.launched) != 0 {
 			t.Fatal("a reader of an unknown role got a cycle")
 		}
 		r.fs.mu.Lock()
-		f := r.fs.firedLocked("gone", planned{hint: true})
+		f := r.fs.firedLocked(roleKey("gone"), planned{hint: true})
 		r.fs.mu.Unlock()
 		if isClosed(f.done) || !f.hint || f.gen != 0 {
 			t.Fatal("a hint's role got no cycle")
@@ -125,8 +125,8 @@ func TestFlightsSingleFlight(t *testing.T) {
 	t.Run("nothing starts once the backend shuts down", func(t *testing.T) {
 		r := newFlightsRig()
 		r.shutdown = true
-		f := r.fs.wait("app")
-		if !isClosed(f.done) || !errors.Is(f.res.err, errShuttingDown) || r.fs.running("app") || len(r.started) != 0 {
+		f := r.fs.wait(roleKey("app"))
+		if !isClosed(f.done) || !errors.Is(f.res.err, errShuttingDown) || r.fs.running(roleKey("app")) || len(r.started) != 0 {
 			t.Fatal("a start during shutdown registered a cycle")
 		}
 	})

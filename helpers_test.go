@@ -56,7 +56,7 @@ type testOpts struct {
 	testHooks bool
 	storage   logical.Storage // default: fresh in-memory storage
 	wrapSTS   func(endpoint string, api stsAPI) stsAPI
-	onFlight  func(name string, f *flight)
+	onFlight  func(key credKey, f *flight)
 	logger    hclog.Logger // default: discard
 	entities  *entityView  // Vault's identity store, as EntityInfo sees it
 }
@@ -418,7 +418,7 @@ func newFixtureWith(t *testing.T, o fixtureOpts, clk *clocktest.Fake, emu *stsem
 	flights := make(chan *flight, 10000)
 	b, s := newTestBackend(t, testOpts{
 		clock: clk, rand: o.rand, wrapSTS: wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger, entities: o.entities,
-		onFlight: func(_ string, fl *flight) { flights <- fl },
+		onFlight: func(_ credKey, fl *flight) { flights <- fl },
 	})
 	f := &fixture{t: t, b: b, s: s, clock: clk, emu: emu, log: log, flights: flights}
 	mustDo(t, b, s, logical.UpdateOperation, "config/root", map[string]interface{}{
@@ -487,11 +487,11 @@ func (f *fixture) nextFlight() *flight {
 // fireScheduled moves the clock to the role's scheduled refresh, lets the
 // timer fire and drives the cycle it starts to its end. It returns the time
 // the cycle started.
-func (f *fixture) fireScheduled(name string) time.Time {
+func (f *fixture) fireScheduled(key credKey) time.Time {
 	f.t.Helper()
-	at, ok := f.b.scheduledAt(name)
+	at, ok := f.b.scheduledAt(key)
 	if !ok {
-		f.t.Fatalf("no refresh scheduled for %s", name)
+		f.t.Fatalf("no refresh scheduled for %s", key)
 	}
 	f.drainFlights()
 	f.clock.AdvanceTo(at)
@@ -546,7 +546,7 @@ func statusTime(t *testing.T, st map[string]interface{}, field string) time.Time
 // cached returns the stored cache entry of a role, straight from storage.
 func cached(t *testing.T, s logical.Storage, name string) *cacheEntry {
 	t.Helper()
-	c, err := getCacheEntry(context.Background(), s, name)
+	c, err := getCacheEntry(context.Background(), s, roleKey(name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,3 +581,6 @@ func waitFor(tb testing.TB, what string, cond func() bool) {
 
 // newFakeClock returns the module's one fake clock (clocktest.Fake) at start.
 func newFakeClock(start time.Time) *clocktest.Fake { return clocktest.NewFake(start) }
+
+// entityCred is the key of the role's credential for the entity.
+func entityCred(role, entityID string) credKey { return credKey{role: role, entity: entityID} }

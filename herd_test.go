@@ -358,7 +358,7 @@ func expiringAfter(b *backend, roles int, horizon time.Time) func() int {
 	return func() int {
 		n := 0
 		for i := 0; i < roles; i++ {
-			if _, cred, _, _ := b.state.lookup(fmt.Sprintf("r%03d", i)); cred != nil && cred.Expiration.After(horizon) {
+			if _, cred, _, _ := b.state.lookup(roleKey(fmt.Sprintf("r%03d", i))); cred != nil && cred.Expiration.After(horizon) {
 				n++
 			}
 		}

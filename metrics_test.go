@@ -220,8 +220,8 @@ func TestMetrics_FailingRole(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
 	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
-	f.fireScheduled(testRole)
-	f.fireScheduled(testRole)
+	f.fireScheduled(roleKey(testRole))
+	f.fireScheduled(roleKey(testRole))
 
 	// A second role that never had a credential: its cold read gets a 503.
 	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/other", map[string]interface{}{"role_arn": "arn:aws:iam::123456789012:role/other"})
@@ -375,7 +375,7 @@ func TestMetrics_PromtoolCheck(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
 	f.emu.SetFaults(throttle(1))
-	f.fireScheduled(testRole)
+	f.fireScheduled(roleKey(testRole))
 	sc := scrapeMetrics(t, f.b, f.s, "aws-resilient/")
 
 	cmd := exec.Command(path, "check", "metrics")

@@ -145,17 +145,17 @@ func TestMirror_InvalidationDuringLoadWins(t *testing.T) {
 		f := newFixture(t, fixtureOpts{entities: ents, storage: ps})
 		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+entityRole, map[string]interface{}{"role_arn": testRoleARN, "cache_scope": "entity"})
 		first := f.mustReadAs(entityRole, aliceID)
-		key := entityKey(entityRole, aliceID)
+		key := entityCred(entityRole, aliceID)
 
-		f.b.InvalidateKey(context.Background(), statusPrefix+key)
-		reached, release := ps.pauseAfterGet(statusPrefix + key)
+		f.b.InvalidateKey(context.Background(), statusPrefix+key.String())
+		reached, release := ps.pauseAfterGet(statusPrefix + key.String())
 		defer release()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			_, _ = f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + entityRole, Storage: f.s, EntityID: aliceID})
 		}()
-		awaitChan(t, "the reload to read status/"+key, reached)
+		awaitChan(t, "the reload to read status/"+key.String(), reached)
 
 		// Another node narrows the role: storage changes underneath (this
 		// node's own write would wait for the store lock the load holds),
@@ -166,7 +166,7 @@ func TestMirror_InvalidationDuringLoadWins(t *testing.T) {
 			t.Fatalf("reading the role: %v %v", role, err)
 		}
 		role.RoleARN = narrowARN
-		for _, k := range []string{cachePrefix + key, statusPrefix + key} {
+		for _, k := range []string{cachePrefix + key.String(), statusPrefix + key.String()} {
 			if err := ps.Storage.Delete(ctx, k); err != nil {
 				t.Fatal(err)
 			}
@@ -204,7 +204,7 @@ func TestMirror_FailedLeaseWriteReloadsEntities(t *testing.T) {
 			}
 		}},
 		{"entity_idle_ttl", 3600, func(t *testing.T, f *fixture, _ *logical.Response) {
-			rs := f.b.state.peek(entityKey(entityRole, aliceID))
+			rs := f.b.state.peek(entityCred(entityRole, aliceID))
 			if rs == nil || rs.stale || rs.role.entityIdleTTL() != time.Hour {
 				t.Fatalf("entity entry %+v, want one with entity_idle_ttl 1h", rs)
 			}
@@ -300,27 +300,27 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 		if i%2 == 1 {
 			// A standby hands entity reads to the active node; its mirror
 			// holds the entity credential once loaded.
-			if rs, err := sb.state.current(ctx, s, entityKey(name, aliceID)); err != nil || rs == nil || rs.cred == nil {
+			if rs, err := sb.state.current(ctx, s, entityCred(name, aliceID)); err != nil || rs == nil || rs.cred == nil {
 				t.Fatalf("loading %s's entity credential: %v %v", name, rs, err)
 			}
 			continue
 		}
 		mustDo(t, sb, s, logical.ReadOperation, "creds/"+name, nil)
 	}
-	if got := len(sb.state.names()); got != n+n/2 {
+	if got := len(sb.state.keys()); got != n+n/2 {
 		t.Fatalf("standby mirrors %d entries, want %d", got, n+n/2)
 	}
-	_, _, oldGen, _ := sb.state.lookup(names[0])
+	_, _, oldGen, _ := sb.state.lookup(roleKey(names[0]))
 
 	// Every role is deleted on the active node, and one recreated; the
 	// writes arrive in order.
 	for _, name := range names {
 		mustDo(t, active.b, active.s, logical.DeleteOperation, "roles/"+name, nil)
-		for _, key := range []string{cachePrefix + name, statusPrefix + name, cachePrefix + entityKey(name, aliceID), statusPrefix + entityKey(name, aliceID), rolePrefix + name} {
+		for _, key := range []string{cachePrefix + name, statusPrefix + name, cachePrefix + entityCred(name, aliceID).String(), statusPrefix + entityCred(name, aliceID).String(), rolePrefix + name} {
 			sb.InvalidateKey(ctx, key)
 		}
 	}
-	if left := sb.state.names(); len(left) != 0 {
+	if left := sb.state.keys(); len(left) != 0 {
 		t.Fatalf("standby still mirrors %v after their roles were deleted", left)
 	}
 	sb.state.mu.RLock()
@@ -333,7 +333,7 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 		resp, err := do(t, sb, s, logical.ReadOperation, "creds/"+name, nil)
 		wantBadRequest(t, resp, err, fmt.Sprintf("role %q not found", name))
 	}
-	if left := sb.state.names(); len(left) != 0 {
+	if left := sb.state.keys(); len(left) != 0 {
 		t.Fatalf("reads of deleted roles left %v in the mirror", left)
 	}
 
@@ -344,7 +344,7 @@ func TestMirror_InvalidatedRolesLeaveTheMirror(t *testing.T) {
 		sb.InvalidateKey(ctx, key)
 	}
 	mustDo(t, sb, s, logical.ReadOperation, "creds/"+names[0], nil)
-	if _, _, gen, ok := sb.state.lookup(names[0]); !ok || gen == oldGen {
+	if _, _, gen, ok := sb.state.lookup(roleKey(names[0])); !ok || gen == oldGen {
 		t.Fatalf("recreated role: mirrored=%v gen=%d, want a generation other than the deleted role's %d", ok, gen, oldGen)
 	}
 }

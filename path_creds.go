@@ -121,17 +121,18 @@ func (b *backend) secretCredsRevoke(context.Context, *logical.Request, *framewor
 
 func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	role, cred, _, ok := b.state.lookup(name)
+	key := roleKey(name)
+	role, cred, _, ok := b.state.lookup(key)
 	if !ok {
 		// Not mirrored yet (created on another node before its
 		// invalidation arrived) or marked for reload.
-		rs, err := b.state.current(ctx, req.Storage, name)
+		rs, err := b.state.current(ctx, req.Storage, key)
 		switch {
 		case err != nil:
 			// Storage cannot be read now. The last good credential is
 			// still served while it is valid, if it is known to be for the
 			// role's current definition.
-			role, cred = b.state.fallback(name)
+			role, cred = b.state.fallback(key)
 			if !cred.validAt(b.clock.Now()) {
 				return nil, err
 			}
@@ -148,9 +149,9 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 	now := b.clock.Now()
 	if cred.validAt(now) {
 		b.metrics.readsOK.Inc()
-		return b.credsResponse(name, name, role, cred, now), nil
+		return b.credsResponse(key, role, cred, now), nil
 	}
-	return b.coldRead(ctx, req, name, role)
+	return b.coldRead(ctx, req, key, role)
 }
 
 // entityCredsRead serves the credential cached for the role and the Vault
@@ -163,12 +164,12 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 			"(root tokens and some batch and orphan tokens have none): log in through an auth method, "+
 			"which gives the token an entity, to read a credential of your own", name), nil
 	}
-	key := entityKey(name, req.EntityID)
+	key := credKey{role: name, entity: req.EntityID}
 	now := b.clock.Now()
 	if rs := b.state.peek(key); rs != nil && !rs.stale && rs.cred.validAt(now) {
 		rs.use.touch(now)
 		b.metrics.readsOK.Inc()
-		return b.credsResponse(name, key, rs.role, rs.cred, now), nil
+		return b.credsResponse(key, rs.role, rs.cred, now), nil
 	}
 	if !b.WriteSafeReplicationState() {
 		return nil, logical.ErrReadOnly
@@ -195,15 +196,15 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	}
 	if rs.cred.validAt(now) {
 		b.metrics.readsOK.Inc()
-		return b.credsResponse(name, key, rs.role, rs.cred, now), nil
+		return b.credsResponse(key, rs.role, rs.cred, now), nil
 	}
 	return b.coldRead(ctx, req, key, rs.role)
 }
 
 // coldRead serves a read that found nothing valid cached for key (a role, or
 // a role's entity): it joins or starts a refresh cycle and waits for it.
-func (b *backend) coldRead(ctx context.Context, req *logical.Request, key string, role *roleEntry) (*logical.Response, error) {
-	name := roleOf(key)
+func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKey, role *roleEntry) (*logical.Response, error) {
+	name := key.role
 	now := b.clock.Now()
 	// Cold: nothing valid is cached. Only a node that may write storage can
 	// fetch; a performance standby hands the request to the active node.
@@ -234,7 +235,7 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key string
 			if cur, _, gen, ok := b.state.lookup(key); ok && gen == f.gen {
 				role = cur
 			}
-			return b.credsResponse(name, key, role, f.res.cred, now), nil
+			return b.credsResponse(key, role, f.res.cred, now), nil
 		}
 		if !errors.Is(f.res.err, errRoleChanged) {
 			break
@@ -258,8 +259,8 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key string
 // credsResponse builds the answer from the mirrored role and credential: a
 // lease for the remaining validity, or for a lease=false role no lease and
 // the ttl/rotation_period pair Vault Agent reads as a rotating secret.
-// key is the credential's (the role's name, or its entity key).
-func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEntry, now time.Time) *logical.Response {
+// key is the credential's: the role's own, or an entity's.
+func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, now time.Time) *logical.Response {
 	data := map[string]interface{}{
 		"access_key":     cred.AccessKey,
 		"secret_key":     cred.SecretKey,
@@ -282,7 +283,7 @@ func (b *backend) credsResponse(name, key string, role *roleEntry, cred *cacheEn
 	}
 	// Internal data is stored with the lease: the role and the key id only.
 	resp := b.Secret(secretTypeCreds).Response(data, map[string]interface{}{
-		"role":       name,
+		"role":       key.role,
 		"access_key": cred.AccessKey,
 	})
 	ttl := cred.Expiration.Sub(now).Truncate(time.Second)

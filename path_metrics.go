@@ -189,7 +189,7 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 	}
 	var entities map[string]entitySummary // on the first entity-scoped role
 	for _, name := range names {
-		rs, err := b.state.current(ctx, s, name)
+		rs, err := b.state.current(ctx, s, roleKey(name))
 		if err != nil {
 			return fmt.Errorf("loading role %q: %w", name, err)
 		}
@@ -197,7 +197,7 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 			continue // deleted since the list
 		}
 		t.defined++
-		r := b.report(name, rs, t.now, t.cfg, t.active)
+		r := b.report(roleKey(name), rs, t.now, t.cfg, t.active)
 		if rs.role != nil && rs.role.entityScoped() {
 			if entities == nil {
 				entities = b.summarizeEntities("", t.now, t.cfg, t.active)

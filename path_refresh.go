@@ -44,21 +44,21 @@ func pathRefresh(b *backend) *framework.Path {
 
 func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	rs, err := b.state.current(ctx, req.Storage, name)
+	rs, err := b.state.current(ctx, req.Storage, roleKey(name))
 	if err != nil {
 		return nil, err
 	}
 	if rs == nil {
 		return logical.ErrorResponse("role %q not found", name), nil
 	}
-	keys := []string{name}
+	keys := []credKey{roleKey(name)}
 	if rs.role.entityScoped() {
 		// Every entity credential of the role, each in its own cycle.
 		keys = keys[:0]
 		for key := range b.state.entityEntries(name)[name] {
 			keys = append(keys, key)
 		}
-		sort.Strings(keys)
+		sort.Slice(keys, func(i, j int) bool { return keys[i].entity < keys[j].entity })
 	}
 	flights := make([]*flight, len(keys))
 	for i, key := range keys {

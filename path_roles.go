@@ -358,7 +358,7 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 
 	// The store lock makes "load, change, store, drop the cache" one step
 	// against a cycle that is about to store a credential for this role.
-	defer b.state.lockRole(name)()
+	defer b.state.lockRole(roleKey(name))()
 
 	old, err := getRole(ctx, req.Storage, name)
 	if err != nil {

@@ -108,14 +108,14 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 	info := make(map[string]interface{}, len(names))
 	var entities map[string]entitySummary // computed on the first entity-scoped role
 	for _, name := range names {
-		rs, err := b.state.current(ctx, req.Storage, name)
+		rs, err := b.state.current(ctx, req.Storage, roleKey(name))
 		if err != nil {
 			return nil, err
 		}
 		if rs == nil {
 			continue // deleted since the listing
 		}
-		r := b.report(name, rs, now, cfg, refresher)
+		r := b.report(roleKey(name), rs, now, cfg, refresher)
 		expiration := ""
 		if rs.cred != nil {
 			expiration = formatTime(rs.cred.Expiration)
@@ -153,7 +153,7 @@ func (b *backend) pathStatusRead(ctx context.Context, req *logical.Request, data
 // and the refresher's record as mirrored (read from storage when not), the
 // schedule and state from this node.
 func (b *backend) statusData(ctx context.Context, s logical.Storage, name string) (map[string]interface{}, error) {
-	rs, err := b.state.current(ctx, s, name)
+	rs, err := b.state.current(ctx, s, roleKey(name))
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +163,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	cred, st := rs.cred, rs.status()
 	now := b.clock.Now()
 	cfg := b.settings.policy()
-	r := b.report(name, rs, now, cfg, b.WriteSafeReplicationState())
+	r := b.report(roleKey(name), rs, now, cfg, b.WriteSafeReplicationState())
 
 	lastErr := st.LastError
 	if r.starved {
@@ -234,17 +234,17 @@ type roleReport struct {
 // the pending timer, or zero while a cycle runs or nothing is scheduled; on
 // a node that does not (a performance standby) it is the plan the active
 // node recorded.
-func (b *backend) report(name string, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
+func (b *backend) report(key credKey, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
 	cred, st := rs.cred, rs.status()
 	r := roleReport{next: st.NextRefresh}
 	if refresher {
-		r.next, _ = b.scheduledAt(name)
+		r.next, _ = b.scheduledAt(key)
 	}
 	r.starved = !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
 
 	r.state = stateFresh
 	switch {
-	case b.inFlight(name):
+	case b.inFlight(key):
 		r.state = stateRefreshing
 	case cred == nil:
 		r.state = stateEmpty

@@ -8,7 +8,6 @@ import (
 
 	"github.com/hashicorp/vault/sdk/logical"
 
-	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -212,10 +211,10 @@ func TestCompactStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st
-			r := newRoleStates(nil, time.Now, schedindex.New())
+			r := newRoleStates(nil, time.Now, newCredIndex())
 			r.mu.Lock()
-			r.put("r", &roleState{role: &roleEntry{}, cred: tc.cred, fullStatus: &st})
-			rs := r.m["r"]
+			r.put(roleKey("r"), &roleState{role: &roleEntry{}, cred: tc.cred, fullStatus: &st})
+			rs := r.m[roleKey("r")]
 			r.mu.Unlock()
 			if compact := rs.fullStatus == nil; compact != tc.compact {
 				t.Fatalf("compact = %v, want %v", compact, tc.compact)

@@ -21,9 +21,9 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 	starts := make(chan start, 100)
 	f.b.flights.mu.Lock()
 	inner := f.b.flights.onStart
-	f.b.flights.onStart = func(name string, fl *flight) {
-		starts <- start{name, f.clock.Now()}
-		inner(name, fl)
+	f.b.flights.onStart = func(key credKey, fl *flight) {
+		starts <- start{key.String(), f.clock.Now()}
+		inner(key, fl)
 	}
 	f.b.flights.mu.Unlock()
 	for _, n := range []string{"r1", "r2", "r3", "r4", "r5"} {
@@ -35,26 +35,26 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 
 	base := f.clock.Now()
 	at := func(s int) time.Time { return base.Add(time.Duration(s) * time.Second) }
-	f.b.schedule("r3", at(10))
-	f.b.schedule("r1", at(5))
-	f.b.schedule("r2", at(5)) // same time as r1, planned after it
-	f.b.schedule("r4", at(20))
-	f.b.schedule("r5", at(15))
+	f.b.schedule(roleKey("r3"), at(10))
+	f.b.schedule(roleKey("r1"), at(5))
+	f.b.schedule(roleKey("r2"), at(5)) // same time as r1, planned after it
+	f.b.schedule(roleKey("r4"), at(20))
+	f.b.schedule(roleKey("r5"), at(15))
 	if n, p := f.clock.Pending(), f.b.plannedRoles(); n != 1 || p != 5 {
 		t.Fatalf("%d clock timers for %d planned roles, want 1 for 5", n, p)
 	}
 	if next, _ := f.clock.Next(); !next.Equal(at(5)) {
 		t.Fatalf("timer set for %v, want %v", next, at(5))
 	}
-	f.b.schedule("r4", at(2)) // replanned: now the earliest
-	f.b.unschedule("r5")
+	f.b.schedule(roleKey("r4"), at(2)) // replanned: now the earliest
+	f.b.unschedule(roleKey("r5"))
 	if n, p := f.clock.Pending(), f.b.plannedRoles(); n != 1 || p != 4 {
 		t.Fatalf("after a replan and a drop: %d clock timers for %d planned roles, want 1 for 4", n, p)
 	}
 	if next, _ := f.clock.Next(); !next.Equal(at(2)) {
 		t.Fatalf("timer set for %v after the replan, want %v", next, at(2))
 	}
-	if _, ok := f.b.scheduledAt("r5"); ok {
+	if _, ok := f.b.scheduledAt(roleKey("r5")); ok {
 		t.Fatal("r5 is still planned after unschedule")
 	}
 
@@ -87,7 +87,7 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 			t.Fatalf("at +%v: cycles started for %v, want %v", step.to.Sub(base), got, step.want)
 		}
 		for _, n := range step.want {
-			if at, ok := f.b.scheduledAt(n); ok && !at.After(step.to) {
+			if at, ok := f.b.scheduledAt(roleKey(n)); ok && !at.After(step.to) {
 				t.Fatalf("%s still planned at %v after its cycle started", n, at)
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -77,7 +76,7 @@ type reconciler struct {
 	// hintFailures: per key planned from the index, the checks in a row
 	// that could not read its role (checkHint). A key the pass planned
 	// meanwhile keeps its count (one int) until Clean.
-	hintFailures map[string]int
+	hintFailures map[credKey]int
 }
 
 func newReconciler(clk clock.Clock, closed func() bool, backoff func(n int) time.Duration, retry func(), workers int) *reconciler {
@@ -145,11 +144,11 @@ func (r *reconciler) passed() {
 
 // hintFailed counts a failed check of the key's hint and returns how many
 // failed in a row.
-func (r *reconciler) hintFailed(key string) int {
+func (r *reconciler) hintFailed(key credKey) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.hintFailures == nil {
-		r.hintFailures = map[string]int{}
+		r.hintFailures = map[credKey]int{}
 	}
 	r.hintFailures[key]++
 	return r.hintFailures[key]
@@ -157,7 +156,7 @@ func (r *reconciler) hintFailed(key string) int {
 
 // hintDone forgets the key's failed checks: it was read, or is planned
 // otherwise.
-func (r *reconciler) hintDone(key string) {
+func (r *reconciler) hintDone(key credKey) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.hintFailures, key)
@@ -172,16 +171,22 @@ func (r *reconciler) failingHints() int {
 
 // forEach calls f for every name, workers at a time (in order, one at a
 // time, when workers is 1: the seeded simulation replays exactly only then).
-func (r *reconciler) forEach(names []string, f func(name string)) {
-	if r.workers <= 1 || len(names) < 2 {
+func (r *reconciler) forEach(names []string, f func(name string)) { each(r.workers, names, f) }
+
+// forEachKey is forEach for credential keys.
+func (r *reconciler) forEachKey(keys []credKey, f func(key credKey)) { each(r.workers, keys, f) }
+
+// each calls f for every name, workers at a time (see forEach).
+func each[T any](workers int, names []T, f func(name T)) {
+	if workers <= 1 || len(names) < 2 {
 		for _, name := range names {
 			f(name)
 		}
 		return
 	}
-	next := make(chan string)
+	next := make(chan T)
 	var wg sync.WaitGroup
-	for range min(r.workers, len(names)) {
+	for range min(workers, len(names)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -274,7 +279,7 @@ type pass struct {
 	start  time.Time
 	first  bool // no pass had completed without error when it began
 	idx    *passIndex
-	listed map[string]bool // the keys storage listed: roles, entity credentials
+	listed map[credKey]bool // the keys storage listed: roles, entity credentials
 
 	mu          sync.Mutex // guards the rest, for the workers
 	errs        []error
@@ -318,9 +323,9 @@ func (b *backend) passBegin(ctx context.Context) (*pass, []string, error) {
 	if !b.life.setRunning() {
 		return nil, nil, nil
 	}
-	p := &pass{first: b.reconciler.firstPass(), idx: newPassIndex(), listed: make(map[string]bool, len(names))}
+	p := &pass{first: b.reconciler.firstPass(), idx: newPassIndex(), listed: make(map[credKey]bool, len(names))}
 	for _, name := range names {
-		p.listed[name] = true
+		p.listed[roleKey(name)] = true
 	}
 	p.start = b.clock.Now()
 	return p, names, nil
@@ -331,8 +336,8 @@ func (b *backend) passBegin(ctx context.Context) (*pass, []string, error) {
 // at a time. Roles are independent (each under its own store lock).
 func (b *backend) passRoles(ctx context.Context, p *pass, names []string) {
 	b.reconciler.forEach(names, func(name string) {
-		p.found(b.reconcileRole(ctx, name, false, p.start, p.idx))
-		if rs := b.state.peek(name); rs != nil && rs.role != nil && rs.role.entityScoped() {
+		p.found(b.reconcileRole(ctx, roleKey(name), false, p.start, p.idx))
+		if rs := b.state.peek(roleKey(name)); rs != nil && rs.role != nil && rs.role.entityScoped() {
 			p.mu.Lock()
 			p.entityRoles = append(p.entityRoles, name)
 			p.mu.Unlock()
@@ -351,23 +356,24 @@ func (b *backend) passEntities(ctx context.Context, p *pass) {
 			p.fail(err)
 			continue
 		}
-		keys := make([]string, len(ids))
+		keys := make([]credKey, len(ids))
 		for i, id := range ids {
-			keys[i] = entityKey(name, id)
+			keys[i] = credKey{role: name, entity: id}
 			p.listed[keys[i]] = true
 		}
-		b.reconciler.forEach(keys, func(key string) {
+		b.reconciler.forEachKey(keys, func(key credKey) {
 			p.found(b.reconcileRole(ctx, key, false, p.start, p.idx))
 		})
 	}
 }
 
-// passUnlisted reads again every mirrored role the list did not show: it
-// may have been deleted, or created since the list was read.
+// passUnlisted reads again every mirrored role (or entity credential) the
+// lists did not show: it may have been deleted, or created since the list
+// was read.
 func (b *backend) passUnlisted(ctx context.Context, p *pass) {
-	for _, name := range b.state.names() {
-		if !p.listed[name] {
-			p.found(b.reconcileRole(ctx, name, true, p.start, p.idx))
+	for _, key := range b.state.keys() {
+		if !p.listed[key] {
+			p.found(b.reconcileRole(ctx, key, true, p.start, p.idx))
 		}
 	}
 }
@@ -377,7 +383,8 @@ func (b *backend) passUnlisted(ctx context.Context, p *pass) {
 func (b *backend) passRepairIndex(ctx context.Context, idx *passIndex) {
 	since := b.index.Mark()
 	want, keep := b.indexWant(idx)
-	if err := b.index.Repair(ctx, b.storage, since, want, func(key string) bool { return !idx.reached[key] || keep[key] }); err != nil {
+	skip := func(entry string) bool { key := parseCredKey(entry); return !idx.reached[key] || keep[key] }
+	if err := b.index.Repair(ctx, b.storage, since, want, skip); err != nil {
 		// Not an error of the pass: the index is a hint, a shard that
 		// failed stays dirty for the next commit in it or the next pass,
 		// and failing the pass would only re-run every role's checks with
@@ -409,14 +416,14 @@ func (b *backend) passOrphans(ctx context.Context, p *pass) error {
 // passOrphan deletes what prefix+name holds if the pass did not list its
 // role: a cached credential or status, or a folder of entity credentials
 // of a role that is gone or no longer entity-scoped.
-func (b *backend) passOrphan(ctx context.Context, prefix, name string, listed map[string]bool) error {
-	if folder, ok := strings.CutSuffix(name, entitySep); ok {
-		if rs := b.state.peek(folder); !listed[folder] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
+func (b *backend) passOrphan(ctx context.Context, prefix, name string, listed map[credKey]bool) error {
+	if folder, ok := entityFolder(name); ok {
+		if rs := b.state.peek(roleKey(folder)); !listed[roleKey(folder)] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
 			return b.dropOrphanEntities(ctx, folder)
 		}
 		return nil
 	}
-	if !listed[name] {
+	if !listed[roleKey(name)] {
 		return b.dropOrphan(ctx, prefix, name)
 	}
 	return nil
@@ -425,12 +432,12 @@ func (b *backend) passOrphan(ctx context.Context, prefix, name string, listed ma
 // passIndex collects the keys a pass reconciled, for the schedule index.
 type passIndex struct {
 	mu      sync.Mutex
-	reached map[string]bool
+	reached map[credKey]bool
 }
 
-func newPassIndex() *passIndex { return &passIndex{reached: map[string]bool{}} }
+func newPassIndex() *passIndex { return &passIndex{reached: map[credKey]bool{}} }
 
-func (p *passIndex) reach(key string) {
+func (p *passIndex) reach(key credKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.reached[key] = true
@@ -441,8 +448,9 @@ func (p *passIndex) reach(key string) {
 // key's plan and expiry. Keys with a cycle running, or still planned from
 // a hint, keep their entries (keep), as do keys waiting in the plan for a
 // reserved slot; the others, cold or gone, have none.
-func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[string]bool) {
-	want, keep = map[string]schedindex.Item{}, map[string]bool{}
+// want is by the index's entry names: the keys' String form.
+func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[credKey]bool) {
+	want, keep = map[string]schedindex.Item{}, map[credKey]bool{}
 	for key := range idx.reached {
 		// In one look: a role leaves the plan and enters its flight in one step.
 		running, e, planned := b.flightOrPlan(key)
@@ -458,7 +466,7 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, ke
 			if rs := b.state.peek(key); rs != nil {
 				exp = rs.cred.expiry()
 			}
-			want[key] = schedindex.NewItem(at, exp)
+			want[key.String()] = schedindex.NewItem(at, exp)
 		case planned:
 			keep[key] = true
 		}
@@ -470,7 +478,7 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, ke
 // reached it (after a restart or a failover: it fell due while no node
 // refreshed).
 type overdueRole struct {
-	name   string
+	key    credKey
 	expiry time.Time // the cached credential's; zero when none is usable
 }
 
@@ -481,7 +489,7 @@ func sortOverdue(overdue []overdueRole) {
 		if !overdue[i].expiry.Equal(overdue[j].expiry) {
 			return overdue[i].expiry.Before(overdue[j].expiry)
 		}
-		return overdue[i].name < overdue[j].name
+		return overdue[i].key.String() < overdue[j].key.String()
 	})
 }
 
@@ -489,59 +497,59 @@ func sortOverdue(overdue []overdueRole) {
 // reread reads it from storage even when it is mirrored. A warm role with
 // nothing planned or running is scheduled at its plan, unless that plan is
 // due by passStart: such a role is returned instead, for scheduleOverdue.
-func (b *backend) reconcileRole(ctx context.Context, name string, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
+func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // the pass is stopping: no more storage calls
 	}
-	defer b.state.lockRole(name)()
+	defer b.state.lockRole(key)()
 	if reread {
-		b.state.markLocked(name, false)
+		b.state.markLocked(key, false)
 	}
-	rs, err := b.state.currentLocked(ctx, b.storage, name)
+	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
 		return nil, err
 	}
 	if rs == nil {
-		idx.reach(name)
+		idx.reach(key)
 		return nil, nil
 	}
-	if err := b.state.flushLocked(ctx, b.storage, name, rs); err != nil {
+	if err := b.state.flushLocked(ctx, b.storage, key, rs); err != nil {
 		return nil, err
 	}
-	if _, entityID := splitKey(name); entityID != "" {
+	if entityID := key.entity; entityID != "" {
 		// An entity credential nobody read for entity_idle_ttl, or whose
 		// entity Vault deleted or disabled, costs no more STS calls.
 		reason := entityDropReason(rs, b.clock.Now(), func() bool { return b.entityGone(entityID) })
 		if reason != "" {
-			if err := b.state.dropEntityLocked(ctx, b.storage, name); err != nil {
+			if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
 				return nil, err
 			}
 			b.metrics.entityDropped(reason)
-			b.Logger().Info("dropped entity credential", "role", roleOf(name), "entity_id", entityID, "reason", reason)
-			idx.reach(name)
+			b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", entityID, "reason", reason)
+			idx.reach(key)
 			return nil, nil
 		}
 	}
 	exp := rs.cred.expiry()
 	if !rs.warm() {
 		// Cold roles stay cold until someone reads them.
-		idx.reach(name)
+		idx.reach(key)
 		return nil, nil
 	}
-	if b.planChecked(name) {
-		idx.reach(name)
+	if b.planChecked(key) {
+		idx.reach(key)
 		return nil, nil
 	}
-	if b.inHand(name) {
+	if b.inHand(key) {
 		return nil, nil // its commit writes the index
 	}
 	// Not planned, or planned from the index: the role's own plan.
 	at := b.plannedRefresh(rs)
 	if !at.After(passStart) {
-		return &overdueRole{name: name, expiry: exp}, nil
+		return &overdueRole{key: key, expiry: exp}, nil
 	}
-	b.schedule(name, at)
-	idx.reach(name)
+	b.schedule(key, at)
+	idx.reach(key)
 	return nil, nil
 }
 
@@ -561,28 +569,28 @@ func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, pa
 	}
 	var errs []error
 	for _, od := range overdue {
-		if err := b.scheduleOverdueRole(ctx, od.name, passStart, idx); err != nil {
+		if err := b.scheduleOverdueRole(ctx, od.key, passStart, idx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errs
 }
 
-func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStart time.Time, idx *passIndex) error {
-	defer b.state.lockRole(name)()
-	rs, err := b.state.currentLocked(ctx, b.storage, name)
+func (b *backend) scheduleOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
+	defer b.state.lockRole(key)()
+	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
 		return err
 	}
 	if rs == nil || !rs.warm() {
-		idx.reach(name)
+		idx.reach(key)
 		return nil
 	}
-	if b.planChecked(name) {
-		idx.reach(name)
+	if b.planChecked(key) {
+		idx.reach(key)
 		return nil
 	}
-	if b.inHand(name) {
+	if b.inHand(key) {
 		return nil
 	}
 	at := b.plannedRefresh(rs)
@@ -590,8 +598,8 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, name string, passStar
 		at = passStart
 	}
 	// (A plan that moved past passStart: a cycle ran meanwhile.)
-	b.schedule(name, at)
-	idx.reach(name)
+	b.schedule(key, at)
+	idx.reach(key)
 	return nil
 }
 
@@ -611,7 +619,7 @@ func (b *backend) plannedRefresh(rs *roleState) time.Time {
 // dropOrphan deletes a cached credential or status whose role is gone,
 // after checking under the store lock that the role really is.
 func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
-	defer b.state.lockRole(name)()
+	defer b.state.lockRole(roleKey(name))()
 	role, err := getRole(ctx, b.storage, name)
 	if err != nil || role != nil {
 		return err
@@ -626,7 +634,7 @@ func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
 // dropOrphanEntities deletes the entity credentials stored under a role
 // that is gone or not entity-scoped, after checking under the store lock.
 func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
-	defer b.state.lockRole(name)()
+	defer b.state.lockRole(roleKey(name))()
 	role, err := getRole(ctx, b.storage, name)
 	if err != nil || (role != nil && role.entityScoped()) {
 		return err

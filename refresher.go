@@ -40,14 +40,14 @@ type cycleResult struct {
 // that Clean waits for, once prev (when not nil) has ended. The cycle runs
 // on the backend's context, not a request's, so that one reader giving up
 // does not cancel it for the others.
-func (b *backend) launchCycle(name string, f, prev *flight) (context.CancelFunc, bool) {
+func (b *backend) launchCycle(key credKey, f, prev *flight) (context.CancelFunc, bool) {
 	ctx, cancel := context.WithCancel(b.life.bgContext())
 	started := b.life.spawn(func(context.Context) {
 		defer cancel()
 		if prev != nil {
 			<-prev.done
 		}
-		b.flights.land(name, f, b.flightOutcome(ctx, name, f, prev))
+		b.flights.land(key, f, b.flightOutcome(ctx, key, f, prev))
 	})
 	if !started {
 		cancel()
@@ -57,19 +57,19 @@ func (b *backend) launchCycle(name string, f, prev *flight) (context.CancelFunc,
 
 // flightOutcome runs f's cycle, when one is still due, and returns its
 // outcome; prev is the cycle f waited for, if any.
-func (b *backend) flightOutcome(ctx context.Context, name string, f, prev *flight) cycleResult {
-	if at, planned := b.scheduledAt(name); prev != nil && f.background && planned && at.After(b.clock.Now()) {
+func (b *backend) flightOutcome(ctx context.Context, key credKey, f, prev *flight) cycleResult {
+	if at, planned := b.scheduledAt(key); prev != nil && f.background && planned && at.After(b.clock.Now()) {
 		// Started by a timer that fired while prev committed, which
 		// planned the next cycle since: nothing is due now.
 		return prev.res
 	}
-	if f.hint && !b.checkHint(ctx, name, f) {
+	if f.hint && !b.checkHint(ctx, key, f) {
 		// The index's plan was not the role's: it is planned at its own
 		// now (or not at all), and no cycle runs.
 		return cycleResult{}
 	}
 	start := b.clock.Now()
-	res := b.runCycle(ctx, name, f)
+	res := b.runCycle(ctx, key, f)
 	b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
 	return res
 }
@@ -77,15 +77,15 @@ func (b *backend) flightOutcome(ctx context.Context, name string, f, prev *fligh
 var errShuttingDown = &refreshError{Code: "ShuttingDown", Message: "the backend is shutting down"}
 
 // inFlight reports whether a cycle for the role runs on this node.
-func (b *backend) inFlight(name string) bool { return b.flights.running(name) }
+func (b *backend) inFlight(key credKey) bool { return b.flights.running(key) }
 
 // busy reports whether a cycle for the role is planned or running on this
 // node (roleStates' scheduler): its mirrored entry must keep its generation.
-func (b *backend) busy(name string) bool {
-	if _, ok := b.scheduledAt(name); ok {
+func (b *backend) busy(key credKey) bool {
+	if _, ok := b.scheduledAt(key); ok {
 		return true
 	}
-	return b.inFlight(name)
+	return b.inFlight(key)
 }
 
 // inHand reports whether a cycle for the role runs on this node, or waits
@@ -93,18 +93,18 @@ func (b *backend) busy(name string) bool {
 // way its cycle has begun, and the reconciler leaves the role alone. It
 // looks once under the flights' lock, which the plan holds as it fires, so
 // a role that moves from the plan into its flight is never missed.
-func (b *backend) inHand(name string) bool {
-	running, e, _ := b.flightOrPlan(name)
+func (b *backend) inHand(key credKey) bool {
+	running, e, _ := b.flightOrPlan(key)
 	return running || e.Mark&dueplan.Reserved != 0
 }
 
 // flightOrPlan reports, in one look, whether a cycle for the role runs on
 // this node and what the plan holds for it: the plan fires under the
 // flights' lock, so a role is seen in one or the other as it moves.
-func (b *backend) flightOrPlan(name string) (running bool, e dueplan.Entry[string], planned bool) {
-	b.flights.view(func(inFlight map[string]*flight) {
-		running = inFlight[name] != nil
-		e, planned = b.plan.Get(name)
+func (b *backend) flightOrPlan(key credKey) (running bool, e dueplan.Entry[credKey], planned bool) {
+	b.flights.view(func(inFlight map[credKey]*flight) {
+		running = inFlight[key] != nil
+		e, planned = b.plan.Get(key)
 	})
 	return running, e, planned
 }
@@ -113,11 +113,11 @@ func (b *backend) flightOrPlan(name string) (running bool, e dueplan.Entry[strin
 // earlier plan. It does nothing unless the refresher runs on this node (a
 // plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
-func (b *backend) schedule(name string, at time.Time) {
+func (b *backend) schedule(key credKey, at time.Time) {
 	if !b.life.running() {
 		return
 	}
-	b.plan.Set(name, at)
+	b.plan.Set(key, at)
 	b.planChanged()
 }
 
@@ -145,7 +145,7 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 // fires it there: only roles whose slot has come hold a goroutine, however
 // many wait (parked each on a timer of its own, a goroutine and its stack
 // per overdue role: BENCHMARKS.md, "Figures behind the code's constants").
-func (b *backend) fireDue(due []dueplan.Entry[string]) {
+func (b *backend) fireDue(due []dueplan.Entry[credKey]) {
 	b.planChanged()
 	cfg := b.settings.policy()
 	// More roles due at once than sts_rate_limit lets call within one
@@ -197,12 +197,12 @@ func (b *backend) fireDue(due []dueplan.Entry[string]) {
 // its queue horizon; the flights' lock held (fireDue). It takes none (ok false) when no new
 // cycle would start for the role: one runs already, whose slot it would
 // waste, or the role is gone.
-func (b *backend) herdSlot(name string, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
-	if b.flights.runningLocked(name) {
+func (b *backend) herdSlot(key credKey, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
+	if b.flights.runningLocked(key) {
 		return time.Time{}, false
 	}
 	var cred *cacheEntry
-	if rs := b.state.peek(name); rs != nil {
+	if rs := b.state.peek(key); rs != nil {
 		cred = rs.cred
 	} else if !hint {
 		return time.Time{}, false
@@ -211,8 +211,8 @@ func (b *backend) herdSlot(name string, hint bool, now time.Time, cfg refreshCon
 }
 
 // unschedule drops the role's pending refresh.
-func (b *backend) unschedule(name string) {
-	if b.plan.Drop(name) {
+func (b *backend) unschedule(key credKey) {
+	if b.plan.Drop(key) {
 		b.planChanged()
 	}
 }
@@ -225,7 +225,7 @@ func (b *backend) plannedRoles() int { return b.plan.Len() }
 // failover it counts up to the number of warm roles as the reconciler
 // reaches them.
 func (b *backend) rolesInPlan() (n int) {
-	b.flights.view(func(inFlight map[string]*flight) {
+	b.flights.view(func(inFlight map[credKey]*flight) {
 		n = b.plan.Len()
 		for name := range inFlight {
 			if _, ok := b.plan.Get(name); !ok {
@@ -238,14 +238,14 @@ func (b *backend) rolesInPlan() (n int) {
 
 // planChecked reports whether the role has a plan on this node that is its
 // own, not a hint from the schedule index.
-func (b *backend) planChecked(name string) bool {
-	e, ok := b.plan.Get(name)
+func (b *backend) planChecked(key credKey) bool {
+	e, ok := b.plan.Get(key)
 	return ok && e.Mark&dueplan.Hint == 0
 }
 
 // scheduledAt returns when the role's next cycle is due on this node.
-func (b *backend) scheduledAt(name string) (time.Time, bool) {
-	e, ok := b.plan.Get(name)
+func (b *backend) scheduledAt(key credKey) (time.Time, bool) {
+	e, ok := b.plan.Get(key)
 	return e.At, ok
 }
 
@@ -253,7 +253,7 @@ func (b *backend) scheduledAt(name string) (time.Time, bool) {
 // policy as the cycle began, where its blocks are counted from, and what
 // its attempts have found so far.
 type cycleJob struct {
-	name    string
+	key     credKey
 	f       *flight
 	cfg     refreshConfig
 	block   time.Duration
@@ -318,9 +318,9 @@ func (j *cycleJob) moved(i int, end time.Time) {
 // validated credential is written; a failed cycle records its status alone.
 // Either way the outcome is committed, with the next cycle's time, in one
 // place, and returned.
-func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleResult {
+func (b *backend) runCycle(ctx context.Context, key credKey, f *flight) cycleResult {
 	cfg := b.settings.policy()
-	j := &cycleJob{name: name, f: f, cfg: cfg, block: cfg.block(), timeout: callTimeout(cfg.block()), start: b.clock.Now()}
+	j := &cycleJob{key: key, f: f, cfg: cfg, block: cfg.block(), timeout: callTimeout(cfg.block()), start: b.clock.Now()}
 	if !f.slot.IsZero() {
 		j.start = f.slot
 	}
@@ -332,10 +332,10 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		if err := b.sleepUntil(ctx, attemptAt(b.rand, j.start, j.block, i, reserved), j.hurry(i, reserved)); err != nil {
 			return b.cycleStopped()
 		}
-		rs, err := b.state.current(ctx, b.storage, name)
+		rs, err := b.state.current(ctx, b.storage, key)
 		if err != nil {
 			j.failed(&refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err})
-			b.Logger().Warn("refresh attempt failed", "role", name, "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
+			b.Logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
 			continue
 		}
 		if rs == nil || rs.gen != f.gen {
@@ -344,7 +344,7 @@ func (b *backend) runCycle(ctx context.Context, name string, f *flight) cycleRes
 		if res, done := b.cycleAttempt(ctx, j, rs, i, reserved); done {
 			return res
 		}
-		b.Logger().Warn("refresh attempt failed", "role", name, "attempt", j.attempts, "outcome", j.lastErr.Code, "error", j.lastErr.Message)
+		b.Logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", j.lastErr.Message)
 		if !j.lastErr.Retryable {
 			break
 		}
@@ -366,12 +366,12 @@ func (b *backend) cycleStopped() cycleResult {
 // entity_idle_ttl here, at its background refresh, instead of spending
 // another STS call on it, and reports whether it did.
 func (b *backend) droppedIdle(ctx context.Context, j *cycleJob) bool {
-	if _, entityID := splitKey(j.name); entityID == "" || !j.f.background {
+	if !j.key.isEntity() || !j.f.background {
 		return false
 	}
-	dropped, err := b.dropEntity(ctx, j.name, j.start, nil)
+	dropped, err := b.dropEntity(ctx, j.key, j.start, nil)
 	if err != nil {
-		b.Logger().Warn("dropping idle entity credential failed", "role", roleOf(j.name), "error", err)
+		b.Logger().Warn("dropping idle entity credential failed", "role", j.key.role, "error", err)
 	}
 	return dropped
 }
@@ -384,11 +384,11 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 	j.lastAttempt = b.clock.Now()
 	w := j.window(i, reserved, rs.cred)
 
-	sess, serr := b.sessionFor(j.name, rs.role)
+	sess, serr := b.sessionFor(j.key, rs.role)
 	if errors.Is(serr, errEntityGone) && j.f.background {
 		// Nobody can read it any more: drop it rather than refresh.
-		if _, err := b.dropEntity(ctx, j.name, b.clock.Now(), entityIsGone); err != nil {
-			b.Logger().Warn("dropping entity credential failed", "role", roleOf(j.name), "error", err)
+		if _, err := b.dropEntity(ctx, j.key, b.clock.Now(), entityIsGone); err != nil {
+			b.Logger().Warn("dropping entity credential failed", "role", j.key.role, "error", err)
 		}
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
 	}
@@ -396,7 +396,7 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 	if serr != nil {
 		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
 	} else {
-		out = b.attempt(ctx, j.name, sess, rs.role, w)
+		out = b.attempt(ctx, j.key, sess, rs.role, w)
 	}
 	if !out.movedEnd.IsZero() {
 		j.moved(i, out.movedEnd)
@@ -433,12 +433,12 @@ func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleE
 		AttemptsLastCycle: j.attempts,
 	}
 	j.f.ending.Store(true)
-	err := b.state.commitSuccess(ctx, b.storage, successCommit{key: j.name, gen: j.f.gen, cred: cred, status: st, next: next})
+	err := b.state.commitSuccess(ctx, b.storage, successCommit{key: j.key, gen: j.f.gen, cred: cred, status: st, next: next})
 	if errors.Is(err, errShuttingDown) {
 		return b.cycleStopped(), nil
 	}
 	if err == nil {
-		b.Logger().Info("refresh succeeded", "role", j.name, "attempt", j.attempts, "outcome", "ok",
+		b.Logger().Info("refresh succeeded", "role", j.key.String(), "attempt", j.attempts, "outcome", "ok",
 			"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
 		return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}, nil
 	}
@@ -449,7 +449,7 @@ func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleE
 	rerr = classify(err, "")
 	b.metrics.countRejection(rerr)
 	if rerr.Code == "StorageError" {
-		b.Logger().Error("writing cached credential failed", "role", j.name, "error", err)
+		b.Logger().Error("writing cached credential failed", "role", j.key.String(), "error", err)
 	}
 	return cycleResult{}, rerr
 }
@@ -459,7 +459,7 @@ func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleE
 func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResult {
 	j.f.ending.Store(true)
 	now := b.clock.Now()
-	st, cred, next, err := b.state.commitFailure(ctx, b.storage, j.name, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
+	st, cred, next, err := b.state.commitFailure(ctx, b.storage, j.key, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
 		st := &statusEntry{
 			LastAttempt:       j.lastAttempt,
 			AttemptsLastCycle: j.attempts,
@@ -500,7 +500,7 @@ func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResu
 	if !j.upstream {
 		outcome = cycleRateLimited
 	}
-	b.Logger().Warn("refresh cycle failed", "role", j.name, "attempts", j.attempts, "outcome", j.lastErr.Code,
+	b.Logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", j.lastErr.Code,
 		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", j.lastErr.Message)
 	return cycleResult{cred: cred, status: st, next: next, err: j.lastErr, outcome: outcome}
 }
@@ -545,7 +545,7 @@ type attemptResult struct {
 // constraint, not STS, and the roles it holds back take its slots in the
 // order they asked, with no slot left idle. The block moves to start at
 // that slot, and its new end is returned (movedEnd).
-func (b *backend) attempt(ctx context.Context, name string, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
+func (b *backend) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
 	eps, release, err := b.clients.acquire(ctx)
 	if err != nil {
 		return attemptResult{err: classify(err, "")}

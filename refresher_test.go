@@ -122,7 +122,7 @@ func TestRefresh_MaxRetriesFollowsConfig(t *testing.T) {
 		t.Run(fmt.Sprint(st.write), func(t *testing.T) {
 			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/refresh", st.write)
 			f.log.reset()
-			start := f.fireScheduled(testRole)
+			start := f.fireScheduled(roleKey(testRole))
 			var want []time.Time
 			for i := 0; i < st.retries; i++ {
 				want = append(want, start.Add(time.Duration(i)*st.block+st.block-1))
@@ -330,7 +330,7 @@ func TestRefresh_GrowingPauses(t *testing.T) {
 					t.Fatalf("after cycle %d: next_refresh = last_attempt%+v, want last_attempt%+v", k+1, next.Sub(last), tc.part(p))
 				}
 				f.log.reset()
-				started := f.fireScheduled(testRole)
+				started := f.fireScheduled(roleKey(testRole))
 				if !started.Equal(next) {
 					t.Fatalf("cycle %d started at %v, want %v", k+2, started, next)
 				}
@@ -357,8 +357,8 @@ func TestRefresh_PauseLeavesRoomBeforeExpiry(t *testing.T) {
 
 	var sawPlain, sawClamp, sawNow bool
 	for cycle := 1; cycle <= 4; cycle++ {
-		if at, ok := f.b.scheduledAt(testRole); ok {
-			f.fireScheduled(testRole)
+		if at, ok := f.b.scheduledAt(roleKey(testRole)); ok {
+			f.fireScheduled(roleKey(testRole))
 			_ = at
 		} else {
 			// Scheduled at "now": the timer fired as it was set.
@@ -437,7 +437,7 @@ func TestRefresh_StartDelay(t *testing.T) {
 		exp := statusTime(t, st, "expiration")
 		margin = time.Duration(0.33 * float64(exp.Sub(issued)))
 		next = statusTime(t, st, "next_refresh")
-		if at, ok := f.b.scheduledAt(role); !ok || !at.Equal(next) {
+		if at, ok := f.b.scheduledAt(roleKey(role)); !ok || !at.Equal(next) {
 			t.Fatalf("timer at %v (%v), status says %v", at, ok, next)
 		}
 		return next, exp.Add(-margin), margin
@@ -711,7 +711,7 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 	refreshed := func() int {
 		n := 0
 		for name, key := range old {
-			if _, cred, _, _ := b.state.lookup(name); cred != nil && cred.AccessKey != key {
+			if _, cred, _, _ := b.state.lookup(roleKey(name)); cred != nil && cred.AccessKey != key {
 				n++
 			}
 		}

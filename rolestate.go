@@ -14,8 +14,6 @@ import (
 
 	"github.com/hashicorp/vault/sdk/helper/locksutil"
 	"github.com/hashicorp/vault/sdk/logical"
-
-	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // expirationTolerance is how much later than requested a credential may
@@ -47,14 +45,15 @@ type roleStates struct {
 	// mu guards m. Entries are replaced, never changed in place, so a
 	// pointer read under mu may be used after it is released.
 	mu sync.RWMutex
-	m  map[string]*roleState
+	m  map[credKey]*roleState
 	// ents indexes m's entity keys by role (guarded by mu, kept by put and
 	// del), so that a role's entity keys are found without a scan of every
 	// mirrored role: role writes and deletes look them up.
-	ents map[string]map[string]struct{}
+	ents map[string]map[credKey]struct{}
 
-	// loading holds the load in progress (loadLocked), by role, guarded by
-	// mu. Loads run under the role's store lock, so a role has at most one.
+	// loading holds the load in progress (loadLocked), by role name,
+	// guarded by mu. Loads run under the role's store lock, so a role has
+	// at most one.
 	loading map[string]*pendingLoad
 
 	// gens hands out generations; see roleState.gen.
@@ -71,7 +70,7 @@ type roleStates struct {
 
 	// index is the schedule index (schedindex.go), told of every plan a
 	// commit makes and of every key a change drops.
-	index *schedindex.Index
+	index credIndex
 
 	// sched is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
@@ -80,28 +79,28 @@ type roleStates struct {
 }
 
 // put mirrors key; r.mu must be held for writing.
-func (r *roleStates) put(key string, rs *roleState) {
+func (r *roleStates) put(key credKey, rs *roleState) {
 	rs.cred = rs.cred.mirrored()
 	rs.compactStatus()
 	r.m[key] = rs
-	if role, id := splitKey(key); id != "" {
-		set := r.ents[role]
+	if key.isEntity() {
+		set := r.ents[key.role]
 		if set == nil {
-			set = map[string]struct{}{}
-			r.ents[role] = set
+			set = map[credKey]struct{}{}
+			r.ents[key.role] = set
 		}
 		set[key] = struct{}{}
 	}
 }
 
 // del drops key from the mirror; r.mu must be held for writing.
-func (r *roleStates) del(key string) {
+func (r *roleStates) del(key credKey) {
 	delete(r.m, key)
-	if role, id := splitKey(key); id != "" {
-		if set := r.ents[role]; set != nil {
+	if key.isEntity() {
+		if set := r.ents[key.role]; set != nil {
 			delete(set, key)
 			if len(set) == 0 {
-				delete(r.ents, role)
+				delete(r.ents, key.role)
 			}
 		}
 	}
@@ -109,18 +108,18 @@ func (r *roleStates) del(key string) {
 
 // scheduler is the refresher's side of the owner: the backend implements it.
 type scheduler interface {
-	schedule(name string, at time.Time)
-	unschedule(name string)
+	schedule(key credKey, at time.Time)
+	unschedule(key credKey)
 	// busy reports whether a cycle for the key is planned or running on
 	// this node: one that carries, or will carry, the entry's generation.
-	busy(name string) bool
+	busy(key credKey) bool
 }
 
 // pendingLoad is a load between the start of its storage reads and its
 // publish. forget marks it: storage changed after the load may have read
 // it, so what it publishes is marked for reload.
 type pendingLoad struct {
-	key string
+	key credKey
 	// forgotten: an invalidation of the key (or, with definition, of its
 	// role's definition) arrived during the load.
 	forgotten, definition bool
@@ -202,14 +201,14 @@ func (rs *roleState) compactStatus() {
 	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
 }
 
-func newRoleStates(sched scheduler, now func() time.Time, index *schedindex.Index) *roleStates {
-	return &roleStates{m: make(map[string]*roleState), ents: map[string]map[string]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
+func newRoleStates(sched scheduler, now func() time.Time, index credIndex) *roleStates {
+	return &roleStates{m: make(map[credKey]*roleState), ents: map[string]map[credKey]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
 // shares its role's lock, so a role change and an entity commit cannot cross.
-func (r *roleStates) lockFor(key string) *locksutil.LockEntry {
-	return locksutil.LockForKey(r.locks, roleOf(key))
+func (r *roleStates) lockFor(key credKey) *locksutil.LockEntry {
+	return locksutil.LockForKey(r.locks, key.role)
 }
 
 // lockRole takes the store lock of the key's role (lockFor) and returns
@@ -217,7 +216,7 @@ func (r *roleStates) lockFor(key string) *locksutil.LockEntry {
 // under the lock is more than one of the operations below: a role write
 // (load, change, store), the reconciler's checks of a role, a planned
 // cycle's hint check, an entity drop with its count and log.
-func (r *roleStates) lockRole(key string) (unlock func()) {
+func (r *roleStates) lockRole(key credKey) (unlock func()) {
 	lock := r.lockFor(key)
 	lock.Lock()
 	return lock.Unlock
@@ -226,9 +225,9 @@ func (r *roleStates) lockRole(key string) (unlock func()) {
 // lookup returns the mirrored role definition, credential and generation.
 // This is the whole cost of a cached creds read. ok is false when the role
 // is not mirrored or marked for reload.
-func (r *roleStates) lookup(name string) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
+func (r *roleStates) lookup(key credKey) (role *roleEntry, cred *cacheEntry, gen uint64, ok bool) {
 	r.mu.RLock()
-	rs := r.m[name]
+	rs := r.m[key]
 	if rs != nil && !rs.stale {
 		role, cred, gen, ok = rs.role, rs.cred, rs.gen, true
 	}
@@ -237,33 +236,33 @@ func (r *roleStates) lookup(name string) (role *roleEntry, cred *cacheEntry, gen
 }
 
 // peek returns the entry as mirrored, stale or not.
-func (r *roleStates) peek(name string) *roleState {
+func (r *roleStates) peek(key credKey) *roleState {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	return r.m[name]
+	return r.m[key]
 }
 
 // current returns the role's state, reading storage when it is not mirrored
 // or marked for reload. It returns nil, nil when the role does not exist.
-func (r *roleStates) current(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
+func (r *roleStates) current(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
 	r.mu.RLock()
-	rs := r.m[name]
+	rs := r.m[key]
 	r.mu.RUnlock()
 	if rs != nil && !rs.stale {
 		return rs, nil
 	}
-	lock := r.lockFor(name)
+	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
-	return r.currentLocked(ctx, s, name)
+	return r.currentLocked(ctx, s, key)
 }
 
 // currentLocked is current for a caller holding the store lock.
-func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
-	if rs := r.peek(name); rs != nil && !rs.stale {
+func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
+	if rs := r.peek(key); rs != nil && !rs.stale {
 		return rs, nil
 	}
-	return r.loadLocked(ctx, s, name)
+	return r.loadLocked(ctx, s, key)
 }
 
 // loadLocked reads the role, its cached credential and its status from
@@ -272,12 +271,12 @@ func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, name 
 // invalidation of the key that arrives between the first read and the
 // publish leaves the published entry marked for reload: what was read may
 // predate the change.
-func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name string) (*roleState, error) {
-	pl := &pendingLoad{key: name}
+func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
+	pl := &pendingLoad{key: key}
 	r.mu.Lock()
-	r.loading[roleOf(name)] = pl
+	r.loading[key.role] = pl
 	r.mu.Unlock()
-	rs, err := r.readLocked(ctx, s, name, pl)
+	rs, err := r.readLocked(ctx, s, key, pl)
 	if err != nil {
 		r.mu.Lock()
 		r.endLoad(pl)
@@ -289,32 +288,31 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, name str
 // endLoad ends the load's watch for invalidations; r.mu must be held for
 // writing.
 func (r *roleStates) endLoad(pl *pendingLoad) {
-	if role := roleOf(pl.key); r.loading[role] == pl {
-		delete(r.loading, role)
+	if r.loading[pl.key.role] == pl {
+		delete(r.loading, pl.key.role)
 	}
 }
 
 // readLocked is loadLocked's reads and publish, for the load pl.
-func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name string, pl *pendingLoad) (*roleState, error) {
-	roleName, entityID := splitKey(name)
-	role, err := getRole(ctx, s, roleName)
+func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key credKey, pl *pendingLoad) (*roleState, error) {
+	role, err := getRole(ctx, s, key.role)
 	if err != nil {
 		return nil, err
 	}
-	if role == nil || (entityID != "" && !role.entityScoped()) {
+	if role == nil || (key.isEntity() && !role.entityScoped()) {
 		// An entity credential exists only under an entity-scoped role.
 		r.mu.Lock()
 		r.endLoad(pl)
-		r.del(name)
+		r.del(key)
 		r.mu.Unlock()
-		r.sched.unschedule(name)
+		r.sched.unschedule(key)
 		return nil, nil
 	}
-	cred, err := getCacheEntry(ctx, s, name)
+	cred, err := getCacheEntry(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
-	st, err := getStatus(ctx, s, name)
+	st, err := getStatus(ctx, s, key)
 	if err != nil {
 		return nil, err
 	}
@@ -338,8 +336,8 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name str
 		next.stale = true
 		next.defUnsure = pl.definition
 	}
-	old := r.m[name]
-	if entityID != "" {
+	old := r.m[key]
+	if key.isEntity() {
 		// The last read is the later of what this node saw and what the
 		// last commit (on any node) recorded; an entry never recorded is
 		// as good as read now, so that it is not dropped before its use.
@@ -364,7 +362,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, name str
 	} else {
 		next.gen = r.gens.Add(1)
 	}
-	r.put(name, next)
+	r.put(key, next)
 	return next, nil
 }
 
@@ -397,13 +395,13 @@ func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
 }
 
 // markLocked marks the entry for reload and, when bump is set, gives it a
-// new generation so no cycle started before can commit. A name not mirrored
+// new generation so no cycle started before can commit. A key not mirrored
 // gets a placeholder, so that the generation is not lost. It returns the
 // entry's generation.
-func (r *roleStates) markLocked(name string, bump bool) uint64 {
+func (r *roleStates) markLocked(key credKey, bump bool) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rs := r.m[name]
+	rs := r.m[key]
 	next := &roleState{fullStatus: &statusEntry{}, stale: true}
 	if rs != nil {
 		copied := *rs
@@ -414,25 +412,25 @@ func (r *roleStates) markLocked(name string, bump bool) uint64 {
 		next.gen = r.gens.Add(1)
 		next.defUnsure = true
 	}
-	r.put(name, next)
+	r.put(key, next)
 	return next.gen
 }
 
 // markShapeUnsure keeps the fallback from serving the entry: how its
 // credential is served (lease, ttl) may have changed in storage. Unlike a
 // bumped generation, a cycle running for it may still commit.
-func (r *roleStates) markShapeUnsure(name string) {
+func (r *roleStates) markShapeUnsure(key credKey) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rs := r.m[name]; rs != nil && !rs.defUnsure {
+	if rs := r.m[key]; rs != nil && !rs.defUnsure {
 		copied := *rs
 		copied.defUnsure = true
-		r.put(name, &copied)
+		r.put(key, &copied)
 	}
 }
 
 // forget is Invalidate's: storage changed under the key, a role's or an
-// entity credential's. definition says that name is a role whose
+// entity credential's. definition says that key is a role's own, whose
 // definition may have changed (or that was deleted); its entity credentials
 // hang on it too.
 //
@@ -444,24 +442,24 @@ func (r *roleStates) markShapeUnsure(name string) {
 // a cycle carries or will carry (planned or running on this node) is only
 // marked: it is kept, not lost. Dropping loses no generation either way: an
 // entry loaded again gets a new one, which no cycle started before carries.
-func (r *roleStates) forget(name string, definition bool) {
-	var keep map[string]bool // checked, and must be kept
+func (r *roleStates) forget(key credKey, definition bool) {
+	var keep map[credKey]bool // checked, and must be kept
 	if definition && r.sched != nil {
 		// Asked before mu is taken: the refresher takes its locks first.
-		keep = map[string]bool{}
-		for _, k := range append([]string{name}, r.entityKeys(name)...) {
+		keep = map[credKey]bool{}
+		for _, k := range append([]credKey{key}, r.entityKeys(key.role)...) {
 			keep[k] = r.sched.busy(k)
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pl := r.loading[roleOf(name)]; pl != nil && (pl.key == name || definition && roleOf(pl.key) == name) {
+	if pl := r.loading[key.role]; pl != nil && (pl.key == key || definition && pl.key.role == key.role) {
 		pl.forgotten = true
 		pl.definition = pl.definition || definition
 	}
-	keys := []string{name}
+	keys := []credKey{key}
 	if definition {
-		for k := range r.ents[name] {
+		for k := range r.ents[key.role] {
 			keys = append(keys, k)
 		}
 	}
@@ -484,21 +482,21 @@ func (r *roleStates) forget(name string, definition bool) {
 
 // fallback returns the credential mirrored for the role when storage cannot
 // be read: only one known to be issued for the role's current definition.
-func (r *roleStates) fallback(name string) (*roleEntry, *cacheEntry) {
-	rs := r.peek(name)
+func (r *roleStates) fallback(key credKey) (*roleEntry, *cacheEntry) {
+	rs := r.peek(key)
 	if rs == nil || rs.defUnsure || rs.cred == nil {
 		return nil, nil
 	}
 	return rs.role, rs.cred
 }
 
-// names returns the mirrored role names.
-func (r *roleStates) names() []string {
+// keys returns the mirrored keys: roles' own and entity credentials'.
+func (r *roleStates) keys() []credKey {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.m))
-	for name := range r.m {
-		out = append(out, name)
+	out := make([]credKey, 0, len(r.m))
+	for key := range r.m {
+		out = append(out, key)
 	}
 	return out
 }
@@ -522,7 +520,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 			// the credential is not served from memory while storage
 			// cannot be read; it stays good for what STS issues, so the
 			// generation (and a running cycle) stays.
-			for _, k := range append(r.entityKeys(name), name) {
+			for _, k := range append(r.entityKeys(name), roleKey(name)) {
 				r.markLocked(k, false)
 				r.markShapeUnsure(k)
 			}
@@ -532,7 +530,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		// marked for reload is read whole on its next access anyway.
 		ents := r.entityKeys(name)
 		r.mu.Lock()
-		for _, k := range append(ents, name) {
+		for _, k := range append(ents, roleKey(name)) {
 			if rs := r.m[k]; rs != nil && !rs.stale {
 				copied := *rs
 				copied.role = role
@@ -543,7 +541,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return nil
 	}
 	gen, ents := r.markRoleLocked(name)
-	if err := deleteRoleData(ctx, s, name); err != nil {
+	if err := deleteRoleData(ctx, s, roleKey(name)); err != nil {
 		return err
 	}
 	if err := deleteEntityData(ctx, s, name); err != nil {
@@ -553,7 +551,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return err
 	}
 	r.mu.Lock()
-	r.put(name, &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
+	r.put(roleKey(name), &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
 	for _, k := range ents {
 		r.del(k)
 	}
@@ -563,8 +561,8 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 }
 
 // dropFromIndex removes the role's keys from the schedule index.
-func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name string, ents []string) {
-	r.index.Drop(ctx, s, name)
+func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name string, ents []credKey) {
+	r.index.Drop(ctx, s, roleKey(name))
 	for _, k := range ents {
 		r.index.Drop(ctx, s, k)
 	}
@@ -574,9 +572,9 @@ func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name 
 // for reload with a new generation, and drops their plans, before a change
 // deletes them: no cycle started before can commit. It returns the entity
 // keys and the role's new generation.
-func (r *roleStates) markRoleLocked(name string) (uint64, []string) {
-	gen := r.markLocked(name, true)
-	r.sched.unschedule(name)
+func (r *roleStates) markRoleLocked(name string) (uint64, []credKey) {
+	gen := r.markLocked(roleKey(name), true)
+	r.sched.unschedule(roleKey(name))
 	ents := r.entityKeys(name)
 	for _, k := range ents {
 		r.markLocked(k, true)
@@ -587,7 +585,7 @@ func (r *roleStates) markRoleLocked(name string) (uint64, []string) {
 
 // deleteRole deletes the role (deleteRoleLocked) under its store lock.
 func (r *roleStates) deleteRole(ctx context.Context, s logical.Storage, name string) error {
-	lock := r.lockFor(name)
+	lock := r.lockFor(roleKey(name))
 	lock.Lock()
 	defer lock.Unlock()
 	return r.deleteRoleLocked(ctx, s, name)
@@ -599,7 +597,7 @@ func (r *roleStates) deleteRole(ctx context.Context, s logical.Storage, name str
 // too).
 func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, name string) error {
 	_, ents := r.markRoleLocked(name)
-	if err := deleteRoleData(ctx, s, name); err != nil {
+	if err := deleteRoleData(ctx, s, roleKey(name)); err != nil {
 		return err
 	}
 	if err := deleteEntityData(ctx, s, name); err != nil {
@@ -609,7 +607,7 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 		return err
 	}
 	r.mu.Lock()
-	r.del(name)
+	r.del(roleKey(name))
 	for _, k := range ents {
 		r.del(k)
 	}
@@ -623,7 +621,7 @@ func (r *roleStates) deleteRoleLocked(ctx context.Context, s logical.Storage, na
 // generation gen, the status that records it, and when the key's next
 // cycle is due.
 type successCommit struct {
-	key    string
+	key    credKey
 	gen    uint64
 	cred   *cacheEntry
 	status *statusEntry
@@ -634,7 +632,7 @@ type successCommit struct {
 // read, before a cold read fetches the entity's first credential
 // (admitLocked, in entity.go), under the role's store lock. It returns nil,
 // nil when the role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, now time.Time) (*roleState, error) {
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time) (*roleState, error) {
 	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
@@ -648,15 +646,15 @@ func (r *roleStates) admit(ctx context.Context, s logical.Storage, key string, n
 // A failed cache write changes nothing and fails the attempt; a failed
 // status write leaves the status dirty for the reconciler.
 func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c successCommit) error {
-	name, gen, cred, st, next := c.key, c.gen, c.cred, c.status, c.next
-	lock := r.lockFor(name)
+	key, gen, cred, st, next := c.key, c.gen, c.cred, c.status, c.next
+	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
 	if ctx.Err() != nil {
 		// Clean is running: storage may be going away.
 		return errShuttingDown
 	}
-	rs, err := r.currentLocked(ctx, s, name)
+	rs, err := r.currentLocked(ctx, s, key)
 	if err != nil {
 		return &refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err}
 	}
@@ -671,19 +669,19 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()
-	if err := putCacheEntry(ctx, s, name, &stored); err != nil {
+	if err := putCacheEntry(ctx, s, key, &stored); err != nil {
 		// The write may have been applied: until storage is read again,
 		// nobody knows which credential it holds, and the next one must be
 		// compared with that one.
-		r.markLocked(name, false)
+		r.markLocked(key, false)
 		return &refreshError{Code: "StorageError", Message: "writing the cached credential failed", Retryable: true, cause: err}
 	}
-	dirty := putStatus(ctx, s, name, st) != nil
+	dirty := putStatus(ctx, s, key, st) != nil
 	r.mu.Lock()
-	r.put(name, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
+	r.put(key, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
-	r.sched.schedule(name, next)
-	r.index.Set(ctx, s, name, next, stored.Expiration)
+	r.sched.schedule(key, next)
+	r.index.Set(ctx, s, key, next, stored.Expiration)
 	return nil
 }
 
@@ -691,15 +689,15 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 // the next cycle's time from the role's current status and credential. The
 // status is written (or left dirty for the reconciler) and the next cycle
 // scheduled, under the store lock and only while gen is current.
-func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name string, gen uint64,
+func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key credKey, gen uint64,
 	build func(prev *statusEntry, cred *cacheEntry) (*statusEntry, time.Time)) (*statusEntry, *cacheEntry, time.Time, error) {
-	lock := r.lockFor(name)
+	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
 	if ctx.Err() != nil {
 		return nil, nil, time.Time{}, errShuttingDown
 	}
-	rs := r.peek(name)
+	rs := r.peek(key)
 	if rs == nil || rs.gen != gen {
 		return nil, nil, time.Time{}, errRoleChanged
 	}
@@ -708,37 +706,37 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, name 
 	if rs.use != nil {
 		st.LastRead = rs.use.last()
 	}
-	dirty := putStatus(ctx, s, name, st) != nil
+	dirty := putStatus(ctx, s, key, st) != nil
 	r.mu.Lock()
 	copied := *rs
 	copied.fullStatus, copied.statusDirty, copied.known = st, dirty, true
-	r.put(name, &copied)
+	r.put(key, &copied)
 	r.mu.Unlock()
-	r.sched.schedule(name, next)
-	r.index.Set(ctx, s, name, next, rs.cred.expiry())
+	r.sched.schedule(key, next)
+	r.index.Set(ctx, s, key, next, rs.cred.expiry())
 	return st, rs.cred, next, nil
 }
 
 // flushLocked writes what the entry owes storage: a dirty status, and the
 // removal of a cached credential that must not be served.
-func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, name string, rs *roleState) error {
+func (r *roleStates) flushLocked(ctx context.Context, s logical.Storage, key credKey, rs *roleState) error {
 	if rs.badCache {
-		if err := deleteCacheEntry(ctx, s, name); err != nil {
+		if err := deleteCacheEntry(ctx, s, key); err != nil {
 			return err
 		}
 	}
 	if rs.statusDirty {
 		st := rs.status()
-		if err := putStatus(ctx, s, name, &st); err != nil {
-			return fmt.Errorf("writing status of role %q: %w", name, err)
+		if err := putStatus(ctx, s, key, &st); err != nil {
+			return fmt.Errorf("writing status of role %q: %w", key, err)
 		}
 	}
 	if rs.badCache || rs.statusDirty {
 		r.mu.Lock()
-		if cur := r.m[name]; cur == rs {
+		if cur := r.m[key]; cur == rs {
 			copied := *rs
 			copied.badCache, copied.statusDirty = false, false
-			r.put(name, &copied)
+			r.put(key, &copied)
 		}
 		r.mu.Unlock()
 	}

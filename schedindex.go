@@ -4,7 +4,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/hashicorp/vault/sdk/logical"
+
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
 )
 
 // The schedule index (internal/schedindex) lets a node that becomes active
@@ -23,6 +26,24 @@ import (
 // index entry that a failed write left behind, or never wrote, costs at most
 // a wasted wake-up or a role planned by the pass instead of by the index.
 
+// credIndex is the schedule index as the owners call it, by credKey. The
+// index names its entries by strings, the key's String form (as storage
+// does): Set and Drop format it here, and the start (planFromIndex) and the
+// pass's repair (reconcile.go) read and write entries by it.
+type credIndex struct{ *schedindex.Index }
+
+func newCredIndex() credIndex { return credIndex{schedindex.New()} }
+
+// Set records the key's next refresh and credential expiry.
+func (x credIndex) Set(ctx context.Context, s logical.Storage, key credKey, next, exp time.Time) {
+	x.Index.Set(ctx, s, key.String(), next, exp)
+}
+
+// Drop removes the key's entry.
+func (x credIndex) Drop(ctx context.Context, s logical.Storage, key credKey) {
+	x.Index.Drop(ctx, s, key.String())
+}
+
 // planFromIndex plans every role and entity credential the index names, as
 // hints, when this node starts refreshing: those not yet due at their
 // plan, and those already due (they fell due while no node refreshed) all
@@ -40,7 +61,8 @@ func (b *backend) planFromIndex(now time.Time) int {
 	// Add, not Put: a key planned since the start (a read's cycle) keeps
 	// its own plan.
 	n := 0
-	for key, it := range items {
+	for entry, it := range items {
+		key := parseCredKey(entry)
 		if it.Next().IsZero() {
 			continue
 		}
@@ -51,12 +73,12 @@ func (b *backend) planFromIndex(now time.Time) int {
 			continue
 		}
 		if _, ok := b.plan.Get(key); !ok {
-			overdue = append(overdue, overdueRole{name: key, expiry: it.Exp()})
+			overdue = append(overdue, overdueRole{key: key, expiry: it.Exp()})
 		}
 	}
 	sortOverdue(overdue)
 	for _, od := range overdue {
-		if b.plan.Add(od.name, now, dueplan.Hint) {
+		if b.plan.Add(od.key, now, dueplan.Hint) {
 			n++
 		}
 	}
@@ -68,7 +90,7 @@ func (b *backend) planFromIndex(now time.Time) int {
 // is due. When it is not, the key is planned at its real plan (or, when it
 // is gone or cold, left unplanned and dropped from the index). When storage
 // cannot say, the hint is planned again a retry block later.
-func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
+func (b *backend) checkHint(ctx context.Context, key credKey, f *flight) bool {
 	defer b.state.lockRole(key)()
 	rs, err := b.state.currentLocked(ctx, b.storage, key)
 	if err != nil {
@@ -79,7 +101,7 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 		// outage does not make every hint read storage every few seconds.
 		if ctx.Err() == nil {
 			n := b.reconciler.hintFailed(key)
-			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key, "failures", n, "error", err)
+			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key.String(), "failures", n, "error", err)
 			f.ending.Store(true)
 			b.replanHint(key, b.clock.Now().Add(b.backoff(b.settings.policy().block(), n, maxStartBackoff)))
 		}
@@ -107,7 +129,7 @@ func (b *backend) checkHint(ctx context.Context, key string, f *flight) bool {
 
 // replanHint plans the key's hint again at at, unless something planned the
 // key since (a read's cycle, the pass): that plan is the role's own.
-func (b *backend) replanHint(key string, at time.Time) {
+func (b *backend) replanHint(key credKey, at time.Time) {
 	if !b.life.running() || !b.plan.Add(key, at, dueplan.Hint) {
 		b.reconciler.hintDone(key)
 		return

@@ -59,7 +59,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 		name := fmt.Sprintf("r%02d", i)
 		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
 		f.mustReadCreds(name)
-		at, _ := f.b.scheduledAt(name)
+		at, _ := f.b.scheduledAt(roleKey(name))
 		plans[name] = at
 	}
 	idx := storedIndex(t, f.s)
@@ -76,7 +76,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 	b2 := startBackendOn(t, f, &gateStorage{Storage: g, gate: g.open, listing: make(chan struct{})})
 	waitFor(t, "every role to be planned", func() bool { return b2.rolesInPlan() == n })
 	for name, at := range plans {
-		if got, _ := b2.scheduledAt(name); !got.Equal(at) {
+		if got, _ := b2.scheduledAt(roleKey(name)); !got.Equal(at) {
 			t.Errorf("%s planned at %v, want %v", name, got, at)
 		}
 	}
@@ -91,7 +91,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name := range plans {
-		if !b2.planChecked(name) {
+		if !b2.planChecked(roleKey(name)) {
 			t.Errorf("%s's plan is still a hint after the first pass", name)
 		}
 	}
@@ -104,7 +104,7 @@ func startBackendOn(t *testing.T, f *fixture, s logical.Storage) *backend {
 	return startBackendOnWith(t, f, s, nil)
 }
 
-func startBackendOnWith(t *testing.T, f *fixture, s logical.Storage, onFlight func(string, *flight)) *backend {
+func startBackendOnWith(t *testing.T, f *fixture, s logical.Storage, onFlight func(credKey, *flight)) *backend {
 	t.Helper()
 	config := logical.TestBackendConfig()
 	config.StorageView = s
@@ -142,7 +142,7 @@ func putIndex(t *testing.T, s logical.Storage, key string, next, exp time.Time) 
 func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
-	plan, _ := f.b.scheduledAt(testRole)
+	plan, _ := f.b.scheduledAt(roleKey(testRole))
 	exp := cached(t, f.s, testRole).Expiration
 	f.b.Cleanup(context.Background())
 	early := f.clock.Now().Add(time.Minute)
@@ -153,16 +153,16 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	hold := &gateStorage{Storage: f.s, gate: make(chan struct{}), listing: make(chan struct{})} // reads pass; the role list waits
 	b2 := startBackendOn(t, f, hold)
 	<-hold.listing
-	if at, ok := b2.scheduledAt(testRole); !ok || !at.Equal(early) {
+	if at, ok := b2.scheduledAt(roleKey(testRole)); !ok || !at.Equal(early) {
 		t.Fatalf("planned at %v (%v), want the index's %v", at, ok, early)
 	}
 	calls := len(f.log.all())
 	f.clock.AdvanceTo(early)
-	waitFor(t, "the hint to be checked", func() bool { return b2.planChecked(testRole) })
-	if at, _ := b2.scheduledAt(testRole); !at.Equal(plan) {
+	waitFor(t, "the hint to be checked", func() bool { return b2.planChecked(roleKey(testRole)) })
+	if at, _ := b2.scheduledAt(roleKey(testRole)); !at.Equal(plan) {
 		t.Errorf("after the hint: planned at %v, want the role's own %v", at, plan)
 	}
-	waitFor(t, "the gone role's hint to end", func() bool { _, ok := b2.scheduledAt("gone"); return !ok && !b2.inFlight("gone") })
+	waitFor(t, "the gone role's hint to end", func() bool { _, ok := b2.scheduledAt(roleKey("gone")); return !ok && !b2.inFlight(roleKey("gone")) })
 	if n := len(f.log.all()); n != calls {
 		t.Errorf("%d STS calls for stale hints, want 0", n-calls)
 	}
@@ -194,7 +194,7 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 	f.s = fs
 	fs.failNext("put", schedindex.Prefix, 1, false)
 	f.mustReadCreds(testRole)
-	plan, ok := b.scheduledAt(testRole)
+	plan, ok := b.scheduledAt(roleKey(testRole))
 	if !ok {
 		t.Fatal("the role is not planned after its index write failed")
 	}
@@ -230,10 +230,10 @@ func TestScheduleIndex_OverdueFromIndexSoonestExpiryFirst(t *testing.T) {
 	)
 	hold := &gateStorage{Storage: f.s, gate: make(chan struct{}), listing: make(chan struct{})}
 	t.Cleanup(func() { close(hold.gate) })
-	b2 := startBackendOnWith(t, f, hold, func(name string, _ *flight) {
+	b2 := startBackendOnWith(t, f, hold, func(key credKey, _ *flight) {
 		mu.Lock()
 		defer mu.Unlock()
-		starts = append(starts, name)
+		starts = append(starts, key.String())
 	})
 	waitFor(t, "four cycles to start", func() bool {
 		mu.Lock()
@@ -264,14 +264,14 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	ctx := context.Background()
 	idx := newPassIndex()
-	if _, err := f.b.reconcileRole(ctx, testRole, false, f.clock.Now(), idx); err != nil {
+	if _, err := f.b.reconcileRole(ctx, roleKey(testRole), false, f.clock.Now(), idx); err != nil {
 		t.Fatal(err)
 	}
 	since := f.b.index.Mark()
 	want, keep := f.b.indexWant(idx) // the role is cold: no entry wanted
 	f.mustReadCreds(testRole)        // its first cycle commits meanwhile
-	plan, _ := f.b.scheduledAt(testRole)
-	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[k] || keep[k] }); err != nil {
+	plan, _ := f.b.scheduledAt(roleKey(testRole))
+	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[parseCredKey(k)] || keep[parseCredKey(k)] }); err != nil {
 		t.Fatal(err)
 	}
 	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
@@ -332,24 +332,24 @@ func TestScheduleIndex_ManyEntityCredentialsFitRaft(t *testing.T) {
 	})
 	f.mustReadAs(entityRole, aliceID)
 	ctx := context.Background()
-	alice := entityKey(entityRole, aliceID)
-	cacheE, err := mem.Get(ctx, cachePrefix+alice)
+	alice := entityCred(entityRole, aliceID)
+	cacheE, err := mem.Get(ctx, cachePrefix+alice.String())
 	if err != nil || cacheE == nil {
 		t.Fatalf("alice's cached credential: %v", err)
 	}
-	statusE, err := mem.Get(ctx, statusPrefix+alice)
+	statusE, err := mem.Get(ctx, statusPrefix+alice.String())
 	if err != nil || statusE == nil {
 		t.Fatalf("alice's status: %v", err)
 	}
 	// n more entities with a credential each, as if each had read it (the
 	// storage entries are copies of alice's: the pass plans each alike).
-	want := map[string]bool{alice: true}
+	want := map[credKey]bool{alice: true}
 	for i := range n {
 		id := fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
 		ents.set(id, fmt.Sprintf("entity-%d", i), nil)
-		key := entityKey(entityRole, id)
+		key := entityCred(entityRole, id)
 		want[key] = true
-		for _, e := range []*logical.StorageEntry{{Key: cachePrefix + key, Value: cacheE.Value}, {Key: statusPrefix + key, Value: statusE.Value}} {
+		for _, e := range []*logical.StorageEntry{{Key: cachePrefix + key.String(), Value: cacheE.Value}, {Key: statusPrefix + key.String(), Value: statusE.Value}} {
 			if err := mem.Put(ctx, e); err != nil {
 				t.Fatal(err)
 			}
@@ -365,14 +365,14 @@ func TestScheduleIndex_ManyEntityCredentialsFitRaft(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s is not planned after the pass", key)
 		}
-		if it, ok := idx[key]; !ok || !it.Next().Equal(at) {
+		if it, ok := idx[key.String()]; !ok || !it.Next().Equal(at) {
 			t.Fatalf("index entry of %s = %v (present %v), want its plan %v", key, it.Next(), ok, at)
 		}
 	}
 	shards := 0
 	for shard, keys := range storedShards(t, mem) {
 		for _, k := range keys {
-			if roleOf(k) == entityRole {
+			if parseCredKey(k).role == entityRole {
 				shards++
 				break
 			}
@@ -409,7 +409,7 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
-	plan, _ := f.b.scheduledAt(testRole)
+	plan, _ := f.b.scheduledAt(roleKey(testRole))
 	f.b.Cleanup(ctx)
 	putIndex(t, f.s, testRole, time.Time{}, time.Time{}) // the pass has an entry to write
 
@@ -467,12 +467,12 @@ func startOverdueHint(t *testing.T, failing int) (*fixture, *backend, *faultStor
 func TestScheduleIndex_HintCheckStorageErrorStaysPlanned(t *testing.T) {
 	f, b2, fs, issued := startOverdueHint(t, 1)
 	waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == 1 })
-	waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
-	at, ok := b2.scheduledAt(testRole)
+	waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(roleKey(testRole)) })
+	at, ok := b2.scheduledAt(roleKey(testRole))
 	if !ok {
 		t.Fatal("after a failed check of its hint the overdue role is neither planned nor in flight")
 	}
-	if b2.planChecked(testRole) {
+	if b2.planChecked(roleKey(testRole)) {
 		t.Error("the plan is taken as checked; it should be checked again")
 	}
 	block := b2.settings.policy().block()
@@ -491,8 +491,8 @@ func TestScheduleIndex_HintCheckBacksOff(t *testing.T) {
 	var gaps []time.Duration
 	for failed := 1; failed <= 2; failed++ {
 		waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == failed })
-		waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(testRole) })
-		at, ok := b2.scheduledAt(testRole)
+		waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(roleKey(testRole)) })
+		at, ok := b2.scheduledAt(roleKey(testRole))
 		if !ok {
 			t.Fatalf("after %d failed checks the role is not planned", failed)
 		}

@@ -117,7 +117,7 @@ func TestSelfHeal_StartFailure(t *testing.T) {
 			// plans the roles (TestScheduleIndex_* cover the index).
 			fs.failNext("list", schedindex.Prefix, 1, false)
 			g, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMax, storage: fs, wrapSTS: f.log.wrap})
-			if _, ok := g.scheduledAt(testRole); ok {
+			if _, ok := g.scheduledAt(roleKey(testRole)); ok {
 				t.Fatal("scheduled although the start failed")
 			}
 			st := mustDo(t, g, fs, logical.ReadOperation, "status/"+testRole, nil).Data
@@ -131,8 +131,8 @@ func TestSelfHeal_StartFailure(t *testing.T) {
 				// The first retry comes within a second.
 				f.clock.Advance(time.Second)
 			}
-			waitFor(t, "the role to be scheduled", func() bool { _, ok := g.scheduledAt(testRole); return ok })
-			at, _ := g.scheduledAt(testRole)
+			waitFor(t, "the role to be scheduled", func() bool { _, ok := g.scheduledAt(roleKey(testRole)); return ok })
+			at, _ := g.scheduledAt(roleKey(testRole))
 			if !at.Equal(planned) {
 				t.Fatalf("scheduled at %v, want the plan the status recorded, %v", at, planned)
 			}
@@ -159,7 +159,7 @@ func TestSelfHeal_NonRetryableWaitsItsPause(t *testing.T) {
 		if cycle > 50 {
 			t.Fatal("more than 50 cycles before expiry")
 		}
-		f.fireScheduled(testRole)
+		f.fireScheduled(roleKey(testRole))
 		st := f.status(testRole)
 		last := statusTime(t, st, "last_attempt")
 		next := statusTime(t, st, "next_refresh")
@@ -408,7 +408,7 @@ func TestSelfHeal_OneCycleAtATime(t *testing.T) {
 	waitFor(t, "the second read to wait", func() bool {
 		f.b.flights.mu.Lock()
 		defer f.b.flights.mu.Unlock()
-		fl := f.b.flights.m[testRole]
+		fl := f.b.flights.m[roleKey(testRole)]
 		return fl != nil && fl.waiters.Load() == 1 && len(f.log.all()) == 1
 	})
 	close(release)
@@ -460,8 +460,8 @@ func TestSelfHeal_NoTimerForDeletedRole(t *testing.T) {
 				t.Fatal(err)
 			}
 			<-read
-			waitFor(t, "the cycle to end", func() bool { return !f.b.inFlight(testRole) })
-			if at, ok := f.b.scheduledAt(testRole); ok {
+			waitFor(t, "the cycle to end", func() bool { return !f.b.inFlight(roleKey(testRole)) })
+			if at, ok := f.b.scheduledAt(roleKey(testRole)); ok {
 				t.Fatalf("refresh scheduled at %v for a deleted role", at)
 			}
 		})
@@ -526,7 +526,7 @@ func TestSelfHeal_ReaderJoinsCommittingCycle(t *testing.T) {
 	waitFor(t, "the second reader to join the committing cycle", func() bool {
 		f.b.flights.mu.Lock()
 		defer f.b.flights.mu.Unlock()
-		fl := f.b.flights.m[testRole]
+		fl := f.b.flights.m[roleKey(testRole)]
 		return fl != nil && fl.waiters.Load() == 2
 	})
 	unblock()
@@ -589,7 +589,7 @@ func TestSelfHeal_StandbyStatusFollowsActive(t *testing.T) {
 	active.refresh(testRole)
 	sb.InvalidateKey(context.Background(), statusPrefix+testRole)
 
-	stored, err := getStatus(context.Background(), fs, testRole)
+	stored, err := getStatus(context.Background(), fs, roleKey(testRole))
 	if err != nil || stored == nil {
 		t.Fatal(err)
 	}
@@ -606,7 +606,7 @@ func TestSelfHeal_StandbyStatusFollowsActive(t *testing.T) {
 func TestSelfHeal_LateColdReaderGetsTheStoredCredential(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	first := f.mustReadCreds(testRole)
-	fl := f.b.flights.cold(testRole, f.clock.Now)
+	fl := f.b.flights.cold(roleKey(testRole), f.clock.Now)
 	if !isClosed(fl.done) || fl.res.cred == nil || fl.res.cred.AccessKey != first.Data["access_key"] {
 		t.Fatalf("late cold reader got flight %+v, want the stored credential at once", fl.res)
 	}
@@ -661,7 +661,7 @@ func goroutineBlockedIn(fn string) bool {
 func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
-	at, _ := f.b.scheduledAt(testRole)
+	at, _ := f.b.scheduledAt(roleKey(testRole))
 	f.log.reset()
 	f.drainFlights()
 
@@ -669,12 +669,12 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	f.b.flights.mu.Lock()
 	f.clock.AdvanceTo(at)
 	waitFor(t, "the timer callback to block on the flights' lock", func() bool { return goroutineBlockedIn("internal/dueplan.(*Plan[") })
-	if _, ok := f.b.scheduledAt(testRole); !ok {
+	if _, ok := f.b.scheduledAt(roleKey(testRole)); !ok {
 		f.b.flights.mu.Unlock()
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
 	}
 	// A reconciler pass now sees the role scheduled and leaves it alone.
-	if od, err := f.b.reconcileRole(context.Background(), testRole, false, f.clock.Now(), newPassIndex()); err != nil || od != nil {
+	if od, err := f.b.reconcileRole(context.Background(), roleKey(testRole), false, f.clock.Now(), newPassIndex()); err != nil || od != nil {
 		f.b.flights.mu.Unlock()
 		t.Fatalf("reconcileRole: overdue %v, error %v; want neither", od, err)
 	}

@@ -166,7 +166,7 @@ func (n *nodeStorage) disarm() (ran bool) {
 func keyOfRole(key, role string) bool {
 	for _, p := range []string{rolePrefix, cachePrefix, statusPrefix} {
 		if rest, ok := strings.CutPrefix(key, p); ok {
-			return roleOf(rest) == role
+			return parseCredKey(rest).role == role
 		}
 	}
 	return false
@@ -228,7 +228,7 @@ func (s *sim) midLoadChange() {
 	// A replicated refresh marked the entry for reload.
 	key := name
 	if entityID != "" {
-		key = entityKey(name, entityID)
+		key = entityCred(name, entityID).String()
 	}
 	s.standby.InvalidateKey(context.Background(), cachePrefix+key)
 	s.readStandbyCreds(name, entityID)
@@ -393,10 +393,10 @@ func (s *sim) seedEntities(n int) {
 		s.ents.set(id, ename, nil)
 		s.entityOf[ename] = id
 		akid := fmt.Sprintf("ASIABULK%012d", i)
-		key := entityKey("r0", id)
-		put(cachePrefix+key, &cacheEntry{AccessKey: akid, SecretKey: "bulk", SessionToken: "YnVsaw==",
+		key := entityCred("r0", id)
+		put(cachePrefix+key.String(), &cacheEntry{AccessKey: akid, SecretKey: "bulk", SessionToken: "YnVsaw==",
 			Expiration: now.Add(time.Hour), IssuedAt: now, RoleHash: role.hash()})
-		put(statusPrefix+key, &statusEntry{NextRefresh: now.Add(40 * time.Hour), LastAttempt: now, LastSuccess: now, AttemptsLastCycle: 1, LastRead: now})
+		put(statusPrefix+key.String(), &statusEntry{NextRefresh: now.Add(40 * time.Hour), LastAttempt: now, LastSuccess: now, AttemptsLastCycle: 1, LastRead: now})
 		s.stored.keys[akid] = true
 		s.sts.issued[akid] = role.RoleARN
 		s.sts.sources[akid] = ename
@@ -474,7 +474,7 @@ func (s *sim) newActive() (*backend, *nodeStorage) {
 	var b *backend
 	b, err := newBackendWith(context.Background(), config, backendOptions{
 		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrapFor(),
-		onFlight:    func(name string, f *flight) { s.onFlight(b, name, f) },
+		onFlight:    func(key credKey, f *flight) { s.onFlight(b, key.String(), f) },
 		passWorkers: 1, // the seed replays only with one role at a time
 	})
 	if err != nil {
@@ -558,7 +558,7 @@ func (s *sim) snapshot() string {
 	walk("")
 	for node, b := range map[string]*backend{"active": s.b, "standby": s.standby} {
 		out = append(out, fmt.Sprintf("%s config %+v", node, b.settings.policy()))
-		for _, k := range b.state.names() {
+		for _, k := range b.state.keys() {
 			rs := b.state.peek(k)
 			if rs == nil {
 				continue

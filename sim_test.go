@@ -532,8 +532,8 @@ func (s *sim) readStandbyStatus(name string) {
 		return
 	}
 	ctx := context.Background()
-	st, _ := getStatus(ctx, s.mem, name)
-	c, _ := getCacheEntry(ctx, s.mem, name)
+	st, _ := getStatus(ctx, s.mem, roleKey(name))
+	c, _ := getCacheEntry(ctx, s.mem, roleKey(name))
 	if st == nil {
 		st = &statusEntry{}
 	}
@@ -887,13 +887,13 @@ func (s *sim) checkEntityIndex(b *backend) {
 	r := b.state
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	scan := map[string]map[string]struct{}{}
+	scan := map[string]map[credKey]struct{}{}
 	for k := range r.m {
-		if role, id := splitKey(k); id != "" {
-			if scan[role] == nil {
-				scan[role] = map[string]struct{}{}
+		if k.isEntity() {
+			if scan[k.role] == nil {
+				scan[k.role] = map[credKey]struct{}{}
 			}
-			scan[role][k] = struct{}{}
+			scan[k.role][k] = struct{}{}
 		}
 	}
 	s.fig.checks++
@@ -920,8 +920,8 @@ func (s *sim) check() {
 	// Stored credentials: only for an existing role, issued for its
 	// current definition, and never going back in time.
 	for _, name := range simRoleNames {
-		c, _ := getCacheEntry(ctx, s.mem, name)
-		st, _ := getStatus(ctx, s.mem, name)
+		c, _ := getCacheEntry(ctx, s.mem, roleKey(name))
+		st, _ := getStatus(ctx, s.mem, roleKey(name))
 		role := roles[name]
 		s.fig.checks += 3
 		if role == nil {
@@ -962,9 +962,9 @@ func (s *sim) check() {
 			s.failf("role %s is deleted or not entity-scoped, but storage keeps entity entries %v", name, ids)
 		}
 		for _, id := range ids {
-			key := entityKey(name, id)
+			key := entityCred(name, id).String()
 			entityKeys[key] = true
-			c, _ := getCacheEntry(ctx, s.mem, key)
+			c, _ := getCacheEntry(ctx, s.mem, parseCredKey(key))
 			if c == nil {
 				delete(s.maxExp, key)
 				continue
@@ -992,7 +992,7 @@ func (s *sim) check() {
 
 	// Status agrees with the schedule on this node.
 	for name, role := range roles {
-		if s.b.inFlight(name) || role.entityScoped() {
+		if s.b.inFlight(roleKey(name)) || role.entityScoped() {
 			continue // an entity-scoped role's own entry is never planned
 		}
 		resp, err := s.do(logical.ReadOperation, "status/"+name, nil)
@@ -1000,7 +1000,7 @@ func (s *sim) check() {
 			continue // storage may fail the load; that is not a lie
 		}
 		s.fig.checks++
-		at, scheduled := s.b.scheduledAt(name)
+		at, scheduled := s.b.scheduledAt(roleKey(name))
 		next := resp.Data["next_refresh"].(string)
 		if scheduled && next != formatTime(at) || !scheduled && next != "" {
 			s.failf("status/%s next_refresh %q, but scheduled %v at %v", name, next, scheduled, at)
@@ -1024,9 +1024,9 @@ func (s *sim) check() {
 	}
 	// Storage is healthy and a periodic pass has run since: memory agrees
 	// with storage, and every warm role has a cycle scheduled or in flight.
-	for _, name := range s.b.state.names() {
-		role := roles[roleOf(name)]
-		if role == nil || roleOf(name) != name && !role.entityScoped() {
+	for _, name := range s.b.state.keys() {
+		role := roles[name.role]
+		if role == nil || name.isEntity() && !role.entityScoped() {
 			if rs := s.b.state.peek(name); rs != nil && !rs.stale {
 				s.failf("%s is deleted (or its role not entity-scoped) in storage but mirrored", name)
 			}
@@ -1046,15 +1046,16 @@ func (s *sim) check() {
 			continue
 		}
 		s.fig.checks++
-		if it, ok := idx[key]; !ok || !it.Next().Equal(e.At) {
+		if it, ok := idx[key.String()]; !ok || !it.Next().Equal(e.At) {
 			s.b.flights.mu.Unlock()
-			mine, in := s.b.index.Entries()[key]
+			mine, in := s.b.index.Entries()[key.String()]
 			s.failf("%s is planned at %v, but the schedule index says %v (present %v; this node's copy of it says %v, present %v)", key, e.At, it.Next(), ok, mine.Next(), in)
 		}
 	}
 	s.b.flights.mu.Unlock()
 
-	for key := range entityKeys {
+	for entry := range entityKeys {
+		key := parseCredKey(entry)
 		s.fig.checks += 2
 		rs := s.b.state.peek(key)
 		if rs == nil {
@@ -1075,20 +1076,20 @@ func (s *sim) check() {
 	}
 	for name, role := range roles {
 		s.fig.checks += 2
-		got, cred, _, ok := s.b.state.lookup(name)
+		got, cred, _, ok := s.b.state.lookup(roleKey(name))
 		if !ok {
 			continue // marked for reload: the next access reads storage
 		}
 		if !got.equal(role) || got.NoLease != role.NoLease {
 			s.failf("role %s: mirror %+v, storage %+v", name, got, role)
 		}
-		stored, _ := getCacheEntry(ctx, s.mem, name)
+		stored, _ := getCacheEntry(ctx, s.mem, roleKey(name))
 		if (cred == nil) != (stored == nil) || cred != nil && cred.AccessKey != stored.AccessKey {
 			s.failf("role %s: mirrored credential %v, stored %v", name, cred != nil, stored != nil)
 		}
-		st, _ := getStatus(ctx, s.mem, name)
+		st, _ := getStatus(ctx, s.mem, roleKey(name))
 		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
-		if _, scheduled := s.b.scheduledAt(name); warm && !scheduled && !s.b.inFlight(name) {
+		if _, scheduled := s.b.scheduledAt(roleKey(name)); warm && !scheduled && !s.b.inFlight(roleKey(name)) {
 			s.failf("role %s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", name)
 		}
 		_ = now
@@ -1137,7 +1138,7 @@ func (s *sim) checkMetrics(node *backend, roles map[string]*roleEntry, running f
 		s.failf("metrics say refresher_running %v, want %v", got, running)
 	}
 	for name := range roles {
-		if s.b.inFlight(name) {
+		if s.b.inFlight(roleKey(name)) {
 			continue
 		}
 		st, err := req("status/" + name)
@@ -1214,7 +1215,7 @@ func (w *simSTS) setDuring(name string, f func()) {
 func (w *simSTS) takeDuring(name string) func() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.during == nil || w.duringRole != roleOf(name) {
+	if w.during == nil || w.duringRole != parseCredKey(name).role {
 		return nil
 	}
 	f := w.during
@@ -1252,7 +1253,7 @@ func (w *simSTS) keyOf(in *sts.AssumeRoleInput) string {
 	if role, entity, ok := strings.Cut(session, "."); ok {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		return entityKey(role, w.s.entityOf[entity])
+		return entityCred(role, w.s.entityOf[entity]).String()
 	}
 	return strings.TrimPrefix(session, "vault-")
 }

@@ -21,8 +21,8 @@ import (
 //	status/<key>     statusEntry     the refresher's record of the key
 //	sched/<n>        schedule index shard (schedindex.go): a hint only
 //
-// <key> is a role name, or <role>/<entity ID> for an entity credential
-// (cache_scope=entity; entityKey, splitKey). config/ and cache/ are listed in
+// <key> is a credKey in its String form: a role name, or <role>/<entity ID>
+// for an entity credential (cache_scope=entity). config/ and cache/ are listed in
 // PathsSpecial.SealWrapStorage: they hold the root secret key and issued
 // credentials. A failed call returns an error naming the key; what a failed
 // write leaves behind is the caller's to mark (see roleStates).
@@ -34,6 +34,47 @@ const (
 	cachePrefix        = "cache/"
 	statusPrefix       = "status/"
 )
+
+// credKey names one cached credential: a role's own (entity == "") or an
+// entity's under an entity-scoped role (cache_scope=entity). The mirror, the
+// flights, the plan and the owners' functions take it; only the storage
+// keys here and the schedule index's entries (schedindex.go) use its String
+// form, and parseCredKey is the one way back.
+type credKey struct{ role, entity string }
+
+// roleKey is the key of the role's own credential.
+func roleKey(role string) credKey { return credKey{role: role} }
+
+// isEntity reports whether the key names an entity credential.
+func (k credKey) isEntity() bool { return k.entity != "" }
+
+// entitySep joins a role name and an entity ID in a key's String form. Role
+// names match framework.GenericNameRegex, which has no slash, and Vault's
+// entity IDs are UUIDs, so the form splits one way only.
+const entitySep = "/"
+
+// String is the key as storage (cache/<key>, status/<key>) and the schedule
+// index hold it: "role", or "role/entity".
+func (k credKey) String() string {
+	if k.entity == "" {
+		return k.role
+	}
+	return k.role + entitySep + k.entity
+}
+
+// parseCredKey reads a key's String form (a storage key below cache/ or
+// status/, an index entry): the role is what precedes the first slash, the
+// entity all that follows it.
+func parseCredKey(s string) credKey {
+	role, entity, _ := strings.Cut(s, entitySep)
+	return credKey{role: role, entity: entity}
+}
+
+// entityFolder reports whether a listing entry under cache/ or status/ is
+// the folder of a role's entity entries ("<role>/"), and whose.
+func entityFolder(listed string) (role string, ok bool) {
+	return strings.CutSuffix(listed, entitySep)
+}
 
 // readJSON decodes the entry at key into v. It reports false, with v
 // untouched, when there is no entry. what names the entry in errors.
@@ -151,9 +192,9 @@ func listRoles(ctx context.Context, s logical.Storage) ([]string, error) {
 }
 
 // getCacheEntry returns the stored credential, or nil, nil when there is none.
-func getCacheEntry(ctx context.Context, s logical.Storage, name string) (*cacheEntry, error) {
+func getCacheEntry(ctx context.Context, s logical.Storage, key credKey) (*cacheEntry, error) {
 	c := new(cacheEntry)
-	if ok, err := readJSON(ctx, s, cachePrefix+name, fmt.Sprintf("cached credential of role %q", name), c); !ok {
+	if ok, err := readJSON(ctx, s, cachePrefix+key.String(), fmt.Sprintf("cached credential of role %q", key), c); !ok {
 		return nil, err
 	}
 	return c, nil
@@ -161,37 +202,37 @@ func getCacheEntry(ctx context.Context, s logical.Storage, name string) (*cacheE
 
 // putCacheEntry writes the key's credential. Only a validated credential
 // ever comes here.
-func putCacheEntry(ctx context.Context, s logical.Storage, key string, c *cacheEntry) error {
-	return writeJSON(ctx, s, cachePrefix+key, fmt.Sprintf("cached credential of role %q", key), c)
+func putCacheEntry(ctx context.Context, s logical.Storage, key credKey, c *cacheEntry) error {
+	return writeJSON(ctx, s, cachePrefix+key.String(), fmt.Sprintf("cached credential of role %q", key), c)
 }
 
 // deleteCacheEntry deletes the key's credential.
-func deleteCacheEntry(ctx context.Context, s logical.Storage, key string) error {
-	return deleteKey(ctx, s, cachePrefix+key, fmt.Sprintf("cached credential of role %q", key))
+func deleteCacheEntry(ctx context.Context, s logical.Storage, key credKey) error {
+	return deleteKey(ctx, s, cachePrefix+key.String(), fmt.Sprintf("cached credential of role %q", key))
 }
 
 // getStatus returns the stored status, or nil, nil when there is none.
-func getStatus(ctx context.Context, s logical.Storage, name string) (*statusEntry, error) {
+func getStatus(ctx context.Context, s logical.Storage, key credKey) (*statusEntry, error) {
 	st := new(statusEntry)
-	if ok, err := readJSON(ctx, s, statusPrefix+name, fmt.Sprintf("status of role %q", name), st); !ok {
+	if ok, err := readJSON(ctx, s, statusPrefix+key.String(), fmt.Sprintf("status of role %q", key), st); !ok {
 		return nil, err
 	}
 	return st, nil
 }
 
 // putStatus writes the refresher's record of the key.
-func putStatus(ctx context.Context, s logical.Storage, key string, st *statusEntry) error {
-	return writeJSON(ctx, s, statusPrefix+key, fmt.Sprintf("status of role %q", key), st)
+func putStatus(ctx context.Context, s logical.Storage, key credKey, st *statusEntry) error {
+	return writeJSON(ctx, s, statusPrefix+key.String(), fmt.Sprintf("status of role %q", key), st)
 }
 
 // deleteRoleData deletes the key's cached credential and status: the data a
 // definition change or delete removes first, so that a failure half-way
 // leaves a cold role rather than an orphan.
-func deleteRoleData(ctx context.Context, s logical.Storage, key string) error {
+func deleteRoleData(ctx context.Context, s logical.Storage, key credKey) error {
 	if err := deleteCacheEntry(ctx, s, key); err != nil {
 		return err
 	}
-	return deleteKey(ctx, s, statusPrefix+key, fmt.Sprintf("status of role %q", key))
+	return deleteKey(ctx, s, statusPrefix+key.String(), fmt.Sprintf("status of role %q", key))
 }
 
 // deleteOrphan deletes prefix+name, an entry whose role is gone.
