@@ -30,8 +30,14 @@ func TestSleepUntil(t *testing.T) {
 		if err := clock.SleepUntil(context.Background(), c, t0, nil); err != nil {
 			t.Fatalf("err = %v", err)
 		}
-		if err := clock.SleepUntil(cancelled, c, t0.Add(-time.Second), nil); !errors.Is(err, context.Canceled) {
-			t.Fatalf("a done context: err = %v, want context.Canceled", err)
+		// A done context is reported even for a time already reached:
+		// a zero-length timer would race its channel against ctx.Done.
+		for _, at := range []time.Time{t0.Add(-time.Second), t0} {
+			for range 64 {
+				if err := clock.SleepUntil(cancelled, c, at, nil); !errors.Is(err, context.Canceled) {
+					t.Fatalf("a done context, time %v: err = %v, want context.Canceled", at.Sub(t0), err)
+				}
+			}
 		}
 		if n := c.Pending(); n != 0 {
 			t.Fatalf("%d timers made, want 0", n)

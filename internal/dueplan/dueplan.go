@@ -55,7 +55,8 @@ type item[K comparable] struct {
 	Entry[K]
 	// seq orders entries due at the same instant: the earlier plan first.
 	seq uint64
-	// idx is the item's place in the heap; -1 once it left it.
+	// idx is the item's place in the heap while it is in it (an item that
+	// left it is no longer in byKey, so its idx is never read again).
 	idx int
 }
 
@@ -223,8 +224,7 @@ func (p *Plan[K]) expire(gen uint64) {
 		p.mu.Unlock()
 		return
 	}
-	p.timer = nil // it fired: nothing to stop
-	p.gen++
+	p.stopTimerLocked() // it fired: a new generation, and no timer
 	due := p.h.popDue(p.clock.Now())
 	p.armLocked()
 	p.mu.Unlock()
@@ -284,9 +284,6 @@ func (h *dueHeap[K]) popDue(now time.Time) []Entry[K] {
 
 // clear drops every plan.
 func (h *dueHeap[K]) clear() {
-	for _, it := range h.items {
-		it.idx = -1
-	}
 	h.items = nil
 	clear(h.byKey)
 }
@@ -321,7 +318,6 @@ func (o *dueOrder[K]) Pop() any {
 	it := o.items[n]
 	o.items[n] = nil
 	o.items = o.items[:n]
-	it.idx = -1
 	delete(o.byKey, it.Key)
 	return it
 }

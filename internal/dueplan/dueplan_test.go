@@ -33,6 +33,20 @@ type recorder struct {
 	unlocked bool
 }
 
+// armedNow fails at once, rather than after a wait, unless the plan armed
+// its timer as what happened returned: entries already due fire at once
+// (the fake clock starts the callback before AfterFunc returns), later ones
+// leave a pending timer.
+func (r *recorder) armedNow(t *testing.T, what string) {
+	t.Helper()
+	r.mu.Lock()
+	fired := len(r.fired)
+	r.mu.Unlock()
+	if r.clk.Busy() == 0 && r.clk.Pending() == 0 && fired == 0 {
+		t.Fatalf("after %s no timer is armed and nothing fired", what)
+	}
+}
+
 func newRecorder() *recorder {
 	r := &recorder{clk: clocktest.NewFake(t0)}
 	r.plan = New(r.clk, &r.outer, func(due []Entry[string]) {
@@ -211,6 +225,7 @@ func TestPlan_HoldDelaysArming(t *testing.T) {
 		t.Fatalf("fired %v during the hold, want nothing", b)
 	}
 	release()
+	r.armedNow(t, "the release")
 	r.clk.WaitUntil(t, func() bool { return r.clk.Busy() == 0 && len(r.fired) > 0 }, func() string { return "the batch" })
 	if b := r.take(); len(b) != 1 || !slices.Equal(b[0].keys, []string{"a", "b"}) {
 		t.Fatalf("after the release fired %v, want [a b] as one batch", b)
@@ -236,6 +251,7 @@ func TestPlan_HoldDelaysArming(t *testing.T) {
 		t.Fatalf("%d timers armed under the inner hold, want 0", n)
 	}
 	inner()
+	r.armedNow(t, "the last release")
 	r.clk.WaitUntil(t, func() bool { return r.clk.Busy() == 0 && len(r.fired) > 0 }, func() string { return "the batch" })
 	if b := r.take(); len(b) != 1 || !slices.Equal(b[0].keys, []string{"c", "d", "e", "f"}) {
 		t.Fatalf("after the release fired %v, want [c d e f] as one batch", b)

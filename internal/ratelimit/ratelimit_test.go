@@ -194,3 +194,17 @@ func TestLimiter_PaceSpacesLateCalls(t *testing.T) {
 		})
 	}
 }
+
+// A rate so high that one interval rounds to less than a nanosecond is
+// still a cap (one call a nanosecond), not "no cap" as a rate of 0 is.
+func TestLimiter_HugeRateStillCaps(t *testing.T) {
+	for _, rate := range []float64{2e9, 1e12} {
+		l := New(rate, 3)
+		if got, want := l.Capacity(time.Microsecond), 3+1000; got != want {
+			t.Errorf("rate %g: Capacity(1us) = %d, want %d (burst + one call a nanosecond)", rate, got, want)
+		}
+	}
+	if got := New(0, 3).Capacity(time.Microsecond); got != int(^uint(0)>>1) {
+		t.Errorf("rate 0: Capacity = %d, want no cap", got)
+	}
+}

@@ -614,8 +614,12 @@ func TestShardByWholeKey(t *testing.T) {
 
 // entrySize adds up to the shard's exact JSON encoding, whatever the key.
 func TestEntrySizeIsExact(t *testing.T) {
+	// Keys of one special character alone too: in a longer key another
+	// character already sends quotedLen to encoding/json, so only these
+	// show that each character is recognised by itself.
 	keys := []string{"r", "team/11111111-1111-1111-1111-111111111111", `q"uote`, `back\slash`, "<a&b>", "new\nline", "ctl\x01", "tab\t",
-		"caf\u00e9", "bad\x80byte", "del\x7f", "line\u2028sep", " space~"}
+		"caf\u00e9", "bad\x80byte", "del\x7f", "line\u2028sep", " space~",
+		`"`, `\`, "<", ">", "&", "\x01", "\x80", "\u00e9"}
 	nums := []int64{0, 1, -1, 9, 10, 1_800_000_000_000_000_000, -1_800_000_000_000_000_000, 1<<63 - 1, -1 << 63}
 	for _, k := range keys {
 		for _, a := range nums {
@@ -986,4 +990,53 @@ func TestForgetRewritesAShardAnotherNodeWrote(t *testing.T) {
 	if got := stored(t, s, i); !maps.Equal(got, want) {
 		t.Fatalf("after Forget of %s, Repair left storage at %v, want this node's view %v", shardPath(i), got, want)
 	}
+}
+
+// keyOfSize returns a key of shard i, beginning with prefix, whose entry
+// with it adds exactly size bytes to the shard's encoding.
+func keyOfSize(i int, prefix string, size int, it Item) string {
+	n := size - entrySize(prefix, it)
+	for j := 0; ; j++ {
+		if k := fmt.Sprintf("%s%0*d", prefix, n, j); shardOf(k) == i {
+			return k
+		}
+	}
+}
+
+// An entry that brings a shard to exactly MaxShardBytes fits, whether Set
+// or Repair's cut puts it there; one byte more does not.
+func TestShardFilledToTheExactBound(t *testing.T) {
+	s := newFaulty()
+	x := loaded(t, s)
+	fill(t, x, s, 0)
+	it := item(1)
+	exact := keyOfSize(0, "q", MaxShardBytes-1-x.shards[0].size, it)
+	x.Set(ctx, s, exact, it.Next(), it.Exp())
+	if stored(t, s, 0)[exact] != it {
+		t.Fatal("Set left out an entry that fills the shard to exactly MaxShardBytes")
+	}
+	if size := x.shards[0].size; 1+size != MaxShardBytes {
+		t.Fatalf("shard size %d, want %d", 1+size, MaxShardBytes)
+	}
+
+	// Repair's cut keeps entries in key order up to the bound: the "p..."
+	// fillers and exact fill it to the byte, and the last key is left out.
+	want := x.Entries()
+	last := keyOfSize(0, "z", 40, it)
+	want[last] = it
+	before := x.Stats().LeftOut
+	if err := x.Repair(ctx, s, x.Mark(), want, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	got := stored(t, s, 0)
+	if _, ok := got[exact]; !ok {
+		t.Error("Repair's cut left out the entry that fills the shard to exactly MaxShardBytes")
+	}
+	if _, ok := got[last]; ok {
+		t.Error("Repair stored an entry past the bound")
+	}
+	if n := x.Stats().LeftOut - before; n != 1 {
+		t.Errorf("Repair left out %d entries, want 1", n)
+	}
+	checkSize(t, x, s)
 }
