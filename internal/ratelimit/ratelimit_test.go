@@ -204,6 +204,9 @@ func TestLimiter_HugeRateStillCaps(t *testing.T) {
 			t.Errorf("rate %g: Capacity(1us) = %d, want %d (burst + one call a nanosecond)", rate, got, want)
 		}
 	}
+	if got := New(10, 2).Capacity(1500 * time.Millisecond); got != 2+15 {
+		t.Errorf("rate 10: Capacity(1.5s) = %d, want burst 2 + 15", got)
+	}
 	if got := New(0, 3).Capacity(time.Microsecond); got != int(^uint(0)>>1) {
 		t.Errorf("rate 0: Capacity = %d, want no cap", got)
 	}
