@@ -328,7 +328,7 @@ func TestBackend_RestartPicksUpCache(t *testing.T) {
 		t.Fatalf("after restart a cached read made %d STS calls", n)
 	}
 	c := cached(t, g.s, testRole)
-	at, ok := g.b.scheduledAt(roleKey(testRole))
+	at, ok := g.b.plannedAt(roleKey(testRole))
 	margin := time.Duration(0.33 * float64(c.Expiration.Sub(c.IssuedAt)))
 	if want := c.Expiration.Add(-margin).Add(margin/10 - 1); !ok || !at.Equal(want) {
 		t.Fatalf("refresh scheduled at %v (%v), want %v", at, ok, want)

@@ -275,7 +275,7 @@ func (r *roleStates) entityKeys(name string) []credKey {
 // the next access reads back from storage.
 func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, key credKey) error {
 	r.markLocked(key, true)
-	r.sched.unschedule(key)
+	r.planner.unplan(key)
 	if err := deleteRoleData(ctx, s, key); err != nil {
 		return err
 	}

@@ -238,7 +238,7 @@ func (b *backend) report(key credKey, rs *roleState, now time.Time, cfg refreshC
 	cred, st := rs.cred, rs.status()
 	r := roleReport{next: st.NextRefresh}
 	if refresher {
-		r.next, _ = b.scheduledAt(key)
+		r.next, _ = b.plannedAt(key)
 	}
 	r.starved = !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
 

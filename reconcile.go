@@ -256,7 +256,7 @@ func (b *backend) reconcilePass(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	p.fail(b.scheduleOverdue(ctx, p.overdue, p.start, p.idx)...)
+	p.fail(b.planOverdue(ctx, p.overdue, p.start, p.idx)...)
 	b.passRepairIndex(ctx, p.idx)
 	if err := b.passOrphans(ctx, p); err != nil {
 		return err // cancelled
@@ -496,7 +496,7 @@ func sortOverdue(overdue []overdueRole) {
 // reconcileRole brings one role in line with storage, under its store lock;
 // reread reads it from storage even when it is mirrored. A warm role with
 // nothing planned or running is scheduled at its plan, unless that plan is
-// due by passStart: such a role is returned instead, for scheduleOverdue.
+// due by passStart: such a role is returned instead, for planOverdue.
 func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // the pass is stopping: no more storage calls
@@ -548,19 +548,19 @@ func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, p
 	if !at.After(passStart) {
 		return &overdueRole{key: key, expiry: exp}, nil
 	}
-	b.schedule(key, at)
+	b.planAt(key, at)
 	idx.reach(key)
 	return nil, nil
 }
 
-// scheduleOverdue plans the roles that fell due before the pass reached
+// planOverdue plans the roles that fell due before the pass reached
 // them, all due at once but in order of expiry, the soonest (or those with
 // no usable credential) first: the plan starts cycles due at the same time
 // in the order they were planned, so when sts_rate_limit makes them queue,
 // the credentials closest to expiry are refreshed first, not the first in
 // storage-list order. Each is checked again under its store lock, since the
 // role may have changed, been read or been deleted since the pass saw it.
-func (b *backend) scheduleOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time, idx *passIndex) []error {
+func (b *backend) planOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time, idx *passIndex) []error {
 	sortOverdue(overdue)
 	if len(overdue) > 1 {
 		// One batch: the first ones must not start on their own before the
@@ -598,7 +598,7 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, key credKey, passStar
 		at = passStart
 	}
 	// (A plan that moved past passStart: a cycle ran meanwhile.)
-	b.schedule(key, at)
+	b.planAt(key, at)
 	idx.reach(key)
 	return nil
 }
@@ -641,7 +641,7 @@ func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
 	}
 	for _, k := range b.state.entityKeys(name) {
 		b.state.markLocked(k, true)
-		b.unschedule(k)
+		b.unplan(k)
 	}
 	if err := deleteEntityData(ctx, b.storage, name); err != nil {
 		return err

@@ -58,7 +58,7 @@ func (b *backend) launchCycle(key credKey, f, prev *flight) (context.CancelFunc,
 // flightOutcome runs f's cycle, when one is still due, and returns its
 // outcome; prev is the cycle f waited for, if any.
 func (b *backend) flightOutcome(ctx context.Context, key credKey, f, prev *flight) cycleResult {
-	if at, planned := b.scheduledAt(key); prev != nil && f.background && planned && at.After(b.clock.Now()) {
+	if at, planned := b.plannedAt(key); prev != nil && f.background && planned && at.After(b.clock.Now()) {
 		// Started by a timer that fired while prev committed, which
 		// planned the next cycle since: nothing is due now.
 		return prev.res
@@ -80,9 +80,9 @@ var errShuttingDown = &refreshError{Code: "ShuttingDown", Message: "the backend 
 func (b *backend) inFlight(key credKey) bool { return b.flights.running(key) }
 
 // busy reports whether a cycle for the role is planned or running on this
-// node (roleStates' scheduler): its mirrored entry must keep its generation.
+// node (roleStates' planner): its mirrored entry must keep its generation.
 func (b *backend) busy(key credKey) bool {
-	if _, ok := b.scheduledAt(key); ok {
+	if _, ok := b.plannedAt(key); ok {
 		return true
 	}
 	return b.inFlight(key)
@@ -113,7 +113,7 @@ func (b *backend) flightOrPlan(key credKey) (running bool, e dueplan.Entry[credK
 // earlier plan. It does nothing unless the refresher runs on this node (a
 // plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
-func (b *backend) schedule(key credKey, at time.Time) {
+func (b *backend) planAt(key credKey, at time.Time) {
 	if !b.life.running() {
 		return
 	}
@@ -210,15 +210,15 @@ func (b *backend) herdSlot(key credKey, hint bool, now time.Time, cfg refreshCon
 	return b.limiter.Reserve(now, queueHorizon(now, cfg, cred))
 }
 
-// unschedule drops the role's pending refresh.
-func (b *backend) unschedule(key credKey) {
+// unplan drops the role's pending refresh.
+func (b *backend) unplan(key credKey) {
 	if b.plan.Drop(key) {
 		b.planChanged()
 	}
 }
 
-// plannedRoles returns how many roles have a next cycle planned on this node.
-func (b *backend) plannedRoles() int { return b.plan.Len() }
+// plannedCount returns how many roles have a next cycle planned on this node.
+func (b *backend) plannedCount() int { return b.plan.Len() }
 
 // rolesInPlan returns how many roles the refresher on this node has in hand:
 // a next cycle planned, or a cycle running. Right after a start or a
@@ -243,8 +243,8 @@ func (b *backend) planChecked(key credKey) bool {
 	return ok && e.Mark&dueplan.Hint == 0
 }
 
-// scheduledAt returns when the role's next cycle is due on this node.
-func (b *backend) scheduledAt(key credKey) (time.Time, bool) {
+// plannedAt returns when the role's next cycle is due on this node.
+func (b *backend) plannedAt(key credKey) (time.Time, bool) {
 	e, ok := b.plan.Get(key)
 	return e.At, ok
 }

@@ -72,10 +72,10 @@ type roleStates struct {
 	// commit makes and of every key a change drops.
 	index credIndex
 
-	// sched is told when a role's next cycle is due or no longer due. It is
+	// planner is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
-	// role change's unschedule cannot cross.
-	sched scheduler
+	// role change's unplan cannot cross.
+	planner planner
 }
 
 // put mirrors key; r.mu must be held for writing.
@@ -106,10 +106,10 @@ func (r *roleStates) del(key credKey) {
 	}
 }
 
-// scheduler is the refresher's side of the owner: the backend implements it.
-type scheduler interface {
-	schedule(key credKey, at time.Time)
-	unschedule(key credKey)
+// planner is the refresher's side of the owner: the backend implements it.
+type planner interface {
+	planAt(key credKey, at time.Time)
+	unplan(key credKey)
 	// busy reports whether a cycle for the key is planned or running on
 	// this node: one that carries, or will carry, the entry's generation.
 	busy(key credKey) bool
@@ -201,8 +201,8 @@ func (rs *roleState) compactStatus() {
 	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
 }
 
-func newRoleStates(sched scheduler, now func() time.Time, index credIndex) *roleStates {
-	return &roleStates{m: make(map[credKey]*roleState), ents: map[string]map[credKey]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), sched: sched, now: now, index: index}
+func newRoleStates(planner planner, now func() time.Time, index credIndex) *roleStates {
+	return &roleStates{m: make(map[credKey]*roleState), ents: map[string]map[credKey]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), planner: planner, now: now, index: index}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
@@ -305,7 +305,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key cred
 		r.endLoad(pl)
 		r.del(key)
 		r.mu.Unlock()
-		r.sched.unschedule(key)
+		r.planner.unplan(key)
 		return nil, nil
 	}
 	cred, err := getCacheEntry(ctx, s, key)
@@ -444,11 +444,11 @@ func (r *roleStates) markShapeUnsure(key credKey) {
 // entry loaded again gets a new one, which no cycle started before carries.
 func (r *roleStates) forget(key credKey, definition bool) {
 	var keep map[credKey]bool // checked, and must be kept
-	if definition && r.sched != nil {
+	if definition && r.planner != nil {
 		// Asked before mu is taken: the refresher takes its locks first.
 		keep = map[credKey]bool{}
 		for _, k := range append([]credKey{key}, r.entityKeys(key.role)...) {
-			keep[k] = r.sched.busy(k)
+			keep[k] = r.planner.busy(k)
 		}
 	}
 	r.mu.Lock()
@@ -574,11 +574,11 @@ func (r *roleStates) dropFromIndex(ctx context.Context, s logical.Storage, name 
 // keys and the role's new generation.
 func (r *roleStates) markRoleLocked(name string) (uint64, []credKey) {
 	gen := r.markLocked(roleKey(name), true)
-	r.sched.unschedule(roleKey(name))
+	r.planner.unplan(roleKey(name))
 	ents := r.entityKeys(name)
 	for _, k := range ents {
 		r.markLocked(k, true)
-		r.sched.unschedule(k)
+		r.planner.unplan(k)
 	}
 	return gen, ents
 }
@@ -680,7 +680,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 	r.mu.Lock()
 	r.put(key, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
-	r.sched.schedule(key, next)
+	r.planner.planAt(key, next)
 	r.index.Set(ctx, s, key, next, stored.Expiration)
 	return nil
 }
@@ -712,7 +712,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key c
 	copied.fullStatus, copied.statusDirty, copied.known = st, dirty, true
 	r.put(key, &copied)
 	r.mu.Unlock()
-	r.sched.schedule(key, next)
+	r.planner.planAt(key, next)
 	r.index.Set(ctx, s, key, next, rs.cred.expiry())
 	return st, rs.cred, next, nil
 }

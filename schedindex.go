@@ -122,7 +122,7 @@ func (b *backend) checkHint(ctx context.Context, key credKey, f *flight) bool {
 		return true
 	}
 	f.ending.Store(true)
-	b.schedule(key, at)
+	b.planAt(key, at)
 	b.index.Set(ctx, b.storage, key, at, rs.cred.expiry())
 	return false
 }

@@ -1000,7 +1000,7 @@ func (s *sim) check() {
 			continue // storage may fail the load; that is not a lie
 		}
 		s.fig.checks++
-		at, scheduled := s.b.scheduledAt(roleKey(name))
+		at, scheduled := s.b.plannedAt(roleKey(name))
 		next := resp.Data["next_refresh"].(string)
 		if scheduled && next != formatTime(at) || !scheduled && next != "" {
 			s.failf("status/%s next_refresh %q, but scheduled %v at %v", name, next, scheduled, at)
@@ -1070,7 +1070,7 @@ func (s *sim) check() {
 		}
 		st, _ := getStatus(ctx, s.mem, key)
 		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
-		if _, scheduled := s.b.scheduledAt(key); warm && !scheduled && !s.b.inFlight(key) {
+		if _, scheduled := s.b.plannedAt(key); warm && !scheduled && !s.b.inFlight(key) {
 			s.failf("%s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", key)
 		}
 	}
@@ -1089,7 +1089,7 @@ func (s *sim) check() {
 		}
 		st, _ := getStatus(ctx, s.mem, roleKey(name))
 		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
-		if _, scheduled := s.b.scheduledAt(roleKey(name)); warm && !scheduled && !s.b.inFlight(roleKey(name)) {
+		if _, scheduled := s.b.plannedAt(roleKey(name)); warm && !scheduled && !s.b.inFlight(roleKey(name)) {
 			s.failf("role %s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", name)
 		}
 		_ = now
