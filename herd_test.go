@@ -242,27 +242,8 @@ func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
 	// 40 roles: a hint's role is not read yet, so it queues only up to the
 	// start of its last block (5 s, 50 slots), not up to its expiry.
 	const roles, rate, burst = 40, 10, 1
-	perm := rand.New(rand.NewPCG(9, 9)).Perm(roles)
-	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
-	now := clk.Now()
-	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
-	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
-	for i := 0; i < roles; i++ {
-		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
-	}
-	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
-	config := logical.TestBackendConfig()
-	config.StorageView = gate
-	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Cleanup(context.Background()) })
-	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
-		t.Fatal(err)
-	}
-	<-gate.listing
+	h := startIndexHerd(t, roles, rate, burst, 9)
+	clk, emu, b, now, gate, perm := h.clk, h.emu, h.b, h.now, h.gate, h.perm
 	refreshed := expiringAfter(b, roles, now.Add(30*time.Minute))
 	// The first slot is now; the others wait in the plan. Five more slots
 	// pass before the pass may read the roles.
@@ -306,29 +287,10 @@ func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
 // call goes one interval apart, soonest expiry first.
 func TestRefresh_HerdFromIndexBeyondItsHorizonWaitsInThePlan(t *testing.T) {
 	const roles, rate, burst = 80, 10, 1
-	perm := rand.New(rand.NewPCG(10, 10)).Perm(roles)
-	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
-	now := clk.Now()
-	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
-	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
-	for i := 0; i < roles; i++ {
-		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
-	}
 	// The first pass stays at its role list throughout: the herd runs
 	// from the index alone, as it does for tens of seconds at 100 000 roles.
-	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
-	config := logical.TestBackendConfig()
-	config.StorageView = gate
-	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Cleanup(context.Background()) })
-	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
-		t.Fatal(err)
-	}
-	<-gate.listing
+	h := startIndexHerd(t, roles, rate, burst, 10)
+	clk, emu, b, now, perm := h.clk, h.emu, h.b, h.now, h.perm
 	maxParked := 0
 	driveHerd(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)), func() {
 		maxParked = max(maxParked, clk.Sleepers())
@@ -411,4 +373,46 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	if n := counterValue(t, b.metrics.paced); n < 25 {
 		t.Fatalf("%v calls paced, want the ~30 that came late", n)
 	}
+}
+
+// indexHerd is what startIndexHerd started.
+type indexHerd struct {
+	clk  *clocktest.Fake
+	emu  *stsemu.Emulator
+	b    *backend
+	now  time.Time
+	gate *gateStorage
+	// perm[i] is role i's place in expiry order.
+	perm []int
+}
+
+// startIndexHerd starts a backend whose roles are all overdue in the
+// schedule index (due a minute ago, expiring 2 to 2+roles minutes from now
+// in an order drawn from seed), on a throttling emulator, with the first
+// reconciler pass held at its role listing (gate) so that the herd runs
+// from the index alone until the test releases it.
+func startIndexHerd(t *testing.T, roles int, rate float64, burst int, seed uint64) indexHerd {
+	t.Helper()
+	perm := rand.New(rand.NewPCG(seed, seed)).Perm(roles)
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	now := clk.Now()
+	exp := func(i int) time.Time { return now.Add(2*time.Minute + time.Duration(perm[i])*time.Second) }
+	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
+	for i := 0; i < roles; i++ {
+		putIndex(t, storage, fmt.Sprintf("r%03d", i), now.Add(-time.Minute), exp(i))
+	}
+	gate := &gateStorage{Storage: storage, gate: make(chan struct{}), listing: make(chan struct{})}
+	config := logical.TestBackendConfig()
+	config.StorageView = gate
+	b, err := newBackendWith(context.Background(), config, backendOptions{clock: clk, rand: randMax, onPlan: clk.Poke})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Cleanup(context.Background()) })
+	if err := b.Initialize(context.Background(), &logical.InitializationRequest{Storage: gate}); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.listing
+	return indexHerd{clk: clk, emu: emu, b: b, now: now, gate: gate, perm: perm}
 }
