@@ -344,7 +344,7 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	// After the write, so a client built concurrently cannot keep the old keys.
 	b.clients.reset()
 	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
-		if err := b.replanRotation(ctx, req.Storage, cfg.AccessKey != before.AccessKey); err != nil {
+		if err := b.rotator.replanRotation(ctx, req.Storage, cfg.AccessKey != before.AccessKey); err != nil {
 			// config/root is written; the reconciler plans the rotation.
 			b.Logger().Warn("planning the next root key rotation failed; the reconciler retries", "error", err)
 		}

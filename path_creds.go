@@ -273,7 +273,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 	if role.NoLease {
 		cfg := b.settings.policy()
 		var plan *time.Time
-		if at, ok := b.plannedAt(key); ok {
+		if at, ok := b.refresher.plannedAt(key); ok {
 			plan = &at
 		}
 		ttl := rotationTTL(now, cred, cfg, plan)

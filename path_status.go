@@ -238,13 +238,13 @@ func (b *backend) report(key credKey, rs *roleState, now time.Time, cfg refreshC
 	cred, st := rs.cred, rs.status()
 	r := roleReport{next: st.NextRefresh}
 	if refresher {
-		r.next, _ = b.plannedAt(key)
+		r.next, _ = b.refresher.plannedAt(key)
 	}
 	r.starved = !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
 
 	r.state = stateFresh
 	switch {
-	case b.inFlight(key):
+	case b.refresher.inFlight(key):
 		r.state = stateRefreshing
 	case cred == nil:
 		r.state = stateEmpty

@@ -16,8 +16,9 @@ func TestReconciler_RetryBackoffAndStop(t *testing.T) {
 	clk := newFakeClock(time.Now().Truncate(time.Second))
 	var closed atomic.Bool
 	retries := make(chan struct{}, 4)
-	r := newReconciler(clk, closed.Load, func(n int) time.Duration { return time.Duration(n) * time.Second },
-		func() { retries <- struct{}{} }, 0)
+	r := newReconciler(reconcilerOwners{clock: clk, closed: closed.Load,
+		backoff: func(n int) time.Duration { return time.Duration(n) * time.Second },
+		retry:   func() { retries <- struct{}{} }})
 	if r.workers != defaultPassWorkers {
 		t.Errorf("workers = %d, want the default %d", r.workers, defaultPassWorkers)
 	}
