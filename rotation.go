@@ -41,12 +41,13 @@ const rotationTimeout = 15 * time.Minute
 // one call's timeout (at most 10 s).
 const rotationDrainTimeout = time.Minute
 
-// rotator owns root key rotation: its procedures (rotateRoot and the
-// planning of the scheduled rotation, below), given at construction the
-// owners a rotation calls; and its state: the lock that serialises
-// rotations (and their planning), the lock that makes config/root's "read,
-// change, write" one step, the scheduled rotation's one timer, and the IAM
-// client seam. Its fields are touched only by its methods, below.
+// rotator owns root key rotation and config/root's writes: its procedures
+// (rotateRoot, writeRoot and the planning of the scheduled rotation,
+// below), given at construction the owners a rotation calls; and its
+// state: the lock that serialises rotations (and their planning), the lock
+// that makes config/root's "read, change, write" one step, the scheduled
+// rotation's one timer, and the IAM client seam. Its fields are touched
+// only by its methods, below.
 //
 // Lock order: rotations, then root, then mu; mu is held while refreshing
 // is asked (which takes the lifecycle's lock), never the other way round.
@@ -190,6 +191,56 @@ func (r *rotator) scheduled() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.at
+}
+
+// writeRoot reads config/root from s, lets change edit it, and stores it,
+// as one step against a rotation storing its new key (config/root's lock):
+// whichever comes second sees the other's write. change returns the rule
+// the edited config breaks ("" when none); writeRoot then returns that rule
+// and stores nothing. After the write the STS clients are rebuilt, and a
+// new key or rotation_period plans the scheduled rotation anew.
+func (r *rotator) writeRoot(ctx context.Context, s logical.Storage, change func(cfg *rootConfig) string) (rule string, err error) {
+	defer r.lockRoot()()
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	before := *cfg
+	if msg := change(cfg); msg != "" {
+		return msg, nil
+	}
+	// The key's age, which scheduled rotation measures, starts when the key
+	// is stored, or when rotation is turned on for a key stored before.
+	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
+		cfg.KeySetAt = r.clock.Now()
+	}
+
+	if err := putRootConfig(ctx, s, cfg); err != nil {
+		return "", err
+	}
+	// After the write, so a client built concurrently cannot keep the old keys.
+	r.clients.reset()
+	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
+		if err := r.replanRotation(ctx, s, cfg.AccessKey != before.AccessKey); err != nil {
+			// config/root is written; the reconciler plans the rotation.
+			r.logger().Warn("planning the next root key rotation failed; the reconciler retries", "error", err)
+		}
+	}
+	return "", nil
+}
+
+// deleteRoot deletes config/root under its lock, and drops the STS clients
+// built from it.
+func (r *rotator) deleteRoot(ctx context.Context, s logical.Storage) error {
+	defer r.lockRoot()()
+	if err := deleteRootConfig(ctx, s); err != nil {
+		return err
+	}
+	r.clients.reset()
+	return nil
 }
 
 // iamAPI is the part of *iam.Client a rotation calls.
