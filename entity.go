@@ -386,18 +386,19 @@ func (s entitySummary) state() string {
 	return stateEmpty
 }
 
-// summarizeEntities reports on the entity credentials of the role ("" for
-// every role), by role.
-func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfig, refresher bool) map[string]entitySummary {
+// entities reports on the entity credentials of the role ("" for every
+// role), by role.
+func (v reportView) entities(name string) map[string]entitySummary {
+	now, cfg := v.now, v.cfg
 	out := map[string]entitySummary{}
-	for role, entries := range b.state.entityEntries(name) {
+	for role, entries := range v.rf.state.entityEntries(name) {
 		s := entitySummary{byState: map[string]int{}}
 		for key, rs := range entries {
 			if rs.role == nil {
 				continue // a placeholder marked for reload
 			}
 			s.count++
-			s.byState[b.report(key, rs, now, cfg, refresher).state]++
+			s.byState[v.report(key, rs).state]++
 			stv := rs.status()
 			st := &stv
 			if st.LastAttempt.After(s.lastAttempt) {

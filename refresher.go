@@ -285,6 +285,17 @@ func (rf *refresher) rolesInPlan() (n int) {
 	return n
 }
 
+// rotationTTLFor is the ttl of a lease=false response serving cred, key's
+// credential, at now (rotationTTL): with the policy in force, and the plan
+// of the key on this node when it has one.
+func (rf *refresher) rotationTTLFor(key credKey, cred *cacheEntry, now time.Time) time.Duration {
+	var plan *time.Time
+	if at, ok := rf.plannedAt(key); ok {
+		plan = &at
+	}
+	return rotationTTL(now, cred, rf.settings.policy(), plan)
+}
+
 // planChecked reports whether the role has a plan on this node that is its
 // own, not a hint from the schedule index.
 func (rf *refresher) planChecked(key credKey) bool {
