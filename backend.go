@@ -87,13 +87,15 @@ type backend struct {
 	*framework.Backend
 
 	// storage is the mount's storage view, used by background work that has
-	// no request (cycles, the reconciler). Requests use req.Storage, the
-	// same view.
+	// no request (cycles, the reconciler: the owners read it at each use,
+	// as it is set after construction). Requests use req.Storage, the same
+	// view.
 	storage logical.Storage
-	clock   clock.Clock
-	rand    randSource
-	// opts are the seams the backend was built with, as given (the clock
-	// and rand source in force, defaulted, are clock and rand above).
+	// clock is the clock in force (opts.clock, defaulted), which the owners
+	// were given; cached creds reads take their time from it.
+	clock clock.Clock
+	// opts are the seams the backend was built with, as given (the clock in
+	// force, defaulted, is clock above; the rand source went to the owners).
 	opts backendOptions
 
 	// index is the schedule index (schedindex.go); it has its own locks.
@@ -145,15 +147,16 @@ type backend struct {
 func newBackend(opts backendOptions) *backend {
 	b := &backend{
 		clock: opts.clock,
-		rand:  opts.rand,
 		opts:  opts,
 		life:  newLifecycle(),
 	}
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
-	if b.rand == nil {
-		b.rand = globalRand{}
+	// The owners that draw jitter share one source.
+	rnd := opts.rand
+	if rnd == nil {
+		rnd = globalRand{}
 	}
 	if opts.version == "" {
 		opts.version = DevVersion
@@ -174,7 +177,7 @@ func newBackend(opts backendOptions) *backend {
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
 	b.clients = newSTSClients(readRoot, opts.wrapSTS)
 	b.rotator = newRotator(rotatorOwners{
-		clock: b.clock, rand: b.rand, storage: storage, logger: logger,
+		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, limiter: b.limiter, clients: b.clients, metrics: b.metrics, life: b.life,
 		wrapIAM: opts.wrapIAM, refreshing: b.life.running,
 	})
@@ -182,7 +185,7 @@ func newBackend(opts backendOptions) *backend {
 	// one another: the refresher is made first, and given the others (and
 	// its plan, which fires under the flights' lock) once they exist.
 	rf := &refresher{
-		clock: b.clock, rand: b.rand, storage: storage, logger: logger,
+		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, limiter: b.limiter, clients: b.clients, metrics: b.metrics,
 		life: b.life, index: b.index,
 		session: b.sessionFor, onPlan: opts.onPlan,
@@ -193,7 +196,7 @@ func newBackend(opts backendOptions) *backend {
 	rf.state, rf.flights = b.state, b.flights
 	rf.plan = dueplan.New(b.clock, b.flights.planLock(), rf.fireDue)
 	b.reconciler = newReconciler(reconcilerOwners{
-		clock: b.clock, rand: b.rand, storage: storage, logger: logger,
+		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, state: b.state, index: b.index, life: b.life, metrics: b.metrics,
 		refresher: rf, entityGone: b.entityGone, resumeRotation: b.rotator.resumeRotation,
 		closed: b.life.isClosed, workers: opts.passWorkers,
