@@ -77,8 +77,8 @@ type Cache struct {
 type readFlight struct {
 	done   chan struct{}
 	joined int // Gets and Refreshes waiting for this read besides its own
-	cred Credential
-	err  error
+	cred   Credential
+	err    error
 }
 
 // NewCache returns a cache reading with read on clk; rnd draws the retry
