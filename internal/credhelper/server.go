@@ -63,7 +63,10 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 func LoadOrCreateToken(path string) (token string, created bool, err error) {
 	b, err := os.ReadFile(path)
 	if err == nil {
-		token = strings.TrimSpace(string(b))
+		token = string(b)
+		if strings.TrimSpace(token) != token {
+			return "", false, fmt.Errorf("the authorization token in %s starts or ends with white space (a newline, say), which SDKs send as is and botocore refuses; write it without one, or remove the file to have one generated", path)
+		}
 		if len(token) < 16 {
 			return "", false, fmt.Errorf("the authorization token in %s is shorter than 16 characters; remove the file to have one generated", path)
 		}
@@ -81,7 +84,9 @@ func LoadOrCreateToken(path string) (token string, created bool, err error) {
 	if err != nil {
 		return "", false, fmt.Errorf("creating the authorization token file: %w", err)
 	}
-	if _, err := f.WriteString(token + "\n"); err != nil {
+	// No trailing newline: SDKs send the file's bytes as the header value
+	// (botocore refuses a value with a newline).
+	if _, err := f.WriteString(token); err != nil {
 		f.Close()
 		return "", false, err
 	}

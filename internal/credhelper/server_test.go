@@ -123,8 +123,16 @@ func TestLoadOrCreateToken(t *testing.T) {
 	if err != nil || created || again != tok {
 		t.Fatalf("load: same token %v, created %v, %v", again == tok, created, err)
 	}
+	if b, _ := os.ReadFile(p); string(b) != tok {
+		t.Fatalf("the token file holds %d bytes, want exactly the %d of the token (no newline: botocore sends the bytes as the header)", len(b), len(tok))
+	}
+	nl := filepath.Join(dir, "newline")
+	os.WriteFile(nl, []byte(tok+"\n"), 0o600)
+	if _, _, err := LoadOrCreateToken(nl); err == nil || !strings.Contains(err.Error(), "white space") {
+		t.Fatalf("a token file ending in a newline was accepted: %v", err)
+	}
 	short := filepath.Join(dir, "short")
-	os.WriteFile(short, []byte("abc\n"), 0o600)
+	os.WriteFile(short, []byte("abc"), 0o600)
 	if _, _, err := LoadOrCreateToken(short); err == nil || !strings.Contains(err.Error(), "shorter than 16") {
 		t.Fatalf("a short token was accepted: %v", err)
 	}
@@ -174,6 +182,7 @@ func TestExplain(t *testing.T) {
 		{"no token, 400 missing client token", respErr(400, "missing client token"), "", KindNoToken, []string{"no Vault token"}},
 		{"policy", respErr(403, "1 error occurred:\n\t* permission denied\n\n"), "VAULT_TOKEN", KindForbidden, []string{"permission denied", `"read"`, "aws-resilient/creds/app", "VAULT_TOKEN", "vault token capabilities"}},
 		{"no valid credential", respErr(503, `no valid credential for role "app": upstream STS unavailable: Throttling`), "VAULT_TOKEN", KindUnavailable, []string{"Throttling", "status/app", "(503)"}},
+		{"multierror unwrapped", respErr(503, "1 error occurred:\n\t* no valid credential for role \"app\": AccessDenied\n\n"), "VAULT_TOKEN", KindUnavailable, []string{`(503): no valid credential for role "app": AccessDenied; the plugin`}},
 		{"bad request from the plugin", respErr(400, `token has no Vault entity`), "VAULT_TOKEN", KindBadRequest, []string{"token has no Vault entity"}},
 		{"sealed", respErr(503, "Vault is sealed"), "VAULT_TOKEN", KindUnavailable, []string{"Vault is sealed"}},
 		{"unreachable", &url.Error{Op: "Get", URL: "http://127.0.0.1:8200/v1/x", Err: errors.New("dial tcp 127.0.0.1:8200: connect: connection refused")}, "VAULT_TOKEN", KindUnreachable, []string{"cannot reach Vault at http://127.0.0.1:8200", "connection refused", "VAULT_ADDR"}},

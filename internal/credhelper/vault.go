@@ -195,7 +195,7 @@ func (r *Reader) explain(err error, from string) error {
 	addr := r.Client.Address()
 	var re *api.ResponseError
 	if errors.As(err, &re) {
-		reason := strings.Join(re.Errors, "; ")
+		reason := vaultReason(re.Errors)
 		switch {
 		case from == "" && (re.StatusCode == 403 || re.StatusCode == 400 && strings.Contains(reason, "missing client token")):
 			return &Error{Kind: KindNoToken, Msg: fmt.Sprintf("no Vault token: Vault at %s refused %s (%d: %s); set VAULT_TOKEN, pass --token-file (a Vault Agent sink), run vault login, or point VAULT_ADDR at a Vault Agent or Proxy listener with use_auto_auth_token", addr, r.Path(), re.StatusCode, reason)}
@@ -214,6 +214,27 @@ func (r *Reader) explain(err error, from string) error {
 		return &Error{Kind: KindUnreachable, Msg: fmt.Sprintf("cannot reach Vault at %s: %v; check VAULT_ADDR (and VAULT_CACERT for TLS)", addr, unwrapURL(err))}
 	}
 	return &Error{Kind: KindUnreachable, Msg: fmt.Sprintf("reading %s from Vault at %s: %v", r.Path(), addr, err)}
+}
+
+// vaultReason joins Vault's error strings without the "1 error occurred:"
+// wrapping that Vault puts around a plugin's error.
+func vaultReason(errs []string) string {
+	var out []string
+	for _, e := range errs {
+		lines := strings.Split(e, "\n")
+		var items []string
+		for _, l := range lines {
+			if l = strings.TrimSpace(l); strings.HasPrefix(l, "* ") {
+				items = append(items, strings.TrimPrefix(l, "* "))
+			}
+		}
+		if len(items) > 0 && strings.HasSuffix(strings.TrimSpace(lines[0]), "occurred:") {
+			out = append(out, items...)
+		} else {
+			out = append(out, strings.TrimSpace(e))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // unwrapURL drops the url.Error's method and URL prefix: the address is
