@@ -20,12 +20,23 @@ func main() {
 	history := flag.String("history", "", "the client history (JSON lines)")
 	callLog := flag.String("calls", "", "the emulator's call log (JSON lines)")
 	var cfg soak.Config
+	// The defaults are the soak's own (internal/soak/soak_test.go).
 	flag.DurationVar(&cfg.Grace, "grace", 30*time.Second, "reads failing this long after a kill or restart are attributed to it")
 	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
+	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
 	flag.Parse()
+	if *parse != "" {
+		d, err := time.ParseDuration(*parse)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+		fmt.Println(int64(d.Seconds()))
+		return
+	}
 	if *history == "" || *callLog == "" {
 		fmt.Fprintln(os.Stderr, "soak-check: -history and -calls are required")
 		os.Exit(2)
