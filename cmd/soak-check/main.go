@@ -26,6 +26,7 @@ func main() {
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
+	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
 	flag.Parse()
 	if *parse != "" {
@@ -53,6 +54,18 @@ func main() {
 	}
 	r := soak.Check(ops, calls, cfg)
 	r.Write(os.Stdout)
+	if *svg != "" {
+		f, err := os.Create(*svg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+		soak.WriteSVG(f, ops, r)
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+	}
 	if len(r.Violations) > 0 {
 		os.Exit(1)
 	}

@@ -229,3 +229,15 @@ func TestReadRoundTrip(t *testing.T) {
 		t.Fatalf("%+v %v", calls, err)
 	}
 }
+
+func TestWriteSVG(t *testing.T) {
+	x := clean()
+	r := check(x)
+	var b bytes.Buffer
+	WriteSVG(&b, x.ops, r)
+	for _, want := range []string{"<svg", "kill_plugin", "unavailable", "plugin RSS (max 50.0 MiB)", "<polyline", "</svg>"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the chart lacks %q", want)
+		}
+	}
+}
