@@ -16,6 +16,10 @@
 #   DURATION  how long the schedule runs (default 2m)
 #   SEED      the schedule's seed (default 1)
 #   OUT       output directory (default soak-out/<seed>-<time>)
+#   BROKEN    run a deliberately broken plugin build instead, to show the
+#             checker catches it: serve-expired (the cache serves a
+#             credential past its expiry) or cycle-per-read (every read
+#             finds the cache stale and starts a new cycle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${DURATION:-2m}
@@ -23,6 +27,25 @@ seed=${SEED:-1}
 out=${OUT:-soak-out/${seed}-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+if [[ -n "${BROKEN:-}" ]]; then
+	# The broken build: path_creds.go's validity rule patched through a
+	# build overlay; the working tree is not touched.
+	tmp=$(mktemp -d)
+	case "$BROKEN" in
+	serve-expired) rule='return c != nil' ;;
+	cycle-per-read) rule='return false' ;;
+	*) echo "soak.sh: BROKEN must be serve-expired or cycle-per-read" >&2; exit 2 ;;
+	esac
+	sed "s/return c != nil \&\& c.Expiration.Sub(now) >= minServeValidity/${rule}/" path_creds.go >"$tmp/path_creds.go"
+	if cmp -s path_creds.go "$tmp/path_creds.go"; then
+		echo "soak.sh: the BROKEN patch no longer applies to path_creds.go (validAt changed); update scripts/soak.sh" >&2
+		exit 2
+	fi
+	printf '{"Replace":{"%s":"%s"}}' "$PWD/path_creds.go" "$tmp/path_creds.go" >"$tmp/overlay.json"
+	go build -overlay "$tmp/overlay.json" -ldflags "-X main.version=v0.1.0-dev" -o "$tmp/plugin" ./cmd/vault-plugin-secrets-aws-resilient
+	export PLUGIN_BIN="$tmp/plugin"
+	echo "soak: BROKEN=$BROKEN plugin build" >&2
+fi
 VAULT_BIN=$(./scripts/vault.sh)
 export VAULT_BIN VAULT_ACC=1 SOAK=1 SOAK_DURATION="$duration" SOAK_SEED="$seed" SOAK_OUT="$out"
 echo "soak: ${duration}, seed ${seed}, output in ${out}" >&2

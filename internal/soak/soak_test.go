@@ -454,7 +454,15 @@ var stsFaults = []struct {
 // step runs one scheduled action.
 func (r *run) step(rng *rand.Rand) {
 	t := r.t
-	switch k := rng.IntN(10); {
+	switch k := rng.IntN(11); {
+	case k == 10: // STS down for 45 s, longer than the 30 s refresh margin:
+		// credentials expire, and must stop being served when they do.
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_down_long", Invoke: time.Now()}
+		r.emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}})
+		time.Sleep(45 * time.Second)
+		r.emu.ClearFaults(t)
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
 	case k < 4: // an STS fault, for 5-20 s
 		f := stsFaults[rng.IntN(len(stsFaults))]
 		hold := 5*time.Second + time.Duration(rng.Int64N(int64(15*time.Second)))
