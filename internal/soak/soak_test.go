@@ -455,11 +455,11 @@ var stsFaults = []struct {
 func (r *run) step(rng *rand.Rand) {
 	t := r.t
 	switch k := rng.IntN(11); {
-	case k == 10: // STS down for 45 s, longer than the 30 s refresh margin:
+	case k == 10: // STS down for 70 s, longer than a credential lives:
 		// credentials expire, and must stop being served when they do.
 		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_down_long", Invoke: time.Now()}
 		r.emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}})
-		time.Sleep(45 * time.Second)
+		time.Sleep(70 * time.Second)
 		r.emu.ClearFaults(t)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
