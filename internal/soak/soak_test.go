@@ -354,7 +354,9 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 			o.Role = roleName(k)
 		} else {
 			u := rng.IntN(users)
+			r.mu.Lock()
 			o.Role, o.Entity, token = entityRole, r.entityIDs[u], r.userTokens[u]
+			r.mu.Unlock()
 		}
 		o.Invoke = time.Now()
 		code, body, err := do(n, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
@@ -463,9 +465,19 @@ func (r *run) step(rng *rand.Rand) {
 		r.emu.ClearFaults(t)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
-	case k < 4: // an STS fault, for 5-20 s
-		f := stsFaults[rng.IntN(len(stsFaults))]
+	case k < 4: // an STS fault or a latency spike, for 5-20 s
+		i := rng.IntN(len(stsFaults) + 1)
 		hold := 5*time.Second + time.Duration(rng.Int64N(int64(15*time.Second)))
+		if i == len(stsFaults) {
+			o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_latency", Invoke: time.Now()}
+			r.emu.SetConfig(t, map[string]any{"latency_min": "500ms", "latency_max": "4s"})
+			time.Sleep(hold)
+			r.emu.SetConfig(t, map[string]any{"latency_min": "0s", "latency_max": "0s"})
+			o.Return, o.OK = time.Now(), true
+			r.rec.add(o)
+			return
+		}
+		f := stsFaults[i]
 		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: f.name, Invoke: time.Now()}
 		r.emu.SetFaults(t, f.plan)
 		time.Sleep(hold)
@@ -523,9 +535,23 @@ func (r *run) step(rng *rand.Rand) {
 		r.operator("operator", soak.KindRotate, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
 			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/rotate-root", map[string]any{})
 		})
-	default: // a config/refresh change
+	default: // a config/refresh change, and a user logging in again (a new token for the same entity)
 		r.operator("operator", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
 			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{"max_retries": 3 + rng.IntN(2)})
 		})
+		u := rng.IntN(users)
+		n := r.c.WaitActive(t, 60*time.Second)
+		code, body, err := do(n, "", http.MethodPost, fmt.Sprintf("auth/userpass/login/user%d", u), map[string]any{"password": fmt.Sprintf("user%d-pw", u)})
+		var login struct {
+			Auth struct {
+				ClientToken string `json:"client_token"`
+				EntityID    string `json:"entity_id"`
+			} `json:"auth"`
+		}
+		if err == nil && code == 200 && json.Unmarshal(body, &login) == nil && login.Auth.ClientToken != "" {
+			r.mu.Lock()
+			r.userTokens[u], r.entityIDs[u] = login.Auth.ClientToken, login.Auth.EntityID
+			r.mu.Unlock()
+		}
 	}
 }
