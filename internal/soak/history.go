@@ -54,6 +54,11 @@ type Op struct {
 	RoleARN string    `json:"role_arn,omitempty"`
 	Invoke  time.Time `json:"invoke"`
 	Return  time.Time `json:"return"`
+	// InvokeMono and ReturnMono are the same instants on the driver's
+	// monotonic clock, in nanoseconds since the run began: durations and
+	// order that a wall-clock step cannot disturb.
+	InvokeMono int64 `json:"invoke_mono_ns"`
+	ReturnMono int64 `json:"return_mono_ns"`
 	// Status is the HTTP status of the answer, 0 when none came.
 	Status int `json:"status,omitempty"`
 	// OK: a read returned a credential; an operator action was

@@ -47,7 +47,8 @@ var checkConfig = soak.Config{
 
 // recorder writes the history, one JSON line per operation, as it happens.
 type recorder struct {
-	mu  sync.Mutex
+	start time.Time // the run's start, with its monotonic reading
+	mu    sync.Mutex
 	enc *json.Encoder
 	id  atomic.Int64
 	err error
@@ -55,6 +56,9 @@ type recorder struct {
 
 func (r *recorder) add(o soak.Op) {
 	o.ID = r.id.Add(1)
+	// Invoke and Return come from time.Now and carry its monotonic
+	// reading, which Sub uses.
+	o.InvokeMono, o.ReturnMono = int64(o.Invoke.Sub(r.start)), int64(o.Return.Sub(r.start))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.enc.Encode(o); err != nil && r.err == nil {
@@ -101,7 +105,7 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hf.Close()
-	rec := &recorder{enc: json.NewEncoder(hf)}
+	rec := &recorder{start: time.Now(), enc: json.NewEncoder(hf)}
 	t.Logf("soak: %s, seed %d, output in %s", duration, seed, out)
 
 	run := newRun(t, rec, seed)
