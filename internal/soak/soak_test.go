@@ -49,9 +49,9 @@ var checkConfig = soak.Config{
 type recorder struct {
 	start time.Time // the run's start, with its monotonic reading
 	mu    sync.Mutex
-	enc *json.Encoder
-	id  atomic.Int64
-	err error
+	enc   *json.Encoder
+	id    atomic.Int64
+	err   error
 }
 
 func (r *recorder) add(o soak.Op) {
