@@ -161,8 +161,7 @@ func (c *checker) index() {
 			c.roleOps[o.Role] = append(c.roleOps[o.Role], o)
 		case KindFault:
 			c.rep.FaultsByKind[o.Fault]++
-			switch o.Fault {
-			case FaultKillPlugin, FaultKillActive, FaultClusterRestart:
+			if isProcessFault(o.Fault) {
 				c.procFault = append(c.procFault, o)
 			}
 		case KindRotate:
@@ -183,6 +182,11 @@ func (c *checker) index() {
 			c.issued[call.IssuedKeyID] = call
 		}
 	}
+}
+
+// isProcessFault: a fault that stops a plugin or moves the active node.
+func isProcessFault(f string) bool {
+	return f == FaultKillPlugin || f == FaultKillActive || f == FaultClusterRestart || f == FaultStepDown
 }
 
 func isSTSIssue(action string) bool {
@@ -388,7 +392,7 @@ func (c *checker) explainsReissue(from, to time.Time) bool {
 		switch o.Kind {
 		case KindRoleWrite, KindRoleDelete, KindRotate, KindRootWrite, KindRefreshCfg:
 		case KindFault:
-			if o.Fault != FaultKillPlugin && o.Fault != FaultKillActive && o.Fault != FaultClusterRestart {
+			if !isProcessFault(o.Fault) {
 				continue
 			}
 		default:

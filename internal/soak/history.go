@@ -39,6 +39,7 @@ const (
 	FaultKillPlugin     = "kill_plugin"
 	FaultKillActive     = "kill_active"
 	FaultClusterRestart = "cluster_restart"
+	FaultStepDown       = "step_down"
 )
 
 // Op is one operation of the history.

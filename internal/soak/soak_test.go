@@ -115,7 +115,8 @@ func TestSoak(t *testing.T) {
 		wg.Add(1)
 		go func(i int) { defer wg.Done(); run.reader(i, stop) }(i)
 	}
-	wg.Add(2)
+	wg.Add(3)
+	go func() { defer wg.Done(); run.rotationObserver(stop) }()
 	go func() { defer wg.Done(); run.agentSampler(stop) }()
 	go func() { defer wg.Done(); run.rssSampler(stop) }()
 
@@ -225,6 +226,9 @@ func newRun(t *testing.T, rec *recorder, seed uint64) *run {
 		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/root", map[string]any{
 			"access_key": r.emu.AccessKey, "secret_key": r.emu.SecretKey, "region": "us-east-1",
 			"sts_endpoint": r.emu.URL, "iam_endpoint": r.emu.URL,
+			// The shortest period a production build accepts: a one-hour
+			// soak sees a scheduled rotation near its end.
+			"rotation_period": "1h",
 		})
 	})
 	r.operator("refresh", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
@@ -380,6 +384,38 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 	}
 }
 
+// rotationObserver records scheduled rotations, which no client starts:
+// it reads config/rotation every few seconds and records a rotate_root op
+// when a scheduled attempt appears, from its start to when it was seen.
+func (r *run) rotationObserver(stop <-chan struct{}) {
+	seen := ""
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(3 * time.Second):
+		}
+		for _, n := range r.upNodes() {
+			code, body, err := do(n, n.RootToken(), http.MethodGet, vaulttest.MountPath+"/config/rotation", nil)
+			if err != nil || code != 200 {
+				continue
+			}
+			var sec vaulttest.Secret
+			if json.Unmarshal(body, &sec) != nil {
+				break
+			}
+			last := sec.Str("last_attempt")
+			if last != "" && last != seen && sec.Str("trigger") == "scheduled" {
+				began, _ := time.Parse(time.RFC3339, last)
+				now := time.Now()
+				r.rec.add(soak.Op{Client: "scheduler", Kind: soak.KindRotate, Invoke: began, Return: now, OK: sec.Str("outcome") == "success", Error: sec.Str("error")})
+			}
+			seen = last
+			break
+		}
+	}
+}
+
 var agentFileRe = regexp.MustCompile(`aws_access_key_id = (\S+)\nexpiration = (\S+)`)
 
 // agentSampler records what the agent's file holds every agentEvery.
@@ -486,6 +522,16 @@ func (r *run) step(rng *rand.Rand) {
 		r.emu.SetFaults(t, f.plan)
 		time.Sleep(hold)
 		r.emu.ClearFaults(t)
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case k == 4 && rng.IntN(2) == 0: // the active node steps down: an election without a kill
+		active := r.c.WaitActive(t, 60*time.Second)
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultStepDown, Invoke: time.Now()}
+		code, body, err := do(active, active.RootToken(), http.MethodPut, "sys/step-down", nil)
+		if err != nil || code/100 != 2 {
+			t.Logf("step-down through %s: %s", active.NodeID(), errText(code, body, err))
+		}
+		r.c.WaitActive(t, 60*time.Second)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
 	case k < 5: // SIGKILL the active node's plugin process
