@@ -605,6 +605,12 @@ func (e *Emulator) finish(c Call, started time.Time, status int) {
 		if sessionActions[c.Action] {
 			line += fmt.Sprintf(" role_session_name=%q source_identity=%q", c.RoleSessionName, c.SourceIdentity)
 		}
+		if c.IssuedKeyID != "" {
+			line += " issued_key_id=" + c.IssuedKeyID
+			if !c.IssuedExpiration.IsZero() {
+				line += " issued_expiration=" + c.IssuedExpiration.UTC().Format(time.RFC3339)
+			}
+		}
 		e.logger.Print(line)
 	}
 }

@@ -256,7 +256,7 @@ func TestLogLines(t *testing.T) {
 	logged := buf.String()
 	lines := strings.Split(strings.TrimSpace(logged), "\n")
 	wantLines := []*regexp.Regexp{
-		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity=""$`),
+		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity="" issued_key_id=ASIA[A-Z0-9]+ issued_expiration=\S+Z$`),
 		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE$`),
 		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16}$`),
 	}
