@@ -46,6 +46,10 @@
 #                      path runs instead, keeps every entry (each fits as
 #                      the running size never passes the total) and returns
 #                      the same size with none left out.
+#                      schedindex.go, quotedLen: c < 0x20 as <= (a space
+#                      taken for a character JSON escapes). The check only
+#                      picks the slow path, json.Marshal, which measures any
+#                      key exactly, so a wider check returns the same length.
 #
 # Run it on a quiet machine: under load a mutant's test run can time out
 # (neither killed nor lived), and Gremlins counts a run that ends on a
