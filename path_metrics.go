@@ -66,7 +66,7 @@ func pathMetrics(b *backend) *framework.Path {
 }
 
 func (b *backend) pathMetricsRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	body, err := b.scrape(ctx, req.Storage, strings.TrimSuffix(req.MountPoint, "/"))
+	body, err := b.scrape(ctx, b.wrapRequestStorage(req.Storage), strings.TrimSuffix(req.MountPoint, "/"))
 	if err != nil {
 		return nil, err
 	}

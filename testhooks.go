@@ -69,6 +69,26 @@ func (h *hookStorage) List(ctx context.Context, prefix string) ([]string, error)
 	return h.Storage.List(ctx, prefix)
 }
 
+// wrapRequestStorage makes a request's storage fail LISTs of roles/ while
+// the hook says so, as the background's does (the metrics path then
+// answers 500).
+func (b *backend) wrapRequestStorage(s logical.Storage) logical.Storage {
+	if h := b.hooks(); h != nil && h.failRoleLists.Load() {
+		return &roleListFailing{Storage: s}
+	}
+	return s
+}
+
+// roleListFailing fails every LIST of roles/.
+type roleListFailing struct{ logical.Storage }
+
+func (r *roleListFailing) List(ctx context.Context, prefix string) ([]string, error) {
+	if prefix == rolePrefix {
+		return nil, errors.New("listing roles failed (injected by test hook)")
+	}
+	return r.Storage.List(ctx, prefix)
+}
+
 func (h *hookStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
 	if strings.HasPrefix(e.Key, cachePrefix) && h.takeCacheWriteFailure() {
 		return errors.New("writing the cached credential failed (injected by test hook)")

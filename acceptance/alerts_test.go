@@ -67,6 +67,9 @@ func TestAlertsEndToEnd(t *testing.T) {
 		return len(prom.Query(t, `aws_resilient_build_info`)) == 1 &&
 			len(prom.Query(t, `aws_resilient_role_expiring_while_failing{role="team"}`)) == 1
 	})
+	// Before the first scrape there were no series: that alert may have
+	// fired, and resolves now.
+	a.waitResolved("AWSResilientMetricsAbsent")
 	if f := a.firing(); len(f) > 0 {
 		t.Fatalf("alerts firing before any fault: %v", f)
 	}
@@ -117,14 +120,19 @@ func TestAlertsEndToEnd(t *testing.T) {
 		}
 		return s.statusOf(t, "app").Str("rate_limited_since") != "" && s.statusOf(t, "team").Str("rate_limited_since") != ""
 	})
+	// Each counts as starved one retry window after its first refused cycle.
+	vaulttest.WaitFor(t, alertWait, "aws_resilient_roles_rate_limited to count app and team", func() bool {
+		got := prom.Query(t, `aws_resilient_roles_rate_limited`)
+		return len(got) == 1 && got[0].Value == 2
+	})
 	a.waitFiring("AWSResilientRateLimiterStarving", "")
-	if got := prom.Query(t, `aws_resilient_roles_rate_limited`); len(got) != 1 || got[0].Value != 2 {
-		t.Fatalf("aws_resilient_roles_rate_limited = %v, want 2 (app and team)", got)
-	}
 	if le := s.statusOf(t, "team").Str("last_error"); !strings.Contains(le, "RateLimited") {
 		t.Fatalf("status/team last_error %q while starved, want RateLimited", le)
 	}
-	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=10", "sts_burst=10")
+	// No cap: raising it would not do, as the slot already granted 100 s
+	// ahead stays granted (ratelimit.SetLimit) and the bucket stays full
+	// until then.
+	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=0", "sts_burst=0")
 	v.CLI(t, "write", "-f", mount+"/refresh/app")
 	v.CLI(t, "write", "-f", mount+"/refresh/team")
 	a.waitResolved("AWSResilientRateLimiterStarving")
