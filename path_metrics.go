@@ -572,12 +572,17 @@ aws_resilient_ and labelled with the mount.
 
 Per role (label role): credential expiration, issued lifetime, last
 successful refresh, next scheduled refresh (all unix seconds), consecutive
-failed cycles, and the state as a 0/1 gauge per state. With more roles than
+failed cycles, whether it is expiring while failing (0/1: the last cycle
+failed and less than half the refresh margin is left, or none), and the state
+as a 0/1 gauge per state. For cache_scope=entity they describe the role's
+entity credentials (the most urgent one's expiration and lifetime). With more roles than
 config/refresh metrics_max_roles (default 10000) the per-role series are
 left out and a comment line says so; the aggregates remain.
 
 Aggregates: roles defined, roles cached, roles per state, roles starved by
-the rate limiter, whether this node runs the refresher, the retry window.
+the rate limiter, roles failing and expiring while failing, whether this node
+runs the refresher, how long its most overdue refresh is late, the retry
+window.
 
 Counters and histograms, since the mount's backend started (the plugin
 process started, or Vault reloaded the mount): STS calls by
