@@ -77,7 +77,7 @@ func TestMetrics_ExpiringWhileFailingGauge(t *testing.T) {
 	gauges(0) // failing, but more than half the margin left
 
 	// No more cycles while the clock moves to the edges.
-	release := f.b.holdPlan()
+	release := f.b.refresher.holdPlan()
 	f.clock.AdvanceTo(c.Expiration.Add(-warn))
 	gauges(0)
 	f.clock.Advance(time.Nanosecond)
@@ -126,11 +126,11 @@ func TestMetrics_EntityScopedExpiringWhileFailing(t *testing.T) {
 
 	// Bob's refresh fails; alice's is not due yet, so hers waits in the plan.
 	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
-	release := f.b.holdPlan()
-	f.b.plan.Drop(aliceKey)
+	release := f.b.refresher.holdPlan()
+	f.b.refresher.plan.Drop(aliceKey)
 	release()
 	f.fireScheduled(bobKey)
-	release = f.b.holdPlan()
+	release = f.b.refresher.holdPlan()
 	defer release()
 	sc = scrapeMetrics(t, f.b, f.s, "")
 	sc.want("aws_resilient_role_credential_expiration_timestamp_seconds", role(entityRole), unixSeconds(bob.Expiration))
@@ -199,7 +199,7 @@ func TestMetrics_RefreshOverdue(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
 	key := roleKey(testRole)
-	due, ok := f.b.plannedAt(key)
+	due, ok := f.b.refresher.plannedAt(key)
 	if !ok {
 		t.Fatal("no refresh planned")
 	}
@@ -210,28 +210,28 @@ func TestMetrics_RefreshOverdue(t *testing.T) {
 	overdue(0)
 
 	// The plan stops firing: its due entry grows late.
-	release := f.b.holdPlan()
+	release := f.b.refresher.holdPlan()
 	f.clock.AdvanceTo(due)
 	overdue(0)
 	f.clock.Advance(90 * time.Second)
 	overdue(90 * time.Second)
 
 	// The entry is lost: the status's next_refresh is as late.
-	f.b.plan.Drop(key)
+	f.b.refresher.plan.Drop(key)
 	f.clock.Advance(10 * time.Second)
 	overdue(100 * time.Second)
 
 	// Planned again and fired: nothing is late.
-	f.b.planAt(key, f.clock.Now())
+	f.b.refresher.planAt(key, f.clock.Now())
 	f.drainFlights()
 	release()
 	f.clock.DriveUntil(t, f.nextFlight().done)
 	overdue(0)
 
 	// Its next plan, held past due, is late again.
-	release = f.b.holdPlan()
+	release = f.b.refresher.holdPlan()
 	defer release()
-	next, _ := f.b.plannedAt(key)
+	next, _ := f.b.refresher.plannedAt(key)
 	f.clock.AdvanceTo(next.Add(time.Minute))
 	overdue(time.Minute)
 }

@@ -108,13 +108,14 @@ func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg ref
 // planned or running, the time the reconciler would plan it at. 0 when it
 // is not late, runs now, or is cold. A refresher that stops firing its plan
 // (or loses it) shows here long before credentials expire.
-func (b *backend) refreshOverdue(key credKey, rs *roleState, r roleReport, now time.Time, cfg refreshConfig) time.Duration {
+func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) time.Duration {
+	now, cfg := v.now, v.cfg
 	if r.state == stateRefreshing {
 		return 0
 	}
 	due := r.next
 	if due.IsZero() {
-		if b.inHand(key) || !rs.warm() {
+		if v.rf.inHand(key) || !rs.warm() {
 			return 0
 		}
 		due = rs.status().NextRefresh
@@ -152,12 +153,11 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		return nil, err
 	}
 	sort.Strings(names)
-	cfg := b.settings.policy()
-	now := b.clock.Now()
-	active := b.WriteSafeReplicationState()
+	v := b.refresher.view(b.WriteSafeReplicationState())
+	cfg, now := v.cfg, v.now
 	perRole := len(names) <= cfg.MetricsMaxRoles
 
-	tally := &roleTally{now: now, cfg: cfg, active: active, perRole: perRole, byState: make(map[string]int, len(roleStateNames))}
+	tally := &roleTally{reportView: v, perRole: perRole, byState: make(map[string]int, len(roleStateNames))}
 	if err := b.tallyRoles(ctx, s, names, tally); err != nil {
 		return nil, err
 	}
@@ -193,7 +193,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	b.writeAggregates(w, tally)
 	writeRootGauges(w, root, rot, now)
 	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
-		b.entityStates(now, cfg, active))
+		entityStates(v))
 	w.stateFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.", tally.byState)
 	if perRole && len(tally.samples) > 0 {
 		w.roleSeries(tally.samples)
@@ -213,12 +213,11 @@ type roleSample struct {
 // roleTally is what a scrape counts over the roles: the aggregates, and
 // the per-role samples when they are exported.
 type roleTally struct {
-	// now, cfg and active are the scrape's time, config/refresh and
-	// whether this node runs the refresher; perRole says whether per-role
-	// series are exported.
-	now             time.Time
-	cfg             refreshConfig
-	active, perRole bool
+	// reportView is the scrape's: its time, config/refresh and whether
+	// this node runs the refresher; perRole says whether per-role series
+	// are exported.
+	reportView
+	perRole bool
 
 	samples                                            []roleSample
 	byState                                            map[string]int
@@ -288,16 +287,16 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 			continue // deleted since the list
 		}
 		t.defined++
-		r := b.report(roleKey(name), rs, t.now, t.cfg, t.active)
+		r := t.report(roleKey(name), rs)
 		fig := roleScopedFigures(r, rs, t.now, t.cfg)
 		if rs.role != nil && rs.role.entityScoped() {
 			if entities == nil {
-				entities = b.summarizeEntities("", t.now, t.cfg, t.active)
+				entities = t.entities("")
 			}
 			fig = entityScopedFigures(entities[name])
 			t.overdue = max(t.overdue, entities[name].overdue)
 		} else if t.active {
-			t.overdue = max(t.overdue, b.refreshOverdue(roleKey(name), rs, r, t.now, t.cfg))
+			t.overdue = max(t.overdue, t.refreshOverdue(roleKey(name), rs, r))
 		}
 		t.add(name, &fig)
 	}
@@ -369,7 +368,7 @@ func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
 	w.gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since); an entity-scoped role when one of its entity credentials is.", float64(t.starved))
 	w.gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.life.running()))
 	w.gauge("aws_resilient_refresh_overdue_seconds", "How long the most overdue refresh cycle on this node is past its due time and not started (0 when none is late, and on a node that does not run the refresher).", t.overdue.Seconds())
-	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.rolesInPlan()))
+	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.refresher.rolesInPlan()))
 	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", t.cfg.RetryWindow.Seconds())
 	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(t.perRole))
 }
@@ -390,9 +389,9 @@ func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, 
 }
 
 // entityStates counts the entity credentials held on this node, by state.
-func (b *backend) entityStates(now time.Time, cfg refreshConfig, active bool) map[string]int {
+func entityStates(v reportView) map[string]int {
 	states := map[string]int{}
-	for _, sum := range b.summarizeEntities("", now, cfg, active) {
+	for _, sum := range v.entities("") {
 		for st, n := range sum.byState {
 			states[st] += n
 		}

@@ -236,7 +236,7 @@ func (b *backend) pathTestRefresherWrite(_ context.Context, _ *logical.Request, 
 	}
 	if hold.(bool) {
 		if _, held := planHolds.Load(b); !held {
-			planHolds.Store(b, b.holdPlan())
+			planHolds.Store(b, b.refresher.holdPlan())
 		}
 		return nil, nil
 	}
