@@ -216,10 +216,24 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
-		f = b.flights.cold(key, b.clock.Now)
+		t := b.flights.read(key, b.clock.Now)
+		if t.failed != nil {
+			return nil, b.failedFast(key, t)
+		}
+		f = t.f
 		f.waiters.Add(1)
+		var tried <-chan struct{}
+		if t.try != nil {
+			tried = t.try.failed
+		}
 		select {
 		case <-f.done:
+		case <-tried:
+			// The block's one call failed: this reader gets that answer
+			// now rather than wait for the cycle's next block.
+			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+			b.metrics.readsUnavailable.Inc()
+			return nil, failureUnavailable(name, &t.try.fail, b.clock.Now())
 		case <-ctx.Done():
 			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
 			b.metrics.readsUnavailable.Inc()
@@ -248,12 +262,39 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
 	b.metrics.readsUnavailable.Inc()
+	if lf, ok := b.flights.lastFailed(key, f.gen); ok && f.res.outcome == cycleFailure && b.clock.Now().Before(lf.until) {
+		return nil, failureUnavailable(name, &lf, b.clock.Now())
+	}
 	reason := "refresh did not complete"
 	if f.res.err != nil {
 		reason = classify(f.res.err, "").Error()
 	}
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
+}
+
+// failedFast answers a cold read from the key's last failure (the read
+// budget: its block's one STS call, or a non-retryable answer, is already
+// in) without a call, and counts it.
+func (b *backend) failedFast(key credKey, t readTicket) error {
+	b.metrics.readsFailedFast.Inc()
+	b.metrics.readsUnavailable.Inc()
+	if t.refused {
+		b.metrics.budgetRefused.Inc()
+	}
+	return failureUnavailable(key.role, t.failed, b.clock.Now())
+}
+
+// failureUnavailable is the 503 of a read that a failed attempt answered:
+// the AWS error code and message, and when the next attempt is allowed.
+func failureUnavailable(name string, lf *lastFailure, now time.Time) error {
+	wait := lf.until.Sub(now)
+	if wait < 0 {
+		wait = 0
+	}
+	return logical.CodedError(http.StatusServiceUnavailable,
+		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s; next attempt allowed at %s (in %s)",
+			name, lf.err.Error(), lf.until.UTC().Format(time.RFC3339), wait.Round(time.Second)))
 }
 
 // credsResponse builds the answer from the mirrored role and credential: a

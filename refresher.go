@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 )
 
 // minCallTime is the least time an STS call gets even when its attempt was
@@ -290,6 +291,41 @@ func (j *cycleJob) hurry(i int, reserved bool) <-chan struct{} {
 	return nil
 }
 
+// attemptHurry is what attempt i waits on besides its time: the flight's
+// hurry for the first attempt (j.hurry); with the read budget, a retry
+// also goes at once when a reader joins within its block
+// (flights.read), so that a reader of a failing key waits for at most one
+// call, the block's.
+func (b *backend) attemptHurry(j *cycleJob, i int, reserved bool) <-chan struct{} {
+	if i == 0 || !b.flights.budget {
+		return j.hurry(i, reserved)
+	}
+	if t := b.flights.nextTry(j.f); t != nil {
+		return t.hurry
+	}
+	return nil
+}
+
+// callPriority is how an attempt for key ranks in the rate limiter
+// (deadline first): best effort when nothing valid is cached for it and its
+// last attempt failed (a cold read of a failing role: no deadline is at
+// stake, and it must not take a slot a refresh could have queued for);
+// otherwise it protects a deadline (a cached credential to refresh before
+// it expires, or a first read waiting).
+func (b *backend) callPriority(key credKey, cred *cacheEntry) ratelimit.Priority {
+	if b.flights.budget && !cred.validAt(b.clock.Now()) && b.flights.failing(key) {
+		return ratelimit.BestEffort
+	}
+	return ratelimit.Deadline
+}
+
+// tryFailed tells the flights that attempt i of j's cycle failed with a
+// retryable error (j.lastErr): its readers wake with it, and until the end
+// of its block readers get it at once (the read budget).
+func (b *backend) tryFailed(j *cycleJob, i int) {
+	b.flights.attemptFailed(j.key, j.f, j.lastErr, b.clock.Now(), j.start.Add(time.Duration(i+1)*j.block))
+}
+
 // window is attempt i's block, for the role's cached credential cred.
 func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow {
 	w := attemptWindow{
@@ -329,13 +365,14 @@ func (b *backend) runCycle(ctx context.Context, key credKey, f *flight) cycleRes
 	}
 	for i := 0; i < cfg.MaxRetries; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
-		if err := b.sleepUntil(ctx, attemptAt(b.rand, j.start, j.block, i, reserved), j.hurry(i, reserved)); err != nil {
+		if err := b.sleepUntil(ctx, attemptAt(b.rand, j.start, j.block, i, reserved), b.attemptHurry(j, i, reserved)); err != nil {
 			return b.cycleStopped()
 		}
 		rs, err := b.state.current(ctx, b.storage, key)
 		if err != nil {
 			j.failed(&refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err})
 			b.Logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
+			b.tryFailed(j, i)
 			continue
 		}
 		if rs == nil || rs.gen != f.gen {
@@ -348,6 +385,7 @@ func (b *backend) runCycle(ctx context.Context, key credKey, f *flight) cycleRes
 		if !j.lastErr.Retryable {
 			break
 		}
+		b.tryFailed(j, i)
 	}
 	return b.commitCycleFailure(ctx, j)
 }
@@ -383,6 +421,7 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 	j.attempts++
 	j.lastAttempt = b.clock.Now()
 	w := j.window(i, reserved, rs.cred)
+	w.priority = b.callPriority(j.key, rs.cred)
 
 	sess, serr := b.sessionFor(j.key, rs.role)
 	if errors.Is(serr, errEntityGone) && j.f.background {
@@ -519,6 +558,8 @@ type attemptWindow struct {
 	block time.Duration
 	// reserved says the first call's slot is already taken (a herd's cycle).
 	reserved bool
+	// priority is the attempt's rank in the rate limiter (callPriority).
+	priority ratelimit.Priority
 }
 
 // attemptResult is what one attempt got.
@@ -598,10 +639,10 @@ func (b *backend) attempt(ctx context.Context, key credKey, sess stsSession, rol
 func (b *backend) callSlot(w *attemptWindow, out *attemptResult, i int) (at time.Time, ok bool) {
 	at, ok = b.clock.Now(), true
 	if i > 0 || !w.reserved {
-		at, ok = b.limiter.Reserve(b.clock.Now(), w.blockEnd)
+		at, ok = b.limiter.ReserveRequest(b.clock.Now(), ratelimit.Request{Deadline: w.blockEnd, Priority: w.priority})
 	}
 	if !ok && i == 0 && w.queueUntil.After(w.blockEnd) {
-		if at, ok = b.limiter.Reserve(b.clock.Now(), w.queueUntil); ok {
+		if at, ok = b.limiter.ReserveRequest(b.clock.Now(), ratelimit.Request{Deadline: w.queueUntil, Priority: w.priority}); ok {
 			w.blockEnd = at.Add(w.block)
 			out.movedEnd = w.blockEnd
 			b.metrics.queued.Inc()
