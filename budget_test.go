@@ -287,8 +287,39 @@ func TestReadBudget_FailingRoleIsBestEffort(t *testing.T) {
 	if _, ok := f.b.limiter.Reserve(f.clock.Now(), f.clock.Now().Add(block)); !ok {
 		t.Fatal("no slot for the refresh")
 	}
-	wantAllFailed(t, f.hammer(testRole, "", 10), codeRateLimited)
+	// Refused a slot, no call: its readers keep the last answer from STS,
+	// now until the end of this block.
+	t0 := f.log.times()[0]
+	wantAllFailed(t, f.hammer(testRole, "", 10), "Throttling")
 	if n := len(f.log.all()); n != 1 {
 		t.Fatalf("the failing role took a queued slot: %d calls, want 1", n)
+	}
+	if got, want := statusTime(t, f.status(testRole), "next_attempt_allowed"), t0.Add(2*block); !got.Equal(want) {
+		t.Errorf("next_attempt_allowed = %v, want the end of the refused attempt's block %v", got, want)
+	}
+	if v := counterValue(t, f.b.metrics.rateLimited); v != 1 {
+		t.Errorf("rate-limited attempts = %v, want 1", v)
+	}
+}
+
+// An attempt our own rate limiter refused made no STS call: it is no
+// answer for the readers of a role that never failed, who wait for the
+// cycle's next attempt and get the credential from it.
+func TestReadBudget_RefusedSlotIsNoAnswer(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{
+		"sts_rate_limit": 0.5, "sts_burst": 1, "max_retries": 6, "retry_window": "6s",
+	}})
+	t0 := f.clock.Now()
+	// Another caller holds the only slot until t0+2s, past block 0.
+	if _, ok := f.b.limiter.Reserve(t0, t0); !ok {
+		t.Fatal("no slot")
+	}
+	f.mustReadCreds(testRole)
+	calls := f.log.times()
+	if len(calls) != 1 || !calls[0].Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("calls at %v, want one at t0+2s (block 1's slot)", calls)
+	}
+	if v := counterValue(t, f.b.metrics.readsFailedFast); v != 0 {
+		t.Errorf("reads failed fast = %v, want 0", v)
 	}
 }

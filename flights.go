@@ -99,6 +99,11 @@ type tryOutcome struct {
 	// success closes nothing here: the flight's done carries it.
 	failed chan struct{}
 	fail   lastFailure
+	// passed is closed instead when the attempt made no STS call (the
+	// rate limiter had no slot for it) and the key has no failure to
+	// answer with: its readers wait for next, the cycle's next attempt.
+	passed chan struct{}
+	next   *tryOutcome
 	// hurry is closed when a reader joins before the attempt was made:
 	// it then goes at once, but never before notBefore, the start of its
 	// block (one call per block).
@@ -108,7 +113,7 @@ type tryOutcome struct {
 }
 
 func newTry() *tryOutcome {
-	return &tryOutcome{failed: make(chan struct{}), hurry: make(chan struct{})}
+	return &tryOutcome{failed: make(chan struct{}), passed: make(chan struct{}), hurry: make(chan struct{})}
 }
 
 func (t *tryOutcome) hurryUp() { t.hurryOnce.Do(func() { close(t.hurry) }) }
@@ -358,6 +363,34 @@ func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now,
 		t.fail = fail
 		close(t.failed)
 	}
+}
+
+// attemptRefused records that f's current attempt made no STS call: the
+// rate limiter had no slot for it before until, the end of its block. It
+// is no answer from STS, so it is not remembered as the key's failure; a
+// key whose last call failed keeps answering with that failure, now until
+// the end of this block, and its waiting readers get it; readers of a key
+// with no failure wait for the cycle's next attempt.
+func (fs *flights) attemptRefused(key credKey, f *flight, until time.Time) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	t := f.try
+	f.try = newTry()
+	f.try.notBefore = until
+	lf := fs.last[key]
+	if lf != nil && lf.gen == f.gen && until.After(lf.until) {
+		lf.until = until
+	}
+	if t == nil {
+		return
+	}
+	if lf != nil && lf.gen == f.gen {
+		t.fail = *lf
+		close(t.failed)
+		return
+	}
+	t.next = f.try
+	close(t.passed)
 }
 
 // landBudgetLocked updates the key's read budget as f's cycle lands with

@@ -222,23 +222,17 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 		}
 		f = t.f
 		f.waiters.Add(1)
-		var tried <-chan struct{}
-		if t.try != nil {
-			tried = t.try.failed
-		}
-		select {
-		case <-f.done:
-		case <-tried:
+		failed, err := waitTry(ctx, f, t.try)
+		if failed != nil || err != nil {
+			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+			b.metrics.readsUnavailable.Inc()
+			if err != nil {
+				return nil, logical.CodedError(http.StatusServiceUnavailable,
+					fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
+			}
 			// The block's one call failed: this reader gets that answer
 			// now rather than wait for the cycle's next block.
-			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
-			b.metrics.readsUnavailable.Inc()
-			return nil, failureUnavailable(name, &t.try.fail, b.clock.Now())
-		case <-ctx.Done():
-			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
-			b.metrics.readsUnavailable.Inc()
-			return nil, logical.CodedError(http.StatusServiceUnavailable,
-				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
+			return nil, failureUnavailable(name, failed, b.clock.Now())
 		}
 		now = b.clock.Now()
 		if f.res.cred.validAt(now) {
@@ -271,6 +265,29 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	}
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
+}
+
+// waitTry waits for f's cycle to end (nil, nil) or, with the read budget
+// (try set), for the failure of the attempt the reader joined, following
+// the cycle to its next attempt past one that made no call; err is set
+// when ctx ended first.
+func waitTry(ctx context.Context, f *flight, try *tryOutcome) (*lastFailure, error) {
+	for {
+		var failed, passed <-chan struct{}
+		if try != nil {
+			failed, passed = try.failed, try.passed
+		}
+		select {
+		case <-f.done:
+			return nil, nil
+		case <-failed:
+			return &try.fail, nil
+		case <-passed:
+			try = try.next
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // failedFast answers a cold read from the key's last failure (the read

@@ -321,9 +321,17 @@ func (b *backend) callPriority(key credKey, cred *cacheEntry) ratelimit.Priority
 
 // tryFailed tells the flights that attempt i of j's cycle failed with a
 // retryable error (j.lastErr): its readers wake with it, and until the end
-// of its block readers get it at once (the read budget).
+// of its block readers get it at once (the read budget). An attempt our
+// own rate limiter refused is no STS answer (attemptRefused).
 func (b *backend) tryFailed(j *cycleJob, i int) {
-	b.flights.attemptFailed(j.key, j.f, j.lastErr, b.clock.Now(), j.start.Add(time.Duration(i+1)*j.block))
+	end := j.start.Add(time.Duration(i+1) * j.block)
+	if j.lastErr.Code == codeRateLimited {
+		// No STS call was made: not an answer to give readers as the
+		// block's one call.
+		b.flights.attemptRefused(j.key, j.f, end)
+		return
+	}
+	b.flights.attemptFailed(j.key, j.f, j.lastErr, b.clock.Now(), end)
 }
 
 // window is attempt i's block, for the role's cached credential cred.
