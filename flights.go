@@ -365,9 +365,10 @@ func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now,
 	}
 }
 
-// attemptRefused records that f's current attempt made no STS call: the
-// rate limiter had no slot for it before until, the end of its block. It
-// is no answer from STS, so it is not remembered as the key's failure; a
+// attemptRefused records that f's current attempt made no STS call (the
+// rate limiter had no slot for it before until, the end of its block, or
+// the block was over, or the role could not be read). It is no answer
+// from STS, so it is not remembered as the key's failure; a
 // key whose last call failed keeps answering with that failure, now until
 // the end of this block, and its waiting readers get it; readers of a key
 // with no failure wait for the cycle's next attempt.

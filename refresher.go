@@ -271,6 +271,10 @@ type cycleJob struct {
 	// local rate limiter refusing it a slot: only then did STS (or
 	// storage) actually fail.
 	upstream bool
+	// called says whether the last attempt called STS: one that did not
+	// (no slot, its block over, the role unreadable) is no answer for
+	// the read budget (tryFailed).
+	called bool
 }
 
 // failed records an attempt's failure.
@@ -321,13 +325,14 @@ func (b *backend) callPriority(key credKey, cred *cacheEntry) ratelimit.Priority
 
 // tryFailed tells the flights that attempt i of j's cycle failed with a
 // retryable error (j.lastErr): its readers wake with it, and until the end
-// of its block readers get it at once (the read budget). An attempt our
-// own rate limiter refused is no STS answer (attemptRefused).
+// of its block readers get it at once (the read budget). An attempt that
+// made no STS call is no answer (attemptRefused).
 func (b *backend) tryFailed(j *cycleJob, i int) {
 	end := j.start.Add(time.Duration(i+1) * j.block)
-	if j.lastErr.Code == codeRateLimited {
-		// No STS call was made: not an answer to give readers as the
-		// block's one call.
+	if !j.called {
+		// No STS call was made (no slot, the block over, the role
+		// unreadable): not an answer to give readers as the block's one
+		// call.
 		b.flights.attemptRefused(j.key, j.f, end)
 		return
 	}
@@ -378,6 +383,7 @@ func (b *backend) runCycle(ctx context.Context, key credKey, f *flight) cycleRes
 		}
 		rs, err := b.state.current(ctx, b.storage, key)
 		if err != nil {
+			j.called = false
 			j.failed(&refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err})
 			b.Logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
 			b.tryFailed(j, i)
@@ -428,6 +434,7 @@ func (b *backend) droppedIdle(ctx context.Context, j *cycleJob) bool {
 func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, i int, reserved bool) (cycleResult, bool) {
 	j.attempts++
 	j.lastAttempt = b.clock.Now()
+	j.called = false
 	w := j.window(i, reserved, rs.cred)
 	w.priority = b.callPriority(j.key, rs.cred)
 
@@ -444,6 +451,7 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
 	} else {
 		out = b.attempt(ctx, j.key, sess, rs.role, w)
+		j.called = out.called
 	}
 	if !out.movedEnd.IsZero() {
 		j.moved(i, out.movedEnd)
@@ -579,6 +587,8 @@ type attemptResult struct {
 	// movedEnd is the new end of a block that the attempt queued past; zero
 	// when it did not move.
 	movedEnd time.Time
+	// called: at least one STS call was made.
+	called bool
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
@@ -622,6 +632,7 @@ func (b *backend) attempt(ctx context.Context, key credKey, sess stsSession, rol
 		d := min(w.timeout, max(w.blockEnd.Sub(b.clock.Now()), min(w.timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
 		called := b.clock.Now()
+		out.called = true
 		cred, err := ep.fetch(callCtx, sess, role)
 		cancel()
 		took := b.clock.Now().Sub(called)

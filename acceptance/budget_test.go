@@ -14,10 +14,10 @@ import (
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
 )
 
-// TestReadBudgetIsolation (issue 20): a denied role and a throttled role,
-// each hammered by concurrent readers through a real Vault, beside healthy
-// roles with short credentials whose refreshes alone need about half of
-// sts_rate_limit. Each failing role makes at most one STS call per retry
+// TestReadBudgetIsolation (issue 20): ten always-failing roles, five denied
+// and five throttled, hammered by fifty concurrent readers through a real
+// Vault, beside healthy roles with short credentials whose refreshes alone
+// need about half of sts_rate_limit. Each failing role makes at most one STS call per retry
 // block (the denied one none between its planned cycles), its readers get
 // 503s naming the AWS error code and the next attempt, every healthy role
 // is refreshed before its credential expires on its own schedule, and no
@@ -31,16 +31,21 @@ func TestReadBudgetIsolation(t *testing.T) {
 		window   = 6 * time.Second
 		block    = window / 3
 		healthy  = 10 // 10 refreshes per ~10 s: 1/s, half of sts_rate_limit
-		readers  = 8  // per failing role
+		readers  = 5  // per failing role: 50 in all
 		run      = 26 * time.Second
 		// slack for a 2-core runner busy with other Vault servers.
 		slack = 700 * time.Millisecond
 	)
-	s := newDevStack(t, []string{"-max-lifetime", lifetime.String(), "-deny", "denied"},
+	s := newDevStack(t, []string{"-max-lifetime", lifetime.String(), "-deny", "denied-*"},
 		map[string]string{"retry_window": "6", "max_retries": "3", "refresh_fraction": "0.5", "sts_rate_limit": "2", "sts_burst": "2"})
 	s.emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"Throttling": 1}, Match: "throttled"})
-	s.createRole(t, "denied")
-	s.createRole(t, "throttled")
+	var failingNames []string
+	for i := range 5 {
+		failingNames = append(failingNames, fmt.Sprintf("denied-%d", i), fmt.Sprintf("throttled-%d", i))
+	}
+	for _, name := range failingNames {
+		s.createRole(t, name)
+	}
 	var names []string
 	for i := range healthy {
 		names = append(names, fmt.Sprintf("healthy-%d", i))
@@ -80,7 +85,7 @@ func TestReadBudgetIsolation(t *testing.T) {
 	}
 	var mu sync.Mutex
 	failing := map[string][]failingRead{}
-	for _, name := range []string{"denied", "throttled"} {
+	for _, name := range failingNames {
 		for range readers {
 			wg.Add(1)
 			go func() {
@@ -93,7 +98,7 @@ func TestReadBudgetIsolation(t *testing.T) {
 					mu.Lock()
 					failing[name] = append(failing[name], failingRead{code, msg})
 					mu.Unlock()
-					sleepCtx(ctx, 25*time.Millisecond)
+					sleepCtx(ctx, 50*time.Millisecond)
 				}
 			}()
 		}
@@ -119,7 +124,7 @@ func TestReadBudgetIsolation(t *testing.T) {
 	// One call per block at most: blocks are counted from each cycle's
 	// start, so the bound is the run's blocks plus one.
 	blocks := float64(elapsed)/float64(block) + 1
-	for _, name := range []string{"denied", "throttled"} {
+	for _, name := range failingNames {
 		n := len(calls[name])
 		t.Logf("%s: %d reads, %d STS calls in %v (%.2f per block)", name, len(failing[name]), n, elapsed.Round(time.Second), float64(n)/blocks)
 		if n == 0 || float64(n) > blocks {
@@ -128,30 +133,31 @@ func TestReadBudgetIsolation(t *testing.T) {
 		if len(failing[name]) < 10*n {
 			t.Errorf("%s: only %d reads for %d calls: the readers did not hammer", name, len(failing[name]), n)
 		}
-	}
-	// Denied: the first read's call, then one per planned cycle (pauses of
-	// at least window/2, growing): far fewer than the blocks.
-	if n := len(calls["denied"]); n > 1+int(elapsed/(window/2)) {
-		t.Errorf("denied: %d STS calls, more than one per planned cycle", n)
-	}
-	ts := calls["throttled"]
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	for i := 1; i < len(ts); i++ {
-		if gap := ts[i].Sub(ts[i-1]); gap < block-slack {
-			t.Errorf("throttled: calls %d and %d only %v apart, want one per %v block", i-1, i, gap, block)
+		ts := calls[name]
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		for i := 1; i < len(ts); i++ {
+			if gap := ts[i].Sub(ts[i-1]); gap < block-slack {
+				t.Errorf("%s: calls %d and %d only %v apart, want one per %v block", name, i-1, i, gap, block)
+			}
 		}
-	}
-	for name, reads := range failing {
-		for _, r := range reads {
-			code := map[string]string{"denied": "AccessDenied", "throttled": "Throttling"}[name]
+		code := "Throttling"
+		if strings.HasPrefix(name, "denied-") {
+			code = "AccessDenied"
+			// The first read's call, then one per planned cycle (pauses
+			// of at least window/2, growing): far fewer than the blocks.
+			if n > 1+int(elapsed/(window/2)) {
+				t.Errorf("%s: %d STS calls, more than one per planned cycle", name, n)
+			}
+			if msg := failing[name][len(failing[name])-1].msg; !strings.Contains(msg, "next attempt allowed at") {
+				t.Errorf("%s: the 503 does not say when the next attempt is allowed: %q", name, msg)
+			}
+		}
+		for _, r := range failing[name] {
 			if r.code != http.StatusServiceUnavailable || !strings.Contains(r.msg, code) {
 				t.Errorf("%s: a read answered HTTP %d %q, want 503 with %s", name, r.code, r.msg, code)
 				break
 			}
 		}
-	}
-	if msg := failing["denied"][len(failing["denied"])-1].msg; !strings.Contains(msg, "next attempt allowed at") {
-		t.Errorf("denied: the 503 does not say when the next attempt is allowed: %q", msg)
 	}
 
 	// Every healthy role refreshed before expiry, on its schedule: issued
@@ -175,11 +181,11 @@ func TestReadBudgetIsolation(t *testing.T) {
 	}
 
 	var st map[string]any
-	if code, msg, err := fmGet(context.Background(), s.vault, mount+"/status/denied", &st); err != nil || code != http.StatusOK {
-		t.Fatalf("status/denied: HTTP %d %s %v", code, msg, err)
+	if code, msg, err := fmGet(context.Background(), s.vault, mount+"/status/denied-0", &st); err != nil || code != http.StatusOK {
+		t.Fatalf("status/denied-0: HTTP %d %s %v", code, msg, err)
 	}
 	if n, _ := st["reads_failed_fast"].(float64); n < 1 || !strings.HasPrefix(fmt.Sprint(st["last_error"]), "AccessDenied") {
-		t.Errorf("status/denied: reads_failed_fast %v, last_error %v", st["reads_failed_fast"], st["last_error"])
+		t.Errorf("status/denied-0: reads_failed_fast %v, last_error %v", st["reads_failed_fast"], st["last_error"])
 	}
 }
 
