@@ -111,11 +111,34 @@ func TestReadBudget_DeniedRoleOneCall(t *testing.T) {
 		t.Errorf("aws_resilient_budget_refused_calls_total = %v, want >= 30", v)
 	}
 
-	// The operator fixed the trust policy: refresh/ calls at once.
+	// The operator fixed the trust policy: refresh/ calls at once, and
+	// readers during its call join it rather than get the old answer.
 	f.emu.SetDeny(nil)
-	st = f.refresh(testRole)
-	if st["last_error"] != "" || len(f.log.all()) != 2 {
-		t.Fatalf("refresh/ after the fix: last_error %q, %d calls; want a success with the second call", st["last_error"], len(f.log.all()))
+	release := make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let) // a failed wait below must not leave the call blocked
+	f.log.before = func() { <-release }
+	f.drainFlights()
+	refreshed := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "refresh/" + testRole, Storage: f.s})
+		refreshed <- result{resp, err}
+	}()
+	fl := f.nextFlight()
+	readers := make(chan []result, 1)
+	go func() { readers <- f.hammer(testRole, "", 10) }()
+	waitFor(t, "the readers to join refresh/'s call", func() bool { return fl.waiters.Load() == 11 })
+	let()
+	for i, r := range <-readers {
+		if r.err != nil || r.resp.IsError() {
+			t.Fatalf("reader %d during refresh/: err=%v resp=%v", i, r.err, respErr(r.resp))
+		}
+	}
+	r := <-refreshed
+	f.log.before = nil
+	if r.err != nil || r.resp.Data["last_error"] != "" || len(f.log.all()) != 2 {
+		t.Fatalf("refresh/ after the fix: err %v, status %v, %d calls; want a success with the second call", r.err, respErr(r.resp), len(f.log.all()))
 	}
 	f.mustReadCreds(testRole)
 	if st := f.status(testRole); st["next_attempt_allowed"] != "" || st["reads_failed_fast"] != int64(0) {

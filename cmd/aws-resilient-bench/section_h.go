@@ -86,7 +86,9 @@ func (r *run) isolationRun(budget, bin string) isoResult {
 	// after issue, so the healthy roles alone need up to
 	// healthy/(lifetime/2) calls a second: the limit is twice that.
 	rate := max(1, int(float64(2*o.isoHealthy)/(o.isoLife.Seconds()/2)+0.5))
-	const window, retries = 6 * time.Second, 3
+	// Blocks of 5 s: with half of the limit spare, the baseline's failing
+	// roles can take rate/2 x 5 s / failing calls a block between them.
+	const window, retries = 15 * time.Second, 3
 	block := window / retries
 	const mount = "bench-h"
 	setupMount(tb, s, a, mount, emu, map[string]any{"retry_window": int(window / time.Second), "max_retries": retries,
