@@ -78,7 +78,7 @@ func TestReadBudget_DeniedRoleOneCall(t *testing.T) {
 	if n := len(f.log.all()); n != 1 {
 		t.Fatalf("60 reads of a denied role made %d STS calls, want 1", n)
 	}
-	next, ok := f.b.plannedAt(roleKey(testRole))
+	next, ok := f.b.refresher.plannedAt(roleKey(testRole))
 	if !ok {
 		t.Fatal("no next cycle planned after the failure")
 	}
@@ -157,7 +157,7 @@ func TestReadBudget_DeniedRoleNextPlannedCycle(t *testing.T) {
 	if n := len(f.log.all()); n != 2 {
 		t.Fatalf("%d calls, want 2: the readers' and the planned cycle's", n)
 	}
-	next, _ := f.b.plannedAt(roleKey(testRole))
+	next, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	wantAllFailed(t, f.hammer(testRole, "", 20), "AccessDenied")
 	if n := len(f.log.all()); n != 2 {
 		t.Fatalf("reads after the planned cycle failed made %d more calls", n-2)
@@ -293,14 +293,14 @@ func TestReadBudget_FailingRoleIsBestEffort(t *testing.T) {
 	f := newFixture(t, fixtureOpts{rand: randMax, refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
 	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
 	wantAllFailed(t, f.hammer(testRole, "", 3), "Throttling")
-	if p := f.b.callPriority(roleKey(testRole), nil); p != ratelimit.BestEffort {
+	if p := f.b.refresher.callPriority(roleKey(testRole), nil); p != ratelimit.BestEffort {
 		t.Fatalf("a failing role with nothing cached calls at %v, want best effort", p)
 	}
 	valid := &cacheEntry{Expiration: f.clock.Now().Add(time.Hour)}
-	if p := f.b.callPriority(roleKey(testRole), valid); p != ratelimit.Deadline {
+	if p := f.b.refresher.callPriority(roleKey(testRole), valid); p != ratelimit.Deadline {
 		t.Fatalf("a failing role with a valid credential to refresh calls at %v, want deadline", p)
 	}
-	if p := f.b.callPriority(roleKey("other"), nil); p != ratelimit.Deadline {
+	if p := f.b.refresher.callPriority(roleKey("other"), nil); p != ratelimit.Deadline {
 		t.Fatalf("a first read calls at %v, want deadline", p)
 	}
 
