@@ -452,4 +452,10 @@ cycle runs in the request, shared by all concurrent readers of the role (or
 of the role and entity). An
 expired credential is never served: with nothing valid and the refresh
 failing, the answer is a 503 carrying the upstream error code and message.
+
+A failing role makes at most one STS call per retry block, however many read
+it: a reader joins the block's call and gets its answer; once that call
+failed, readers get its failure at once, as a 503 saying when the next
+attempt is allowed (after a non-retryable error such as AccessDenied: the
+role's next planned cycle; refresh/<name> tries again at once).
 `
