@@ -256,7 +256,9 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
 	b.metrics.readsUnavailable.Inc()
-	if lf, ok := b.flights.lastFailed(key, f.gen); ok && f.res.outcome == cycleFailure && b.clock.Now().Before(lf.until) {
+	if lf, ok := b.flights.lastFailed(key, f.gen); ok && f.res.outcome != cycleSuccess {
+		// The last answer from STS, rather than a cycle's own end
+		// (RateLimited: no call was made).
 		return nil, failureUnavailable(name, &lf, b.clock.Now())
 	}
 	reason := "refresh did not complete"
