@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"os"
 	"runtime"
 	"slices"
@@ -277,17 +278,23 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/other", Storage: f.s})
 		done <- result{resp, err}
 	}()
-	// The cold read's cycle failed its first attempt and sleeps until the
-	// next block; the role "app" waits for its scheduled refresh.
+	// The cold read answers with its block's failed call (the read
+	// budget); its cycle sleeps until the next block, and the role "app"
+	// waits for its scheduled refresh.
+	r := <-done
+	wantCoded(t, r.resp, r.err, 503, "Throttling")
 	f.clock.BlockUntil(t, 2)
-	if !f.b.refresher.inFlight(roleKey("other")) {
+	cycle := f.b.flights.current(roleKey("other"))
+	if cycle == nil {
 		t.Fatal("cycle for other is not running")
 	}
 
 	f.b.Cleanup(context.Background())
 
-	r := <-done
-	wantCoded(t, r.resp, r.err, 503, "ShuttingDown")
+	<-cycle.done
+	if !errors.Is(cycle.res.err, errShuttingDown) {
+		t.Fatalf("the cycle ended with %v, want ShuttingDown", cycle.res.err)
+	}
 	if n := f.clock.Pending(); n != 0 {
 		t.Fatalf("%d timers still pending after Clean", n)
 	}

@@ -16,7 +16,8 @@
 //	               seal-wrapped)
 //	rolestate.go   roleStates: the mirror of roles/, cache/ and status/, the
 //	               generations and the per-role store locks (lockFor)
-//	flights.go     flights: the one refresh cycle in progress per key
+//	flights.go     flights: the one refresh cycle in progress per key, and
+//	               the read budget (one STS call per key per retry block)
 //	refresher.go   refresher: the plan, its firing (fireDue), the cycle
 //	               (runCycle over a cycleJob, attempt, the commits)
 //	timing.go      every timing rule as a pure function of (time, config, rand)

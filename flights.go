@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,10 +35,20 @@ type flights struct {
 	// onStart, when set (a test seam), is told of every cycle as it starts,
 	// under mu.
 	onStart func(key credKey, f *flight)
+
+	// last is the read budget's memory (mu): per key, the last failed
+	// attempt, which readers of a key with nothing valid cached get at
+	// once until its until, instead of an STS call of their own. Memory
+	// only, never stored; a success removes the key's entry.
+	last map[credKey]*lastFailure
+	// budget is whether readers are held to one STS call per key per retry
+	// block (readerBudgetBuilt; off only in the benchmark's baseline build).
+	budget bool
 }
 
 func newFlights(peek func(credKey) *roleState, launch func(key credKey, f, prev *flight) (context.CancelFunc, bool), onStart func(credKey, *flight)) *flights {
-	return &flights{m: make(map[credKey]*flight), peek: peek, launch: launch, onStart: onStart}
+	return &flights{m: make(map[credKey]*flight), peek: peek, launch: launch, onStart: onStart,
+		last: make(map[credKey]*lastFailure), budget: readerBudgetBuilt}
 }
 
 // planLock is the plan's outer lock (dueplan.New): the plan takes due
@@ -76,6 +87,52 @@ type flight struct {
 	res cycleResult
 	// waiters counts requests that joined; tests and debugging read it.
 	waiters atomic.Int32
+	// try is the attempt the cycle makes next or is making (flights.mu):
+	// readers who join wait for it, not for the whole cycle, and it is
+	// replaced once it failed (attemptFailed).
+	try *tryOutcome
+}
+
+// tryOutcome is one attempt of a cycle as its readers see it.
+type tryOutcome struct {
+	// failed is closed once the attempt failed; fail is then set. A
+	// success closes nothing here: the flight's done carries it.
+	failed chan struct{}
+	fail   lastFailure
+	// passed is closed instead when the attempt made no STS call (the
+	// rate limiter had no slot for it) and the key has no failure to
+	// answer with: its readers wait for next, the cycle's next attempt.
+	passed chan struct{}
+	next   *tryOutcome
+	// hurry is closed when a reader joins before the attempt was made:
+	// it then goes at once, but never before notBefore, the start of its
+	// block (one call per block).
+	hurry     chan struct{}
+	hurryOnce sync.Once
+	notBefore time.Time
+}
+
+func newTry() *tryOutcome {
+	return &tryOutcome{failed: make(chan struct{}), passed: make(chan struct{}), hurry: make(chan struct{})}
+}
+
+func (t *tryOutcome) hurryUp() { t.hurryOnce.Do(func() { close(t.hurry) }) }
+
+// lastFailure is a key's last failed attempt, as the read budget keeps it.
+type lastFailure struct {
+	// gen is the role generation the attempt was made for: a newer
+	// definition is not answered with its predecessor's failure.
+	gen uint64
+	err *refreshError
+	// at is when the attempt failed.
+	at time.Time
+	// until is when the next attempt is allowed: the end of the failed
+	// attempt's block, or after a non-retryable error the key's next
+	// planned cycle. Readers get err at once until then.
+	until time.Time
+	// answered counts the reads answered with a failure at once, without a
+	// call, since the key's last success on this node.
+	answered int64
 }
 
 func (f *flight) hurryUp() { f.hurryOnce.Do(func() { close(f.hurry) }) }
@@ -107,7 +164,13 @@ type planned struct {
 func (fs *flights) wait(key credKey) *flight {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return fs.beginLocked(key, true, planned{})
+	fs.forcedLocked(key)
+	f := fs.beginLocked(key, true, planned{})
+	if f.try != nil {
+		// Forced: a retry waiting for its jittered time goes now.
+		f.try.hurryUp()
+	}
+	return f
 }
 
 // cold is wait for a cold read: when a cycle stored a valid credential
@@ -152,7 +215,7 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 		// Its result could not be stored anyway.
 		prev.cancel()
 	}
-	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hint: p.hint, hurry: make(chan struct{})}
+	f := &flight{done: make(chan struct{}), gen: gen, background: !urgent, hint: p.hint, hurry: make(chan struct{}), try: newTry()}
 	if !urgent && prev == nil {
 		// Not after prev: a cycle that waits for prev to end would reach
 		// its slot late, its blocks counted from a past slot. It takes a
@@ -177,12 +240,16 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 }
 
 // land ends f's cycle with res: f leaves the flights, and its waiters wake.
+// A success ends the key's read budget memory; a failure whose next attempt
+// has to wait for the key's next planned cycle (non-retryable) keeps its
+// readers answered until then.
 func (fs *flights) land(key credKey, f *flight, res cycleResult) {
 	fs.mu.Lock()
 	if fs.m[key] == f {
 		delete(fs.m, key)
 	}
 	f.res = res
+	fs.landBudgetLocked(key, f, res)
 	fs.mu.Unlock()
 	close(f.done)
 }
@@ -206,6 +273,13 @@ func (fs *flights) running(key credKey) bool {
 	return fs.m[key] != nil
 }
 
+// current returns the cycle running for key, nil when none.
+func (fs *flights) current(key credKey) *flight {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.m[key]
+}
+
 // runningLocked is running with mu held (the plan's fire).
 func (fs *flights) runningLocked(key credKey) bool { return fs.m[key] != nil }
 
@@ -217,4 +291,173 @@ func (fs *flights) view(see func(inFlight map[credKey]*flight)) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	see(fs.m)
+}
+
+// The read budget: one STS call per key per retry block, however many read
+// it. A reader of a key with nothing valid cached joins the attempt in
+// flight (or about to go) for the current block; once that attempt failed,
+// every reader in the same block gets its failure at once, with when the
+// next attempt is allowed. refresh/<name> still forces an attempt (wait).
+
+// readTicket is what a cold read got from the flights: a cycle to wait on
+// (f, and try, the attempt it waits for), or, when failed is set, the key's
+// last failure to answer with at once.
+type readTicket struct {
+	f   *flight
+	try *tryOutcome // nil: wait for the whole cycle (the budget is off)
+	// failed, when set, answers the read at once: the key's last attempt
+	// failed and the next one is not allowed yet.
+	failed *lastFailure
+	// refused: no cycle was running, so without the budget the read would
+	// have started one and called STS at once.
+	refused bool
+}
+
+// read is cold under the read budget: a reader of a key whose last attempt
+// failed and whose next attempt is not allowed yet (lastFailure.until) gets
+// that failure (a copy) at once; any other joins or starts the key's cycle
+// and waits for its current attempt, which it hurries. now is read once
+// the lock is held.
+func (fs *flights) read(key credKey, now func() time.Time) readTicket {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	rs := fs.peek(key)
+	if rs != nil && !rs.stale && fs.m[key] == nil && rs.cred.validAt(now()) {
+		return readTicket{f: doneFlight(rs.gen, cycleResult{cred: rs.cred})}
+	}
+	if lf := fs.last[key]; fs.budget && lf != nil && rs != nil && lf.gen == rs.gen && now().Before(lf.until) {
+		lf.answered++
+		cp := *lf
+		return readTicket{failed: &cp, refused: fs.m[key] == nil}
+	}
+	f := fs.beginLocked(key, true, planned{})
+	t := readTicket{f: f}
+	if fs.budget && f.try != nil {
+		t.try = f.try
+		if !now().Before(f.try.notBefore) {
+			f.try.hurryUp()
+		}
+	}
+	return t
+}
+
+// attemptFailed records that f's current attempt failed with err (a
+// retryable one: a non-retryable error ends the cycle, and land records
+// it) at now and that the next one is not allowed before until (the end of
+// its block): its waiting readers wake with the failure, readers until then
+// get it at once, and the cycle's next attempt has a fresh tryOutcome.
+func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now, until time.Time) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fail := lastFailure{gen: f.gen, err: err, at: now, until: until}
+	if prev := fs.last[key]; prev != nil {
+		fail.answered = prev.answered
+	}
+	if fs.budget {
+		fs.last[key] = &fail
+	}
+	t := f.try
+	f.try = newTry()
+	f.try.notBefore = until
+	if t != nil {
+		t.fail = fail
+		close(t.failed)
+	}
+}
+
+// attemptRefused records that f's current attempt made no STS call (the
+// rate limiter had no slot for it before until, the end of its block, or
+// the block was over, or the role could not be read). It is no answer
+// from STS, so it is not remembered as the key's failure; a
+// key whose last call failed keeps answering with that failure, now until
+// the end of this block, and its waiting readers get it; readers of a key
+// with no failure wait for the cycle's next attempt.
+func (fs *flights) attemptRefused(key credKey, f *flight, until time.Time) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	t := f.try
+	f.try = newTry()
+	f.try.notBefore = until
+	lf := fs.last[key]
+	if lf != nil && lf.gen == f.gen && until.After(lf.until) {
+		lf.until = until
+	}
+	if t == nil {
+		return
+	}
+	if lf != nil && lf.gen == f.gen {
+		t.fail = *lf
+		close(t.failed)
+		return
+	}
+	t.next = f.try
+	close(t.passed)
+}
+
+// landBudgetLocked updates the key's read budget as f's cycle lands with
+// res; mu held. A success forgets the key's failures. A cycle that ended on
+// a non-retryable error is answered until the key's next planned cycle
+// (res.next): asking again before then gets the same answer.
+func (fs *flights) landBudgetLocked(key credKey, f *flight, res cycleResult) {
+	if res.outcome == cycleSuccess {
+		delete(fs.last, key)
+		return
+	}
+	var rerr *refreshError
+	if res.outcome != cycleFailure || !errors.As(res.err, &rerr) || rerr.Retryable {
+		return
+	}
+	fail := lastFailure{gen: f.gen, err: rerr, until: res.next}
+	if res.status != nil {
+		fail.at = res.status.LastAttempt
+	}
+	if prev := fs.last[key]; prev != nil {
+		fail.answered = prev.answered
+	}
+	if fs.budget {
+		fs.last[key] = &fail
+	}
+}
+
+// nextTry is the tryOutcome of f's next (or current) attempt.
+func (fs *flights) nextTry(f *flight) *tryOutcome {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return f.try
+}
+
+// forced lets the next attempt for key go at once (refresh/<name>: the
+// operator says the cause is fixed); mu held. The failure stays for status.
+func (fs *flights) forcedLocked(key credKey) {
+	if lf := fs.last[key]; lf != nil {
+		lf.until = time.Time{}
+	}
+}
+
+// failing reports whether key's last attempt failed (and no success came
+// since): a cycle for a key with nothing valid cached and a failing record
+// calls STS at best effort (ratelimit.BestEffort).
+func (fs *flights) failing(key credKey) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.last[key] != nil
+}
+
+// lastFailed returns a copy of key's last failure for status; ok is false
+// when there is none (or it is for another generation than gen).
+func (fs *flights) lastFailed(key credKey, gen uint64) (lastFailure, bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	lf := fs.last[key]
+	if lf == nil || lf.gen != gen {
+		return lastFailure{}, false
+	}
+	return *lf, true
+}
+
+// forget drops key's read budget memory (the key is gone).
+func (fs *flights) forget(key credKey) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	delete(fs.last, key)
 }

@@ -505,6 +505,26 @@ func (f *fixture) readCreds(name string) (*logical.Response, error) {
 	return f.driven(logical.ReadOperation, "creds/"+name)
 }
 
+// coldCycle reads creds/<name> with nothing valid cached and drives the
+// fake clock until the refresh cycle the read started (or joined) has
+// ended. The read itself answers with its retry block's one call (the read
+// budget), so a cycle that fails first and succeeds on a retry gives a 503
+// here and has cached the credential by the time coldCycle returns.
+func (f *fixture) coldCycle(name string) (*logical.Response, error) {
+	f.t.Helper()
+	f.drainFlights()
+	resp, err := f.readCreds(name)
+	select {
+	case fl := <-f.flights:
+		f.clock.DriveUntil(f.t, fl.done)
+	default: // served from the cache, or joined a cycle started before
+		if cur := f.b.flights.current(roleKey(name)); cur != nil {
+			f.clock.DriveUntil(f.t, cur.done)
+		}
+	}
+	return resp, err
+}
+
 func (f *fixture) mustReadCreds(name string) *logical.Response {
 	f.t.Helper()
 	resp, err := f.readCreds(name)

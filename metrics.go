@@ -56,6 +56,11 @@ type metrics struct {
 
 	readsOK, readsCold, readsUnavailable prometheus.Counter
 	coldWait                             prometheus.Histogram
+
+	// readsFailedFast counts cold reads answered at once from the key's
+	// last failure (the read budget); budgetRefused those of them that,
+	// without the budget, would have started a cycle and called STS.
+	readsFailedFast, budgetRefused prometheus.Counter
 }
 
 // cycleBuckets cover a cycle from one quick call (tens of ms) to a whole
@@ -114,6 +119,14 @@ func newMetrics(version string) *metrics {
 			Buckets: cycleBuckets,
 		}),
 	}
+	m.readsFailedFast = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "aws_resilient_reads_failed_fast_total",
+		Help: "creds reads with nothing valid cached answered at once with the last failure of their role (or entity credential), without an STS call: its retry block's one call had already failed, or a non-retryable error holds until the next planned cycle. Also counted as 503 in aws_resilient_creds_reads_total.",
+	})
+	m.budgetRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "aws_resilient_budget_refused_calls_total",
+		Help: "STS calls refused by the per-role read budget (one call per role, or per role and entity, per retry block): reads answered from the last failure that would otherwise have started a refresh cycle with a call at once.",
+	})
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aws_resilient_creds_reads_total",
 		Help: "creds/<name> reads answered, by result: ok (from the cache), cold (after waiting for a refresh) or 503.",
@@ -127,7 +140,7 @@ func newMetrics(version string) *metrics {
 		ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.paced, m.rejected, reads, m.coldWait, build, m.rotations, m.entityDrops)
+	m.reg.MustRegister(m.stsCalls, m.stsDuration, m.cycles, m.cycleTime, m.rateLimited, m.queued, m.paced, m.rejected, reads, m.coldWait, build, m.rotations, m.entityDrops, m.readsFailedFast, m.budgetRefused)
 	// Every label value known in advance is exported from the start, at 0,
 	// so that rate() and increase() see the first event instead of a series
 	// that appears with it.

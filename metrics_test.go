@@ -225,7 +225,7 @@ func TestMetrics_FailingRole(t *testing.T) {
 
 	// A second role that never had a credential: its cold read gets a 503.
 	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/other", map[string]interface{}{"role_arn": "arn:aws:iam::123456789012:role/other"})
-	resp, err := f.readCreds("other")
+	resp, err := f.coldCycle("other")
 	wantCoded(t, resp, err, 503, "Throttling")
 
 	sc := scrapeMetrics(t, f.b, f.s, "")
@@ -273,7 +273,7 @@ func TestMetrics_FailingRole(t *testing.T) {
 func TestMetrics_RejectedCredentials(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.emu.SetFaults(stsemu.FaultPlan{Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultEmptyKey, Count: 1}, {Fault: stsemu.FaultExpired, Count: 1}}})
-	f.mustReadCreds(testRole) // first attempt at once, then two retries
+	f.coldCycle(testRole) // first attempt at once, then two retries
 
 	sc := scrapeMetrics(t, f.b, f.s, "")
 	sc.want("aws_resilient_credentials_rejected_total", map[string]string{"reason": "empty_access_key"}, 1)
@@ -288,7 +288,7 @@ func TestMetrics_RateLimited(t *testing.T) {
 	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"sts_rate_limit": 0.01, "sts_burst": 1, "max_retries": 2, "retry_window": 2}})
 	f.mustReadCreds(testRole) // takes the one slot
 	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/other", map[string]interface{}{"role_arn": "arn:aws:iam::123456789012:role/other"})
-	resp, err := f.readCreds("other")
+	resp, err := f.coldCycle("other")
 	wantCoded(t, resp, err, 503, codeRateLimited)
 
 	sc := scrapeMetrics(t, f.b, f.s, "")

@@ -216,15 +216,23 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	// A cycle that began for the role's previous definition cannot store
 	// its result; the second pass joins (or starts) one for the current one.
 	for pass := 0; pass < 2; pass++ {
-		f = b.flights.cold(key, b.clock.Now)
+		t := b.flights.read(key, b.clock.Now)
+		if t.failed != nil {
+			return nil, b.failedFast(key, t)
+		}
+		f = t.f
 		f.waiters.Add(1)
-		select {
-		case <-f.done:
-		case <-ctx.Done():
+		failed, err := waitTry(ctx, f, t.try)
+		if failed != nil || err != nil {
 			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
 			b.metrics.readsUnavailable.Inc()
-			return nil, logical.CodedError(http.StatusServiceUnavailable,
-				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
+			if err != nil {
+				return nil, logical.CodedError(http.StatusServiceUnavailable,
+					fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
+			}
+			// The block's one call failed: this reader gets that answer
+			// now rather than wait for the cycle's next block.
+			return nil, failureUnavailable(name, failed, b.clock.Now())
 		}
 		now = b.clock.Now()
 		if f.res.cred.validAt(now) {
@@ -248,12 +256,64 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
 	b.metrics.readsUnavailable.Inc()
+	if lf, ok := b.flights.lastFailed(key, f.gen); ok && f.res.outcome != cycleSuccess {
+		// The last answer from STS, rather than a cycle's own end
+		// (RateLimited: no call was made).
+		return nil, failureUnavailable(name, &lf, b.clock.Now())
+	}
 	reason := "refresh did not complete"
 	if f.res.err != nil {
 		reason = classify(f.res.err, "").Error()
 	}
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
+}
+
+// waitTry waits for f's cycle to end (nil, nil) or, with the read budget
+// (try set), for the failure of the attempt the reader joined, following
+// the cycle to its next attempt past one that made no call; err is set
+// when ctx ended first.
+func waitTry(ctx context.Context, f *flight, try *tryOutcome) (*lastFailure, error) {
+	for {
+		var failed, passed <-chan struct{}
+		if try != nil {
+			failed, passed = try.failed, try.passed
+		}
+		select {
+		case <-f.done:
+			return nil, nil
+		case <-failed:
+			return &try.fail, nil
+		case <-passed:
+			try = try.next
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// failedFast answers a cold read from the key's last failure (the read
+// budget: its block's one STS call, or a non-retryable answer, is already
+// in) without a call, and counts it.
+func (b *backend) failedFast(key credKey, t readTicket) error {
+	b.metrics.readsFailedFast.Inc()
+	b.metrics.readsUnavailable.Inc()
+	if t.refused {
+		b.metrics.budgetRefused.Inc()
+	}
+	return failureUnavailable(key.role, t.failed, b.clock.Now())
+}
+
+// failureUnavailable is the 503 of a read that a failed attempt answered:
+// the AWS error code and message, and when the next attempt is allowed.
+func failureUnavailable(name string, lf *lastFailure, now time.Time) error {
+	wait := lf.until.Sub(now)
+	if wait < 0 {
+		wait = 0
+	}
+	return logical.CodedError(http.StatusServiceUnavailable,
+		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s; next attempt allowed at %s (in %s)",
+			name, lf.err.Error(), lf.until.UTC().Format(time.RFC3339), wait.Round(time.Second)))
 }
 
 // credsResponse builds the answer from the mirrored role and credential: a
@@ -394,4 +454,10 @@ cycle runs in the request, shared by all concurrent readers of the role (or
 of the role and entity). An
 expired credential is never served: with nothing valid and the refresh
 failing, the answer is a 503 carrying the upstream error code and message.
+
+A failing role makes at most one STS call per retry block, however many read
+it: a reader joins the block's call and gets its answer; once that call
+failed, readers get its failure at once, as a 503 saying when the next
+attempt is allowed (after a non-retryable error such as AccessDenied: the
+role's next planned cycle; refresh/<name> tries again at once).
 `

@@ -121,7 +121,9 @@ func TestCreds_NeverServesExpired(t *testing.T) {
 	r, err := f.readCreds(testRole)
 	wantCoded(t, r, err, 503, "Throttling")
 
+	// Fixed: served from the next retry block on (the read budget).
 	f.emu.ClearFaults()
+	f.clock.Advance(f.b.settings.policy().block())
 	resp = f.mustReadCreds(testRole)
 	if resp.Data["access_key"] == first.Data["access_key"] {
 		t.Fatal("served the credential that was about to expire")

@@ -75,19 +75,21 @@ func pathsStatus(b *backend) []*framework.Path {
 }
 
 var statusResponseFields = map[string]*framework.FieldSchema{
-	"state":               {Type: framework.TypeString, Description: "fresh, refreshing, stale, expired or empty.", Required: true},
-	"expiration":          {Type: framework.TypeString, Description: "When the cached credential expires (RFC 3339); empty when nothing is cached.", Required: true},
-	"issued_at":           {Type: framework.TypeString, Description: "When the cached credential was fetched (RFC 3339).", Required: true},
-	"next_refresh":        {Type: framework.TypeString, Description: "When the next refresh cycle starts (RFC 3339); empty when none is scheduled.", Required: true},
-	"last_attempt":        {Type: framework.TypeString, Description: "Time of the last STS attempt (RFC 3339).", Required: true},
-	"last_success":        {Type: framework.TypeString, Description: "Time of the last successful refresh (RFC 3339).", Required: true},
-	"attempts_last_cycle": {Type: framework.TypeInt, Description: "Attempts made in the last refresh cycle.", Required: true},
-	"failed_cycles":       {Type: framework.TypeInt, Description: "Consecutive failed cycles since the last success.", Required: true},
-	"last_error":          {Type: framework.TypeString, Description: "AWS error code and message of the last failed cycle; empty after a success.", Required: true},
-	"cache_scope":         {Type: framework.TypeString, Description: "role or entity. For entity, state is the worst state among the role's entity credentials and the credential fields are empty.", Required: true},
-	"entities":            {Type: framework.TypeInt, Description: "cache_scope=entity: entity credentials the role holds."},
-	"entity_states":       {Type: framework.TypeMap, Description: "cache_scope=entity: how many entity credentials are in each state."},
-	"rate_limited_since":  {Type: framework.TypeString, Description: "Since when every attempt for the role (cache_scope=entity: for the longest-refused of its entity credentials) was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
+	"state":                {Type: framework.TypeString, Description: "fresh, refreshing, stale, expired or empty.", Required: true},
+	"expiration":           {Type: framework.TypeString, Description: "When the cached credential expires (RFC 3339); empty when nothing is cached.", Required: true},
+	"issued_at":            {Type: framework.TypeString, Description: "When the cached credential was fetched (RFC 3339).", Required: true},
+	"next_refresh":         {Type: framework.TypeString, Description: "When the next refresh cycle starts (RFC 3339); empty when none is scheduled.", Required: true},
+	"last_attempt":         {Type: framework.TypeString, Description: "Time of the last STS attempt (RFC 3339).", Required: true},
+	"last_success":         {Type: framework.TypeString, Description: "Time of the last successful refresh (RFC 3339).", Required: true},
+	"attempts_last_cycle":  {Type: framework.TypeInt, Description: "Attempts made in the last refresh cycle.", Required: true},
+	"failed_cycles":        {Type: framework.TypeInt, Description: "Consecutive failed cycles since the last success.", Required: true},
+	"last_error":           {Type: framework.TypeString, Description: "AWS error code and message of the last failed cycle; empty after a success.", Required: true},
+	"cache_scope":          {Type: framework.TypeString, Description: "role or entity. For entity, state is the worst state among the role's entity credentials and the credential fields are empty.", Required: true},
+	"entities":             {Type: framework.TypeInt, Description: "cache_scope=entity: entity credentials the role holds."},
+	"entity_states":        {Type: framework.TypeMap, Description: "cache_scope=entity: how many entity credentials are in each state."},
+	"rate_limited_since":   {Type: framework.TypeString, Description: "Since when every attempt for the role (cache_scope=entity: for the longest-refused of its entity credentials) was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
+	"next_attempt_allowed": {Type: framework.TypeString, Description: "While the last attempt failed: when the next STS call for the role is allowed (RFC 3339), the end of the failed attempt's retry block, or after a non-retryable error the next planned cycle; until then reads with nothing valid cached get last_error at once (a 503). Empty when no failure holds reads back. Memory only: on this node, since its start. For cache_scope=entity, that of the entity credential in last_error.", Required: true},
+	"reads_failed_fast":    {Type: framework.TypeInt, Description: "Reads answered at once with the last failure, without an STS call, since the role's last success on this node (memory only). For cache_scope=entity, summed over the role's entity credentials.", Required: true},
 }
 
 func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -183,6 +185,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		d["expiration"] = formatTime(cred.Expiration)
 		d["issued_at"] = formatTime(cred.IssuedAt)
 	}
+	b.budgetStatus(d, roleKey(name), rs.gen, &st, b.clock.Now())
 	d["cache_scope"] = cacheScopeRole
 	if rs.role.entityScoped() {
 		// The role's own entry holds no credential: its entities' do.
@@ -216,8 +219,49 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 			d["last_error"] = fmt.Sprintf("entity %s: %s: no STS call slot free for this entity credential since %s (sts_rate_limit, sts_burst)",
 				sum.rateLimitedID, codeRateLimited, formatTime(sum.rateLimitedSince))
 		}
+		b.entityBudgetStatus(d, name, sum.worstID, b.clock.Now())
 	}
 	return d, nil
+}
+
+// budgetStatus adds the read budget's view of key to a status answer d:
+// when the next attempt is allowed, how many reads its last failure
+// answered, and that failure as last_error when it is newer than the
+// stored status (a cycle still running has recorded none yet).
+func (b *backend) budgetStatus(d map[string]interface{}, key credKey, gen uint64, st *statusEntry, now time.Time) {
+	d["next_attempt_allowed"] = ""
+	d["reads_failed_fast"] = int64(0)
+	lf, ok := b.flights.lastFailed(key, gen)
+	if !ok {
+		return
+	}
+	if now.Before(lf.until) {
+		d["next_attempt_allowed"] = formatTime(lf.until)
+	}
+	d["reads_failed_fast"] = lf.answered
+	if lf.at.After(st.LastAttempt) || st.LastError == "" {
+		d["last_error"] = lf.err.Error()
+	}
+}
+
+// entityBudgetStatus is budgetStatus for an entity-scoped role: the reads
+// answered fast summed over its entity credentials, and the next attempt
+// allowed for worstID's (the one last_error names).
+func (b *backend) entityBudgetStatus(d map[string]interface{}, name, worstID string, now time.Time) {
+	var answered int64
+	next := ""
+	for key, rs := range b.state.entityEntries(name)[name] {
+		lf, ok := b.flights.lastFailed(key, rs.gen)
+		if !ok {
+			continue
+		}
+		answered += lf.answered
+		if key.entity == worstID && now.Before(lf.until) {
+			next = formatTime(lf.until)
+		}
+	}
+	d["next_attempt_allowed"] = next
+	d["reads_failed_fast"] = answered
 }
 
 // roleReport is what status/<name> and the metrics say about a role.
@@ -341,6 +385,13 @@ code and message, never a secret) describe the refresher's recent work.
 rate_limited_since says since when every attempt for the role was refused a
 slot by the plugin's own sts_rate_limit; after a whole retry window of that,
 state is stale and last_error says so.
+
+The read budget (one STS call per role, or per role and entity, per retry
+block, however many read it): while the last attempt failed,
+next_attempt_allowed is when the next call is allowed, and until then a
+read with nothing valid cached gets last_error at once, as a 503;
+reads_failed_fast counts the reads so answered since the last success.
+Both are kept in memory on this node only.
 
 On the node that refreshes, next_refresh is the pending timer: empty while a
 cycle runs, and empty (state stale, never fresh) when nothing is scheduled,

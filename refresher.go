@@ -343,6 +343,10 @@ type cycleJob struct {
 	// local rate limiter refusing it a slot: only then did STS (or
 	// storage) actually fail.
 	upstream bool
+	// called says whether the last attempt called STS: one that did not
+	// (no slot, its block over, the role unreadable) is no answer for
+	// the read budget (tryFailed).
+	called bool
 }
 
 // failed records an attempt's failure.
@@ -361,6 +365,50 @@ func (j *cycleJob) hurry(i int, reserved bool) <-chan struct{} {
 		return j.f.hurry
 	}
 	return nil
+}
+
+// attemptHurry is what attempt i waits on besides its time: the flight's
+// hurry for the first attempt (j.hurry); with the read budget, a retry
+// also goes at once when a reader joins within its block
+// (flights.read), so that a reader of a failing key waits for at most one
+// call, the block's.
+func (rf *refresher) attemptHurry(j *cycleJob, i int, reserved bool) <-chan struct{} {
+	if i == 0 || !rf.flights.budget {
+		return j.hurry(i, reserved)
+	}
+	if t := rf.flights.nextTry(j.f); t != nil {
+		return t.hurry
+	}
+	return nil
+}
+
+// callPriority is how an attempt for key ranks in the rate limiter
+// (deadline first): best effort when nothing valid is cached for it and its
+// last attempt failed (a cold read of a failing role: no deadline is at
+// stake, and it must not take a slot a refresh could have queued for);
+// otherwise it protects a deadline (a cached credential to refresh before
+// it expires, or a first read waiting).
+func (rf *refresher) callPriority(key credKey, cred *cacheEntry) ratelimit.Priority {
+	if rf.flights.budget && !cred.validAt(rf.clock.Now()) && rf.flights.failing(key) {
+		return ratelimit.BestEffort
+	}
+	return ratelimit.Deadline
+}
+
+// tryFailed tells the flights that attempt i of j's cycle failed with a
+// retryable error (j.lastErr): its readers wake with it, and until the end
+// of its block readers get it at once (the read budget). An attempt that
+// made no STS call is no answer (attemptRefused).
+func (rf *refresher) tryFailed(j *cycleJob, i int) {
+	end := j.start.Add(time.Duration(i+1) * j.block)
+	if !j.called {
+		// No STS call was made (no slot, the block over, the role
+		// unreadable): not an answer to give readers as the block's one
+		// call.
+		rf.flights.attemptRefused(j.key, j.f, end)
+		return
+	}
+	rf.flights.attemptFailed(j.key, j.f, j.lastErr, rf.clock.Now(), end)
 }
 
 // window is attempt i's block, for the role's cached credential cred.
@@ -402,13 +450,15 @@ func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycle
 	}
 	for i := 0; i < cfg.MaxRetries; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
-		if err := rf.sleepUntil(ctx, attemptAt(rf.rand, j.start, j.block, i, reserved), j.hurry(i, reserved)); err != nil {
+		if err := rf.sleepUntil(ctx, attemptAt(rf.rand, j.start, j.block, i, reserved), rf.attemptHurry(j, i, reserved)); err != nil {
 			return rf.cycleStopped()
 		}
 		rs, err := rf.state.current(ctx, rf.storage(), key)
 		if err != nil {
+			j.called = false
 			j.failed(&refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err})
 			rf.logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
+			rf.tryFailed(j, i)
 			continue
 		}
 		if rs == nil || rs.gen != f.gen {
@@ -421,6 +471,7 @@ func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycle
 		if !j.lastErr.Retryable {
 			break
 		}
+		rf.tryFailed(j, i)
 	}
 	return rf.commitCycleFailure(ctx, j)
 }
@@ -455,7 +506,9 @@ func (rf *refresher) droppedIdle(ctx context.Context, j *cycleJob) bool {
 func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, i int, reserved bool) (cycleResult, bool) {
 	j.attempts++
 	j.lastAttempt = rf.clock.Now()
+	j.called = false
 	w := j.window(i, reserved, rs.cred)
+	w.priority = rf.callPriority(j.key, rs.cred)
 
 	sess, serr := rf.session(j.key, rs.role)
 	if errors.Is(serr, errEntityGone) && j.f.background {
@@ -470,6 +523,7 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
 	} else {
 		out = rf.attempt(ctx, j.key, sess, rs.role, w)
+		j.called = out.called
 	}
 	if !out.movedEnd.IsZero() {
 		j.moved(i, out.movedEnd)
@@ -592,6 +646,8 @@ type attemptWindow struct {
 	block time.Duration
 	// reserved says the first call's slot is already taken (a herd's cycle).
 	reserved bool
+	// priority is the attempt's rank in the rate limiter (callPriority).
+	priority ratelimit.Priority
 }
 
 // attemptResult is what one attempt got.
@@ -603,6 +659,8 @@ type attemptResult struct {
 	// movedEnd is the new end of a block that the attempt queued past; zero
 	// when it did not move.
 	movedEnd time.Time
+	// called: at least one STS call was made.
+	called bool
 }
 
 // attempt makes one attempt: the primary endpoint, then each fallback while
@@ -646,6 +704,7 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		d := min(w.timeout, max(w.blockEnd.Sub(rf.clock.Now()), min(w.timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
 		called := rf.clock.Now()
+		out.called = true
 		cred, err := ep.fetch(callCtx, sess, role)
 		cancel()
 		took := rf.clock.Now().Sub(called)
@@ -671,10 +730,10 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 func (rf *refresher) callSlot(w *attemptWindow, out *attemptResult, i int) (at time.Time, ok bool) {
 	at, ok = rf.clock.Now(), true
 	if i > 0 || !w.reserved {
-		at, ok = rf.limiter.Reserve(rf.clock.Now(), w.blockEnd)
+		at, ok = rf.limiter.ReserveRequest(rf.clock.Now(), ratelimit.Request{Deadline: w.blockEnd, Priority: w.priority})
 	}
 	if !ok && i == 0 && w.queueUntil.After(w.blockEnd) {
-		if at, ok = rf.limiter.Reserve(rf.clock.Now(), w.queueUntil); ok {
+		if at, ok = rf.limiter.ReserveRequest(rf.clock.Now(), ratelimit.Request{Deadline: w.queueUntil, Priority: w.priority}); ok {
 			w.blockEnd = at.Add(w.block)
 			out.movedEnd = w.blockEnd
 			rf.metrics.queued.Inc()

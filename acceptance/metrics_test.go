@@ -39,6 +39,8 @@ var metricsFamilies = []string{
 	"aws_resilient_refresh_cycle_duration_seconds_count",
 	"aws_resilient_creds_reads_total",
 	"aws_resilient_cold_read_wait_seconds_count",
+	"aws_resilient_reads_failed_fast_total",
+	"aws_resilient_budget_refused_calls_total",
 	"aws_resilient_roles_defined",
 	"aws_resilient_roles_cached",
 	"aws_resilient_roles",

@@ -46,6 +46,13 @@ if [[ -n "${PLUGIN_REF:-}" ]]; then
 else
 	go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient
 fi
+# Section h's baseline: the same plugin without the read budget.
+if [[ -n "${PLUGIN_REF:-}" ]]; then
+	(cd "$work/plugin-src" && go build -tags nobudget -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient-nobudget" ./cmd/vault-plugin-secrets-aws-resilient)
+else
+	go build -tags nobudget -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient-nobudget" ./cmd/vault-plugin-secrets-aws-resilient
+fi
+export PLUGIN_NOBUDGET_BIN="$work/vault-plugin-secrets-aws-resilient-nobudget"
 go build -o "$work/sts-emulator" ./cmd/sts-emulator
 go build -o "$work/aws-resilient-bench" ./cmd/aws-resilient-bench
 export PLUGIN_BIN="$work/vault-plugin-secrets-aws-resilient"

@@ -33,6 +33,14 @@
 //	   emulator's short lifetimes make every entry refresh; STS calls per
 //	   credential (target 1.000), entries held, and plugin RSS per entry
 //	   (a Vault server of its own)
+//	h  isolation: -iso-failing roles that always fail (half AccessDenied,
+//	   half Throttling or 503), each read by -iso-readers concurrent
+//	   readers, beside -iso-healthy roles with -iso-lifetime credentials
+//	   whose refreshes need half of sts_rate_limit; per failing role the
+//	   STS calls per retry block (target <= 1.0), the healthy credentials
+//	   replaced before expiry (target 100 %), failed healthy reads and
+//	   their p99, each with the read budget and without it (the
+//	   -tags nobudget build) side by side (Vault servers of their own)
 //
 // Charts (PNG) and the raw figures (results.json) go to -out. The bench
 // never fails on a missed target; it exits non-zero only when it cannot
@@ -100,6 +108,12 @@ type options struct {
 	entityLife  time.Duration
 	entityDur   time.Duration
 	entityEnv   string
+
+	isoFailing int
+	isoReaders int
+	isoHealthy int
+	isoLife    time.Duration
+	isoDur     time.Duration
 }
 
 func main() {
@@ -108,7 +122,7 @@ func main() {
 		return
 	}
 	var o options
-	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g", "comma-separated sections to run")
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
 	flag.IntVar(&o.rounds, "rounds", 3, "a: rounds; each runs every read for -duration (the median round counts)")
@@ -148,6 +162,11 @@ func main() {
 	flag.DurationVar(&o.entityLife, "entity-lifetime", time.Minute, "g: credential lifetime (emulator max_lifetime); entries refresh every ~2/3 of it")
 	flag.DurationVar(&o.entityDur, "entity-duration", 150*time.Second, "g: from the first cold read to the count")
 	flag.StringVar(&o.entityEnv, "entity-plugin-env", "", "g: comma-separated KEY=VALUE for the plugin process (e.g. GOMEMLIMIT=1GiB)")
+	flag.IntVar(&o.isoFailing, "iso-failing", 10, "h: always-failing roles (half denied, half throttled or 503)")
+	flag.IntVar(&o.isoReaders, "iso-readers", 5, "h: concurrent readers per failing role, each reading every 20 ms")
+	flag.IntVar(&o.isoHealthy, "iso-healthy", 40, "h: healthy roles, each read every 200 ms")
+	flag.DurationVar(&o.isoLife, "iso-lifetime", 20*time.Second, "h: healthy credential lifetime (emulator max_lifetime); sts_rate_limit is set to twice what their refreshes need")
+	flag.DurationVar(&o.isoDur, "iso-duration", 60*time.Second, "h: how long each run (budget on, then off) hammers")
 	flag.StringVar(&o.logLevel, "vault-log-level", "warn", "Vault servers' -log-level (plugin stderr shows at debug)")
 	keep := flag.Bool("keep", false, "keep the servers' directories and logs (under $TMPDIR)")
 	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 6 minutes)")
@@ -160,6 +179,7 @@ func main() {
 		o.cacheRoles, o.scrapes = 2000, 5
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
 		o.entities, o.entityDur = 20, 90*time.Second
+		o.isoDur = 30 * time.Second
 	}
 
 	tb := bench.NewTB("aws-resilient-bench", os.Stderr)
@@ -254,7 +274,7 @@ func (r *run) all() {
 	r.results["options"] = fmt.Sprintf("%+v", r.o)
 	r.logf("building the plugin and emulator, starting Vault")
 	vaulttest.EmulatorBin(r.tb)
-	// Sections e, f and g start servers of their own.
+	// Sections e, f, g and h start servers of their own.
 	if r.want("a") || r.want("b") || r.want("c") || r.want("d") {
 		r.vault, r.api = r.startVault()
 	}
@@ -280,6 +300,9 @@ func (r *run) all() {
 	if r.want("g") {
 		r.sectionG()
 	}
+	if r.want("h") {
+		r.sectionH()
+	}
 
 	var head strings.Builder
 	fmt.Fprintf(&head, "aws-resilient bench, %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
@@ -304,7 +327,7 @@ func (r *run) all() {
 }
 
 // allSections are the sections a full run has.
-var allSections = []string{"a", "b", "c", "d", "e", "f", "g"}
+var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h"}
 
 // ran returns the sections this run measured, in order.
 func (r *run) ran() []string {

@@ -13,6 +13,15 @@
 //     again in its next block. (golang.org/x/time/rate's ReserveN takes no
 //     deadline, and cancelling a reservation gives tokens back only as far
 //     as later reservations allow, so it is not used here.)
+//   - Deadline first: a caller says how much its call matters (Request).
+//     One whose call protects a deadline (a cached credential to refresh
+//     before it expires, a rotation to verify) may queue for a slot up to
+//     its deadline; a best-effort caller (a cold read of a role whose calls
+//     keep failing: nothing valid is at stake) gets only a slot free at the
+//     moment it asks, never a later one, so it never holds a slot that a
+//     caller with a deadline could have queued for. Among callers with a
+//     deadline, slots go in the order they ask (the plugin asks in plan
+//     order: due time, then expiry).
 //   - Slots already granted stay granted when the limit changes.
 //   - A slot is a promise made before the call; calls that reach their slots
 //     late are spaced out again by a second bucket of the same rate and
@@ -75,22 +84,51 @@ func (l *Limiter) SetLimit(rate float64, burst int) {
 	l.burst = int64(max(burst, 1))
 }
 
+// Priority says how much a call matters when callers compete for slots.
+type Priority int
+
+const (
+	// Deadline, the zero value, is a call that protects a deadline: it
+	// may queue for any slot up to its Request.Deadline.
+	Deadline Priority = iota
+	// BestEffort is a call nothing valid depends on: it gets a slot only
+	// when one is free at the moment it asks, and is refused (costing
+	// nothing) rather than queue ahead of a Deadline caller.
+	BestEffort
+)
+
+// Request is what a caller asks the limiter for.
+type Request struct {
+	// Deadline is the latest slot the caller can use (the end of its
+	// retry block); a later one is refused.
+	Deadline time.Time
+	// Priority is Deadline (the zero value) or BestEffort.
+	Priority Priority
+}
+
 // Reserve returns the time at which the caller may make one call, at or
 // after now. ok is false, and nothing is consumed, when that time would be
-// after deadline.
+// after deadline. It is ReserveRequest at priority Deadline.
 func (l *Limiter) Reserve(now, deadline time.Time) (at time.Time, ok bool) {
+	return l.ReserveRequest(now, Request{Deadline: deadline})
+}
+
+// ReserveRequest returns the time at which the caller may make one call,
+// at or after now. ok is false, and nothing is consumed, when that time
+// would be after r.Deadline, or, for a BestEffort caller, after now.
+func (l *Limiter) ReserveRequest(now time.Time, r Request) (at time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.interval == 0 {
 		// No cap, but still no call after the deadline: an attempt ends by
 		// its block end whether or not a limit is set.
-		if now.After(deadline) {
+		if now.After(r.Deadline) {
 			return time.Time{}, false
 		}
 		return now, true
 	}
 	at, next := l.slot(l.tat, now)
-	if at.After(deadline) {
+	if at.After(r.Deadline) || (r.Priority == BestEffort && at.After(now)) {
 		return time.Time{}, false
 	}
 	l.tat = next

@@ -217,3 +217,77 @@ func TestLimiter_HugeRateStillCaps(t *testing.T) {
 		t.Errorf("rate 0: Capacity = %d, want no cap", got)
 	}
 }
+
+// TestLimiter_DeadlineFirst checks the priorities: a best-effort caller
+// gets only a slot free at the moment it asks, is refused (costing nothing)
+// when callers with a deadline have queued the bucket ahead, and so never
+// holds a slot that one of them could have taken.
+func TestLimiter_DeadlineFirst(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	far := t0.Add(time.Hour)
+	ms := time.Millisecond
+	type step struct {
+		now  time.Duration // since t0
+		prio Priority
+		want time.Duration // slot since t0
+		ok   bool
+	}
+	tests := []struct {
+		name  string
+		rate  float64
+		burst int
+		steps []step
+	}{
+		{
+			name: "best effort takes a free slot at once", rate: 10, burst: 2,
+			steps: []step{{0, BestEffort, 0, true}, {0, BestEffort, 0, true}, {0, Deadline, 100 * ms, true}},
+		},
+		{
+			name: "best effort is refused a later slot and costs nothing", rate: 10, burst: 1,
+			steps: []step{
+				{0, Deadline, 0, true},
+				{0, BestEffort, 0, false}, // the next slot is at 100ms
+				{50 * ms, BestEffort, 0, false},
+				{0, Deadline, 100 * ms, true}, // not 200ms: the refusals consumed nothing
+				{0, Deadline, 200 * ms, true},
+				{200 * ms, BestEffort, 0, false}, // 300ms is the next free slot
+				{300 * ms, BestEffort, 300 * ms, true},
+				{300 * ms, Deadline, 400 * ms, true},
+			},
+		},
+		{
+			name: "callers with a deadline queue, best effort does not jump them", rate: 10, burst: 1,
+			steps: []step{
+				{0, Deadline, 0, true}, {0, Deadline, 100 * ms, true}, {0, Deadline, 200 * ms, true},
+				{100 * ms, BestEffort, 0, false},
+				{250 * ms, BestEffort, 0, false},
+				{300 * ms, BestEffort, 300 * ms, true},
+			},
+		},
+		{
+			name: "no cap: best effort always gets now", rate: 0, burst: 0,
+			steps: []step{{0, BestEffort, 0, true}, {0, BestEffort, 0, true}, {5 * ms, BestEffort, 5 * ms, true}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := New(tc.rate, tc.burst)
+			for i, s := range tc.steps {
+				at, ok := l.ReserveRequest(t0.Add(s.now), Request{Deadline: far, Priority: s.prio})
+				if ok != s.ok || (ok && !at.Equal(t0.Add(s.want))) {
+					t.Fatalf("step %d: reserve = t0%+v, %v; want t0+%v, %v", i, at.Sub(t0), ok, s.want, s.ok)
+				}
+			}
+		})
+	}
+	t.Run("best effort still honours its deadline", func(t *testing.T) {
+		l := New(0, 0)
+		if _, ok := l.ReserveRequest(t0, Request{Deadline: t0.Add(-time.Nanosecond), Priority: BestEffort}); ok {
+			t.Fatal("granted a best-effort slot after its deadline")
+		}
+		l = New(10, 1)
+		if _, ok := l.ReserveRequest(t0, Request{Deadline: t0.Add(-time.Nanosecond), Priority: BestEffort}); ok {
+			t.Fatal("granted a best-effort slot after its deadline (capped)")
+		}
+	})
+}

@@ -223,6 +223,24 @@ func PluginBin(tb testing.TB, version string) string {
 	})
 }
 
+// PluginBinNoBudget builds the plugin with -tags nobudget (and the default
+// version) and returns its path; $PLUGIN_NOBUDGET_BIN, when set, is used
+// instead. That build has no read budget (every cold read of a role with
+// nothing valid cached joins or starts a cycle whose first call goes at
+// once, and no call is best effort in the rate limiter): the benchmark's
+// baseline for section h, never shipped.
+func PluginBinNoBudget(tb testing.TB) string {
+	tb.Helper()
+	root := RepoRoot(tb)
+	return builtBinary(tb, "plugin nobudget", func(dir string) (string, error) {
+		if p := os.Getenv("PLUGIN_NOBUDGET_BIN"); p != "" {
+			return p, nil
+		}
+		out := filepath.Join(dir, PluginBinaryName+"_nobudget")
+		return out, goBuild(root, out, "-tags", "nobudget", "-ldflags", "-X "+VersionLDFlag+"="+DefaultPluginVersion, "./cmd/"+PluginBinaryName)
+	})
+}
+
 // PluginBinTestHooks builds the plugin with -tags testhooks (and the default
 // version) and returns its path; $PLUGIN_TESTHOOKS_BIN, when set, is used
 // instead. Only this build has the test/ paths, and only while the plugin
