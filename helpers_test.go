@@ -79,7 +79,19 @@ func (v *entityView) EntityInfo(id string) (*logical.Entity, error) {
 	if e == nil {
 		return nil, nil
 	}
-	return &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata), Disabled: e.Disabled}, nil
+	out := &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata), Disabled: e.Disabled}
+	for _, a := range e.Aliases {
+		out.Aliases = append(out.Aliases, &logical.Alias{MountAccessor: a.MountAccessor, MountType: a.MountType, Name: a.Name})
+	}
+	return out, nil
+}
+
+// setAliases gives the entity its aliases (replacing any), as logins
+// through auth mounts create them.
+func (v *entityView) setAliases(id string, aliases ...*logical.Alias) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.ents[id].Aliases = aliases
 }
 
 // set creates or replaces an entity.

@@ -143,10 +143,15 @@ func pathsRoles(b *backend) []*framework.Path {
 				},
 				"session_name_template": {
 					Type: framework.TypeString,
-					Description: "cache_scope=entity only: Go template for the RoleSessionName over .EntityName, " +
-						".EntityID, .RoleName and .Metadata (the entity's metadata map); default " +
-						defaultSessionNameTemplate + ". The result is made to match [\\w+=,.@-] (other characters " +
-						"become -) and cut to 64 characters; vault-<entity id> is used when fewer than 2 remain.",
+					Description: "cache_scope=entity only: Go template for the RoleSessionName over .Name (the login's name: " +
+						"the entity name, or the login alias's name when Vault generated the entity name), .EntityName, " +
+						".EntityID, .RoleName, .Metadata (the entity's metadata map), .LoginAlias (the alias of the auth " +
+						"mount the entity first read the role through), .Aliases (alias names by auth mount accessor) and " +
+						".AliasesByType (by auth mount type); default " + defaultSessionNameTemplate + ". At most 1024 " +
+						"bytes, writing at most 512; range, define/template and printf widths are refused, as is a " +
+						"template that names two entities alike. A result that is not valid as it is (2 to 64 " +
+						"characters of [\\w+=,.@-]) is sanitised (other characters become -, cut to fit) and gets - and " +
+						"8 hex digits derived from the entity ID, so that distinct entities never share a session name.",
 				},
 				"entity_idle_ttl": {
 					Type: framework.TypeDurationSecond,

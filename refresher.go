@@ -384,7 +384,7 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 	j.lastAttempt = b.clock.Now()
 	w := j.window(i, reserved, rs.cred)
 
-	sess, serr := b.sessionFor(j.key, rs.role)
+	sess, serr := b.sessionFor(j.key, rs)
 	if errors.Is(serr, errEntityGone) && j.f.background {
 		// Nobody can read it any more: drop it rather than refresh.
 		if _, err := b.dropEntity(ctx, j.key, b.clock.Now(), entityIsGone); err != nil {
@@ -393,9 +393,14 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
 	}
 	var out attemptResult
-	if serr != nil {
+	var terr errTemplate
+	switch {
+	case errors.As(serr, &terr):
+		// The template, not the entity or STS: no retry can succeed.
+		out.err = &refreshError{Code: codeTemplateFailed, Message: serr.Error(), Retryable: false, cause: serr}
+	case serr != nil:
 		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
-	} else {
+	default:
 		out = b.attempt(ctx, j.key, sess, rs.role, w)
 	}
 	if !out.movedEnd.IsZero() {

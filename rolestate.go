@@ -351,6 +351,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key cred
 			next.use = newEntityUse(read)
 		}
 		next.use.touch(read)
+		next.use.setLogin(next.fullStatus.LoginMount)
 	}
 	if old != nil && old.role.equal(role) {
 		next.gen = old.gen
@@ -632,11 +633,11 @@ type successCommit struct {
 // read, before a cold read fetches the entity's first credential
 // (admitLocked, in entity.go), under the role's store lock. It returns nil,
 // nil when the role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time) (*roleState, error) {
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time, login string) (*roleState, error) {
 	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
-	return r.admitLocked(ctx, s, key, now)
+	return r.admitLocked(ctx, s, key, now, login)
 }
 
 // commitSuccess stores a cycle's new credential and status and schedules the
@@ -665,7 +666,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
 	}
 	if rs.use != nil {
-		st.LastRead = rs.use.last()
+		st.LastRead, st.LoginMount = rs.use.last(), rs.use.loginMount()
 	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()
@@ -704,7 +705,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key c
 	prev := rs.status()
 	st, next := build(&prev, rs.cred)
 	if rs.use != nil {
-		st.LastRead = rs.use.last()
+		st.LastRead, st.LoginMount = rs.use.last(), rs.use.loginMount()
 	}
 	dirty := putStatus(ctx, s, key, st) != nil
 	r.mu.Lock()
