@@ -142,6 +142,10 @@ type backend struct {
 	// rotator owns root key rotation: its locks (config/root's among
 	// them), the scheduled rotation's timer and the IAM seam.
 	rotator *rotator
+
+	// entityChecks picks the entity credentials whose entity each
+	// reconciler pass asks Vault about (entity.go); it has its own lock.
+	entityChecks *entityChecks
 }
 
 func newBackend(opts backendOptions) *backend {
@@ -166,6 +170,7 @@ func newBackend(opts backendOptions) *backend {
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
+	b.entityChecks = new(entityChecks)
 	b.reconciler = newReconciler(b.clock, b.life.isClosed, b.retryBackoff, b.retryPass, opts.passWorkers)
 	b.flights = newFlights(b.state.peek, b.launchCycle, opts.onFlight)
 	b.plan = dueplan.New(b.clock, b.flights.planLock(), b.fireDue)

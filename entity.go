@@ -629,6 +629,80 @@ func entityDropReason(rs *roleState, now time.Time, gone func() bool) string {
 	return ""
 }
 
+// passDropReason is entityDropReason as the reconciler's pass applies it:
+// an idle credential still valid is left to its refresh, which drops it
+// (entity_idle_ttl says "dropped at its next refresh"; dropping it here
+// would take it up to a refresh margin early), and Vault is asked whether
+// the entity is gone only for the slice of credentials entityChecks picked
+// for this pass, not for every one on every pass.
+func (b *backend) passDropReason(key credKey, rs *roleState, now time.Time) string {
+	var gone func() bool
+	if b.entityChecks.picked(key) {
+		gone = func() bool { return b.entityGone(key.entity) }
+	}
+	if rs.idle(now) && rs.cred.validAt(now) {
+		if gone != nil && gone() {
+			return dropEntityGone
+		}
+		return ""
+	}
+	return entityDropReason(rs, now, gone)
+}
+
+// entityChecksPerPass is how many entity credentials a reconciler pass
+// asks Vault about (one EntityInfo round trip each): with a pass a minute,
+// 10 000 credentials are all checked within 50 minutes, besides the check
+// each refresh makes; 100 roles x 1000 entities cost 200 round trips a
+// minute, not 100 000.
+const entityChecksPerPass = 200
+
+// entityChecks is the one owner of which entity credentials a pass checks:
+// the next entityChecksPerPass after the last one checked, in key order,
+// wrapping around, so that every credential is checked in turn.
+type entityChecks struct {
+	// perPass is entityChecksPerPass but in tests.
+	perPass int
+	mu      sync.Mutex
+	// last is the last key picked by the previous pass.
+	last credKey
+	// set is this pass's pick.
+	set map[credKey]bool
+}
+
+// pick chooses this pass's slice from every entity credential the pass
+// listed.
+func (c *entityChecks) pick(all []credKey) {
+	sort.Slice(all, func(i, j int) bool { return credKeyLess(all[i], all[j]) })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	start := sort.Search(len(all), func(i int) bool { return credKeyLess(c.last, all[i]) })
+	n := c.perPass
+	if n == 0 {
+		n = entityChecksPerPass
+	}
+	c.set = make(map[credKey]bool, min(len(all), n))
+	for i := 0; i < len(all) && i < n; i++ {
+		k := all[(start+i)%len(all)]
+		c.set[k] = true
+		c.last = k
+	}
+}
+
+// picked reports whether this pass checks key.
+func (c *entityChecks) picked(key credKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.set[key]
+}
+
+// credKeyLess orders keys by role, then entity.
+func credKeyLess(a, b credKey) bool {
+	if a.role != b.role {
+		return a.role < b.role
+	}
+	return a.entity < b.entity
+}
+
 // entityIsGone is gone for a caller that already knows the entity is gone
 // (its lookup said errEntityGone).
 func entityIsGone() bool { return true }

@@ -350,17 +350,24 @@ func (b *backend) passRoles(ctx context.Context, p *pass, names []string) {
 // idle ones are dropped.
 func (b *backend) passEntities(ctx context.Context, p *pass) {
 	sort.Strings(p.entityRoles)
-	for _, name := range p.entityRoles {
+	byRole := make([][]credKey, len(p.entityRoles))
+	var all []credKey
+	for i, name := range p.entityRoles {
 		ids, err := listEntityIDs(ctx, b.storage, name)
 		if err != nil {
 			p.fail(err)
 			continue
 		}
 		keys := make([]credKey, len(ids))
-		for i, id := range ids {
-			keys[i] = credKey{role: name, entity: id}
-			p.listed[keys[i]] = true
+		for j, id := range ids {
+			keys[j] = credKey{role: name, entity: id}
+			p.listed[keys[j]] = true
 		}
+		byRole[i] = keys
+		all = append(all, keys...)
+	}
+	b.entityChecks.pick(all)
+	for _, keys := range byRole {
 		b.reconciler.forEachKey(keys, func(key credKey) {
 			p.found(b.reconcileRole(ctx, key, false, p.start, p.idx))
 		})
@@ -517,10 +524,10 @@ func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, p
 		return nil, err
 	}
 	if entityID := key.entity; entityID != "" {
-		// An entity credential nobody read for entity_idle_ttl, or whose
-		// entity Vault deleted or disabled, costs no more STS calls.
-		reason := entityDropReason(rs, b.clock.Now(), func() bool { return b.entityGone(entityID) })
-		if reason != "" {
+		// An entity credential whose entity Vault deleted or disabled, or
+		// that nobody read for entity_idle_ttl and has nothing valid left,
+		// costs no more STS calls.
+		if reason := b.passDropReason(key, rs, b.clock.Now()); reason != "" {
 			if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
 				return nil, err
 			}
