@@ -97,11 +97,13 @@ func TestEntity_DefaultNameIsTheLogin(t *testing.T) {
 			t.Fatalf("read as %s: %v %v", display, err, respErr(resp))
 		}
 	}
-	read(carolID, "ldap-cjones")
+	// Logged in through userpass: its alias names the login, though the
+	// first alias by accessor is ldap's.
+	read(carolID, "userpass-carol")
 	read(otherID, "userpass2-carol")
 	calls := f.assumeRoleCalls()
 	want := []struct{ session, source string }{
-		{"vault-cjones-" + entitySuffix(carolID), "cjones-" + entitySuffix(carolID)},
+		{"vault-carol-" + entitySuffix(carolID), "carol-" + entitySuffix(carolID)},
 		{"vault-carol-" + entitySuffix(otherID), "carol-" + entitySuffix(otherID)},
 	}
 	for i, w := range want {
@@ -110,7 +112,7 @@ func TestEntity_DefaultNameIsTheLogin(t *testing.T) {
 		}
 	}
 	// A later read through the other mount does not rename the credential.
-	read(carolID, "userpass-carol")
+	read(carolID, "ldap-cjones")
 
 	// Its refresh, with no request, names the same login; so does one after
 	// a restart, from the stored status.
@@ -148,8 +150,29 @@ func TestEntity_DefaultNameIsTheLogin(t *testing.T) {
 	if err != nil || resp.IsError() {
 		t.Fatalf("read as alice: %v %v", err, respErr(resp))
 	}
-	if c := f2.assumeRoleCalls()[before:]; len(c) != 1 || c[0].RoleSessionName != "alice.asmith..asmith" || c[0].SourceIdentity != "alice" {
-		t.Errorf("alice's calls %+v, want session alice.asmith..asmith, source alice", c)
+	var alices []string
+	for _, c := range f2.assumeRoleCalls()[before:] {
+		if c.SourceIdentity == "alice" {
+			alices = append(alices, c.RoleSessionName)
+		}
+	}
+	if len(alices) != 1 || alices[0] != "alice.asmith..asmith" {
+		t.Errorf("alice's sessions %q, want one, alice.asmith..asmith", alices)
+	}
+
+	// A template that names an alias some entities lack would give them all
+	// one name: theirs are suffixed.
+	mustDo(t, f2.b, f2.s, logical.UpdateOperation, "roles/"+entityRole, map[string]interface{}{
+		"session_name_template": `vault-{{index .Aliases "auth_ldap_bbbb"}}`,
+	})
+	f2.mustReadAs(entityRole, aliceID)
+	f2.mustReadAs(entityRole, bobID)
+	sessions := map[string]string{}
+	for _, c := range f2.assumeRoleCalls() {
+		sessions[c.SourceIdentity] = c.RoleSessionName
+	}
+	if sessions["alice"] != "vault-asmith" || sessions["bob"] != "vault--"+entitySuffix(bobID) {
+		t.Errorf("sessions alice %q bob %q, want vault-asmith and vault--%s", sessions["alice"], sessions["bob"], entitySuffix(bobID))
 	}
 }
 
