@@ -167,6 +167,7 @@ func newBackend(opts backendOptions) *backend {
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
 	b.clients = newSTSClients(readRoot, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
+	b.state.onEvict = b.entityEvicted
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}

@@ -507,18 +507,58 @@ func (rs *roleState) idle(now time.Time) bool {
 	return rs.use != nil && now.Sub(rs.use.last()) >= rs.role.entityIdleTTL()
 }
 
-// errTooManyEntities: a new entity would exceed the role's max_entities.
-type errTooManyEntities struct{ max int }
-
-func (e errTooManyEntities) Error() string {
-	return fmt.Sprintf("the role already caches credentials for max_entities=%d entities; raise max_entities or lower entity_idle_ttl", e.max)
+// errTooManyEntities: a new entity would exceed the role's max_entities
+// (mount false) or the mount's max_entity_credentials (mount true), and no
+// credential of the role was idle to make room.
+type errTooManyEntities struct {
+	max   int
+	mount bool
 }
 
+func (e errTooManyEntities) Error() string {
+	if e.mount {
+		return fmt.Sprintf("the mount already caches max_entity_credentials=%d entity credentials, and none of this "+
+			"role's has gone unread for its entity_idle_ttl; raise max_entity_credentials in config/refresh, lower "+
+			"entity_idle_ttl, or disable or delete entities that no longer need credentials", e.max)
+	}
+	return fmt.Sprintf("the role already caches credentials for max_entities=%d entities, all read within "+
+		"entity_idle_ttl; raise max_entities, lower entity_idle_ttl (a credential unread that long makes room for "+
+		"a new entity), or disable or delete entities that no longer need credentials", e.max)
+}
+
+// countsAsEntity is 1 when the entry counts against max_entities and
+// max_entity_credentials: one that storage holds or may hold (admitted, or
+// a placeholder marked for reload), 0 for one loaded but never admitted,
+// or none.
+func (rs *roleState) countsAsEntity() int {
+	if rs == nil || rs.role != nil && !rs.known && !rs.stale {
+		return 0
+	}
+	return 1
+}
+
+// Why an entity credential left the cache: the refresh found it idle, its
+// entity gone, or a new entity needed its place (dropEvicted).
+const dropEvicted = "evicted"
+
 // admitLocked is admit's work, under the role's store lock (rolestate.go).
-// A new entity is counted against max_entities and its entry is created
-// with a status recording the read, so that two new entities cannot both
-// take the last place.
-func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key credKey, now time.Time, login string) (*roleState, error) {
+// A known entity's read is recorded. A new entity is counted against the
+// role's max_entities and the mount's max_entity_credentials (mountMax, 0
+// for none) from this node's mirror, with no storage call; when either is
+// full, the role's least recently read idle credential is evicted to make
+// room, or the entity is refused. Its entry is created with a status
+// recording the read, so that two new entities cannot both take the last
+// place.
+func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key credKey, now time.Time, login string, mountMax int) (*roleState, error) {
+	if rs := r.peek(key); rs == nil || (rs.role != nil && !rs.known && !rs.stale) {
+		// Not admitted: refuse from the node's own count before reading
+		// anything, when there is no room and none can be made.
+		if role := r.peek(roleKey(key.role)); role != nil && role.role != nil && !role.stale {
+			if _, err := r.makeRoom(ctx, s, key, role.role, now, mountMax, false); err != nil {
+				return nil, err
+			}
+		}
+	}
 	rs, err := r.currentLocked(ctx, s, key)
 	if err != nil || rs == nil {
 		return rs, err
@@ -528,12 +568,25 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 		rs.use.setLogin(login)
 		return rs, nil
 	}
+	r.admitMu.Lock()
+	defer r.admitMu.Unlock()
+	if _, err := r.makeRoom(ctx, s, key, rs.role, now, mountMax, true); err != nil {
+		// Keep no entry in memory for an entity refused.
+		r.mu.Lock()
+		if r.m[key] == rs {
+			r.del(key)
+		}
+		r.mu.Unlock()
+		return nil, err
+	}
+	// The mirror may miss what another node admitted before this one
+	// became active (until the first reconciler pass has loaded every
+	// entity credential): storage has the last word on the role's count.
 	ids, err := listEntityIDs(ctx, s, key.role)
 	if err != nil {
 		return nil, err
 	}
-	if len(ids) >= rs.role.maxEntities() {
-		// Keep no entry in memory for an entity refused.
+	if len(ids) >= rs.role.maxEntities() && !slices.Contains(ids, key.entity) {
 		r.mu.Lock()
 		if r.m[key] == rs {
 			r.del(key)
@@ -559,6 +612,61 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 	next.fullStatus, next.known = &st, true
 	r.put(key, &next)
 	return &next, nil
+}
+
+// makeRoom makes sure a new entity of role fits under max_entities and the
+// mount's mountMax, counted from the mirror: when either is full it evicts
+// the role's least recently read credential that is idle (unread for
+// entity_idle_ttl), when evict, else reports errTooManyEntities. It
+// returns whether it evicted. Under the role's store lock (and admitMu when
+// evict).
+func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, key credKey, role *roleEntry, now time.Time, mountMax int, evict bool) (bool, error) {
+	r.mu.RLock()
+	count, total := 0, r.entCount
+	var victim credKey
+	var victimRead time.Time
+	for k := range r.ents[key.role] {
+		rs := r.m[k]
+		if k == key {
+			total -= rs.countsAsEntity()
+			continue
+		}
+		count += rs.countsAsEntity()
+		if rs != nil && rs.role != nil && rs.known && rs.idle(now) && (victim.entity == "" || rs.use.last().Before(victimRead)) {
+			victim, victimRead = k, rs.use.last()
+		}
+	}
+	r.mu.RUnlock()
+	var full error
+	switch {
+	case count >= role.maxEntities():
+		full = errTooManyEntities{max: role.maxEntities()}
+	case mountMax > 0 && total >= mountMax:
+		full = errTooManyEntities{max: mountMax, mount: true}
+	default:
+		return false, nil
+	}
+	if victim.entity == "" {
+		return false, full
+	}
+	if !evict {
+		return false, nil // room can be made: the admission will
+	}
+	if err := r.dropEntityLocked(ctx, s, victim); err != nil {
+		return false, err
+	}
+	if r.onEvict != nil {
+		r.onEvict(victim)
+	}
+	// One eviction makes room under both caps: each counts one fewer.
+	return true, nil
+}
+
+// entityEvicted counts and logs an entity credential evicted to admit a
+// new entity.
+func (b *backend) entityEvicted(key credKey) {
+	b.metrics.entityDropped(dropEvicted)
+	b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", key.entity, "reason", dropEvicted)
 }
 
 // entityKeys returns the mirrored entity keys of the role, sorted by entity.

@@ -900,6 +900,17 @@ func (s *sim) checkEntityIndex(b *backend) {
 	if !reflect.DeepEqual(scan, r.ents) {
 		s.failf("entity index %v, but the mirror holds %v", r.ents, scan)
 	}
+	// The count max_entity_credentials is checked against is the mirror's.
+	count := 0
+	for k, rs := range r.m {
+		if k.isEntity() {
+			count += rs.countsAsEntity()
+		}
+	}
+	s.fig.checks++
+	if count != r.entCount {
+		s.failf("entity count %d, but the mirror holds %d that count", r.entCount, count)
+	}
 }
 
 func (s *sim) check() {
