@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/vault/sdk/logical"
+
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -91,5 +93,42 @@ func TestEntity_AdmittedReadIsRecorded(t *testing.T) {
 	f.clock.Advance(100 * time.Second) // 200 s since the first read, 100 since the last
 	if rs := f.b.state.peek(key); rs.idle(f.clock.Now()) {
 		t.Error("the entity counts as idle though read 100 s ago")
+	}
+}
+
+// Revoking an entity credential's lease (as revoking one of the entity's
+// tokens does) leaves the credential cached: it belongs to the entity, and
+// the entity's other tokens keep being served it, with no STS call.
+func TestEntity_LeaseRevokeKeepsTheEntityCredential(t *testing.T) {
+	f, _ := newEntityFixture(t, nil)
+	resp := f.mustReadAs(entityRole, aliceID)
+	before := snapshot(t, f.s)
+	rresp, err := f.b.HandleRequest(context.Background(), &logical.Request{
+		Operation: logical.RevokeOperation, Storage: f.s, Secret: resp.Secret, EntityID: aliceID,
+	})
+	if err != nil || rresp != nil {
+		t.Fatalf("revoke = %v, %v; want nil, nil", rresp, err)
+	}
+	if !sameSnapshot(before, snapshot(t, f.s)) {
+		t.Fatal("revoke changed storage")
+	}
+	if again := f.mustReadAs(entityRole, aliceID).Data; again["access_key"] != resp.Data["access_key"] {
+		t.Errorf("after the revoke alice got %v, want the cached %v", again["access_key"], resp.Data["access_key"])
+	}
+	if n := len(f.assumeRoleCalls()); n != 1 {
+		t.Errorf("AssumeRole calls = %d, want 1", n)
+	}
+}
+
+// A token whose entity was merged into another carries the old entity ID,
+// which Vault's EntityInfo no longer finds: the read is a 400 that says the
+// entity may have been merged and to log in again, and stores nothing.
+func TestEntity_MergedEntityTokenToldToLogInAgain(t *testing.T) {
+	f, ents := newEntityFixture(t, nil)
+	ents.remove(bobID) // merged into alice: Vault forgets bob's ID
+	resp, err := f.readAs(entityRole, bobID)
+	wantBadRequest(t, resp, err, bobID, "merged into another entity", "log in again")
+	if ids := storedEntities(t, f.s, entityRole); len(ids) != 0 {
+		t.Errorf("stored entities = %v, want none", ids)
 	}
 }

@@ -414,10 +414,14 @@ rotating secret and reads it again after ttl+1 seconds.
 
 For a role with cache_scope=entity, each Vault entity gets a credential of
 its own, cached and refreshed like a role's, whose STS session is named by
-the role's session_name_template with the entity name as SourceIdentity. A
-token without an entity (the root token) gets a 400; so does a new entity
-when the role already holds max_entities of them. An entity credential that
-nobody reads for entity_idle_ttl is dropped instead of refreshed.
+the role's session_name_template with the login's name as SourceIdentity. A
+token without an entity (the root token) gets a 400; so does a token whose
+entity was deleted or merged into another (log in again), a new entity when
+the role holds max_entities of them (or the mount max_entity_credentials)
+and none is idle to evict, and an entity the template fails for. An entity
+credential that nobody reads for entity_idle_ttl is dropped at its next
+refresh. Revoking an entity credential's lease leaves it cached for the
+entity's other tokens: it belongs to the entity.
 
 When nothing valid is cached (first read, or after a role change) one refresh
 cycle runs in the request, shared by all concurrent readers of the role (or

@@ -156,14 +156,15 @@ func pathsRoles(b *backend) []*framework.Path {
 				"entity_idle_ttl": {
 					Type: framework.TypeDurationSecond,
 					Description: "cache_scope=entity only: an entity's credential that nobody has read for this long is " +
-						"dropped at its next refresh instead of refreshed; 0 (default) means two credential lifetimes (2 x ttl). " +
-						"Changing it keeps the cached credentials.",
+						"dropped at its next refresh instead of refreshed (until then it is kept and served), and may be " +
+						"evicted before that to make room for a new entity; 0 (default) means two credential lifetimes " +
+						"(2 x ttl). Changing it keeps the cached credentials.",
 				},
 				"max_entities": {
 					Type: framework.TypeInt,
-					Description: "cache_scope=entity only: the most entities the role caches a credential for; the read of " +
-						"a new entity beyond it is refused with a 400. 0 (default) means 1000. Changing it keeps the " +
-						"cached credentials.",
+					Description: "cache_scope=entity only: the most entities the role caches a credential for. A new " +
+						"entity beyond it evicts the least recently read credential unread for entity_idle_ttl, or is " +
+						"refused with a 400. 0 (default) means 1000. Changing it keeps the cached credentials.",
 				},
 			},
 			ExistenceCheck: b.pathRolesExistenceCheck,
@@ -725,12 +726,14 @@ Changing lease alone keeps the cached credential.
 cache_scope (default role) chooses who shares a credential. role: every
 reader of the role gets the same one. entity: each Vault entity reading the
 role gets its own, cached and refreshed in the background like a role's, its
-STS session named by session_name_template (default vault-{{.EntityName}},
-over .EntityName, .EntityID, .RoleName and .Metadata) and its SourceIdentity
-set to the entity name, so CloudTrail attributes every action to a Vault
-identity; the role's trust policy must allow sts:SetSourceIdentity. An entity
-credential unread for entity_idle_ttl (default 2 x ttl) is dropped rather
-than refreshed, and max_entities (default 1000) caps how many the role holds.
+STS session named by session_name_template (default vault-{{.Name}}, the
+login's name; see the field) and its SourceIdentity set to that name, so
+CloudTrail attributes every action to a Vault identity; no two entities
+share either. The role's trust policy must allow sts:SetSourceIdentity. An
+entity credential unread for entity_idle_ttl (default 2 x ttl) is dropped at
+its next refresh rather than refreshed, and max_entities (default 1000) caps
+how many the role holds: a new entity beyond it evicts the least recently
+read idle one, or is refused.
 Changing lease, entity_idle_ttl or max_entities keeps cached credentials.
 
 Any change to what a role issues drops its cached credential (every entity's
