@@ -266,3 +266,23 @@ func TestEntity_TemplateFailingForARealEntity(t *testing.T) {
 		t.Errorf("status = failed_cycles %v attempts_last_cycle %v last_error %q; want 1, 1, %s", st["failed_cycles"], st["attempts_last_cycle"], st["last_error"], codeTemplateFailed)
 	}
 }
+
+// FuzzUniqueName: whatever the name, the result is a valid AWS name; it is
+// the name itself or carries the entity's suffix, never another's.
+func FuzzUniqueName(f *testing.F) {
+	for _, s := range []string{"", "a", "alice smith", "张三", "x-deadbeef", strings.Repeat("é", 40)} {
+		f.Add(s, "11111111-1111-1111-1111-111111111111", false)
+	}
+	f.Fuzz(func(t *testing.T, s, id string, force bool) {
+		got := uniqueName(s, id, force)
+		if !validAWSName(got) {
+			t.Fatalf("uniqueName(%q) = %q is not a valid AWS name", s, got)
+		}
+		if got != s && !strings.HasSuffix(got, "-"+entitySuffix(id)) {
+			t.Fatalf("uniqueName(%q) = %q: changed without its suffix", s, got)
+		}
+		if force && !strings.HasSuffix(got, "-"+entitySuffix(id)) {
+			t.Fatalf("uniqueName(%q, force) = %q has no suffix", s, got)
+		}
+	})
+}
