@@ -55,7 +55,7 @@ func TestEntity_MaxEntitiesEvictsIdleElseRefusesFromMemory(t *testing.T) {
 	if ids := storedEntities(t, f.s, entityRole); !slices.Equal(ids, []string{bobID, carolID}) {
 		t.Fatalf("stored entities = %v, want bob and carol", ids)
 	}
-	if _, ok := f.b.plannedAt(entityCred(entityRole, aliceID)); ok {
+	if _, ok := f.b.refresher.plannedAt(entityCred(entityRole, aliceID)); ok {
 		t.Error("alice's evicted credential is still scheduled")
 	}
 	if v := counterValue(t, f.b.metrics.entityDrops.WithLabelValues(dropEvicted)); v != 1 {

@@ -12,7 +12,7 @@ func TestEntity_IdleKeptUntilItsRefresh(t *testing.T) {
 	f, _ := newEntityFixture(t, map[string]interface{}{"entity_idle_ttl": 60})
 	f.mustReadAs(entityRole, aliceID)
 	key := entityCred(entityRole, aliceID)
-	at, ok := f.b.plannedAt(key)
+	at, ok := f.b.refresher.plannedAt(key)
 	if !ok {
 		t.Fatal("alice's credential is not scheduled")
 	}
@@ -27,7 +27,7 @@ func TestEntity_IdleKeptUntilItsRefresh(t *testing.T) {
 		if ids := storedEntities(t, f.s, entityRole); len(ids) != 1 {
 			t.Fatalf("at +%v (refresh at %v) the pass dropped the idle, valid credential", now.Sub(at), at)
 		}
-		if _, ok := f.b.plannedAt(key); !ok {
+		if _, ok := f.b.refresher.plannedAt(key); !ok {
 			t.Fatal("alice's credential is no longer scheduled")
 		}
 	}
@@ -51,7 +51,7 @@ func TestEntity_PassDropsIdleExpired(t *testing.T) {
 	f.mustReadAs(entityRole, aliceID)
 	key := entityCred(entityRole, aliceID)
 	exp := f.b.state.peek(key).cred.Expiration
-	f.b.unplan(key)
+	f.b.refresher.unplan(key)
 	f.clock.AdvanceTo(exp.Add(time.Second))
 	f.drainFlights()
 	calls := len(f.assumeRoleCalls())

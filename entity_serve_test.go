@@ -23,7 +23,7 @@ func TestEntity_NeverServesExpired(t *testing.T) {
 			f.mustReadAs(entityRole, aliceID)
 			key := entityCred(entityRole, aliceID)
 			exp := f.b.state.peek(key).cred.Expiration
-			f.b.unplan(key) // no refresh before the read
+			f.b.refresher.unplan(key) // no refresh before the read
 			f.emu.SetFaults(alwaysFail(stsemu.FaultAccessDenied))
 			for _, at := range []time.Time{exp.Add(-minServeValidity / 2), exp, exp.Add(time.Minute)} {
 				f.clock.AdvanceTo(at)
@@ -54,7 +54,7 @@ func TestEntity_LastReadSavedWithEachCycle(t *testing.T) {
 		}
 		return st.LastRead
 	}
-	at, _ := f.b.plannedAt(key)
+	at, _ := f.b.refresher.plannedAt(key)
 	f.clock.AdvanceTo(at.Add(-time.Minute))
 	read1 := f.clock.Now()
 	f.mustReadAs(entityRole, aliceID) // from the cache: recorded in memory
@@ -63,7 +63,7 @@ func TestEntity_LastReadSavedWithEachCycle(t *testing.T) {
 		t.Errorf("after a success the stored last read = %v, want %v", got, read1)
 	}
 	f.emu.SetFaults(alwaysFail(stsemu.FaultAccessDenied))
-	at, _ = f.b.plannedAt(key)
+	at, _ = f.b.refresher.plannedAt(key)
 	f.clock.AdvanceTo(at.Add(-time.Minute))
 	read2 := f.clock.Now()
 	f.mustReadAs(entityRole, aliceID)
