@@ -142,6 +142,10 @@ type backend struct {
 	// rotator owns root key rotation: its locks (config/root's among
 	// them), the scheduled rotation's timer and the IAM seam.
 	rotator *rotator
+
+	// entityChecks picks the entity credentials whose entity each
+	// reconciler pass asks Vault about (entity.go); it has its own lock.
+	entityChecks *entityChecks
 }
 
 func newBackend(opts backendOptions) *backend {
@@ -192,13 +196,15 @@ func newBackend(opts backendOptions) *backend {
 	}
 	b.refresher = rf
 	b.state = newRoleStates(rf, b.clock.Now, b.index)
+	b.state.onEvict = b.entityEvicted
+	b.entityChecks = new(entityChecks)
 	b.flights = newFlights(b.state.peek, rf.launchCycle, opts.onFlight)
 	rf.state, rf.flights = b.state, b.flights
 	rf.plan = dueplan.New(b.clock, b.flights.planLock(), rf.fireDue)
 	b.reconciler = newReconciler(reconcilerOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, state: b.state, index: b.index, life: b.life, metrics: b.metrics,
-		refresher: rf, entityGone: b.entityGone, resumeRotation: b.rotator.resumeRotation,
+		refresher: rf, entityGone: b.entityGone, entityChecks: b.entityChecks, resumeRotation: b.rotator.resumeRotation,
 		closed: b.life.isClosed, workers: opts.passWorkers,
 	})
 	rf.reconciler = b.reconciler

@@ -28,7 +28,10 @@
 //	client.go      stsClients: the STS client sets built from config/root
 //	rotation.go    rotator: root key rotation, config/root's lock and writes
 //	lifecycle.go   lifecycle: running, Clean, the background goroutines
-//	entity.go      the rules of cache_scope=entity (entityDropReason)
+//	entity.go      the rules of cache_scope=entity: session names (uniqueName,
+//	               the bounded template), admission and eviction
+//	               (admitLocked), dropping (entityDropReason) and the
+//	               pass's slice of entity checks (entityChecks)
 //	path_*.go      handlers: parse the fields, call an owner, shape the answer;
 //	               status/ and the metrics read the refresher's reportView
 //	               (path_status.go)
@@ -46,12 +49,14 @@
 //	reconciler.passes            one reconciler pass at a time
 //	rotator.rotations, .root     a rotation; config/root's read-change-write
 //	role store lock (lockFor)    every storage change of a role
+//	roleStates.admitMu           a new entity's admission (count, evict, store)
 //	flights.mu                   held by the plan while it fires
 //	refresher.plan (dueplan)     its own lock
 //	settings.loadMu, settings.mu a reload of config/refresh
 //	roleStates.mu                the mirror (a read lock on the hot path)
 //	reconciler.mu, rotator.mu,   the owners' small state; schedule index
 //	index shards, stsClients.mu, shards are written under the store lock
-//	limiter, metrics
+//	limiter, metrics,
+//	entityChecks.mu
 //	lifecycle                    last: it calls nothing while held
 package awsresilient

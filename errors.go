@@ -36,6 +36,11 @@ func (e *refreshError) Unwrap() error { return e.cause }
 // nonRetryableCodes end a refresh cycle at once: asking again with the same
 // keys, role and policy gets the same answer. Both the wire code and the
 // SDK's exception-style name are listed where they differ.
+// codeTemplateFailed is the error code of an entity credential's attempt
+// whose session_name_template failed for the entity: not retried, and a
+// cold read answers it with a 400 (the role's mistake).
+const codeTemplateFailed = "TemplateFailed"
+
 var nonRetryableCodes = map[string]bool{
 	"AccessDenied":                     true,
 	"AccessDeniedException":            true,

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,18 +69,40 @@ type entityView struct {
 	logical.SystemView
 	mu   sync.Mutex
 	ents map[string]*logical.Entity
+	// lookups counts EntityInfo calls.
+	lookups atomic.Int64
 }
 
 func newEntityView() *entityView { return &entityView{ents: map[string]*logical.Entity{}} }
 
 func (v *entityView) EntityInfo(id string) (*logical.Entity, error) {
+	v.lookups.Add(1)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	e := v.ents[id]
 	if e == nil {
 		return nil, nil
 	}
-	return &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata), Disabled: e.Disabled}, nil
+	out := &logical.Entity{ID: e.ID, Name: e.Name, Metadata: maps.Clone(e.Metadata), Disabled: e.Disabled}
+	for _, a := range e.Aliases {
+		out.Aliases = append(out.Aliases, &logical.Alias{MountAccessor: a.MountAccessor, MountType: a.MountType, Name: a.Name})
+	}
+	return out, nil
+}
+
+// setAliases gives the entity its aliases (replacing any), as logins
+// through auth mounts create them.
+func (v *entityView) setAliases(id string, aliases ...*logical.Alias) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.ents[id].Aliases = aliases
+}
+
+// disable disables the entity, as identity/entity's disabled=true does.
+func (v *entityView) disable(id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.ents[id].Disabled = true
 }
 
 // set creates or replaces an entity.

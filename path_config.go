@@ -41,6 +41,10 @@ const (
 	maxRotationPeriod        = 8760 * time.Hour
 	defaultMetricsMaxRoles   = 10000
 	maxMetricsMaxRoles       = 100000
+	// max_entity_credentials: a cached entity credential costs about as
+	// much memory as a role's, and 100 000 roles fit in some 220 MiB.
+	defaultMaxEntityCredentials = 100000
+	maxMaxEntityCredentials     = 10000000
 
 	// Cross-field bounds of config/refresh.
 	//
@@ -210,6 +214,13 @@ func pathConfigRefresh(b *backend) *framework.Path {
 				Description: fmt.Sprintf("Most roles for which the metrics path exports per-role series, 0 to %d; with more roles only aggregates are exported.", maxMetricsMaxRoles),
 				Default:     defaultMetricsMaxRoles,
 			},
+			"max_entity_credentials": {
+				Type: framework.TypeInt,
+				Description: fmt.Sprintf("Most entity credentials (cache_scope=entity) the mount caches across all roles, "+
+					"0 to %d (0: no cap, each role's max_entities alone applies). A new entity beyond it evicts its role's "+
+					"least recently read credential unread for entity_idle_ttl, or is refused with a 400.", maxMaxEntityCredentials),
+				Default: defaultMaxEntityCredentials,
+			},
 		},
 		Operations: map[logical.Operation]framework.OperationHandler{
 			logical.ReadOperation: &framework.PathOperation{
@@ -246,13 +257,14 @@ func pathConfigRefresh(b *backend) *framework.Path {
 }
 
 var configRefreshResponseFields = map[string]*framework.FieldSchema{
-	"max_retries":       {Type: framework.TypeInt, Description: "Attempts per refresh cycle.", Required: true},
-	"retry_window":      {Type: framework.TypeDurationSecond, Description: "Length of one refresh cycle, in seconds.", Required: true},
-	"retry_block":       {Type: framework.TypeFloat, Description: "retry_window / max_retries, in seconds (may be fractional).", Required: true},
-	"refresh_fraction":  {Type: framework.TypeFloat, Description: "Fraction of the issued lifetime left when a refresh starts.", Required: true},
-	"sts_rate_limit":    {Type: framework.TypeFloat, Description: "Cap on STS calls per second; 0 means no cap.", Required: true},
-	"sts_burst":         {Type: framework.TypeInt, Description: "Burst above sts_rate_limit.", Required: true},
-	"metrics_max_roles": {Type: framework.TypeInt, Description: "Most roles with per-role metrics series.", Required: true},
+	"max_retries":            {Type: framework.TypeInt, Description: "Attempts per refresh cycle.", Required: true},
+	"retry_window":           {Type: framework.TypeDurationSecond, Description: "Length of one refresh cycle, in seconds.", Required: true},
+	"retry_block":            {Type: framework.TypeFloat, Description: "retry_window / max_retries, in seconds (may be fractional).", Required: true},
+	"refresh_fraction":       {Type: framework.TypeFloat, Description: "Fraction of the issued lifetime left when a refresh starts.", Required: true},
+	"sts_rate_limit":         {Type: framework.TypeFloat, Description: "Cap on STS calls per second; 0 means no cap.", Required: true},
+	"sts_burst":              {Type: framework.TypeInt, Description: "Burst above sts_rate_limit.", Required: true},
+	"metrics_max_roles":      {Type: framework.TypeInt, Description: "Most roles with per-role metrics series.", Required: true},
+	"max_entity_credentials": {Type: framework.TypeInt, Description: "Most entity credentials the mount caches; 0 for no cap.", Required: true},
 }
 
 func (b *backend) pathConfigRootExistenceCheck(ctx context.Context, req *logical.Request, _ *framework.FieldData) (bool, error) {
@@ -343,13 +355,14 @@ func (b *backend) pathConfigRefreshRead(ctx context.Context, req *logical.Reques
 		return nil, err
 	}
 	return &logical.Response{Data: map[string]interface{}{
-		"max_retries":       cfg.MaxRetries,
-		"retry_window":      int64(cfg.RetryWindow / time.Second),
-		"retry_block":       cfg.block().Seconds(),
-		"refresh_fraction":  cfg.RefreshFraction,
-		"sts_rate_limit":    cfg.STSRateLimit,
-		"sts_burst":         cfg.STSBurst,
-		"metrics_max_roles": cfg.MetricsMaxRoles,
+		"max_retries":            cfg.MaxRetries,
+		"retry_window":           int64(cfg.RetryWindow / time.Second),
+		"retry_block":            cfg.block().Seconds(),
+		"refresh_fraction":       cfg.RefreshFraction,
+		"sts_rate_limit":         cfg.STSRateLimit,
+		"sts_burst":              cfg.STSBurst,
+		"metrics_max_roles":      cfg.MetricsMaxRoles,
+		"max_entity_credentials": cfg.MaxEntityCredentials,
 	}}, nil
 }
 
@@ -372,6 +385,9 @@ func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Reque
 		}
 		if v, ok := data.GetOk("metrics_max_roles"); ok {
 			cfg.MetricsMaxRoles = v.(int)
+		}
+		if v, ok := data.GetOk("max_entity_credentials"); ok {
+			cfg.MaxEntityCredentials = v.(int)
 		}
 		return cfg.validate()
 	})
@@ -504,6 +520,9 @@ type refreshConfig struct {
 	// MetricsMaxRoles bounds the roles with per-role metrics series. A
 	// config stored before it existed decodes to the default.
 	MetricsMaxRoles int `json:"metrics_max_roles"`
+	// MaxEntityCredentials caps the mount's entity credentials; 0 for no
+	// cap. A config stored before it existed decodes to the default.
+	MaxEntityCredentials int `json:"max_entity_credentials"`
 }
 
 func defaultRefreshConfig() refreshConfig {
@@ -514,6 +533,8 @@ func defaultRefreshConfig() refreshConfig {
 		STSRateLimit:    defaultSTSRateLimit,
 		STSBurst:        defaultSTSBurst,
 		MetricsMaxRoles: defaultMetricsMaxRoles,
+
+		MaxEntityCredentials: defaultMaxEntityCredentials,
 	}
 }
 
@@ -541,6 +562,8 @@ func (c refreshConfig) validate() string {
 		return fmt.Sprintf("sts_rate_limit must be between 0 and %g (0 means no cap); got %g", maxSTSRateLimit, c.STSRateLimit)
 	case c.MetricsMaxRoles < 0 || c.MetricsMaxRoles > maxMetricsMaxRoles:
 		return fmt.Sprintf("metrics_max_roles must be between 0 and %d; got %d", maxMetricsMaxRoles, c.MetricsMaxRoles)
+	case c.MaxEntityCredentials < 0 || c.MaxEntityCredentials > maxMaxEntityCredentials:
+		return fmt.Sprintf("max_entity_credentials must be between 0 and %d; got %d", maxMaxEntityCredentials, c.MaxEntityCredentials)
 	case c.STSBurst < 0 || c.STSBurst > maxSTSBurst:
 		return fmt.Sprintf("sts_burst must be between 0 and %d; got %d", maxSTSBurst, c.STSBurst)
 	case c.STSRateLimit > 0 && c.STSRateLimit < minSTSRateLimit:
@@ -618,6 +641,12 @@ defaults.
 metrics_max_roles (default 10000, 0 to 100000) bounds the roles for which
 the metrics path exports per-role series (about 0.9 KB of page per role); a
 mount with more, or a value of 0, exports aggregates only.
+
+max_entity_credentials (default 100000, 0 to 10000000, 0 for no cap) bounds
+the entity credentials (cache_scope=entity) the mount caches across all
+roles, as each role's max_entities bounds its own. A new entity that finds
+either full evicts its role's least recently read credential that nobody
+has read for entity_idle_ttl; with none, it is refused with a 400.
 
 The fields are checked together, and a write that breaks a rule gets a 400
 naming it:

@@ -228,6 +228,8 @@ func TestConfigRefresh_ReadWrite(t *testing.T) {
 		"sts_rate_limit":    10.0,
 		"sts_burst":         10,
 		"metrics_max_roles": 10000,
+
+		"max_entity_credentials": 100000,
 	}
 	if got := mustDo(t, b, s, logical.ReadOperation, "config/refresh", nil).Data; !reflect.DeepEqual(got, defaults) {
 		t.Fatalf("read before write = %v, want defaults %v", got, defaults)
@@ -241,17 +243,17 @@ func TestConfigRefresh_ReadWrite(t *testing.T) {
 		{
 			name:  "partial update",
 			write: map[string]interface{}{"max_retries": 3, "retry_window": "10s"},
-			want:  map[string]interface{}{"max_retries": 3, "retry_window": int64(10), "retry_block": (10 * time.Second / 3).Seconds(), "refresh_fraction": 0.33, "sts_rate_limit": 10.0, "sts_burst": 10, "metrics_max_roles": 10000},
+			want:  map[string]interface{}{"max_retries": 3, "retry_window": int64(10), "retry_block": (10 * time.Second / 3).Seconds(), "refresh_fraction": 0.33, "sts_rate_limit": 10.0, "sts_burst": 10, "metrics_max_roles": 10000, "max_entity_credentials": 100000},
 		},
 		{
 			name:  "bounds are inclusive",
-			write: map[string]interface{}{"max_retries": 20, "retry_window": "10m", "refresh_fraction": 0.9, "sts_rate_limit": 10000, "sts_burst": 10000, "metrics_max_roles": 100000},
-			want:  map[string]interface{}{"max_retries": 20, "retry_window": int64(600), "retry_block": 30.0, "refresh_fraction": 0.9, "sts_rate_limit": 10000.0, "sts_burst": 10000, "metrics_max_roles": 100000},
+			write: map[string]interface{}{"max_retries": 20, "retry_window": "10m", "refresh_fraction": 0.9, "sts_rate_limit": 10000, "sts_burst": 10000, "metrics_max_roles": 100000, "max_entity_credentials": 10000000},
+			want:  map[string]interface{}{"max_retries": 20, "retry_window": int64(600), "retry_block": 30.0, "refresh_fraction": 0.9, "sts_rate_limit": 10000.0, "sts_burst": 10000, "metrics_max_roles": 100000, "max_entity_credentials": 10000000},
 		},
 		{
 			name:  "lower bounds and no rate cap",
-			write: map[string]interface{}{"max_retries": 1, "retry_window": 1, "refresh_fraction": 0.05, "sts_rate_limit": 0, "sts_burst": 0, "metrics_max_roles": 0},
-			want:  map[string]interface{}{"max_retries": 1, "retry_window": int64(1), "retry_block": 1.0, "refresh_fraction": 0.05, "sts_rate_limit": 0.0, "sts_burst": 0, "metrics_max_roles": 0},
+			write: map[string]interface{}{"max_retries": 1, "retry_window": 1, "refresh_fraction": 0.05, "sts_rate_limit": 0, "sts_burst": 0, "metrics_max_roles": 0, "max_entity_credentials": 0},
+			want:  map[string]interface{}{"max_retries": 1, "retry_window": int64(1), "retry_block": 1.0, "refresh_fraction": 0.05, "sts_rate_limit": 0.0, "sts_burst": 0, "metrics_max_roles": 0, "max_entity_credentials": 0},
 		},
 	}
 	for _, st := range steps {
@@ -298,6 +300,8 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 		{"sts_burst too high", map[string]interface{}{"sts_burst": 10001}, "sts_burst must be between 0 and 10000; got 10001"},
 		{"burst 0 with a rate", map[string]interface{}{"sts_burst": 0}, "sts_burst must be between 1 and 10000 when sts_rate_limit is set; got 0"},
 		{"metrics_max_roles negative", map[string]interface{}{"metrics_max_roles": -1}, "metrics_max_roles must be between 0 and 100000; got -1"},
+		{"max_entity_credentials negative", map[string]interface{}{"max_entity_credentials": -1}, "max_entity_credentials must be between 0 and 10000000; got -1"},
+		{"max_entity_credentials too high", map[string]interface{}{"max_entity_credentials": 10000001}, "max_entity_credentials must be between 0 and 10000000"},
 		{"metrics_max_roles too high", map[string]interface{}{"metrics_max_roles": 100001}, "metrics_max_roles must be between 0 and 100000; got 100001"},
 		{"metrics_max_roles not a number", map[string]interface{}{"metrics_max_roles": "many"}, "0 to 100000"},
 	}

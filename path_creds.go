@@ -144,7 +144,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 		}
 	}
 	if role.entityScoped() {
-		return b.entityCredsRead(ctx, req, name)
+		return b.entityCredsRead(ctx, req, name, role)
 	}
 	now := b.clock.Now()
 	if cred.validAt(now) {
@@ -158,7 +158,7 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 // entity of the request's token (cache_scope=entity). A cached read costs
 // one map lookup and records the read; a cold one admits the entity (within
 // max_entities) and waits for a cycle, as a role's cold read does.
-func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, name string) (*logical.Response, error) {
+func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, name string, role *roleEntry) (*logical.Response, error) {
 	if req.EntityID == "" {
 		return logical.ErrorResponse("role %q has cache_scope=entity, and the token has no Vault entity "+
 			"(root tokens and some batch and orphan tokens have none): log in through an auth method, "+
@@ -166,7 +166,8 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	}
 	key := credKey{role: name, entity: req.EntityID}
 	now := b.clock.Now()
-	if rs := b.state.peek(key); rs != nil && !rs.stale && rs.cred.validAt(now) {
+	cached := b.state.peek(key)
+	if rs := cached; rs != nil && !rs.stale && rs.cred.validAt(now) {
 		rs.use.touch(now)
 		b.metrics.readsOK.Inc()
 		return b.credsResponse(key, rs.role, rs.cred, now), nil
@@ -179,12 +180,26 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 		return nil, fmt.Errorf("looking up the token's entity: %w", err)
 	}
 	if e == nil {
-		return logical.ErrorResponse("the token's Vault entity %s does not exist (deleted since the login?)", req.EntityID), nil
+		// Vault gives a plugin no way to find the entity an entity was
+		// merged into (EntityInfo looks up the ID alone), so a token issued
+		// before a merge is refused; a new login carries the new entity.
+		return logical.ErrorResponse("the token's Vault entity %s does not exist: it was deleted, or merged into "+
+			"another entity, since this token was issued; log in again for a token of your current entity", req.EntityID), nil
 	}
 	if e.Disabled {
 		return logical.ErrorResponse("the token's Vault entity %s is disabled", req.EntityID), nil
 	}
-	rs, err := b.state.admit(ctx, req.Storage, key, now)
+	// The session is named before anything is stored or asked of STS: a
+	// template that fails for this entity is the role's mistake, answered
+	// at once, not retried.
+	login := cached.loginMount()
+	if login == "" {
+		login = loginMountFor(e, req.DisplayName)
+	}
+	if _, err := role.entitySession(name, e, login); err != nil {
+		return templateFailed(name, err.Error()), nil
+	}
+	rs, err := b.state.admit(ctx, req.Storage, key, now, login, b.settings.policy().MaxEntityCredentials)
 	var tooMany errTooManyEntities
 	switch {
 	case errors.As(err, &tooMany):
@@ -199,6 +214,12 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 		return b.credsResponse(key, rs.role, rs.cred, now), nil
 	}
 	return b.coldRead(ctx, req, key, rs.role)
+}
+
+// templateFailed is the answer to a read whose entity the role's
+// session_name_template fails for: the role must change, so a 400.
+func templateFailed(name, msg string) *logical.Response {
+	return logical.ErrorResponse("role %q: %s; change the role's session_name_template", name, msg)
 }
 
 // coldRead serves a read that found nothing valid cached for key (a role, or
@@ -255,6 +276,10 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 		}
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+	var re *refreshError
+	if errors.As(f.res.err, &re) && re.Code == codeTemplateFailed {
+		return templateFailed(name, re.Message), nil
+	}
 	b.metrics.readsUnavailable.Inc()
 	if lf, ok := b.flights.lastFailed(key, f.gen); ok && f.res.outcome != cycleSuccess {
 		// The last answer from STS, rather than a cycle's own end
@@ -444,10 +469,14 @@ rotating secret and reads it again after ttl+1 seconds.
 
 For a role with cache_scope=entity, each Vault entity gets a credential of
 its own, cached and refreshed like a role's, whose STS session is named by
-the role's session_name_template with the entity name as SourceIdentity. A
-token without an entity (the root token) gets a 400; so does a new entity
-when the role already holds max_entities of them. An entity credential that
-nobody reads for entity_idle_ttl is dropped instead of refreshed.
+the role's session_name_template with the login's name as SourceIdentity. A
+token without an entity (the root token) gets a 400; so does a token whose
+entity was deleted or merged into another (log in again), a new entity when
+the role holds max_entities of them (or the mount max_entity_credentials)
+and none is idle to evict, and an entity the template fails for. An entity
+credential that nobody reads for entity_idle_ttl is dropped at its next
+refresh. Revoking an entity credential's lease leaves it cached for the
+entity's other tokens: it belongs to the entity.
 
 When nothing valid is cached (first read, or after a role change) one refresh
 cycle runs in the request, shared by all concurrent readers of the role (or

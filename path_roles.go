@@ -143,22 +143,28 @@ func pathsRoles(b *backend) []*framework.Path {
 				},
 				"session_name_template": {
 					Type: framework.TypeString,
-					Description: "cache_scope=entity only: Go template for the RoleSessionName over .EntityName, " +
-						".EntityID, .RoleName and .Metadata (the entity's metadata map); default " +
-						defaultSessionNameTemplate + ". The result is made to match [\\w+=,.@-] (other characters " +
-						"become -) and cut to 64 characters; vault-<entity id> is used when fewer than 2 remain.",
+					Description: "cache_scope=entity only: Go template for the RoleSessionName over .Name (the login's name: " +
+						"the entity name, or the login alias's name when Vault generated the entity name), .EntityName, " +
+						".EntityID, .RoleName, .Metadata (the entity's metadata map), .LoginAlias (the alias of the auth " +
+						"mount the entity first read the role through), .Aliases (alias names by auth mount accessor) and " +
+						".AliasesByType (by auth mount type); default " + defaultSessionNameTemplate + ". At most 1024 " +
+						"bytes, writing at most 512; range, define/template and printf widths are refused, as is a " +
+						"template that names two entities alike. A result that is not valid as it is (2 to 64 " +
+						"characters of [\\w+=,.@-]) is sanitised (other characters become -, cut to fit) and gets - and " +
+						"8 hex digits derived from the entity ID, so that distinct entities never share a session name.",
 				},
 				"entity_idle_ttl": {
 					Type: framework.TypeDurationSecond,
 					Description: "cache_scope=entity only: an entity's credential that nobody has read for this long is " +
-						"dropped at its next refresh instead of refreshed; 0 (default) means two credential lifetimes (2 x ttl). " +
-						"Changing it keeps the cached credentials.",
+						"dropped at its next refresh instead of refreshed (until then it is kept and served), and may be " +
+						"evicted before that to make room for a new entity; 0 (default) means two credential lifetimes " +
+						"(2 x ttl). Changing it keeps the cached credentials.",
 				},
 				"max_entities": {
 					Type: framework.TypeInt,
-					Description: "cache_scope=entity only: the most entities the role caches a credential for; the read of " +
-						"a new entity beyond it is refused with a 400. 0 (default) means 1000. Changing it keeps the " +
-						"cached credentials.",
+					Description: "cache_scope=entity only: the most entities the role caches a credential for. A new " +
+						"entity beyond it evicts the least recently read credential unread for entity_idle_ttl, or is " +
+						"refused with a 400. 0 (default) means 1000. Changing it keeps the cached credentials.",
 				},
 			},
 			ExistenceCheck: b.pathRolesExistenceCheck,
@@ -720,12 +726,14 @@ Changing lease alone keeps the cached credential.
 cache_scope (default role) chooses who shares a credential. role: every
 reader of the role gets the same one. entity: each Vault entity reading the
 role gets its own, cached and refreshed in the background like a role's, its
-STS session named by session_name_template (default vault-{{.EntityName}},
-over .EntityName, .EntityID, .RoleName and .Metadata) and its SourceIdentity
-set to the entity name, so CloudTrail attributes every action to a Vault
-identity; the role's trust policy must allow sts:SetSourceIdentity. An entity
-credential unread for entity_idle_ttl (default 2 x ttl) is dropped rather
-than refreshed, and max_entities (default 1000) caps how many the role holds.
+STS session named by session_name_template (default vault-{{.Name}}, the
+login's name; see the field) and its SourceIdentity set to that name, so
+CloudTrail attributes every action to a Vault identity; no two entities
+share either. The role's trust policy must allow sts:SetSourceIdentity. An
+entity credential unread for entity_idle_ttl (default 2 x ttl) is dropped at
+its next refresh rather than refreshed, and max_entities (default 1000) caps
+how many the role holds: a new entity beyond it evicts the least recently
+read idle one, or is refused.
 Changing lease, entity_idle_ttl or max_entities keeps cached credentials.
 
 Any change to what a role issues drops its cached credential (every entity's

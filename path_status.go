@@ -347,6 +347,9 @@ type statusEntry struct {
 	// LastRead is when an entity credential was last read, as of the last
 	// commit (entity_idle_ttl is counted from it after a restart).
 	LastRead time.Time `json:"last_read,omitempty"`
+	// LoginMount is the auth mount accessor of the alias an entity
+	// credential's sessions are named after (entityUse.login).
+	LoginMount string `json:"login_mount,omitempty"`
 }
 
 const pathStatusListHelpSyn = `List every role with its refresh state.`

@@ -98,6 +98,8 @@ type reconcilerOwners struct {
 	// entityGone reports whether Vault deleted or disabled the entity
 	// (backend.entityGone).
 	entityGone func(entityID string) bool
+	// entityChecks picks which entity credentials a pass asks Vault about.
+	entityChecks *entityChecks
 	// resumeRotation arms the scheduled root key rotation from storage
 	// (the rotator's); every pass calls it.
 	resumeRotation func(ctx context.Context) error
@@ -392,17 +394,24 @@ func (r *reconciler) passRoles(ctx context.Context, p *pass, names []string) {
 // idle ones are dropped.
 func (r *reconciler) passEntities(ctx context.Context, p *pass) {
 	sort.Strings(p.entityRoles)
-	for _, name := range p.entityRoles {
+	byRole := make([][]credKey, len(p.entityRoles))
+	var all []credKey
+	for i, name := range p.entityRoles {
 		ids, err := listEntityIDs(ctx, r.storage(), name)
 		if err != nil {
 			p.fail(err)
 			continue
 		}
 		keys := make([]credKey, len(ids))
-		for i, id := range ids {
-			keys[i] = credKey{role: name, entity: id}
-			p.listed.addEntity(keys[i])
+		for j, id := range ids {
+			keys[j] = credKey{role: name, entity: id}
+			p.listed.addEntity(keys[j])
 		}
+		byRole[i] = keys
+		all = append(all, keys...)
+	}
+	r.entityChecks.pick(all)
+	for _, keys := range byRole {
 		r.forEachKey(keys, func(key credKey) {
 			p.found(r.reconcileRole(ctx, key, false, p.start, p.idx))
 		})
@@ -636,10 +645,10 @@ func (r *reconciler) reconcileRole(ctx context.Context, key credKey, reread bool
 		return nil, err
 	}
 	if entityID := key.entity; entityID != "" {
-		// An entity credential nobody read for entity_idle_ttl, or whose
-		// entity Vault deleted or disabled, costs no more STS calls.
-		reason := entityDropReason(rs, r.clock.Now(), func() bool { return r.entityGone(entityID) })
-		if reason != "" {
+		// An entity credential whose entity Vault deleted or disabled, or
+		// that nobody read for entity_idle_ttl and has nothing valid left,
+		// costs no more STS calls.
+		if reason := passDropReason(r.entityChecks, r.entityGone, key, rs, r.clock.Now()); reason != "" {
 			if err := r.state.dropEntityLocked(ctx, r.storage(), key); err != nil {
 				return nil, err
 			}

@@ -70,7 +70,7 @@ type refresher struct {
 	reconciler *reconciler
 	// session names the STS session of a key (backend.sessionFor: an
 	// entity's is looked up in Vault).
-	session func(key credKey, role *roleEntry) (stsSession, error)
+	session func(key credKey, rs *roleState) (stsSession, error)
 	// onPlan, when set (a test seam), is called after every change of the
 	// plan.
 	onPlan func()
@@ -510,7 +510,7 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 	w := j.window(i, reserved, rs.cred)
 	w.priority = rf.callPriority(j.key, rs.cred)
 
-	sess, serr := rf.session(j.key, rs.role)
+	sess, serr := rf.session(j.key, rs)
 	if errors.Is(serr, errEntityGone) && j.f.background {
 		// Nobody can read it any more: drop it rather than refresh.
 		if _, err := rf.dropEntity(ctx, j.key, rf.clock.Now(), entityIsGone); err != nil {
@@ -519,9 +519,14 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
 	}
 	var out attemptResult
-	if serr != nil {
+	var terr errTemplate
+	switch {
+	case errors.As(serr, &terr):
+		// The template, not the entity or STS: no retry can succeed.
+		out.err = &refreshError{Code: codeTemplateFailed, Message: serr.Error(), Retryable: false, cause: serr}
+	case serr != nil:
 		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
-	} else {
+	default:
 		out = rf.attempt(ctx, j.key, sess, rs.role, w)
 		j.called = out.called
 	}

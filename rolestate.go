@@ -50,6 +50,15 @@ type roleStates struct {
 	// del), so that a role's entity keys are found without a scan of every
 	// mirrored role: role writes and deletes look them up.
 	ents map[string]map[credKey]struct{}
+	// entCount is how many of m's entity entries count against the
+	// mount's max_entity_credentials (countsAsEntity), guarded by mu, kept
+	// by put and del: a refusal is answered without a scan or a storage
+	// call.
+	entCount int
+	// admitMu makes a new entity's "count, then store" one step across
+	// roles, whose store locks differ, so that two cannot both take the
+	// mount's last place. Taken under a store lock, before mu.
+	admitMu sync.Mutex
 
 	// loading holds the load in progress (loadLocked), by role name,
 	// guarded by mu. Loads run under the role's store lock, so a role has
@@ -72,6 +81,11 @@ type roleStates struct {
 	// commit makes and of every key a change drops.
 	index credIndex
 
+	// onEvict is told of each entity credential evicted to admit a new
+	// entity (the backend counts and logs it); nil in tests that build the
+	// owner alone.
+	onEvict func(key credKey)
+
 	// planner is told when a role's next cycle is due or no longer due. It is
 	// called with the role's store lock held, so a commit's schedule and a
 	// role change's unplan cannot cross.
@@ -82,8 +96,10 @@ type roleStates struct {
 func (r *roleStates) put(key credKey, rs *roleState) {
 	rs.cred = rs.cred.mirrored()
 	rs.compactStatus()
+	old := r.m[key]
 	r.m[key] = rs
 	if key.isEntity() {
+		r.entCount += rs.countsAsEntity() - old.countsAsEntity()
 		set := r.ents[key.role]
 		if set == nil {
 			set = map[credKey]struct{}{}
@@ -95,8 +111,10 @@ func (r *roleStates) put(key credKey, rs *roleState) {
 
 // del drops key from the mirror; r.mu must be held for writing.
 func (r *roleStates) del(key credKey) {
+	old := r.m[key]
 	delete(r.m, key)
 	if key.isEntity() {
+		r.entCount -= old.countsAsEntity()
 		if set := r.ents[key.role]; set != nil {
 			delete(set, key)
 			if len(set) == 0 {
@@ -351,6 +369,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key cred
 			next.use = newEntityUse(read)
 		}
 		next.use.touch(read)
+		next.use.setLogin(next.fullStatus.LoginMount)
 	}
 	if old != nil && old.role.equal(role) {
 		next.gen = old.gen
@@ -647,11 +666,11 @@ type successCommit struct {
 // read, before a cold read fetches the entity's first credential
 // (admitLocked, in entity.go), under the role's store lock. It returns nil,
 // nil when the role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time) (*roleState, error) {
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time, login string, mountMax int) (*roleState, error) {
 	lock := r.lockFor(key)
 	lock.Lock()
 	defer lock.Unlock()
-	return r.admitLocked(ctx, s, key, now)
+	return r.admitLocked(ctx, s, key, now, login, mountMax)
 }
 
 // commitSuccess stores a cycle's new credential and status and schedules the
@@ -680,7 +699,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
 	}
 	if rs.use != nil {
-		st.LastRead = rs.use.last()
+		st.LastRead, st.LoginMount = rs.use.last(), rs.use.loginMount()
 	}
 	stored := *cred
 	stored.RoleHash = rs.role.hash()
@@ -719,7 +738,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key c
 	prev := rs.status()
 	st, next := build(&prev, rs.cred)
 	if rs.use != nil {
-		st.LastRead = rs.use.last()
+		st.LastRead, st.LoginMount = rs.use.last(), rs.use.loginMount()
 	}
 	dirty := putStatus(ctx, s, key, st) != nil
 	r.mu.Lock()

@@ -302,7 +302,7 @@ func (s *sim) initMount(seed uint64) {
 	s.size = &sizeLimitStorage{Storage: s.mem}
 	s.stored = &storedKeys{Storage: s.size, keys: map[string]bool{}, deletes: map[string]int{}}
 	s.fs = newFaultStorage(s.stored, seed)
-	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, inCall: map[string]int{}}
+	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, expires: map[string]time.Time{}, inCall: map[string]int{}}
 	if s.knobs.entities > 0 && s == s.all[0] {
 		s.seedEntities(s.knobs.entities)
 	}
@@ -841,6 +841,11 @@ func (s *sim) checkServed(name, entityID string, resp *logical.Response, node st
 	if exp.Add(time.Second).Sub(now) < minServeValidity {
 		s.failf("served a credential expiring at %v at %v", exp, now)
 	}
+	// Exactly, where STS's answer is known: the response's whole seconds
+	// leave a second of slack that an expired credential could hide in.
+	if exact, ok := s.sts.expiryOf(d["access_key"].(string)); ok && exact.Sub(now) < minServeValidity {
+		s.failf("served a credential expiring at %v (exactly) at %v", exact, now)
+	}
 	if resp.Secret != nil && now.Add(resp.Secret.TTL).After(exp.Add(time.Second)) {
 		s.failf("lease TTL %v outlives the credential (expires %v)", resp.Secret.TTL, exp)
 	}
@@ -899,6 +904,17 @@ func (s *sim) checkEntityIndex(b *backend) {
 	s.fig.checks++
 	if !reflect.DeepEqual(scan, r.ents) {
 		s.failf("entity index %v, but the mirror holds %v", r.ents, scan)
+	}
+	// The count max_entity_credentials is checked against is the mirror's.
+	count := 0
+	for k, rs := range r.m {
+		if k.isEntity() {
+			count += rs.countsAsEntity()
+		}
+	}
+	s.fig.checks++
+	if count != r.entCount {
+		s.failf("entity count %d, but the mirror holds %d that count", r.entCount, count)
 	}
 }
 
@@ -1194,10 +1210,11 @@ type simSTS struct {
 	s         *sim
 	calls     atomic.Int64
 	mu        sync.Mutex
-	issued    map[string]string // access key id -> role ARN
-	sources   map[string]string // access key id -> SourceIdentity
-	inCall    map[string]int    // by node and key
-	nodes     int               // nodes wrapped so far
+	issued    map[string]string    // access key id -> role ARN
+	sources   map[string]string    // access key id -> SourceIdentity
+	expires   map[string]time.Time // access key id -> exact expiration
+	inCall    map[string]int       // by node and key
+	nodes     int                  // nodes wrapped so far
 	violation atomic.Pointer[string]
 	// short makes issued credentials expire sooner than STS said.
 	short atomic.Bool
@@ -1238,6 +1255,15 @@ func (w *simSTS) issuedFor(akid string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.issued[akid]
+}
+
+// expiryOf is the exact expiration of an AssumeRole credential (the
+// response has whole seconds only).
+func (w *simSTS) expiryOf(akid string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.expires[akid]
+	return t, ok
 }
 
 func (w *simSTS) sourceOf(akid string) string {
@@ -1298,6 +1324,7 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 	if err == nil && out.Credentials != nil {
 		w.issued[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.RoleArn)
 		w.sources[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.SourceIdentity)
+		w.expires[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToTime(out.Credentials.Expiration)
 	}
 	w.mu.Unlock()
 	return out, err

@@ -1,6 +1,8 @@
 package acceptance
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -21,30 +23,20 @@ type entityUser struct {
 }
 
 // session is the RoleSessionName the plugin sends for u under the default
-// session_name_template.
-func (u entityUser) session() string { return awsName("vault-"+u.entity.Name, u.entity.ID) }
+// session_name_template, vault-{{.Name}}.
+func (u entityUser) session() string { return "vault-" + u.sourceIdentity() }
 
-// sourceIdentity is the SourceIdentity the plugin sends for u.
-func (u entityUser) sourceIdentity() string { return awsName(u.entity.Name, u.entity.ID) }
+// sourceIdentity is the SourceIdentity the plugin sends for u: a userpass
+// login creates an entity that Vault names entity_<8 hex>, so the plugin
+// names the login instead, by its alias (the user name), suffixed with 8
+// hex digits of the SHA-256 of the entity ID, as alias names are unique only
+// within their auth mount.
+func (u entityUser) sourceIdentity() string { return u.name + "-" + idSuffix(u.entity.ID) }
 
-var notAWSNameChar = regexp.MustCompile(`[^\w+=,.@-]`)
-
-// awsName sanitises s as the design says: characters outside [\w+=,.@-]
-// become "-", the result is cut to 64 characters, and when fewer than 2
-// remain the entity id stands in. Vault's userpass entity names
-// (entity_<hex>) pass through unchanged, so this mostly documents the rule.
-func awsName(s, entityID string) string {
-	n := notAWSNameChar.ReplaceAllString(s, "-")
-	if len(n) > 64 {
-		n = n[:64]
-	}
-	if len(n) < 2 {
-		n = "vault-" + entityID
-		if len(n) > 64 {
-			n = n[:64]
-		}
-	}
-	return n
+// idSuffix is the suffix the design derives from an entity ID.
+func idSuffix(entityID string) string {
+	sum := sha256.Sum256([]byte(entityID))
+	return hex.EncodeToString(sum[:4])
 }
 
 // newEntityStack is newDevStack plus userpass with the users alice and bob,
@@ -72,6 +64,11 @@ func newEntityStack(t *testing.T, emuFlags []string, refresh map[string]string, 
 	}
 	if users[0].entity.ID == users[1].entity.ID {
 		t.Fatalf("alice and bob share the entity %s", users[0].entity.ID)
+	}
+	for _, u := range users {
+		if !regexp.MustCompile(`^entity_[0-9a-f]{8}$`).MatchString(u.entity.Name) {
+			t.Fatalf("%s's entity is named %q, not as Vault names the entities it creates", u.name, u.entity.Name)
+		}
 	}
 	return s, users[0], users[1]
 }
@@ -325,5 +322,55 @@ func TestEntityAgentRendersOwnCredential(t *testing.T) {
 		if calls := s.sessionCalls(t, "app", u.session()); len(calls) != 1 {
 			t.Errorf("%s: %d AssumeRole calls, want 1:\n%s", u.name, len(calls), callsString(calls))
 		}
+	}
+}
+
+// TestEntityMergedAndNamedEntities: a token issued before its entity was
+// merged into another carries the old entity ID, which the plugin cannot
+// resolve through Vault's sdk: the read is a 400 that says so and to log in
+// again; the new login's token belongs to the surviving entity, whose
+// operator-given name names the session and the source identity as they
+// are, without a suffix.
+func TestEntityMergedAndNamedEntities(t *testing.T) {
+	vaulttest.SkipUnlessEnabled(t)
+	t.Parallel()
+	s, alice, _ := newEntityStack(t, nil, nil)
+	v := s.vault
+	password := "pw-carol-" + fmt.Sprint(time.Now().UnixNano())
+	v.CreateUser(t, "carol", password, "app-reader")
+	oldToken := v.LoginUserpass(t, "carol", password)
+	old := v.EntityOf(t, oldToken)
+
+	// An entity the operator names, and carol's merged into it.
+	var created struct {
+		Data struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if code := v.API(t, http.MethodPost, "identity/entity", map[string]any{"name": "carol.jones"}, &created); code != http.StatusOK || created.Data.ID == "" {
+		t.Fatalf("creating the entity carol.jones: HTTP %d, id %q", code, created.Data.ID)
+	}
+	if code := v.API(t, http.MethodPost, "identity/entity/merge", map[string]any{
+		"from_entity_ids": []string{old.ID}, "to_entity_id": created.Data.ID,
+	}, nil); code/100 != 2 {
+		t.Fatalf("merging %s into %s: HTTP %d", old.ID, created.Data.ID, code)
+	}
+	expectVaultError(t, v.Exec(t, oldToken, "", "read", mount+"/creds/app"), "400", old.ID, "merged into another entity", "log in again")
+
+	newToken := v.LoginUserpass(t, "carol", password)
+	if got := v.EntityOf(t, newToken); got.ID != created.Data.ID {
+		t.Fatalf("carol's new login has entity %s (%s), want the merged-into %s", got.ID, got.Name, created.Data.ID)
+	}
+	c := s.readCredsAs(t, newToken, "app")
+	if want := assumedRoleARN("app", "vault-carol.jones"); c.ARN != want {
+		t.Errorf("carol's arn %q, want %q", c.ARN, want)
+	}
+	calls := s.sessionCalls(t, "app", "vault-carol.jones")
+	if len(calls) != 1 || calls[0].SourceIdentity != "carol.jones" {
+		t.Errorf("AssumeRole calls named vault-carol.jones: %s; want one with source identity carol.jones", callsString(calls))
+	}
+	// alice is untouched.
+	if c := s.readCredsAs(t, alice.token, "app"); c.ARN != assumedRoleARN("app", alice.session()) {
+		t.Errorf("alice's arn %q, want %q", c.ARN, assumedRoleARN("app", alice.session()))
 	}
 }
