@@ -71,11 +71,17 @@ var rotationResponseFields = map[string]*framework.FieldSchema{
 }
 
 func (b *backend) pathRotateRootWrite(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	id, err := b.rotateRoot(ctx, req.Storage, rotationManual)
+	res, err := b.rotateRoot(ctx, req.Storage, rotationManual)
 	if err != nil {
 		return rotationResponse(err)
 	}
-	return &logical.Response{Data: map[string]interface{}{"access_key": id}}, nil
+	resp := &logical.Response{Data: map[string]interface{}{"access_key": res.newID}}
+	if res.warning != "" {
+		// Still a 200: the new key is in force. The warning names the old
+		// key that lives on and why; config/rotation records it.
+		resp.AddWarning(res.warning)
+	}
+	return resp, nil
 }
 
 func (b *backend) pathRotationRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {

@@ -413,6 +413,10 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "text/xml")
 	h.Set("x-amzn-RequestId", reqID)
+	// AWS's Date is its own clock, which SDKs correct their signing clock
+	// by and callers may date things with: the clock the signature check
+	// uses, not this host's.
+	h.Set("Date", e.signNow().UTC().Format(http.TimeFormat))
 	w.WriteHeader(rep.status)
 	_, _ = w.Write(rep.body)
 }
