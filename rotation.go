@@ -563,6 +563,17 @@ type rootRotation struct {
 	// newID and newSecret are the key createKey made (newSecret is empty
 	// for a key found after its CreateAccessKey's answer was lost).
 	newID, newSecret string
+	// listed is the user's key list the sweep took, with IAM's clock and
+	// the node's when it answered, while nothing has changed it since: the
+	// list createKey's intent needs, without asking again.
+	listed *keyList
+}
+
+// keyList is the user's access keys as IAM listed them.
+type keyList struct {
+	keys   []iamtypes.AccessKeyMetadata
+	iamNow time.Time // IAM's clock as it answered (zero if unknown)
+	at     time.Time // the node's clock as it answered
 }
 
 // call bounds one IAM call (iamCallTimeout).
@@ -631,7 +642,7 @@ func (r *rootRotation) clearEarlierKeys() error {
 // the record and returns the user's other keys, which are not the plugin's.
 // It stops at the first key it cannot delete, which stays on record.
 func (r *rootRotation) sweep() (others []string, err error) {
-	list, _, err := r.listKeys()
+	list, iamNow, err := r.listKeys()
 	if err != nil {
 		return nil, awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
 	}
@@ -671,6 +682,9 @@ func (r *rootRotation) sweep() (others []string, err error) {
 			r.record("sweep")
 			return others, err
 		}
+	}
+	if len(ours) == 0 {
+		r.listed = &keyList{keys: list, iamNow: iamNow, at: r.b.clock.Now()}
 	}
 	return others, nil
 }
@@ -716,13 +730,18 @@ func (r *rootRotation) deleteRecorded(id string) error {
 func (r *rootRotation) createKey() error {
 	st := r.st
 	st.PendingKeyID, st.RetiredKeyID = "", ""
-	known, iamNow, err := r.listKeys()
-	if err != nil {
-		return awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
+	// The sweep's list, if it deleted nothing since; else a new one.
+	l := r.listed
+	if l == nil {
+		known, iamNow, err := r.listKeys()
+		if err != nil {
+			return awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
+		}
+		l = &keyList{keys: known, iamNow: iamNow, at: r.b.clock.Now()}
 	}
-	listed := r.b.clock.Now()
-	intent := &creationIntent{IAMTime: iamNow}
-	for _, k := range known {
+	listed := l.at
+	intent := &creationIntent{IAMTime: l.iamNow}
+	for _, k := range l.keys {
 		intent.Keys = append(intent.Keys, aws.ToString(k.AccessKeyId))
 	}
 	st.Creating = intent

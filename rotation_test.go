@@ -3,6 +3,7 @@ package awsresilient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -1477,4 +1478,40 @@ func (f *fixture) mustRotate() string {
 	f.t.Helper()
 	resp, err := f.rotate()
 	return wantRotated(f.t, resp, err)
+}
+
+// Every storage call of a rotation can fail, applied or not: whatever
+// fails, no key is lost (config/root's key works, and every other key on
+// the user is on record), and once storage heals, the reconciler's pass
+// and one rotation leave exactly config/root's key.
+func TestRotation_StorageFaultsNeverLoseAKey(t *testing.T) {
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
+			fs := newFaultStorage(new(logical.InmemStorage), seed)
+			f := rotationFixture(t, fixtureOpts{storage: fs})
+			f.mustReadCreds(testRole)
+			for i := 0; i < 4; i++ {
+				fs.setRate(0.25, 0.5)
+				_, _ = f.rotate()
+				fs.heal()
+				root, err := getRootConfig(context.Background(), f.s)
+				if err != nil || root == nil {
+					t.Fatalf("config/root after rotation %d: %v", i, err)
+				}
+				st := rotationRecord(t, f.s)
+				for _, k := range userKeys(t, f.emu) {
+					if k != root.AccessKey && k != st.PendingKeyID && k != st.RetiredKeyID && st.Creating == nil {
+						t.Fatalf("rotation %d left key %s on the user, on record nowhere (config/root %s, record %+v)", i, k, root.AccessKey, st)
+					}
+				}
+				f.b.clients.reset() // as a storage fault's reload would
+				wantWorkingKey(t, f)
+			}
+			t.Logf("%d storage faults injected", fs.injectedTotal())
+			f.periodic()
+			id := f.mustRotate()
+			wantOnlyKeys(t, f.emu, id)
+			wantWorkingKey(t, f)
+		})
+	}
 }
