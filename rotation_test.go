@@ -1006,7 +1006,7 @@ func TestRotation_LostCreateAnswerResolvedLater(t *testing.T) {
 func deleteUserKey(t *testing.T, emu *stsemu.Emulator, signer, id string) {
 	t.Helper()
 	c := iam.New(iam.Options{
-		Region:       iamRegion,
+		Region:       "us-east-1", // the emulator's default partition
 		BaseEndpoint: aws.String(emu.URL()),
 		Credentials:  credentials.NewStaticCredentialsProvider(signer, stsemu.DefaultSecretKey, ""),
 		Retryer:      aws.NopRetryer{},
