@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -18,6 +19,7 @@ import (
 	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/aws/smithy-go"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -75,24 +77,19 @@ const rotationTimeout = 15 * time.Minute
 // one call's timeout (at most 10 s).
 const rotationDrainTimeout = time.Minute
 
-// rotator owns the state of root key rotation: the lock that serialises
-// rotations (and their planning), the lock that makes config/root's "read,
-// change, write" one step, the scheduled rotation's one timer, and the IAM
-// client seam. Its fields are touched only by its methods, below.
+// rotator owns root key rotation and config/root's writes: its procedures
+// (rotateRoot, writeRoot and the planning of the scheduled rotation,
+// below), given at construction the owners a rotation calls; and its
+// state: the lock that serialises rotations (and their planning), the lock
+// that makes config/root's "read, change, write" one step, the scheduled
+// rotation's one timer, and the IAM client seam. Its fields are touched
+// only by its methods, below.
 //
 // Lock order: rotations, then root, then mu; mu is held while refreshing
 // is asked (which takes the lifecycle's lock), never the other way round.
 type rotator struct {
-	clock clock.Clock
-	// wrapIAM, when set, wraps each IAM client a rotation builds (a test
-	// seam, from backendOptions).
-	wrapIAM func(api iamAPI) iamAPI
-	// refreshing reports whether the refresher runs on this node: only
-	// there is a scheduled rotation armed.
-	refreshing func() bool
-	// due starts the scheduled rotation when its timer fires; it must not
-	// block (the backend starts a goroutine that Clean waits for).
-	due func()
+	// rotatorOwners are what the rotator was given at construction.
+	rotatorOwners
 
 	// drainTimeout bounds the wait for attempts still signing with a key
 	// before it is deleted (rotationDrainTimeout; tests shorten it).
@@ -116,9 +113,51 @@ type rotator struct {
 	stopped bool
 }
 
+// rotatorOwners are what a rotator works with: the owners a rotation
+// calls, and its seams.
+type rotatorOwners struct {
+	clock clock.Clock
+	rand  randSource
+	// storage is the mount's storage view, read at each call: the backend
+	// gets it after construction. logger likewise (Setup sets it).
+	storage func() logical.Storage
+	logger  func() hclog.Logger
+
+	// settings gives the block schedule a new key is verified on; limiter
+	// the STS call slots it takes; clients are rebuilt with a stored key
+	// and drained of the old one.
+	settings *settings
+	limiter  *ratelimit.Limiter
+	clients  *stsClients
+	metrics  *metrics
+	// life runs rotations counted for Clean.
+	life *lifecycle
+
+	// wrapIAM, when set, wraps each IAM client a rotation builds (a test
+	// seam, from backendOptions).
+	wrapIAM func(api iamAPI) iamAPI
+	// refreshing reports whether the refresher runs on this node: only
+	// there is a scheduled rotation armed.
+	refreshing func() bool
+	// due starts the scheduled rotation when its timer fires; it must not
+	// block. nil means a goroutine that Clean waits for runs
+	// scheduledRotation.
+	due func()
+}
+
 // newRotator returns a rotator with nothing armed.
-func newRotator(clk clock.Clock, wrapIAM func(api iamAPI) iamAPI, refreshing func() bool, due func()) *rotator {
-	return &rotator{clock: clk, wrapIAM: wrapIAM, refreshing: refreshing, due: due, drainTimeout: rotationDrainTimeout}
+func newRotator(o rotatorOwners) *rotator {
+	r := &rotator{rotatorOwners: o, drainTimeout: rotationDrainTimeout}
+	if r.due == nil {
+		r.due = func() { r.life.spawn(r.scheduledRotation) }
+	}
+	return r
+}
+
+// sleepUntil waits on the rotator's clock until t, until hurry is closed,
+// or until ctx is done (clock.SleepUntil).
+func (r *rotator) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
+	return clock.SleepUntil(ctx, r.clock, t, hurry)
 }
 
 // lastRotation is a rotation's result as its caller got it.
@@ -220,6 +259,56 @@ func (r *rotator) scheduled() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.at
+}
+
+// writeRoot reads config/root from s, lets change edit it, and stores it,
+// as one step against a rotation storing its new key (config/root's lock):
+// whichever comes second sees the other's write. change returns the rule
+// the edited config breaks ("" when none); writeRoot then returns that rule
+// and stores nothing. After the write the STS clients are rebuilt, and a
+// new key or rotation_period plans the scheduled rotation anew.
+func (r *rotator) writeRoot(ctx context.Context, s logical.Storage, change func(cfg *rootConfig) string) (rule string, err error) {
+	defer r.lockRoot()()
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	before := *cfg
+	if msg := change(cfg); msg != "" {
+		return msg, nil
+	}
+	// The key's age, which scheduled rotation measures, starts when the key
+	// is stored, or when rotation is turned on for a key stored before.
+	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
+		cfg.KeySetAt = r.clock.Now()
+	}
+
+	if err := putRootConfig(ctx, s, cfg); err != nil {
+		return "", err
+	}
+	// After the write, so a client built concurrently cannot keep the old keys.
+	r.clients.reset()
+	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
+		if err := r.replanRotation(ctx, s, cfg.AccessKey != before.AccessKey); err != nil {
+			// config/root is written; the reconciler plans the rotation.
+			r.logger().Warn("planning the next root key rotation failed; the reconciler retries", "error", err)
+		}
+	}
+	return "", nil
+}
+
+// deleteRoot deletes config/root under its lock, and drops the STS clients
+// built from it.
+func (r *rotator) deleteRoot(ctx context.Context, s logical.Storage) error {
+	defer r.lockRoot()()
+	if err := deleteRootConfig(ctx, s); err != nil {
+		return err
+	}
+	r.clients.reset()
+	return nil
 }
 
 // iamAPI is the part of *iam.Client a rotation calls.
@@ -325,7 +414,7 @@ func awsFailure(step string, err error, secretKey string) *rotationError {
 
 // rootClients builds an IAM client and an STS client signing with the given
 // key pair, against the endpoints of cfg.
-func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
+func (r *rotator) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
 	iamCfg, iamTr, err := newAWSConfig(ctx, iamRegion, accessKey, secretKey)
 	if err != nil {
 		return nil, nil, nil, err
@@ -349,7 +438,7 @@ func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
 		}
 	})
-	iamClient = b.rotator.wrapIAMClient(iamClient)
+	iamClient = r.wrapIAMClient(iamClient)
 	return iamClient, stsClient, func() { iamTr.CloseIdleConnections(); stsTr.CloseIdleConnections() }, nil
 }
 
@@ -390,7 +479,7 @@ type stsIdentityAPI interface {
 // A scheduled rotation runs only if it is still due once it holds the
 // rotation lock: another may have run meanwhile. A manual one that finds
 // a rotation ended within rotationRepeatWindow returns its result.
-func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger string) (rotationResult, error) {
+func (r *rotator) rotateRoot(_ context.Context, s logical.Storage, trigger string) (rotationResult, error) {
 	// Not the request's context: a client that gives up half-way must not
 	// stop a rotation between creating a key and recording what became of
 	// it. The plugin stopping does (its records let the next rotation clean
@@ -399,10 +488,10 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 		res rotationResult
 		err error
 	)
-	ran := b.life.run(func(bg context.Context) {
+	ran := r.life.run(func(bg context.Context) {
 		ctx, cancel := context.WithTimeout(bg, rotationTimeout)
 		defer cancel()
-		res, err = b.rotateLocked(ctx, s, trigger)
+		res, err = r.rotateLocked(ctx, s, trigger)
 	})
 	if !ran {
 		return rotationResult{}, &rotationError{status: http.StatusServiceUnavailable, msg: "the plugin is shutting down"}
@@ -419,11 +508,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), rotationCleanupTimeout)
 }
 
-func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (rotationResult, error) {
-	defer b.rotator.lockRotations()()
-	now := b.clock.Now()
+func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (rotationResult, error) {
+	defer r.lockRotations()()
+	now := r.clock.Now()
 	if trigger == rotationManual {
-		if res, err, ok := b.rotator.recent(now); ok {
+		if res, err, ok := r.recent(now); ok {
 			return res, err
 		}
 	}
@@ -442,12 +531,12 @@ func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 			return rotationResult{}, errNotDue
 		}
 	}
-	res, rerr := b.rotateSteps(ctx, s, st, cfg)
+	res, rerr := r.rotateSteps(ctx, s, st, cfg)
 
 	// What follows is owed even after Clean cancelled ctx.
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	st.LastAttempt, st.LastEnded, st.Trigger = now, b.clock.Now(), trigger
+	st.LastAttempt, st.LastEnded, st.Trigger = now, r.clock.Now(), trigger
 	var conflict *rotationError
 	switch {
 	case rerr == nil && res.warning == "":
@@ -458,7 +547,7 @@ func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 		// the new key's rotation.
 		st.Outcome, st.Error, st.Failures = rotationOldKeyKept, res.warning, 0
 		st.LastRotated = now
-	case errors.As(rerr, &conflict) && conflict.status == http.StatusConflict, b.operatorStoredAKey(ctx, s, cfg, res.newID):
+	case errors.As(rerr, &conflict) && conflict.status == http.StatusConflict, r.operatorStoredAKey(ctx, s, cfg, res.newID):
 		// The operator stored a key meanwhile: nothing failed, and the
 		// failures of the old key's rotations no longer count.
 		st.Outcome, st.Error, st.Failures = rotationSuperseded, rerr.Error(), 0
@@ -466,29 +555,29 @@ func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 		st.Outcome, st.Error = rotationFailure, rerr.Error()
 		st.Failures++
 	}
-	b.metrics.rotations.WithLabelValues(trigger, st.Outcome).Inc()
-	b.planRotation(ctx, s, st)
+	r.metrics.rotations.WithLabelValues(trigger, st.Outcome).Inc()
+	r.planRotation(ctx, s, st)
 	if err := putRotationState(ctx, s, st); err != nil {
 		// Every key to clean up was recorded before the step that could
 		// leave it; this write only brings the record up to date.
-		b.Logger().Error("recording the root key rotation's outcome failed", "error", err)
+		r.logger().Error("recording the root key rotation's outcome failed", "error", err)
 	}
-	b.rotator.last = lastRotation{ended: b.clock.Now(), res: res, err: rerr}
+	r.last = lastRotation{ended: r.clock.Now(), res: res, err: rerr}
 	switch {
 	case rerr != nil:
-		b.Logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
+		r.logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
 		return rotationResult{}, rerr
 	case res.warning != "":
-		b.Logger().Warn("root key rotated; the old key lives on", "trigger", trigger, "access_key", res.newID, "warning", res.warning)
+		r.logger().Warn("root key rotated; the old key lives on", "trigger", trigger, "access_key", res.newID, "warning", res.warning)
 	default:
-		b.Logger().Info("root key rotated", "trigger", trigger, "access_key", res.newID)
+		r.logger().Info("root key rotated", "trigger", trigger, "access_key", res.newID)
 	}
 	return res, nil
 }
 
 // operatorStoredAKey reports whether config/root now holds a key that is
 // neither the one the rotation started from nor the one it made.
-func (b *backend) operatorStoredAKey(ctx context.Context, s logical.Storage, start *rootConfig, newID string) bool {
+func (r *rotator) operatorStoredAKey(ctx context.Context, s logical.Storage, start *rootConfig, newID string) bool {
 	cur, err := getRootConfig(ctx, s)
 	return err == nil && start != nil && cur != nil && cur.AccessKey != start.AccessKey && cur.AccessKey != newID
 }
@@ -500,12 +589,12 @@ const iamCallTimeout = 10 * time.Second
 // rotateSteps runs the rotation from cfg (config/root as it started); st
 // is updated in place, and written before each step that could leave a key
 // behind.
-func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState, cfg *rootConfig) (rotationResult, error) {
+func (r *rotator) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState, cfg *rootConfig) (rotationResult, error) {
 	if cfg == nil || cfg.AccessKey == "" {
 		return rotationResult{}, &rotationError{status: http.StatusBadRequest, msg: "config/rotate-root needs a static access_key and secret_key in config/root; " +
 			"with the default AWS credential chain the keys belong to the environment, and the plugin cannot rotate them"}
 	}
-	rot, closeOld, err := b.newRootRotation(ctx, s, st, cfg)
+	rot, closeOld, err := r.newRootRotation(ctx, s, st, cfg)
 	if err != nil {
 		return rotationResult{}, err
 	}
@@ -523,7 +612,7 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		return rotationResult{}, err
 	}
 	// 3. Verify the new key where it will be used.
-	if err := b.verifyKey(ctx, cfg, rot.newID, rot.newSecret, rot.userARN); err != nil {
+	if err := r.verifyKey(ctx, cfg, rot.newID, rot.newSecret, rot.userARN); err != nil {
 		rot.deleteNew()
 		return rotationResult{}, err
 	}
@@ -539,18 +628,18 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 
 // newRootRotation prepares a run of the rotation's steps, or of the
 // reconciler's sweep, signing IAM calls with cfg's key.
-func (b *backend) newRootRotation(ctx context.Context, s logical.Storage, st *rotationState, cfg *rootConfig) (*rootRotation, func(), error) {
-	oldIAM, _, closeOld, err := b.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
+func (r *rotator) newRootRotation(ctx context.Context, s logical.Storage, st *rotationState, cfg *rootConfig) (*rootRotation, func(), error) {
+	oldIAM, _, closeOld, err := r.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
 	if err != nil {
 		return nil, nil, awsFailure("building the IAM client", err, cfg.SecretKey)
 	}
-	return &rootRotation{b: b, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}, closeOld, nil
+	return &rootRotation{rot: r, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}, closeOld, nil
 }
 
 // rootRotation is one run of rotateSteps (or of sweepRecordedKeys): what
 // its steps share.
 type rootRotation struct {
-	b   *backend
+	rot *rotator
 	ctx context.Context
 	s   logical.Storage
 	// st is the rotation's record, updated in place by the steps.
@@ -587,7 +676,7 @@ func (r *rootRotation) record(what string) {
 	ctx, cancel := detached(r.ctx)
 	defer cancel()
 	if err := putRotationState(ctx, r.s, r.st); err != nil {
-		r.b.Logger().Warn("recording the root key rotation failed; the record written before still covers its keys", "step", what, "error", err)
+		r.rot.logger().Warn("recording the root key rotation failed; the record written before still covers its keys", "step", what, "error", err)
 	}
 }
 
@@ -684,7 +773,7 @@ func (r *rootRotation) sweep() (others []string, err error) {
 		}
 	}
 	if len(ours) == 0 {
-		r.listed = &keyList{keys: list, iamNow: iamNow, at: r.b.clock.Now()}
+		r.listed = &keyList{keys: list, iamNow: iamNow, at: r.rot.clock.Now()}
 	}
 	return others, nil
 }
@@ -694,12 +783,12 @@ func (r *rootRotation) sweep() (others []string, err error) {
 // lock, held across the delete) does not hold it and still holds the key
 // this run signs with.
 func (r *rootRotation) deleteRecorded(id string) error {
-	if !r.b.clients.drainKey(r.ctx, id, r.b.rotator.drainTimeout) {
+	if !r.rot.clients.drainKey(r.ctx, id, r.rot.drainTimeout) {
 		return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
 			"root key rotation failed: refresh attempts still sign with %s, a key an earlier rotation left, after %s; it is kept until they end, and deleted by the next rotation or reconciler pass",
-			id, r.b.rotator.drainTimeout)}
+			id, r.rot.drainTimeout)}
 	}
-	defer r.b.rotator.lockRoot()()
+	defer r.rot.lockRoot()()
 	cur, err := getRootConfig(r.ctx, r.s)
 	if err != nil {
 		return err
@@ -737,7 +826,7 @@ func (r *rootRotation) createKey() error {
 		if err != nil {
 			return awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
 		}
-		l = &keyList{keys: known, iamNow: iamNow, at: r.b.clock.Now()}
+		l = &keyList{keys: known, iamNow: iamNow, at: r.rot.clock.Now()}
 	}
 	listed := l.at
 	intent := &creationIntent{IAMTime: l.iamNow}
@@ -749,7 +838,7 @@ func (r *rootRotation) createKey() error {
 		st.Creating = nil
 		return err
 	}
-	if took := r.b.clock.Now().Sub(listed); took > intentWriteBudget {
+	if took := r.rot.clock.Now().Sub(listed); took > intentWriteBudget {
 		// The window that identifies a lost answer's key would not cover
 		// this call.
 		st.Creating = nil
@@ -813,7 +902,7 @@ func (r *rootRotation) findLostKey() string {
 	st := r.st
 	list, _, err := r.listKeys()
 	if err != nil {
-		r.b.Logger().Warn("listing the access keys after a lost CreateAccessKey answer failed; the next rotation looks again", "error", classify(err, r.cfg.SecretKey).Error())
+		r.rot.logger().Warn("listing the access keys after a lost CreateAccessKey answer failed; the next rotation looks again", "error", classify(err, r.cfg.SecretKey).Error())
 		return "; the key it may have made is deleted by the next rotation or reconciler pass"
 	}
 	for _, k := range list {
@@ -843,7 +932,7 @@ func (r *rootRotation) deleteNew() {
 	c, cancelCall := context.WithTimeout(ctx, iamCallTimeout)
 	defer cancelCall()
 	if _, err := r.oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.newID)}); err != nil && !isNoSuchEntity(err) {
-		r.b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", r.newID,
+		r.rot.logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", r.newID,
 			"error", sanitizeMessage(classify(err, r.cfg.SecretKey).Error(), r.newSecret))
 		return
 	}
@@ -863,7 +952,7 @@ func (r *rootRotation) storeKey() (rotationResult, error) {
 		r.deleteNew()
 		return rotationResult{}, err
 	}
-	stored, err := r.b.storeRotatedKey(r.ctx, r.s, r.cfg.AccessKey, r.newID, r.newSecret)
+	stored, err := r.rot.storeRotatedKey(r.ctx, r.s, r.cfg.AccessKey, r.newID, r.newSecret)
 	switch {
 	case stored == keyOld:
 		// config/root was not written: the new key is of no use.
@@ -897,19 +986,19 @@ func (r *rootRotation) storeKey() (rotationResult, error) {
 func (r *rootRotation) retireOldKey() (warning string, err error) {
 	old := r.cfg.AccessKey
 	kept := func(why string) string {
-		r.b.Logger().Warn("the old root key was not deleted; the next rotation or reconciler pass deletes it", "access_key", old, "reason", why)
+		r.rot.logger().Warn("the old root key was not deleted; the next rotation or reconciler pass deletes it", "access_key", old, "reason", why)
 		return fmt.Sprintf("the old key %s was not deleted: %s; it is on record, and the next rotation or reconciler pass deletes it", old, why)
 	}
-	if !r.b.clients.drainKey(r.ctx, old, r.b.rotator.drainTimeout) {
+	if !r.rot.clients.drainKey(r.ctx, old, r.rot.drainTimeout) {
 		r.st.PendingKeyID = "" // stored, as its write confirmed
-		return kept(fmt.Sprintf("refresh attempts still signing with it did not end within %s", r.b.rotator.drainTimeout)), nil
+		return kept(fmt.Sprintf("refresh attempts still signing with it did not end within %s", r.rot.drainTimeout)), nil
 	}
-	newIAM, _, closeNew, err := r.b.rootClients(r.ctx, r.cfg, r.newID, r.newSecret)
+	newIAM, _, closeNew, err := r.rot.rootClients(r.ctx, r.cfg, r.newID, r.newSecret)
 	if err != nil {
 		return kept(classify(err, r.newSecret).Error()), nil
 	}
 	defer closeNew()
-	unlock := r.b.rotator.lockRoot()
+	unlock := r.rot.lockRoot()
 	defer unlock()
 	cur, err := getRootConfig(r.ctx, r.s)
 	switch {
@@ -939,30 +1028,30 @@ func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEn
 // once, each within its block and the global STS rate limit), with at least
 // minVerifyAttempts attempts over at least minVerifyBlock each: IAM's
 // propagation takes seconds whatever config/refresh says.
-func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
-	rcfg := b.settings.policy()
+func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
+	rcfg := r.settings.policy()
 	block := max(rcfg.block(), minVerifyBlock)
 	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
-	_, stsClient, closeFn, err := b.rootClients(ctx, cfg, accessKey, secretKey)
+	_, stsClient, closeFn, err := r.rootClients(ctx, cfg, accessKey, secretKey)
 	if err != nil {
 		return awsFailure("building the STS client", err, secretKey)
 	}
 	defer closeFn()
-	start := b.clock.Now()
+	start := r.clock.Now()
 	var last error
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
-			if err := b.sleepUntil(ctx, start.Add(time.Duration(i)*block+b.jitter(block)), nil); err != nil {
+			if err := r.sleepUntil(ctx, start.Add(time.Duration(i)*block+jitter(r.rand, block)), nil); err != nil {
 				return err
 			}
 		}
 		blockEnd := start.Add(time.Duration(i+1) * block)
-		at, ok := b.limiter.Reserve(b.clock.Now(), blockEnd)
+		at, ok := r.limiter.Reserve(r.clock.Now(), blockEnd)
 		if !ok {
 			last = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the block (sts_rate_limit)", Retryable: true}
 			continue
 		}
-		if err := b.sleepUntil(ctx, at, nil); err != nil {
+		if err := r.sleepUntil(ctx, at, nil); err != nil {
 			return err
 		}
 		c, cancel := context.WithTimeout(ctx, callTimeout(block))
@@ -971,7 +1060,7 @@ func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 		switch {
 		case err != nil:
 			last = err
-			b.Logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
+			r.logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
 		case aws.ToString(out.Arn) != userARN:
 			return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
 				"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
@@ -1006,8 +1095,8 @@ const (
 // write is read back, because storage may have applied it; either way the
 // clients are rebuilt from whatever storage holds, and the error is
 // returned: the write may still commit later.
-func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
-	defer b.rotator.lockRoot()()
+func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
+	defer r.lockRoot()()
 	cur, err := getRootConfig(ctx, s)
 	if err != nil {
 		return keyOld, err
@@ -1016,9 +1105,9 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 		return keyOld, nil
 	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
-	cur.KeySetAt = b.clock.Now()
+	cur.KeySetAt = r.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
-	b.clients.reset()
+	r.clients.reset()
 	if putErr == nil {
 		return keyNew, nil
 	}
@@ -1041,66 +1130,66 @@ const (
 // at a random moment in the last tenth of it, so that mounts configured
 // together do not rotate together; after a failure, a growing pause. A
 // config/root that cannot be read leaves the plan as it was.
-func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotationState) {
+func (r *rotator) planRotation(ctx context.Context, s logical.Storage, st *rotationState) {
 	cfg, err := getRootConfig(ctx, s)
 	if err != nil {
-		b.Logger().Warn("reading config/root to plan the next key rotation failed; the reconciler plans it", "error", err)
+		r.logger().Warn("reading config/root to plan the next key rotation failed; the reconciler plans it", "error", err)
 		return
 	}
 	st.NextRotation, st.PlanKeySetAt, st.PlanPeriod = time.Time{}, time.Time{}, 0
 	if cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 {
 		st.PlanKeySetAt, st.PlanPeriod = cfg.KeySetAt, cfg.RotationPeriod
-		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg, st)
+		st.NextRotation = nextRotation(r.rand, r.clock.Now(), cfg, st)
 	}
-	b.rotator.arm(st.NextRotation)
+	r.arm(st.NextRotation)
 }
 
 // scheduledRotation runs a due rotation, unless rotation_period was turned
 // off meanwhile.
-func (b *backend) scheduledRotation(ctx context.Context) {
-	cfg, err := getRootConfig(ctx, b.storage)
+func (r *rotator) scheduledRotation(ctx context.Context) {
+	cfg, err := getRootConfig(ctx, r.storage())
 	if err == nil && (cfg == nil || cfg.AccessKey == "" || cfg.RotationPeriod == 0) {
 		return
 	}
 	if err != nil {
 		// Try again after a pause, like a failed rotation.
-		b.Logger().Warn("reading config/root for the scheduled key rotation failed; retrying", "error", err)
-		b.rotator.arm(b.clock.Now().Add(b.backoff(rotationRetryBase, 1, rotationRetryMax)))
+		r.logger().Warn("reading config/root for the scheduled key rotation failed; retrying", "error", err)
+		r.arm(r.clock.Now().Add(backoff(r.rand, rotationRetryBase, 1, rotationRetryMax)))
 		return
 	}
-	_, _ = b.rotateRoot(ctx, b.storage, rotationScheduled)
+	_, _ = r.rotateRoot(ctx, r.storage(), rotationScheduled)
 }
 
 // resumeRotation arms the scheduled rotation from storage; the reconciler
 // calls it on every pass on the node that refreshes.
-func (b *backend) resumeRotation(ctx context.Context) error {
-	unlock, ok := b.rotator.tryLockRotations()
+func (r *rotator) resumeRotation(ctx context.Context) error {
+	unlock, ok := r.tryLockRotations()
 	if !ok {
 		return nil // a rotation runs, and plans when it ends
 	}
 	defer unlock()
-	st, err := getRotationState(ctx, b.storage)
+	st, err := getRotationState(ctx, r.storage())
 	if err != nil {
 		return err
 	}
-	cfg, err := getRootConfig(ctx, b.storage)
+	cfg, err := getRootConfig(ctx, r.storage())
 	if err != nil {
 		return err
 	}
 	if st.hasRecordedKeys() && cfg != nil && cfg.AccessKey != "" {
-		b.startSweep()
+		r.startSweep()
 	}
 	enabled := cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0
 	current := enabled && !st.NextRotation.IsZero() && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
 	switch {
 	case current:
-		b.rotator.arm(st.NextRotation)
+		r.arm(st.NextRotation)
 	case enabled || !st.NextRotation.IsZero():
 		// The plan is missing, or was made for another key or period.
-		b.planRotation(ctx, b.storage, st)
-		return putRotationState(ctx, b.storage, st)
+		r.planRotation(ctx, r.storage(), st)
+		return putRotationState(ctx, r.storage(), st)
 	default:
-		b.rotator.arm(time.Time{})
+		r.arm(time.Time{})
 	}
 	return nil
 }
@@ -1127,19 +1216,19 @@ func (st *rotationState) keysToDelete(root *rootConfig) int {
 
 // startSweep starts sweepRecordedKeys in the background, unless one runs:
 // its drain and IAM calls must not hold up the reconciler's pass.
-func (b *backend) startSweep() {
-	if !b.rotator.sweeping.CompareAndSwap(false, true) {
+func (r *rotator) startSweep() {
+	if !r.sweeping.CompareAndSwap(false, true) {
 		return
 	}
-	b.rotator.sweeps.Add(1)
-	started := b.life.spawn(func(ctx context.Context) {
-		defer b.rotator.sweeps.Done()
-		defer b.rotator.sweeping.Store(false)
-		b.sweepRecordedKeys(ctx)
+	r.sweeps.Add(1)
+	started := r.life.spawn(func(ctx context.Context) {
+		defer r.sweeps.Done()
+		defer r.sweeping.Store(false)
+		r.sweepRecordedKeys(ctx)
 	})
 	if !started {
-		b.rotator.sweeps.Done()
-		b.rotator.sweeping.Store(false)
+		r.sweeps.Done()
+		r.sweeping.Store(false)
 	}
 }
 
@@ -1147,27 +1236,27 @@ func (b *backend) startSweep() {
 // its own, without a rotation, so that an old key a rotation could not
 // delete does not wait for the next one (forever, with rotation_period 0).
 // The reconciler starts it on every pass while any is on record.
-func (b *backend) sweepRecordedKeys(ctx context.Context) {
-	defer b.rotator.lockRotations()()
-	st, err := getRotationState(ctx, b.storage)
+func (r *rotator) sweepRecordedKeys(ctx context.Context) {
+	defer r.lockRotations()()
+	st, err := getRotationState(ctx, r.storage())
 	if err != nil || !st.hasRecordedKeys() {
 		return
 	}
-	cfg, err := getRootConfig(ctx, b.storage)
+	cfg, err := getRootConfig(ctx, r.storage())
 	if err != nil || cfg == nil || cfg.AccessKey == "" {
 		return
 	}
-	rot, closeFn, err := b.newRootRotation(ctx, b.storage, st, cfg)
+	rot, closeFn, err := r.newRootRotation(ctx, r.storage(), st, cfg)
 	if err != nil {
 		return
 	}
 	defer closeFn()
 	if err := rot.identify(); err != nil {
-		b.Logger().Warn("deleting the keys a root key rotation left failed; the next pass retries", "error", err.Error())
+		r.logger().Warn("deleting the keys a root key rotation left failed; the next pass retries", "error", err.Error())
 		return
 	}
 	if _, err := rot.sweep(); err != nil {
-		b.Logger().Warn("deleting the keys a root key rotation left failed; the next pass retries", "error", err.Error())
+		r.logger().Warn("deleting the keys a root key rotation left failed; the next pass retries", "error", err.Error())
 		return
 	}
 	if st.Outcome == rotationOldKeyKept && !st.hasRecordedKeys() {
@@ -1175,7 +1264,7 @@ func (b *backend) sweepRecordedKeys(ctx context.Context) {
 		st.Outcome, st.Error = rotationSuccess, ""
 	}
 	rot.record("sweep")
-	b.Logger().Info("deleted the keys a root key rotation left")
+	r.logger().Info("deleted the keys a root key rotation left")
 }
 
 // replanRotation records a new plan after config/root changed its key or
@@ -1183,8 +1272,8 @@ func (b *backend) sweepRecordedKeys(ctx context.Context) {
 // a rotation runs it does nothing: the rotation plans from config/root when
 // it ends, and the reconciler replans any plan made for another key or
 // period.
-func (b *backend) replanRotation(ctx context.Context, s logical.Storage, newKey bool) error {
-	unlock, ok := b.rotator.tryLockRotations()
+func (r *rotator) replanRotation(ctx context.Context, s logical.Storage, newKey bool) error {
+	unlock, ok := r.tryLockRotations()
 	if !ok {
 		return nil
 	}
@@ -1196,6 +1285,6 @@ func (b *backend) replanRotation(ctx context.Context, s logical.Storage, newKey 
 	if newKey {
 		st.Failures, st.Error = 0, ""
 	}
-	b.planRotation(ctx, s, st)
+	r.planRotation(ctx, s, st)
 	return putRotationState(ctx, s, st)
 }

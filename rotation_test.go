@@ -689,7 +689,7 @@ func TestRotation_ScheduledOnlyWhenDue(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "24h"})
 	old := rootKeyID(t, f)
-	if _, err := f.b.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
+	if _, err := f.b.rotator.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
 		t.Fatalf("a scheduled rotation 24h early: %v, want errNotDue", err)
 	}
 	if rootKeyID(t, f) != old || len(userKeys(t, f.emu)) != 1 {
@@ -718,7 +718,7 @@ func TestRotator_Schedule(t *testing.T) {
 	at := func(d time.Duration) time.Time { return start.Add(d) }
 	setup := func(clk clock.Clock, refreshing bool) (*rotator, *atomic.Int32) {
 		var due atomic.Int32
-		return newRotator(clk, nil, func() bool { return refreshing }, func() { due.Add(1) }), &due
+		return newRotator(rotatorOwners{clock: clk, refreshing: func() bool { return refreshing }, due: func() { due.Add(1) }}), &due
 	}
 	// advance moves the clock and waits for the callbacks it fired.
 	advance := func(clk *clocktest.Fake, to time.Time) {
@@ -1413,7 +1413,7 @@ func TestRotation_ScheduledDueOnlyForItsPlan(t *testing.T) {
 			if err := putRotationState(context.Background(), f.s, st); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.b.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
+			if _, err := f.b.rotator.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
 				t.Fatalf("a scheduled rotation of a stale plan: %v, want errNotDue", err)
 			}
 			if rootKeyID(t, f) != old {
@@ -1463,7 +1463,7 @@ func TestRotation_StandbyNeverArms(t *testing.T) {
 	creates := iamCalls(f.emu, "CreateAccessKey")
 
 	standby, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMin, storage: f.s, standby: true})
-	standby.planRotation(context.Background(), f.s, st)
+	standby.rotator.planRotation(context.Background(), f.s, st)
 	if at := standby.rotator.scheduled(); !at.IsZero() {
 		t.Fatalf("a standby armed the rotation for %v", at)
 	}
