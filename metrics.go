@@ -107,7 +107,7 @@ func newMetrics(version string) *metrics {
 		}, []string{"reason"}),
 		rotations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_root_rotations_total",
-			Help: "Root key rotations (config/rotate-root and rotation_period), by trigger (manual, scheduled) and result (success, failure).",
+			Help: "Root key rotations (config/rotate-root and rotation_period), by trigger (manual, scheduled) and result (success, failure, superseded, old_key_not_deleted).",
 		}, []string{"trigger", "result"}),
 		entityDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_entity_credentials_dropped_total",
@@ -155,7 +155,7 @@ func newMetrics(version string) *metrics {
 		m.entityDrops.WithLabelValues(r)
 	}
 	for _, t := range []string{rotationManual, rotationScheduled} {
-		for _, r := range []string{rotationSuccess, rotationFailure, rotationSuperseded} {
+		for _, r := range []string{rotationSuccess, rotationFailure, rotationSuperseded, rotationOldKeyKept} {
 			m.rotations.WithLabelValues(t, r)
 		}
 	}

@@ -377,6 +377,7 @@ func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
 // its age and rotation times when they are known.
 func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, now time.Time) {
 	w.gauge("aws_resilient_root_rotation_failures", "Consecutive failed root key rotations (config/rotation failures).", float64(rot.Failures))
+	w.gauge("aws_resilient_root_keys_to_delete", "Access keys a root key rotation left on the IAM user (config/rotation pending_key_id, retired_key_id, other than config/root's key), which the reconciler retries deleting.", float64(rot.keysToDelete(root)))
 	if root != nil && root.AccessKey != "" && !root.KeySetAt.IsZero() {
 		w.gauge("aws_resilient_root_key_age_seconds", "How long ago config/root's static access key was stored (by an operator or a rotation).", now.Sub(root.KeySetAt).Seconds())
 	}

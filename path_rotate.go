@@ -62,20 +62,26 @@ var rotationResponseFields = map[string]*framework.FieldSchema{
 	"last_attempt":   {Type: framework.TypeString, Description: "When the last rotation was tried (RFC 3339); empty if never.", Required: true},
 	"last_rotated":   {Type: framework.TypeString, Description: "When a rotation last succeeded (RFC 3339); empty if never.", Required: true},
 	"trigger":        {Type: framework.TypeString, Description: "What started the last rotation: manual or scheduled.", Required: true},
-	"outcome":        {Type: framework.TypeString, Description: "success, failure, or superseded (an operator stored a key during the rotation); empty if never tried.", Required: true},
+	"outcome":        {Type: framework.TypeString, Description: "success, failure, superseded (an operator stored a key during the rotation), or old_key_not_deleted (the new key is in force, the old one lives on: error says why, and the reconciler retries the delete); empty if never tried.", Required: true},
 	"error":          {Type: framework.TypeString, Description: "Why the last rotation failed (with the AWS error code); empty after a success.", Required: true},
 	"failures":       {Type: framework.TypeInt, Description: "Consecutive failed rotations.", Required: true},
 	"next_rotation":  {Type: framework.TypeString, Description: "When the next scheduled rotation is due (RFC 3339); empty when rotation_period is 0.", Required: true},
-	"pending_key_id": {Type: framework.TypeString, Description: "A key a rotation created but did not store; the next rotation deletes it.", Required: true},
-	"retired_key_id": {Type: framework.TypeString, Description: "An old key a rotation replaced but could not delete; the next rotation deletes it.", Required: true},
+	"pending_key_id": {Type: framework.TypeString, Description: "A key a rotation created but did not store (or stored without storage confirming it); the next rotation or reconciler pass deletes it unless config/root holds it.", Required: true},
+	"retired_key_id": {Type: framework.TypeString, Description: "An old key a rotation replaced but could not delete; the next rotation or reconciler pass deletes it unless config/root holds it.", Required: true},
 }
 
 func (b *backend) pathRotateRootWrite(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	id, err := b.rotator.rotateRoot(ctx, req.Storage, rotationManual)
+	res, err := b.rotator.rotateRoot(ctx, req.Storage, rotationManual)
 	if err != nil {
 		return rotationResponse(err)
 	}
-	return &logical.Response{Data: map[string]interface{}{"access_key": id}}, nil
+	resp := &logical.Response{Data: map[string]interface{}{"access_key": res.newID}}
+	if res.warning != "" {
+		// Still a 200: the new key is in force. The warning names the old
+		// key that lives on and why; config/rotation records it.
+		resp.AddWarning(res.warning)
+	}
+	return resp, nil
 }
 
 func (b *backend) pathRotationRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
@@ -103,18 +109,28 @@ Replaces config/root's access_key and secret_key with a new key of the same
 IAM user, so that no person knows the key the plugin uses:
 
   1. iam:GetUser (with the current key) names the user; keys an earlier
-     rotation left behind are deleted;
-  2. iam:CreateAccessKey makes the new key;
+     rotation left behind are deleted, once no refresh attempt signs with
+     them;
+  2. iam:CreateAccessKey makes the new key, with the user's key list and
+     IAM's clock recorded just before, which identify its key if the answer
+     is lost;
   3. sts:GetCallerIdentity with the new key, on the config/refresh block
      schedule, until STS accepts it (IAM takes seconds to propagate a key);
   4. config/root gets the new key (unless an operator changed the key
      meanwhile: that write wins, and the new key is deleted);
   5. once the refresh attempts that started with the old key have ended,
+     and if config/root (read again) still holds the new key,
      iam:DeleteAccessKey deletes it.
 
+It never deletes a key it did not create, and never reports success while
+the old key lives: when the old key cannot be deleted the answer is a 200
+with a warning naming it and why, config/rotation's outcome is
+old_key_not_deleted, and the reconciler retries the delete every minute.
 A rotation that fails before step 4 deletes the new key and leaves
-config/root exactly as it was. The response carries the new access key id,
-never its secret. A 400 means the operator must act (no static keys, a
+config/root exactly as it was; after a failed write of config/root both
+keys are kept and recorded. A request that arrives while a rotation runs,
+or within 10 seconds of its end, returns that rotation's result. The
+response carries the new access key id, never its secret. A 400 means the operator must act (no static keys, a
 missing IAM permission, a user that already has 2 keys: LimitExceeded); a
 503 means AWS trouble, with the AWS error code. The IAM user needs
 iam:GetUser, iam:ListAccessKeys, iam:CreateAccessKey and iam:DeleteAccessKey

@@ -5,15 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"github.com/aws/smithy-go"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -30,6 +35,37 @@ const (
 	rotationFailure   = "failure"
 	// rotationSuperseded: an operator stored a key during the rotation.
 	rotationSuperseded = "superseded"
+	// rotationOldKeyKept: the new key is in force but the old one lives on
+	// (its delete was refused, attempts signing with it did not end, or
+	// config/root's write reported a failure). Never reported as success:
+	// the reconciler retries the delete on its own.
+	rotationOldKeyKept = "old_key_not_deleted"
+)
+
+// rotationRepeatWindow: a config/rotate-root request that arrives while a
+// rotation runs, or this soon after one ended, gets that rotation's result
+// instead of running another. The vault CLI retries a 5xx twice, 1 to 1.5 s
+// apart, so one command could otherwise run three rotations.
+const rotationRepeatWindow = 10 * time.Second
+
+// rotationCleanupTimeout bounds the clean-up a rotation still does after
+// Clean cancelled it (deleting its unverified key, recording what it
+// left): Clean waits for it, so it is short, and it runs on a context
+// Clean's cancellation does not reach.
+const rotationCleanupTimeout = 15 * time.Second
+
+// creationWindow: a key absent from the user's key list taken just before a
+// CreateAccessKey whose answer was lost, and dated (by IAM's clock) at most
+// this long after that list's answer, is the one the call made. It covers
+// the intent's storage write (at most intentWriteBudget), the call (at most
+// iamCallTimeout) and IAM's whole-second dates; a key made later is
+// someone else's.
+const (
+	creationWindow    = 30 * time.Second
+	intentWriteBudget = 15 * time.Second
+	// iamClockSlack: IAM dates keys and answers to the second, from
+	// hosts whose clocks may differ by a little.
+	iamClockSlack = 2 * time.Second
 )
 
 // rotationTimeout bounds a whole rotation: a few IAM calls, a verification
@@ -55,8 +91,19 @@ type rotator struct {
 	// rotatorOwners are what the rotator was given at construction.
 	rotatorOwners
 
+	// drainTimeout bounds the wait for attempts still signing with a key
+	// before it is deleted (rotationDrainTimeout; tests shorten it).
+	drainTimeout time.Duration
+
 	rotations sync.Mutex
 	root      sync.Mutex
+	// last is the latest rotation's result, shared by a manual request
+	// arriving within rotationRepeatWindow of its end. Guarded by rotations.
+	last lastRotation
+	// sweeps counts the reconciler's deletes of recorded keys in progress
+	// (waitCleanup); sweeping says one runs.
+	sweeps   sync.WaitGroup
+	sweeping atomic.Bool
 
 	// mu guards timer, at and stopped: the scheduled rotation, when it is
 	// due, and whether stop was called (after which nothing is armed).
@@ -100,7 +147,7 @@ type rotatorOwners struct {
 
 // newRotator returns a rotator with nothing armed.
 func newRotator(o rotatorOwners) *rotator {
-	r := &rotator{rotatorOwners: o}
+	r := &rotator{rotatorOwners: o, drainTimeout: rotationDrainTimeout}
 	if r.due == nil {
 		r.due = func() { r.life.spawn(r.scheduledRotation) }
 	}
@@ -112,6 +159,27 @@ func newRotator(o rotatorOwners) *rotator {
 func (r *rotator) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
 	return clock.SleepUntil(ctx, r.clock, t, hurry)
 }
+
+// lastRotation is a rotation's result as its caller got it.
+type lastRotation struct {
+	ended time.Time
+	res   rotationResult
+	err   error
+}
+
+// recent returns the result of a rotation that ended within
+// rotationRepeatWindow before now. Called with the rotation lock held.
+func (r *rotator) recent(now time.Time) (rotationResult, error, bool) {
+	l := r.last
+	if l.ended.IsZero() || now.Sub(l.ended) >= rotationRepeatWindow || now.Before(l.ended) {
+		return rotationResult{}, nil, false
+	}
+	return l.res, l.err, true
+}
+
+// waitCleanup waits for the deletes of recorded keys that reconciler passes
+// started (tests; Clean waits for them through the lifecycle).
+func (r *rotator) waitCleanup() { r.sweeps.Wait() }
 
 // lockRotations takes the rotation lock and returns its unlock.
 func (r *rotator) lockRotations() (unlock func()) {
@@ -253,9 +321,12 @@ type iamAPI interface {
 
 // rotationState is the stored config/rotation: what the last rotation did,
 // when the next scheduled one is due, and the keys a rotation left behind
-// that the next one must delete.
+// that the next one (or the reconciler) must delete.
 type rotationState struct {
 	LastAttempt time.Time `json:"last_attempt"`
+	// LastEnded is when the last attempt ended: the pause after a failure
+	// counts from it.
+	LastEnded   time.Time `json:"last_ended,omitempty"`
 	LastRotated time.Time `json:"last_rotated"`
 	Trigger     string    `json:"trigger"`
 	Outcome     string    `json:"outcome"`
@@ -268,14 +339,43 @@ type rotationState struct {
 	NextRotation time.Time     `json:"next_rotation"`
 	PlanKeySetAt time.Time     `json:"plan_key_set_at"`
 	PlanPeriod   time.Duration `json:"plan_period"`
-	// PendingKeyID is a key a rotation created and did not store, and
-	// RetiredKeyID one it replaced and could not delete: the next rotation
-	// deletes them. Only keys recorded here are ever deleted unasked.
+	// PendingKeyID is a key a rotation created and did not store (or stored
+	// without storage confirming it), and RetiredKeyID one it replaced and
+	// did not delete: they are deleted (after a drain) by the next rotation
+	// or a reconciler pass, except whichever config/root holds then. Only
+	// keys recorded here, or covered by Creating, are ever deleted unasked.
 	PendingKeyID string `json:"pending_key_id,omitempty"`
 	RetiredKeyID string `json:"retired_key_id,omitempty"`
-	// CreatingSince is set while a rotation is about to create a key whose
-	// id it does not know yet: a key the user got from then on is ours.
-	CreatingSince time.Time `json:"creating_since,omitempty"`
+	// Creating is set while a CreateAccessKey may have made a key whose id
+	// the rotation does not know (its answer was lost).
+	Creating *creationIntent `json:"creating,omitempty"`
+}
+
+// creationIntent is what identifies the key of a CreateAccessKey whose
+// answer was lost, by IAM's own key list and clock, never the node's.
+type creationIntent struct {
+	// Keys are the user's key ids IAM listed just before the call.
+	Keys []string `json:"keys"`
+	// IAMTime is IAM's clock (the Date of that list's answer); zero when
+	// IAM sent none, and then no key is covered.
+	IAMTime time.Time `json:"iam_time"`
+}
+
+// covers reports whether k is the key the call made: absent from the list
+// taken just before it, and dated by IAM within creationWindow after it.
+func (c *creationIntent) covers(k iamtypes.AccessKeyMetadata) bool {
+	if c == nil || c.IAMTime.IsZero() || k.CreateDate == nil || slices.Contains(c.Keys, aws.ToString(k.AccessKeyId)) {
+		return false
+	}
+	at := *k.CreateDate
+	return !at.Before(c.IAMTime.Add(-iamClockSlack)) && !at.After(c.IAMTime.Add(creationWindow))
+}
+
+// rotationResult is what a rotation that stored its key answers: the new
+// key id, and a warning when the old key lives on.
+type rotationResult struct {
+	newID   string
+	warning string
 }
 
 // rotationError is a failed rotation as the caller sees it: 400 for what
@@ -351,79 +451,106 @@ type stsIdentityAPI interface {
 // same IAM user, without a failed refresh:
 //
 //  1. GetUser with the current key names the user; keys earlier rotations
-//     left behind (recorded in config/rotation, or created after a recorded
-//     intent to create one) are deleted; a user that already has two keys
-//     gets a 400 naming LimitExceeded.
-//  2. CreateAccessKey, with the intent recorded before and the key after,
-//     before it is used anywhere.
+//     left behind (recorded in config/rotation, or covered by the intent of
+//     a CreateAccessKey whose answer was lost) are deleted once no attempt
+//     signs with them; a user that holds a key this plugin did not create
+//     gets a 400 naming it and LimitExceeded.
+//  2. CreateAccessKey, with the intent recorded before (the user's key list
+//     and IAM's clock, taken just before the call) and the key after. A
+//     refused call clears the intent; a lost answer is looked for at once.
 //  3. The new key is verified with sts:GetCallerIdentity on the refresh
 //     block schedule (IAM takes seconds to propagate a key): the first
 //     attempt at once, attempt i at a random moment in block i.
 //  4. Both keys are recorded (new as pending, old as retired), then
 //     config/root gets the new key, only if nobody changed the key meanwhile
-//     (an operator's write wins, and the new key is deleted).
+//     (an operator's write wins, and the new key is deleted). After any
+//     failed write of config/root both keys are kept.
 //  5. New attempts use the new key; attempts still using the old one end;
-//     then the old key is deleted.
+//     then, if config/root (read again under its lock) still holds the new
+//     key, the old key is deleted.
 //
 // A failure before step 4 deletes the new key and leaves config/root as it
 // was. Whatever a rotation cannot delete, or does not get to, is recorded
-// before the step that could leave it, and the next rotation deletes it
-// (never the key config/root holds). It returns the new access key id.
+// before the step that could leave it; the next rotation or a reconciler
+// pass deletes it (never the key config/root holds). It never deletes a
+// key it did not create, and never reports success while the old key
+// lives: that is outcome old_key_not_deleted, with a warning.
 //
 // A scheduled rotation runs only if it is still due once it holds the
-// rotation lock: another may have run meanwhile.
-func (r *rotator) rotateRoot(_ context.Context, s logical.Storage, trigger string) (string, error) {
+// rotation lock: another may have run meanwhile. A manual one that finds
+// a rotation ended within rotationRepeatWindow returns its result.
+func (r *rotator) rotateRoot(_ context.Context, s logical.Storage, trigger string) (rotationResult, error) {
 	// Not the request's context: a client that gives up half-way must not
 	// stop a rotation between creating a key and recording what became of
 	// it. The plugin stopping does (its records let the next rotation clean
 	// up), and so does the bound. Clean waits for it.
 	var (
-		newID string
-		err   error
-		ran   bool
+		res rotationResult
+		err error
 	)
-	ran = r.life.run(func(bg context.Context) {
+	ran := r.life.run(func(bg context.Context) {
 		ctx, cancel := context.WithTimeout(bg, rotationTimeout)
 		defer cancel()
-		newID, err = r.rotateLocked(ctx, s, trigger)
+		res, err = r.rotateLocked(ctx, s, trigger)
 	})
 	if !ran {
-		return "", &rotationError{status: http.StatusServiceUnavailable, msg: "the plugin is shutting down"}
+		return rotationResult{}, &rotationError{status: http.StatusServiceUnavailable, msg: "the plugin is shutting down"}
 	}
-	return newID, err
+	return res, err
 }
 
 // errNotDue ends a scheduled rotation that another rotation made moot.
 var errNotDue = errors.New("not due")
 
-func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (string, error) {
+// detached returns a short context that ctx's cancellation does not reach,
+// for the clean-up and records a rotation owes after Clean cancelled it.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), rotationCleanupTimeout)
+}
+
+func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (rotationResult, error) {
 	defer r.lockRotations()()
 	now := r.clock.Now()
+	if trigger == rotationManual {
+		if res, err, ok := r.recent(now); ok {
+			return res, err
+		}
+	}
 	st, err := getRotationState(ctx, s)
 	if err != nil {
-		return "", err
+		return rotationResult{}, err
+	}
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		return rotationResult{}, err
 	}
 	if trigger == rotationScheduled {
-		cfg, err := getRootConfig(ctx, s)
-		if err != nil {
-			return "", err
-		}
 		due := cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 && !st.NextRotation.IsZero() &&
 			!st.NextRotation.After(now) && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
 		if !due {
-			return "", errNotDue
+			return rotationResult{}, errNotDue
 		}
 	}
-	newID, rerr := r.rotateSteps(ctx, s, st)
-	st.LastAttempt, st.Trigger = now, trigger
-	var superseded *rotationError
+	res, rerr := r.rotateSteps(ctx, s, st, cfg)
+
+	// What follows is owed even after Clean cancelled ctx.
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	st.LastAttempt, st.LastEnded, st.Trigger = now, r.clock.Now(), trigger
+	var conflict *rotationError
 	switch {
-	case rerr == nil:
+	case rerr == nil && res.warning == "":
 		st.Outcome, st.Error, st.Failures = rotationSuccess, "", 0
 		st.LastRotated = now
-	case errors.As(rerr, &superseded) && superseded.status == http.StatusConflict:
-		// The operator stored a key meanwhile: nothing failed.
-		st.Outcome, st.Error = rotationSuperseded, rerr.Error()
+	case rerr == nil:
+		// Rotated, but the old key lives: not a success, nor a failure of
+		// the new key's rotation.
+		st.Outcome, st.Error, st.Failures = rotationOldKeyKept, res.warning, 0
+		st.LastRotated = now
+	case errors.As(rerr, &conflict) && conflict.status == http.StatusConflict, r.operatorStoredAKey(ctx, s, cfg, res.newID):
+		// The operator stored a key meanwhile: nothing failed, and the
+		// failures of the old key's rotations no longer count.
+		st.Outcome, st.Error, st.Failures = rotationSuperseded, rerr.Error(), 0
 	default:
 		st.Outcome, st.Error = rotationFailure, rerr.Error()
 		st.Failures++
@@ -435,62 +562,82 @@ func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 		// leave it; this write only brings the record up to date.
 		r.logger().Error("recording the root key rotation's outcome failed", "error", err)
 	}
-	if rerr != nil {
+	r.last = lastRotation{ended: r.clock.Now(), res: res, err: rerr}
+	switch {
+	case rerr != nil:
 		r.logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
-		return "", rerr
+		return rotationResult{}, rerr
+	case res.warning != "":
+		r.logger().Warn("root key rotated; the old key lives on", "trigger", trigger, "access_key", res.newID, "warning", res.warning)
+	default:
+		r.logger().Info("root key rotated", "trigger", trigger, "access_key", res.newID)
 	}
-	r.logger().Info("root key rotated", "trigger", trigger, "access_key", newID)
-	return newID, nil
+	return res, nil
+}
+
+// operatorStoredAKey reports whether config/root now holds a key that is
+// neither the one the rotation started from nor the one it made.
+func (r *rotator) operatorStoredAKey(ctx context.Context, s logical.Storage, start *rootConfig, newID string) bool {
+	cur, err := getRootConfig(ctx, s)
+	return err == nil && start != nil && cur != nil && cur.AccessKey != start.AccessKey && cur.AccessKey != newID
 }
 
 // iamCallTimeout bounds one IAM call. It is not derived from the refresh
 // block: a CreateAccessKey cut short may still have made its key.
 const iamCallTimeout = 10 * time.Second
 
-// rotateSteps runs the rotation; st is updated in place, and written
-// before each step that could leave a key behind.
-func (r *rotator) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState) (string, error) {
-	cfg, err := getRootConfig(ctx, s)
-	if err != nil {
-		return "", err
-	}
+// rotateSteps runs the rotation from cfg (config/root as it started); st
+// is updated in place, and written before each step that could leave a key
+// behind.
+func (r *rotator) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState, cfg *rootConfig) (rotationResult, error) {
 	if cfg == nil || cfg.AccessKey == "" {
-		return "", &rotationError{status: http.StatusBadRequest, msg: "config/rotate-root needs a static access_key and secret_key in config/root; " +
+		return rotationResult{}, &rotationError{status: http.StatusBadRequest, msg: "config/rotate-root needs a static access_key and secret_key in config/root; " +
 			"with the default AWS credential chain the keys belong to the environment, and the plugin cannot rotate them"}
 	}
-	oldIAM, _, closeOld, err := r.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
+	rot, closeOld, err := r.newRootRotation(ctx, s, st, cfg)
 	if err != nil {
-		return "", awsFailure("building the IAM client", err, cfg.SecretKey)
+		return rotationResult{}, err
 	}
 	defer closeOld()
-	rot := &rootRotation{rot: r, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}
 
 	// 1. Who are we, and what keys are there?
 	if err := rot.identify(); err != nil {
-		return "", err
+		return rotationResult{}, err
 	}
 	if err := rot.clearEarlierKeys(); err != nil {
-		return "", err
+		return rotationResult{}, err
 	}
 	// 2. A new key.
 	if err := rot.createKey(); err != nil {
-		return "", err
+		return rotationResult{}, err
 	}
 	// 3. Verify the new key where it will be used.
 	if err := r.verifyKey(ctx, cfg, rot.newID, rot.newSecret, rot.userARN); err != nil {
-		rot.deleteNew(oldIAM, cfg.SecretKey)
-		return "", err
+		rot.deleteNew()
+		return rotationResult{}, err
 	}
 	// 4. Store it.
-	if err := rot.storeKey(); err != nil {
-		return "", err
+	res, err := rot.storeKey()
+	if err != nil || res.warning != "" {
+		return res, err
 	}
 	// 5. Retire the old one.
-	rot.retireOldKey()
-	return rot.newID, nil
+	res.warning, err = rot.retireOldKey()
+	return res, err
 }
 
-// rootRotation is one run of rotateSteps: what its steps share.
+// newRootRotation prepares a run of the rotation's steps, or of the
+// reconciler's sweep, signing IAM calls with cfg's key.
+func (r *rotator) newRootRotation(ctx context.Context, s logical.Storage, st *rotationState, cfg *rootConfig) (*rootRotation, func(), error) {
+	oldIAM, _, closeOld, err := r.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
+	if err != nil {
+		return nil, nil, awsFailure("building the IAM client", err, cfg.SecretKey)
+	}
+	return &rootRotation{rot: r, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}, closeOld, nil
+}
+
+// rootRotation is one run of rotateSteps (or of sweepRecordedKeys): what
+// its steps share.
 type rootRotation struct {
 	rot *rotator
 	ctx context.Context
@@ -502,13 +649,35 @@ type rootRotation struct {
 	oldIAM iamAPI
 	// userName and userARN are the IAM user the keys belong to (identify).
 	userName, userARN string
-	// newID and newSecret are the key createKey made.
+	// newID and newSecret are the key createKey made (newSecret is empty
+	// for a key found after its CreateAccessKey's answer was lost).
 	newID, newSecret string
+	// listed is the user's key list the sweep took, with IAM's clock and
+	// the node's when it answered, while nothing has changed it since: the
+	// list createKey's intent needs, without asking again.
+	listed *keyList
+}
+
+// keyList is the user's access keys as IAM listed them.
+type keyList struct {
+	keys   []iamtypes.AccessKeyMetadata
+	iamNow time.Time // IAM's clock as it answered (zero if unknown)
+	at     time.Time // the node's clock as it answered
 }
 
 // call bounds one IAM call (iamCallTimeout).
 func (r *rootRotation) call() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.ctx, iamCallTimeout)
+}
+
+// record writes the rotation's record; on failure the last record written
+// still covers every key (each step writes before it could leave one).
+func (r *rootRotation) record(what string) {
+	ctx, cancel := detached(r.ctx)
+	defer cancel()
+	if err := putRotationState(ctx, r.s, r.st); err != nil {
+		r.rot.logger().Warn("recording the root key rotation failed; the record written before still covers its keys", "step", what, "error", err)
+	}
 }
 
 // identify asks IAM which user config/root's key belongs to.
@@ -526,150 +695,330 @@ func (r *rootRotation) identify() error {
 	return nil
 }
 
+// listKeys returns the user's access keys and IAM's clock as it answered
+// (zero when IAM sent no Date).
+func (r *rootRotation) listKeys() ([]iamtypes.AccessKeyMetadata, time.Time, error) {
+	c, cancel := r.call()
+	defer cancel()
+	list, err := r.oldIAM.ListAccessKeys(c, &iam.ListAccessKeysInput{UserName: aws.String(r.userName)})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	iamNow, _ := awsmiddleware.GetServerTime(list.ResultMetadata)
+	return list.AccessKeyMetadata, iamNow, nil
+}
+
 // clearEarlierKeys deletes the user's keys an earlier rotation left, and
 // refuses to go on when the user holds a key this plugin did not make: IAM
 // allows two, so no new one could be created.
 func (r *rootRotation) clearEarlierKeys() error {
-	c, cancel := r.call()
-	list, err := r.oldIAM.ListAccessKeys(c, &iam.ListAccessKeysInput{UserName: aws.String(r.userName)})
-	cancel()
+	others, err := r.sweep()
 	if err != nil {
-		return awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
-	}
-	var others []iamtypes.AccessKeyMetadata
-	for _, k := range list.AccessKeyMetadata {
-		id := aws.ToString(k.AccessKeyId)
-		if id == r.cfg.AccessKey {
-			continue // config/root's key is never cleaned up
-		}
-		if !r.leftByEarlierRotation(k) {
-			others = append(others, k)
-			continue
-		}
-		c, cancel = r.call()
-		_, err := r.oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(id)})
-		cancel()
-		if err != nil && !isNoSuchEntity(err) {
-			return awsFailure("iam:DeleteAccessKey of the key an earlier rotation left", err, r.cfg.SecretKey)
-		}
+		return err
 	}
 	if len(others) > 0 {
 		return &rotationError{status: http.StatusBadRequest, msg: fmt.Sprintf(
 			"root key rotation cannot create a key: IAM user %q already has its 2 access keys (LimitExceeded), the configured one and %s, "+
 				"which this plugin did not create; delete it if nothing uses it (aws iam delete-access-key --user-name %s --access-key-id %s), then rotate again",
-			r.userName, aws.ToString(others[0].AccessKeyId), r.userName, aws.ToString(others[0].AccessKeyId))}
+			r.userName, others[0], r.userName, others[0])}
 	}
 	return nil
 }
 
-// leftByEarlierRotation reports whether the key is one an earlier rotation
-// recorded, or created after a rotation said it was about to create one,
-// whose answer never arrived.
-func (r *rootRotation) leftByEarlierRotation(k iamtypes.AccessKeyMetadata) bool {
-	id := aws.ToString(k.AccessKeyId)
-	if id != "" && (id == r.st.PendingKeyID || id == r.st.RetiredKeyID) {
-		return true
+// sweep deletes the user's keys that config/rotation names (pending,
+// retired, or covered by the intent of a lost CreateAccessKey), except the
+// key config/root holds, each once no attempt signs with it; it updates
+// the record and returns the user's other keys, which are not the plugin's.
+// It stops at the first key it cannot delete, which stays on record.
+func (r *rootRotation) sweep() (others []string, err error) {
+	list, iamNow, err := r.listKeys()
+	if err != nil {
+		return nil, awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
 	}
-	return !r.st.CreatingSince.IsZero() && k.CreateDate != nil && !k.CreateDate.Before(r.st.CreatingSince)
+	st := r.st
+	present := map[string]bool{}
+	var ours []string
+	for _, k := range list {
+		id := aws.ToString(k.AccessKeyId)
+		present[id] = true
+		switch {
+		case id == r.cfg.AccessKey:
+			// config/root's key is never cleaned up; a pending key that
+			// storage now holds is in force.
+			if id == st.PendingKeyID {
+				st.PendingKeyID = ""
+			}
+		case id == st.PendingKeyID || id == st.RetiredKeyID:
+			ours = append(ours, id)
+		case st.Creating.covers(k):
+			// The lost call's key: from now on it is on record by its id.
+			st.PendingKeyID = id
+			ours = append(ours, id)
+		default:
+			others = append(others, id)
+		}
+	}
+	// The list shows every key a lost call could have made.
+	st.Creating = nil
+	if !present[st.PendingKeyID] {
+		st.PendingKeyID = ""
+	}
+	if !present[st.RetiredKeyID] {
+		st.RetiredKeyID = ""
+	}
+	for _, id := range ours {
+		if err := r.deleteRecorded(id); err != nil {
+			r.record("sweep")
+			return others, err
+		}
+	}
+	if len(ours) == 0 {
+		r.listed = &keyList{keys: list, iamNow: iamNow, at: r.rot.clock.Now()}
+	}
+	return others, nil
 }
 
-// createKey creates the new key. The intent is recorded first: if the
-// answer is lost, the next rotation knows a key made from now on is ours.
-// The key is recorded as soon as it is known.
+// deleteRecorded deletes a key config/rotation names, once the attempts
+// signing with it have ended, and only if config/root (read again under its
+// lock, held across the delete) does not hold it and still holds the key
+// this run signs with.
+func (r *rootRotation) deleteRecorded(id string) error {
+	if !r.rot.clients.drainKey(r.ctx, id, r.rot.drainTimeout) {
+		return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
+			"root key rotation failed: refresh attempts still sign with %s, a key an earlier rotation left, after %s; it is kept until they end, and deleted by the next rotation or reconciler pass",
+			id, r.rot.drainTimeout)}
+	}
+	defer r.rot.lockRoot()()
+	cur, err := getRootConfig(r.ctx, r.s)
+	if err != nil {
+		return err
+	}
+	if cur == nil || cur.AccessKey != r.cfg.AccessKey {
+		return &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and nothing more was deleted"}
+	}
+	c, cancel := r.call()
+	_, err = r.oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(id)})
+	cancel()
+	if err != nil && !isNoSuchEntity(err) {
+		return awsFailure(fmt.Sprintf("iam:DeleteAccessKey of %s, a key an earlier rotation left", id), err, r.cfg.SecretKey)
+	}
+	if r.st.PendingKeyID == id {
+		r.st.PendingKeyID = ""
+	}
+	if r.st.RetiredKeyID == id {
+		r.st.RetiredKeyID = ""
+	}
+	return nil
+}
+
+// createKey creates the new key. The intent is recorded first, with the
+// user's key list and IAM's clock taken just before the call: if the
+// answer is lost, the key absent from that list and dated within
+// creationWindow is the one this call made. The key is recorded as soon as
+// it is known; a refused call clears the intent, for no key exists.
 func (r *rootRotation) createKey() error {
 	st := r.st
 	st.PendingKeyID, st.RetiredKeyID = "", ""
-	// IAM dates keys to the second: whole seconds, from this one on.
-	st.CreatingSince = r.rot.clock.Now().Truncate(time.Second)
+	// The sweep's list, if it deleted nothing since; else a new one.
+	l := r.listed
+	if l == nil {
+		known, iamNow, err := r.listKeys()
+		if err != nil {
+			return awsFailure("iam:ListAccessKeys", err, r.cfg.SecretKey)
+		}
+		l = &keyList{keys: known, iamNow: iamNow, at: r.rot.clock.Now()}
+	}
+	listed := l.at
+	intent := &creationIntent{IAMTime: l.iamNow}
+	for _, k := range l.keys {
+		intent.Keys = append(intent.Keys, aws.ToString(k.AccessKeyId))
+	}
+	st.Creating = intent
 	if err := putRotationState(r.ctx, r.s, st); err != nil {
+		st.Creating = nil
 		return err
+	}
+	if took := r.rot.clock.Now().Sub(listed); took > intentWriteBudget {
+		// The window that identifies a lost answer's key would not cover
+		// this call.
+		st.Creating = nil
+		r.record("intent")
+		return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf("root key rotation failed: recording the intent to create a key took %s (storage is slow); nothing was created", took)}
 	}
 	c, cancel := r.call()
 	created, err := r.oldIAM.CreateAccessKey(c, &iam.CreateAccessKeyInput{UserName: aws.String(r.userName)})
 	cancel()
+	if err == nil && (created.AccessKey == nil || aws.ToString(created.AccessKey.AccessKeyId) == "" || aws.ToString(created.AccessKey.SecretAccessKey) == "") {
+		// A key may exist that the answer does not name: as good as lost.
+		err = errors.New("IAM returned no key")
+	}
 	if err != nil {
 		re := awsFailure("iam:CreateAccessKey", err, r.cfg.SecretKey)
 		if classify(err, "").Code == "LimitExceeded" {
 			re.msg += fmt.Sprintf("; IAM user %q has 2 access keys already: delete the one not in config/root, then rotate again", r.userName)
 		}
+		if refused(err) {
+			st.Creating = nil
+			r.record("refused CreateAccessKey")
+			return re
+		}
+		if re.status == http.StatusBadRequest {
+			re.status = http.StatusServiceUnavailable
+		}
+		re.msg += r.findLostKey()
 		return re
 	}
-	if created.AccessKey == nil || aws.ToString(created.AccessKey.AccessKeyId) == "" || aws.ToString(created.AccessKey.SecretAccessKey) == "" {
-		return &rotationError{status: http.StatusServiceUnavailable, msg: "root key rotation failed at iam:CreateAccessKey: IAM returned no key"}
-	}
 	r.newID, r.newSecret = aws.ToString(created.AccessKey.AccessKeyId), aws.ToString(created.AccessKey.SecretAccessKey)
-	st.PendingKeyID, st.CreatingSince = r.newID, time.Time{}
+	st.PendingKeyID, st.Creating = r.newID, nil
 	if err := putRotationState(r.ctx, r.s, st); err != nil {
 		// The intent is on record: the next rotation deletes the key if
 		// this one cannot.
-		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
+		r.deleteNew()
 		return err
 	}
 	return nil
 }
 
-// deleteNew deletes the new key, signing with api; when it cannot, the key
-// stays on record for the next rotation to delete.
-func (r *rootRotation) deleteNew(api iamAPI, signingSecret string) {
-	c, cancel := r.call()
+// refused reports whether IAM answered a call with an error code, which
+// means it did nothing; 5xx other than 503 (InternalFailure) may come
+// after the work was done, and count as a lost answer.
+func refused(err error) bool {
+	var api smithy.APIError
+	if !errors.As(err, &api) || api.ErrorCode() == "" {
+		return false
+	}
+	var resp *awshttp.ResponseError
+	if errors.As(err, &resp) && resp.HTTPStatusCode() >= 500 && resp.HTTPStatusCode() != http.StatusServiceUnavailable {
+		return false
+	}
+	return true
+}
+
+// findLostKey looks, right after a CreateAccessKey whose answer was lost,
+// for the key it made, and deletes it. When the list fails too, the intent
+// stays on record and the next rotation or reconciler pass resolves it. It
+// returns what became of the key, for the error message.
+func (r *rootRotation) findLostKey() string {
+	st := r.st
+	list, _, err := r.listKeys()
+	if err != nil {
+		r.rot.logger().Warn("listing the access keys after a lost CreateAccessKey answer failed; the next rotation looks again", "error", classify(err, r.cfg.SecretKey).Error())
+		return "; the key it may have made is deleted by the next rotation or reconciler pass"
+	}
+	for _, k := range list {
+		if st.Creating.covers(k) {
+			r.newID = aws.ToString(k.AccessKeyId)
+		}
+	}
+	st.Creating, st.PendingKeyID = nil, r.newID
+	r.record("lost CreateAccessKey")
+	if r.newID == "" {
+		return "; it made no key"
+	}
+	r.deleteNew()
+	if st.PendingKeyID != "" {
+		return fmt.Sprintf("; it made %s, which could not be deleted yet and is on record", r.newID)
+	}
+	return fmt.Sprintf("; it made %s, which was deleted", r.newID)
+}
+
+// deleteNew deletes the new key, signing with the old one, on a context
+// of its own: it runs after Clean cancelled the rotation too, or the key
+// would be orphaned on an unmount. When it cannot, the key stays on record
+// for the next rotation or reconciler pass to delete.
+func (r *rootRotation) deleteNew() {
+	ctx, cancel := detached(r.ctx)
 	defer cancel()
-	if _, err := api.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.newID)}); err != nil && !isNoSuchEntity(err) {
+	c, cancelCall := context.WithTimeout(ctx, iamCallTimeout)
+	defer cancelCall()
+	if _, err := r.oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.newID)}); err != nil && !isNoSuchEntity(err) {
 		r.rot.logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", r.newID,
-			"error", sanitizeMessage(classify(err, signingSecret).Error(), r.newSecret))
+			"error", sanitizeMessage(classify(err, r.cfg.SecretKey).Error(), r.newSecret))
 		return
 	}
 	r.st.PendingKeyID = ""
+	r.record("new key deleted")
 }
 
 // storeKey records both keys, so that wherever the rest stops, the next
 // rotation deletes the one config/root does not hold. Then it stores the
-// new key, unless the key changed under us.
-func (r *rootRotation) storeKey() error {
+// new key, unless the key changed under us. A write of config/root that
+// reports a failure may still commit (raft leadership lost): from then on
+// neither key is deleted, and the answer says which key storage reads back.
+func (r *rootRotation) storeKey() (rotationResult, error) {
 	r.st.RetiredKeyID = r.cfg.AccessKey
 	if err := putRotationState(r.ctx, r.s, r.st); err != nil {
-		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
-		return err
+		r.st.RetiredKeyID = ""
+		r.deleteNew()
+		return rotationResult{}, err
 	}
 	stored, err := r.rot.storeRotatedKey(r.ctx, r.s, r.cfg.AccessKey, r.newID, r.newSecret)
 	switch {
-	case err != nil && stored == keyUnknown:
-		// Nobody knows which key storage holds. Both work, both are on
-		// record, and the clients are rebuilt from whatever it holds.
-		return fmt.Errorf("storing the rotated root key: %w; both keys are kept until a rotation succeeds", err)
 	case stored == keyOld:
+		// config/root was not written: the new key is of no use.
 		r.st.RetiredKeyID = ""
-		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
+		r.deleteNew()
 		if err != nil {
-			return err
+			return rotationResult{}, err
 		}
-		return &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and the new key was deleted"}
+		return rotationResult{}, &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and the new key was deleted"}
+	case err != nil && stored == keyNew:
+		// Read back as written, though the write said it failed: the new
+		// key is in force; the old one is kept until storage settles.
+		return rotationResult{newID: r.newID, warning: fmt.Sprintf(
+			"the old key %s was not deleted: config/root's write reported a failure (%v) though it reads back the new key; "+
+				"both keys are kept, and the next rotation or reconciler pass deletes the one config/root does not hold", r.cfg.AccessKey, err)}, nil
+	case err != nil:
+		// Nobody knows which key storage holds, now or once the write
+		// settles. Both work, both are on record, and the clients are
+		// rebuilt from whatever it holds.
+		return rotationResult{}, fmt.Errorf("storing the rotated root key: %w; both keys are kept, and the next rotation or reconciler pass deletes the one config/root does not hold", err)
 	}
-	return nil
+	return rotationResult{newID: r.newID}, nil
 }
 
 // retireOldKey deletes the old key once every attempt signing with it has
-// ended: attempts now build clients with the new key. When it cannot, the
-// key stays on record for the next rotation to delete; the rotation has
-// succeeded either way.
-func (r *rootRotation) retireOldKey() {
-	r.st.PendingKeyID = ""
-	if !r.rot.clients.drainKey(r.ctx, r.cfg.AccessKey, rotationDrainTimeout) {
-		r.rot.logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", r.cfg.AccessKey)
-		return
+// ended (attempts now build clients with the new key), and only if
+// config/root, read again under its lock, still holds the new key. When it
+// cannot delete it, the key stays on record for the next rotation or a
+// reconciler pass, and the returned warning names it and says why; if an
+// operator changed config/root, nothing is deleted and the answer is a 409.
+func (r *rootRotation) retireOldKey() (warning string, err error) {
+	old := r.cfg.AccessKey
+	kept := func(why string) string {
+		r.rot.logger().Warn("the old root key was not deleted; the next rotation or reconciler pass deletes it", "access_key", old, "reason", why)
+		return fmt.Sprintf("the old key %s was not deleted: %s; it is on record, and the next rotation or reconciler pass deletes it", old, why)
+	}
+	if !r.rot.clients.drainKey(r.ctx, old, r.rot.drainTimeout) {
+		r.st.PendingKeyID = "" // stored, as its write confirmed
+		return kept(fmt.Sprintf("refresh attempts still signing with it did not end within %s", r.rot.drainTimeout)), nil
 	}
 	newIAM, _, closeNew, err := r.rot.rootClients(r.ctx, r.cfg, r.newID, r.newSecret)
-	if err == nil {
-		defer closeNew()
-		c, cancel := r.call()
-		_, err = newIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.cfg.AccessKey)})
-		cancel()
+	if err != nil {
+		return kept(classify(err, r.newSecret).Error()), nil
 	}
+	defer closeNew()
+	unlock := r.rot.lockRoot()
+	defer unlock()
+	cur, err := getRootConfig(r.ctx, r.s)
+	switch {
+	case err != nil:
+		return kept("reading config/root again failed: " + err.Error()), nil
+	case cur == nil || cur.AccessKey != r.newID:
+		return "", &rotationError{status: http.StatusConflict, msg: fmt.Sprintf(
+			"config/root's key changed after the rotation stored its new key %s; the operator's write wins and nothing was deleted: "+
+				"%s and %s are on record, and the next rotation or reconciler pass deletes whichever config/root does not hold", r.newID, old, r.newID)}
+	}
+	c, cancel := r.call()
+	_, err = newIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(old)})
+	cancel()
+	// config/root holds the new key, as its write confirmed: in force.
+	r.st.PendingKeyID = ""
 	if err != nil && !isNoSuchEntity(err) {
-		r.rot.logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", r.cfg.AccessKey,
-			"error", sanitizeMessage(classify(err, r.newSecret).Error(), r.cfg.SecretKey))
-		return
+		return kept("iam:DeleteAccessKey failed: " + sanitizeMessage(classify(err, r.newSecret).Error(), r.cfg.SecretKey)), nil
 	}
 	r.st.RetiredKeyID = ""
+	return "", nil
 }
 
 func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEntity" }
@@ -743,7 +1092,9 @@ const (
 
 // storeRotatedKey writes the new key into config/root if it still holds
 // oldID, under the config/root lock that operator writes take too. A failed
-// write is read back, because storage may have applied it.
+// write is read back, because storage may have applied it; either way the
+// clients are rebuilt from whatever storage holds, and the error is
+// returned: the write may still commit later.
 func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
 	defer r.lockRoot()()
 	cur, err := getRootConfig(ctx, s)
@@ -756,22 +1107,15 @@ func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	cur.AccessKey, cur.SecretKey = newID, newSecret
 	cur.KeySetAt = r.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
+	r.clients.reset()
 	if putErr == nil {
-		r.clients.reset()
 		return keyNew, nil
 	}
-	back, err := getRootConfig(ctx, s)
-	switch {
-	case err != nil:
-		// Rebuilt from whichever key storage holds, on next use.
-		r.clients.reset()
-		return keyUnknown, putErr
-	case back != nil && back.AccessKey == newID:
-		r.clients.reset()
-		return keyNew, nil
-	default:
-		return keyOld, fmt.Errorf("writing config/root: %w", putErr)
+	putErr = fmt.Errorf("writing config/root: %w", putErr)
+	if back, err := getRootConfig(ctx, s); err == nil && back != nil && back.AccessKey == newID {
+		return keyNew, putErr
 	}
+	return keyUnknown, putErr
 }
 
 // rotationRetryBase and rotationRetryMax bound the pause before a failed
@@ -832,6 +1176,9 @@ func (r *rotator) resumeRotation(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if st.hasRecordedKeys() && cfg != nil && cfg.AccessKey != "" {
+		r.startSweep()
+	}
 	enabled := cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0
 	current := enabled && !st.NextRotation.IsZero() && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
 	switch {
@@ -845,6 +1192,79 @@ func (r *rotator) resumeRotation(ctx context.Context) error {
 		r.arm(time.Time{})
 	}
 	return nil
+}
+
+// hasRecordedKeys reports whether config/rotation names keys to delete.
+func (st *rotationState) hasRecordedKeys() bool {
+	return st.PendingKeyID != "" || st.RetiredKeyID != "" || st.Creating != nil
+}
+
+// keysToDelete counts the recorded keys other than config/root's, and a
+// lost CreateAccessKey's key not yet resolved.
+func (st *rotationState) keysToDelete(root *rootConfig) int {
+	n := 0
+	for _, id := range []string{st.PendingKeyID, st.RetiredKeyID} {
+		if id != "" && (root == nil || id != root.AccessKey) {
+			n++
+		}
+	}
+	if st.Creating != nil {
+		n++
+	}
+	return n
+}
+
+// startSweep starts sweepRecordedKeys in the background, unless one runs:
+// its drain and IAM calls must not hold up the reconciler's pass.
+func (r *rotator) startSweep() {
+	if !r.sweeping.CompareAndSwap(false, true) {
+		return
+	}
+	r.sweeps.Add(1)
+	started := r.life.spawn(func(ctx context.Context) {
+		defer r.sweeps.Done()
+		defer r.sweeping.Store(false)
+		r.sweepRecordedKeys(ctx)
+	})
+	if !started {
+		r.sweeps.Done()
+		r.sweeping.Store(false)
+	}
+}
+
+// sweepRecordedKeys deletes the keys config/rotation names (see sweep) on
+// its own, without a rotation, so that an old key a rotation could not
+// delete does not wait for the next one (forever, with rotation_period 0).
+// The reconciler starts it on every pass while any is on record.
+func (r *rotator) sweepRecordedKeys(ctx context.Context) {
+	defer r.lockRotations()()
+	st, err := getRotationState(ctx, r.storage())
+	if err != nil || !st.hasRecordedKeys() {
+		return
+	}
+	cfg, err := getRootConfig(ctx, r.storage())
+	if err != nil || cfg == nil || cfg.AccessKey == "" {
+		return
+	}
+	rot, closeFn, err := r.newRootRotation(ctx, r.storage(), st, cfg)
+	if err != nil {
+		return
+	}
+	defer closeFn()
+	if err := rot.identify(); err != nil {
+		r.logger().Warn("deleting the keys a root key rotation left failed; the next pass retries", "error", err.Error())
+		return
+	}
+	if _, err := rot.sweep(); err != nil {
+		r.logger().Warn("deleting the keys a root key rotation left failed; the next pass retries", "error", err.Error())
+		return
+	}
+	if st.Outcome == rotationOldKeyKept && !st.hasRecordedKeys() {
+		// The rotation is complete now.
+		st.Outcome, st.Error = rotationSuccess, ""
+	}
+	rot.record("sweep")
+	r.logger().Info("deleted the keys a root key rotation left")
 }
 
 // replanRotation records a new plan after config/root changed its key or

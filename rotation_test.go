@@ -2,7 +2,10 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
+	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/hashicorp/vault/sdk/logical"
 
@@ -49,9 +53,24 @@ func rootKeyID(t *testing.T, f *fixture) string {
 	return mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data["access_key"].(string)
 }
 
+// rotate asks for a rotation, as a new request: past the repeat window of
+// the last one, which would otherwise answer it (see
+// TestRotation_RepeatedRequestSharesTheResult).
 func (f *fixture) rotate() (*logical.Response, error) {
 	f.t.Helper()
+	f.pastRepeatWindow()
 	return f.driven(logical.UpdateOperation, "config/rotate-root")
+}
+
+// pastRepeatWindow moves the fake clock past the repeat window of the last
+// rotation, if it ended within it.
+func (f *fixture) pastRepeatWindow() {
+	unlock := f.b.rotator.lockRotations()
+	ended := f.b.rotator.last.ended
+	unlock()
+	if end := ended.Add(rotationRepeatWindow); !ended.IsZero() && f.clock.Now().Before(end) {
+		f.clock.AdvanceTo(end)
+	}
 }
 
 // wantWorkingKey checks the invariant every rotation outcome keeps: the
@@ -181,7 +200,10 @@ func TestRotation_EveryStepCanFail(t *testing.T) {
 		// status is the answer's HTTP status: 400 and 503 as coded, 500 a Go error.
 		status  int
 		want    string
-		rotated bool // the new key is stored (the old one may linger, recorded)
+		rotated bool // the new key is stored
+		// kept: both keys live on, recorded, until the next rotation (a
+		// failed config/root write, or an old key IAM would not delete).
+		kept bool
 	}{
 		{name: "GetUser denied", faults: iamFault("GetUser", stsemu.FaultAccessDenied), status: 400, want: "iam:GetUser: AccessDenied"},
 		{name: "GetUser unavailable", faults: iamFault("GetUser", stsemu.FaultServiceUnavailable), status: 503, want: "iam:GetUser: ServiceUnavailable"},
@@ -189,10 +211,16 @@ func TestRotation_EveryStepCanFail(t *testing.T) {
 		{name: "CreateAccessKey unavailable", faults: iamFault("CreateAccessKey", stsemu.FaultServiceUnavailable), status: 503, want: "iam:CreateAccessKey: ServiceUnavailable"},
 		{name: "verification never succeeds", faults: stsemu.FaultPlan{Actions: []string{"sts:GetCallerIdentity"}, Probability: map[stsemu.Fault]float64{stsemu.FaultServiceUnavailable: 1}},
 			status: 503, want: "verification: STS did not accept the new key within 6 attempts"},
-		{name: "recording the new key fails", storage: func(fs *faultStorage) { fs.failNext("put", configRotationPath, 1, false) }, status: 500, want: "config/rotation"},
-		{name: "storing the new key fails", storage: func(fs *faultStorage) { fs.failNext("put", configRootPath, 1, false) }, status: 500, want: "writing config/root"},
-		{name: "storing the new key fails after it landed", storage: func(fs *faultStorage) { fs.failNext("put", configRootPath, 1, true) }, status: 200, rotated: true},
-		{name: "deleting the old key fails", faults: iamFault("DeleteAccessKey", stsemu.FaultServiceUnavailable), status: 200, rotated: true},
+		// The intent's write passes; the record of the key just made fails:
+		// the key is deleted at once.
+		{name: "recording the new key fails", storage: func(fs *faultStorage) { fs.failAfter("put", configRotationPath, 1, 1, false) }, status: 500, want: "config/rotation"},
+		// The write may commit later: neither key is deleted (defect 9).
+		{name: "storing the new key fails", storage: func(fs *faultStorage) { fs.failNext("put", configRootPath, 1, false) }, status: 500, want: "both keys are kept", kept: true},
+		{name: "storing the new key fails after it landed", storage: func(fs *faultStorage) { fs.failNext("put", configRootPath, 1, true) }, status: 200, rotated: true, kept: true,
+			want: "config/root's write reported a failure"},
+		// Never a silent 200 while the old key lives (defect 3).
+		{name: "deleting the old key fails", faults: iamFault("DeleteAccessKey", stsemu.FaultServiceUnavailable), status: 200, rotated: true, kept: true,
+			want: "iam:DeleteAccessKey failed: ServiceUnavailable"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,12 +232,19 @@ func TestRotation_EveryStepCanFail(t *testing.T) {
 			if tc.storage != nil {
 				tc.storage(fs)
 			}
+			creates := iamCalls(f.emu, "CreateAccessKey")
 			resp, err := f.rotate()
 			f.emu.ClearFaults()
+			if tc.storage != nil && iamCalls(f.emu, "CreateAccessKey") != creates+1 {
+				t.Fatal("the storage fault stopped the rotation before it created a key: the case does not test what it is named after")
+			}
 			switch {
 			case tc.status == 200:
 				if err != nil || resp.IsError() {
 					t.Fatalf("rotate-root: err=%v resp=%v", err, respErr(resp))
+				}
+				if tc.kept && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], old) || !strings.Contains(resp.Warnings[0], tc.want)) {
+					t.Fatalf("warnings %q, want one naming the old key %s and %q", resp.Warnings, old, tc.want)
 				}
 			case tc.status == 500:
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -223,15 +258,25 @@ func TestRotation_EveryStepCanFail(t *testing.T) {
 			if got := rootKeyID(t, f) != old; got != tc.rotated {
 				t.Fatalf("config/root holds a new key: %v, want %v", got, tc.rotated)
 			}
-			if !tc.rotated {
-				if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != old {
-					t.Fatalf("after a failed rotation the user's keys are %v, want only %s", keys, old)
+			keys := userKeys(t, f.emu)
+			switch {
+			case tc.kept:
+				if len(keys) != 2 || keys[0] != old {
+					t.Fatalf("the user's keys are %v, want the old key %s kept beside the new", keys, old)
 				}
+				if st := rotationRecord(t, f.s); st.RetiredKeyID != old || !tc.rotated && st.PendingKeyID != keys[1] {
+					t.Fatalf("config/rotation %+v, want the kept keys recorded", st)
+				}
+			case len(keys) != 1 || keys[0] != old:
+				t.Fatalf("after a failed rotation the user's keys are %v, want only %s", keys, old)
 			}
 			wantWorkingKey(t, f)
 			rot := mustDo(t, f.b, f.s, logical.ReadOperation, "config/rotation", nil).Data
 			if tc.status != 200 && tc.status != 500 && (rot["outcome"] != rotationFailure || rot["failures"] != 1) {
 				t.Fatalf("config/rotation after a failure: %v", rot)
+			}
+			if tc.status == 200 && tc.kept && rot["outcome"] != rotationOldKeyKept {
+				t.Fatalf("config/rotation after a rotation that kept the old key: %v", rot)
 			}
 
 			// The next rotation, with nothing failing, succeeds and leaves
@@ -625,9 +670,9 @@ func TestRotation_RecordsBeforeEachRiskyStep(t *testing.T) {
 		f := rotationFixture(t, fixtureOpts{})
 		f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:CreateAccessKey"}, Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultResetAfter, Count: 1}}})
 		resp, err := f.rotate()
-		wantCoded(t, resp, err, http.StatusServiceUnavailable, "iam:CreateAccessKey")
-		if keys := userKeys(t, f.emu); len(keys) != 2 {
-			t.Fatalf("keys %v: the lost answer's key should exist", keys)
+		wantCoded(t, resp, err, http.StatusServiceUnavailable, "iam:CreateAccessKey", "which was deleted")
+		if keys := userKeys(t, f.emu); len(keys) != 1 {
+			t.Fatalf("keys %v: the lost answer's key should be found and deleted at once", keys)
 		}
 		resp, err = f.rotate()
 		if err != nil || resp.IsError() {
@@ -745,4 +790,730 @@ func TestRotator_Schedule(t *testing.T) {
 		advance(clk, at(3*time.Hour))
 		want(r, clk, due, time.Time{}, 0, 1)
 	})
+}
+
+// ---- Issue 21: a rotation never deletes a key it did not create, and never
+// reports success while the old key lives.
+
+// faultIAM is an IAM seam whose fail, when set, may refuse a call before it
+// is sent (an answer that never came, as far as the rotation knows).
+type faultIAM struct {
+	iamAPI
+	mu    sync.Mutex
+	calls []string
+	fail  func(action string, calls []string) error
+}
+
+func (h *faultIAM) before(action string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, action)
+	if h.fail != nil {
+		return h.fail(action, h.calls)
+	}
+	return nil
+}
+
+func (h *faultIAM) GetUser(ctx context.Context, in *iam.GetUserInput, o ...func(*iam.Options)) (*iam.GetUserOutput, error) {
+	if err := h.before("GetUser"); err != nil {
+		return nil, err
+	}
+	return h.iamAPI.GetUser(ctx, in, o...)
+}
+
+func (h *faultIAM) ListAccessKeys(ctx context.Context, in *iam.ListAccessKeysInput, o ...func(*iam.Options)) (*iam.ListAccessKeysOutput, error) {
+	if err := h.before("ListAccessKeys"); err != nil {
+		return nil, err
+	}
+	return h.iamAPI.ListAccessKeys(ctx, in, o...)
+}
+
+func (h *faultIAM) CreateAccessKey(ctx context.Context, in *iam.CreateAccessKeyInput, o ...func(*iam.Options)) (*iam.CreateAccessKeyOutput, error) {
+	if err := h.before("CreateAccessKey"); err != nil {
+		return nil, err
+	}
+	return h.iamAPI.CreateAccessKey(ctx, in, o...)
+}
+
+func (h *faultIAM) DeleteAccessKey(ctx context.Context, in *iam.DeleteAccessKeyInput, o ...func(*iam.Options)) (*iam.DeleteAccessKeyOutput, error) {
+	if err := h.before("DeleteAccessKey"); err != nil {
+		return nil, err
+	}
+	return h.iamAPI.DeleteAccessKey(ctx, in, o...)
+}
+
+// failListsAfterCreate fails every ListAccessKeys that follows a
+// CreateAccessKey in the same rotation: the rotation cannot see what its
+// lost call made.
+func failListsAfterCreate(action string, calls []string) error {
+	if action != "ListAccessKeys" {
+		return nil
+	}
+	for _, c := range calls {
+		if c == "CreateAccessKey" {
+			return errors.New("connection reset by peer")
+		}
+	}
+	return nil
+}
+
+// rotationRecord reads config/rotation as stored.
+func rotationRecord(t *testing.T, s logical.Storage) *rotationState {
+	t.Helper()
+	st, err := getRotationState(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// iamCalls counts the emulator's calls of an action (any outcome).
+func iamCalls(emu *stsemu.Emulator, action string) int {
+	n := 0
+	for _, c := range emu.Calls() {
+		if c.Action == action {
+			n++
+		}
+	}
+	return n
+}
+
+func wantRotated(t *testing.T, resp *logical.Response, err error) string {
+	t.Helper()
+	if err != nil || resp.IsError() {
+		t.Fatalf("rotate-root: err=%v resp=%v", err, respErr(resp))
+	}
+	return resp.Data["access_key"].(string)
+}
+
+// wantOnlyKeys checks the IAM user's keys, in creation order.
+func wantOnlyKeys(t *testing.T, emu *stsemu.Emulator, want ...string) {
+	t.Helper()
+	if got := userKeys(t, emu); !slices.Equal(got, want) {
+		t.Fatalf("the user's keys are %v, want %v", got, want)
+	}
+}
+
+// Defect 1: IAM refused CreateAccessKey, so no key exists and the intent is
+// cleared; a key an operator adds afterwards for another application is
+// not the plugin's, and the next rotation refuses to touch it.
+func TestRotation_RefusedCreateLeavesNoIntent(t *testing.T) {
+	for _, fault := range []stsemu.Fault{stsemu.FaultAccessDenied, stsemu.FaultThrottling, stsemu.FaultServiceUnavailable} {
+		t.Run(string(fault), func(t *testing.T) {
+			f := rotationFixture(t, fixtureOpts{})
+			old := rootKeyID(t, f)
+			f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:CreateAccessKey"}, Probability: map[stsemu.Fault]float64{fault: 1}})
+			resp, err := f.rotate()
+			if err == nil && !resp.IsError() {
+				t.Fatal("a refused CreateAccessKey answered success")
+			}
+			f.emu.ClearFaults()
+			if st := rotationRecord(t, f.s); st.Creating != nil || st.PendingKeyID != "" {
+				t.Fatalf("after a refused CreateAccessKey config/rotation keeps intent %+v, pending %q", st.Creating, st.PendingKeyID)
+			}
+			other := createKey(t, f.emu, stsemu.DefaultAccessKey, stsemu.DefaultSecretKey)
+			resp, err = f.rotate()
+			wantBadRequest(t, resp, err, "LimitExceeded", other)
+			wantOnlyKeys(t, f.emu, old, other)
+		})
+	}
+}
+
+// Defect 1, the lost answer: the rotation lists the user's keys right after
+// the call and deletes the key its lost call made (absent from the list it
+// took just before).
+func TestRotation_LostCreateAnswerFoundAtOnce(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	old := rootKeyID(t, f)
+	f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:CreateAccessKey"}, Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultResetAfter, Count: 1}}})
+	resp, err := f.rotate()
+	wantCoded(t, resp, err, http.StatusServiceUnavailable, "iam:CreateAccessKey")
+	wantOnlyKeys(t, f.emu, old)
+	if st := rotationRecord(t, f.s); st.Creating != nil || st.PendingKeyID != "" {
+		t.Fatalf("config/rotation keeps intent %+v, pending %q after the lost key was deleted", st.Creating, st.PendingKeyID)
+	}
+	wantWorkingKey(t, f)
+}
+
+// Defects 1 and 2: a lost answer the rotation could not resolve at once
+// (every list after the call failed) is resolved by the next rotation with
+// IAM's clock and key list: IAM's clock runs 5 minutes behind the node's,
+// which must not strand the plugin's key; a key made long after the lost
+// call is not the plugin's.
+func TestRotation_LostCreateAnswerResolvedLater(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// skew is how far IAM's clock runs behind the node's.
+		skew time.Duration
+		// operatorKeyAfter: the lost key is deleted by someone and an
+		// operator adds a key for another application this long after.
+		operatorKeyAfter time.Duration
+	}{
+		{name: "IAM's clock behind the node's", skew: 5 * time.Minute},
+		{name: "IAM's clock ahead of the node's", skew: -5 * time.Minute},
+		{name: "a key made an hour later is not ours", skew: 5 * time.Minute, operatorKeyAfter: time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock(time.Now().Truncate(time.Second))
+			var iamOffset atomic.Int64
+			iamOffset.Store(int64(-tc.skew))
+			iamNow := func() time.Time { return clk.Now().Add(time.Duration(iamOffset.Load())) }
+			emu := startEmulator(t, stsemu.Config{Now: iamNow, MaxLifetime: 10 * time.Minute})
+			f := newFixtureWith(t, fixtureOpts{}, clk, emu)
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL()})
+			old := rootKeyID(t, f)
+			hook := &faultIAM{fail: failListsAfterCreate}
+			f.b.rotator.wrapIAM = func(api iamAPI) iamAPI { hook.iamAPI = api; return hook }
+			emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:CreateAccessKey"}, Sequence: []stsemu.FaultStep{{Fault: stsemu.FaultResetAfter, Count: 1}}})
+			resp, err := f.rotate()
+			wantCoded(t, resp, err, http.StatusServiceUnavailable, "iam:CreateAccessKey")
+			emu.ClearFaults()
+			f.b.rotator.wrapIAM = nil
+			keys := userKeys(t, emu)
+			if len(keys) != 2 {
+				t.Fatalf("keys %v: want the lost key on the user", keys)
+			}
+			lost := keys[1]
+			if tc.operatorKeyAfter == 0 {
+				id := f.mustRotate()
+				wantOnlyKeys(t, emu, id)
+				wantWorkingKey(t, f)
+				return
+			}
+			// Someone deleted the lost key; much later an operator adds a
+			// key for another application: the intent does not cover it.
+			// (The intent is moved back rather than IAM's clock forward,
+			// which SigV4's 15 minutes of skew would refuse.)
+			deleteUserKey(t, emu, old, lost)
+			st := rotationRecord(t, f.s)
+			if st.Creating == nil {
+				t.Fatal("no intent on record after a lost answer that could not be resolved")
+			}
+			st.Creating.IAMTime = st.Creating.IAMTime.Add(-tc.operatorKeyAfter)
+			if err := putRotationState(context.Background(), f.s, st); err != nil {
+				t.Fatal(err)
+			}
+			other := createKey(t, emu, stsemu.DefaultAccessKey, stsemu.DefaultSecretKey)
+			resp, err = f.rotate()
+			wantBadRequest(t, resp, err, "LimitExceeded", other)
+			wantOnlyKeys(t, emu, old, other)
+		})
+	}
+}
+
+// deleteUserKey deletes an access key of the default user, signing with the
+// configured key.
+func deleteUserKey(t *testing.T, emu *stsemu.Emulator, signer, id string) {
+	t.Helper()
+	c := iam.New(iam.Options{
+		Region:       "us-east-1", // the emulator's default partition
+		BaseEndpoint: aws.String(emu.URL()),
+		Credentials:  credentials.NewStaticCredentialsProvider(signer, stsemu.DefaultSecretKey, ""),
+		Retryer:      aws.NopRetryer{},
+	})
+	if _, err := c.DeleteAccessKey(context.Background(), &iam.DeleteAccessKeyInput{AccessKeyId: aws.String(id)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Defect 3: an old key that survives is never reported as success: 200
+// with a warning naming it and why, outcome old_key_not_deleted in
+// config/rotation and the metrics, and the reconciler deletes it on its
+// own, with rotation_period 0.
+func TestRotation_OldKeyNotDeleted(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	old := rootKeyID(t, f)
+	f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:DeleteAccessKey"}, Probability: map[stsemu.Fault]float64{stsemu.FaultServiceUnavailable: 1}})
+	resp, err := f.rotate()
+	id := wantRotated(t, resp, err)
+	if len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], old) || !strings.Contains(resp.Warnings[0], "ServiceUnavailable") {
+		t.Fatalf("warnings %q, want one naming the old key %s and ServiceUnavailable", resp.Warnings, old)
+	}
+	wantOnlyKeys(t, f.emu, old, id)
+	rot := mustDo(t, f.b, f.s, logical.ReadOperation, "config/rotation", nil).Data
+	if rot["outcome"] != rotationOldKeyKept || rot["retired_key_id"] != old || !strings.Contains(rot["error"].(string), "ServiceUnavailable") {
+		t.Fatalf("config/rotation = %v, want outcome %s naming %s", rot, rotationOldKeyKept, old)
+	}
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_root_rotations_total", map[string]string{"trigger": "manual", "result": rotationOldKeyKept}, 1)
+	sc.want("aws_resilient_root_rotations_total", map[string]string{"trigger": "manual", "result": "success"}, 0)
+	sc.want("aws_resilient_root_keys_to_delete", nil, 1)
+
+	// IAM still refuses: the reconciler's pass tries, and keeps the record.
+	f.periodic()
+	wantOnlyKeys(t, f.emu, old, id)
+	// IAM heals: the next pass deletes the old key, no rotation needed.
+	f.emu.ClearFaults()
+	f.periodic()
+	wantOnlyKeys(t, f.emu, id)
+	rot = mustDo(t, f.b, f.s, logical.ReadOperation, "config/rotation", nil).Data
+	if rot["retired_key_id"] != "" || rot["outcome"] != rotationSuccess {
+		t.Fatalf("config/rotation after the reconciler deleted the old key: %v", rot)
+	}
+	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_root_keys_to_delete", nil, 0)
+	wantWorkingKey(t, f)
+}
+
+// periodic runs Vault's periodic function (a reconciler pass) and waits
+// for the key clean-up it may have started.
+func (f *fixture) periodic() {
+	f.t.Helper()
+	if err := f.b.Backend.PeriodicFunc(context.Background(), &logical.Request{Storage: f.s}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.b.rotator.waitCleanup()
+}
+
+// Defect 4: a key an earlier rotation left behind is deleted only once the
+// attempts still signing with it have ended.
+func TestRotation_DrainsBeforeDeletingALeftKey(t *testing.T) {
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	entered := make(chan struct{}, 10)
+	var once sync.Once
+	var armed atomic.Bool
+	f := rotationFixture(t, fixtureOpts{wrapSTS: func(_ string, api stsAPI) stsAPI {
+		return &gatedSTS{stsAPI: api, gate: gate, entered: entered, once: &once, armed: &armed}
+	}})
+	t.Cleanup(open)
+	f.b.rotator.drainTimeout = 50 * time.Millisecond
+	f.mustReadCreds(testRole)
+	armed.Store(true)
+	old := rootKeyID(t, f)
+	cycle := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "refresh/" + testRole, Storage: f.s})
+		cycle <- result{resp, err}
+	}()
+	<-entered // an attempt signs with the old key, and is held
+	// The first rotation cannot wait long enough: it keeps the old key.
+	resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	first := wantRotated(t, resp, err)
+	if len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], old) {
+		t.Fatalf("warnings %q, want the old key %s named", resp.Warnings, old)
+	}
+	// The reconciler's retry, and a second rotation, while the attempt
+	// still signs with the old key: neither deletes it.
+	f.periodic()
+	resp, err = f.rotate()
+	wantCoded(t, resp, err, http.StatusServiceUnavailable, old)
+	wantOnlyKeys(t, f.emu, old, first)
+	open()
+	if c := <-cycle; c.err != nil || c.resp.IsError() || c.resp.Data["failed_cycles"] != 0 || c.resp.Data["last_error"] != "" {
+		t.Fatalf("the attempt that signed with the old key failed: %v %v", c.err, c.resp)
+	}
+	f.periodic()
+	wantOnlyKeys(t, f.emu, first)
+}
+
+// Defect 5: Clean during the verification (unmount, seal, step-down) still
+// deletes the unverified new key.
+func TestRotation_CleanDuringVerificationDeletesTheNewKey(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	old := rootKeyID(t, f)
+	f.emu.SetIAMPropagation(time.Hour)
+	done := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+		done <- result{resp, err}
+	}()
+	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok && len(userKeys(t, f.emu)) == 2 })
+	f.b.Cleanup(context.Background())
+	<-done
+	wantOnlyKeys(t, f.emu, old)
+	if st := rotationRecord(t, f.s); st.PendingKeyID != "" {
+		t.Fatalf("config/rotation still names %s to delete", st.PendingKeyID)
+	}
+}
+
+// Defect 8: an operator writes the old key back into config/root while the
+// rotation drains: the rotation deletes nothing, and both keys stay on
+// record until a rotation deletes the one config/root does not hold.
+func TestRotation_OperatorWriteDuringDrain(t *testing.T) {
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	entered := make(chan struct{}, 10)
+	var once sync.Once
+	var armed atomic.Bool
+	f := rotationFixture(t, fixtureOpts{wrapSTS: func(_ string, api stsAPI) stsAPI {
+		return &gatedSTS{stsAPI: api, gate: gate, entered: entered, once: &once, armed: &armed}
+	}})
+	t.Cleanup(open)
+	f.mustReadCreds(testRole)
+	armed.Store(true)
+	old := rootKeyID(t, f)
+	go func() {
+		_, _ = f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "refresh/" + testRole, Storage: f.s})
+	}()
+	<-entered
+	rotated := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+		rotated <- result{resp, err}
+	}()
+	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != old })
+	newKey := rootKeyID(t, f)
+	// The rotation drains; the operator puts the old key back.
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": old, "secret_key": stsemu.DefaultSecretKey})
+	open()
+	r := <-rotated
+	wantCoded(t, r.resp, r.err, http.StatusConflict, "nothing was deleted", old, newKey)
+	wantOnlyKeys(t, f.emu, old, newKey)
+	if st := rotationRecord(t, f.s); st.PendingKeyID != newKey || st.RetiredKeyID != old || st.Outcome != rotationSuperseded || st.Failures != 0 {
+		t.Fatalf("config/rotation %+v, want both keys recorded and outcome superseded", st)
+	}
+	wantWorkingKey(t, f)
+	// The next rotation deletes the key config/root does not hold (the
+	// rotation's), keeps the operator's until its own new key is stored.
+	id := f.mustRotate()
+	wantOnlyKeys(t, f.emu, id)
+}
+
+// lateStorage reports the first armed put of key as failed without applying
+// it, and keeps it so that the test can commit it later (a raft write whose
+// leader was lost, committed by the next one).
+type lateStorage struct {
+	logical.Storage
+	mu    sync.Mutex
+	key   string
+	armed bool
+	held  *logical.StorageEntry
+}
+
+func (s *lateStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
+	s.mu.Lock()
+	if s.armed && e.Key == s.key {
+		s.armed, s.held = false, e
+		s.mu.Unlock()
+		return errors.New("raft: leadership lost while committing")
+	}
+	s.mu.Unlock()
+	return s.Storage.Put(ctx, e)
+}
+
+func (s *lateStorage) commit(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	e := s.held
+	s.mu.Unlock()
+	if err := s.Storage.Put(context.Background(), e); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Defect 9: config/root's write reports a failure and commits later: the
+// rotation deleted neither key, so the key storage holds in the end works,
+// and the next rotation deletes the one it does not hold.
+func TestRotation_FailedRootWriteCommitsLater(t *testing.T) {
+	ls := &lateStorage{Storage: new(logical.InmemStorage), key: configRootPath}
+	f := rotationFixture(t, fixtureOpts{storage: ls})
+	f.mustReadCreds(testRole)
+	old := rootKeyID(t, f)
+	ls.mu.Lock()
+	ls.armed = true
+	ls.mu.Unlock()
+	resp, err := f.rotate()
+	if err == nil || !strings.Contains(err.Error(), "both keys are kept") {
+		t.Fatalf("rotate-root: err=%v resp=%v, want a storage error keeping both keys", err, respErr(resp))
+	}
+	keys := userKeys(t, f.emu)
+	if len(keys) != 2 || keys[0] != old {
+		t.Fatalf("keys %v: want both the old and the new key kept", keys)
+	}
+	st := rotationRecord(t, f.s)
+	if st.PendingKeyID != keys[1] || st.RetiredKeyID != old {
+		t.Fatalf("config/rotation %+v, want both keys recorded", st)
+	}
+	ls.commit(t) // the write lands after all
+	f.b.clients.reset()
+	if rootKeyID(t, f) != keys[1] {
+		t.Fatal("the late commit did not land")
+	}
+	wantWorkingKey(t, f)
+	id := f.mustRotate()
+	wantOnlyKeys(t, f.emu, id)
+	wantWorkingKey(t, f)
+}
+
+// Defect 11: the pause after a failed scheduled rotation counts from the
+// failure, not from the attempt's start: a verification that fails after
+// 25 s is not retried 5 s later.
+func TestRotation_PauseCountsFromTheFailure(t *testing.T) {
+	// IAM dates keys on the fake clock, which moves 10h; signatures are
+	// checked on the real one (SigV4 allows 15 minutes of skew).
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, SigningNow: time.Now, MaxLifetime: 10 * time.Minute})
+	f := newFixtureWith(t, fixtureOpts{}, clk, emu)
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL(), "rotation_period": "10h"})
+	st := rotationRecord(t, f.s)
+	f.emu.SetIAMPropagation(time.Hour) // the verification never succeeds
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		waitFor(t, "the scheduled rotation to fail", func() bool { return rotationRecord(t, f.s).Outcome == rotationFailure })
+	}()
+	f.clock.AdvanceTo(st.NextRotation)
+	f.clock.DriveUntil(t, done)
+	failed := f.clock.Now()
+	st = rotationRecord(t, f.s)
+	t.Logf("the scheduled rotation failed: %s", st.Error)
+	if failed.Sub(st.LastAttempt) < 20*time.Second {
+		t.Fatalf("the verification took %s, want its 6 blocks", failed.Sub(st.LastAttempt))
+	}
+	if want := failed.Add(rotationRetryBase / 2); !st.NextRotation.Equal(want) {
+		t.Fatalf("next rotation %s after a failure at %s (attempt at %s), want %s", st.NextRotation, failed, st.LastAttempt, want)
+	}
+}
+
+// Defect 12: an operator's new key supersedes a rotation: the failures of
+// the old key's rotations no longer count.
+func TestRotation_SupersededClearsFailures(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	f.emu.SetFaults(stsemu.FaultPlan{Actions: []string{"iam:GetUser"}, Probability: map[stsemu.Fault]float64{stsemu.FaultServiceUnavailable: 1}})
+	resp, err := f.rotate()
+	wantCoded(t, resp, err, http.StatusServiceUnavailable, "GetUser")
+	f.emu.ClearFaults()
+	if st := rotationRecord(t, f.s); st.Failures != 1 {
+		t.Fatalf("failures %d after a failed rotation", st.Failures)
+	}
+	f.emu.SetIAMPropagation(7 * time.Second)
+	f.pastRepeatWindow()
+	done := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+		done <- result{resp, err}
+	}()
+	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok })
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "AKIAOPERATORWRITE000", "secret_key": "operator/secret"})
+	var r result
+	for r.resp == nil && r.err == nil {
+		select {
+		case r = <-done:
+		default:
+			if at, ok := f.clock.NextSleeper(); ok {
+				f.clock.AdvanceTo(at)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	wantCoded(t, r.resp, r.err, http.StatusConflict, "operator's write wins")
+	if st := rotationRecord(t, f.s); st.Failures != 0 || st.Outcome != rotationSuperseded {
+		t.Fatalf("config/rotation %+v: the operator's new key still carries the old key's failures", st)
+	}
+	scrapeMetrics(t, f.b, f.s, "").want("aws_resilient_root_rotation_failures", nil, 0)
+}
+
+// Defect 13: a rotate-root request that arrives while a rotation runs, or
+// within seconds of its end (the vault CLI retries a 5xx twice), gets that
+// rotation's result instead of running another.
+func TestRotation_RepeatedRequestSharesTheResult(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	f.emu.SetIAMPropagation(7 * time.Second)
+	first := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+		first <- result{resp, err}
+	}()
+	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok })
+	second := make(chan result, 1)
+	go func() {
+		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+		second <- result{resp, err}
+	}()
+	var a, b result
+	for a.resp == nil && a.err == nil {
+		select {
+		case a = <-first:
+		default:
+			if at, ok := f.clock.NextSleeper(); ok {
+				f.clock.AdvanceTo(at)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for b.resp == nil && b.err == nil {
+		select {
+		case b = <-second:
+		default:
+			// Drive a second rotation, if one (wrongly) runs.
+			if at, ok := f.clock.NextSleeper(); ok {
+				f.clock.AdvanceTo(at)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	id := wantRotated(t, a.resp, a.err)
+	if got := wantRotated(t, b.resp, b.err); got != id {
+		t.Fatalf("the request that arrived during the rotation got %s, want the rotation's %s", got, id)
+	}
+	// A retry seconds later gets the same answer.
+	f.clock.Advance(rotationRepeatWindow - time.Second)
+	resp, err := f.driven(logical.UpdateOperation, "config/rotate-root")
+	if got := wantRotated(t, resp, err); got != id {
+		t.Fatalf("a request %s after the rotation got %s, want %s", rotationRepeatWindow-time.Second, got, id)
+	}
+	if n := iamCalls(f.emu, "CreateAccessKey"); n != 1 {
+		t.Fatalf("%d CreateAccessKey calls, want 1", n)
+	}
+	// Later, a request is a new rotation.
+	f.clock.Advance(time.Second)
+	f.emu.SetIAMPropagation(0)
+	resp, err = f.driven(logical.UpdateOperation, "config/rotate-root")
+	if got := wantRotated(t, resp, err); got == id {
+		t.Fatal("a request long after the rotation repeated its answer")
+	}
+	wantOnlyKeys(t, f.emu, rootKeyID(t, f))
+}
+
+// Breakage: the identity check of the verification. A new key that signs as
+// another principal than the user GetUser named is never stored.
+func TestRotation_VerificationChecksTheIdentity(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	old := rootKeyID(t, f)
+	f.b.rotator.wrapIAM = func(api iamAPI) iamAPI { return &lyingUser{iamAPI: api} }
+	resp, err := f.rotate()
+	wantCoded(t, resp, err, http.StatusServiceUnavailable, "signs as", "user/someone-else")
+	if rootKeyID(t, f) != old {
+		t.Fatal("a key that signs as another principal was stored")
+	}
+	wantOnlyKeys(t, f.emu, old)
+}
+
+// lyingUser names another user in GetUser than the keys belong to.
+type lyingUser struct{ iamAPI }
+
+func (l *lyingUser) GetUser(ctx context.Context, in *iam.GetUserInput, o ...func(*iam.Options)) (*iam.GetUserOutput, error) {
+	out, err := l.iamAPI.GetUser(ctx, in, o...)
+	if err == nil && out.User != nil {
+		out.User.Arn = aws.String("arn:aws:iam::" + stsemu.DefaultAccount + ":user/someone-else")
+	}
+	return out, err
+}
+
+// Breakage: the scheduled "due" check compares the plan's key and period
+// with config/root's: a plan made for another key or period is not due.
+func TestRotation_ScheduledDueOnlyForItsPlan(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(st *rotationState)
+	}{
+		{name: "planned for another key", change: func(st *rotationState) { st.PlanKeySetAt = st.PlanKeySetAt.Add(-time.Hour) }},
+		{name: "planned for another period", change: func(st *rotationState) { st.PlanPeriod = 48 * time.Hour }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := rotationFixture(t, fixtureOpts{})
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "24h"})
+			old := rootKeyID(t, f)
+			st := rotationRecord(t, f.s)
+			st.NextRotation = f.clock.Now().Add(-time.Minute) // overdue
+			tc.change(st)
+			if err := putRotationState(context.Background(), f.s, st); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.b.rotator.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
+				t.Fatalf("a scheduled rotation of a stale plan: %v, want errNotDue", err)
+			}
+			if rootKeyID(t, f) != old {
+				t.Fatal("a stale plan rotated the key")
+			}
+		})
+	}
+}
+
+// Breakage: the schedule resumes after a restart or failover: a new backend
+// on the same storage arms the stored plan, and rotates when it is due.
+func TestRotation_ScheduleResumesAfterRestart(t *testing.T) {
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, SigningNow: time.Now, MaxLifetime: 10 * time.Minute})
+	f := newFixtureWith(t, fixtureOpts{}, clk, emu)
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL(), "rotation_period": "10h"})
+	due := rotationRecord(t, f.s).NextRotation
+	old := rootKeyID(t, f)
+	f.b.Cleanup(context.Background())
+
+	b2, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMin, storage: f.s})
+	if at := b2.rotator.scheduled(); !at.Equal(due) {
+		t.Fatalf("after a restart the rotation is armed for %v, want the stored %v", at, due)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		waitFor(t, "the resumed rotation", func() bool { return rotationRecord(t, f.s).Outcome == rotationSuccess })
+	}()
+	f.clock.AdvanceTo(due)
+	f.clock.DriveUntil(t, done)
+	if st := rotationRecord(t, f.s); st.Outcome != rotationSuccess {
+		t.Fatalf("the resumed rotation: %+v", st)
+	}
+	if got := mustDo(t, b2, f.s, logical.ReadOperation, "config/root", nil).Data["access_key"]; got == old {
+		t.Fatal("the resumed rotation stored no new key")
+	}
+}
+
+// Breakage: scheduled rotation is armed only where the refresher runs: a
+// performance standby over the same storage never arms it, nor rotates.
+func TestRotation_StandbyNeverArms(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "10h"})
+	st := rotationRecord(t, f.s)
+	f.b.Cleanup(context.Background()) // the active node is gone; nothing else rotates
+	creates := iamCalls(f.emu, "CreateAccessKey")
+
+	standby, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMin, storage: f.s, standby: true})
+	standby.rotator.planRotation(context.Background(), f.s, st)
+	if at := standby.rotator.scheduled(); !at.IsZero() {
+		t.Fatalf("a standby armed the rotation for %v", at)
+	}
+	f.clock.AdvanceTo(st.NextRotation.Add(time.Hour))
+	f.clock.WaitUntil(t, func() bool { return f.clock.Busy() == 0 }, func() string { return "timers to settle" })
+	if n := iamCalls(f.emu, "CreateAccessKey"); n != creates {
+		t.Fatalf("a standby rotated: %d CreateAccessKey calls, want %d", n, creates)
+	}
+}
+
+// mustRotate rotates and returns the new key id; it must succeed.
+func (f *fixture) mustRotate() string {
+	f.t.Helper()
+	resp, err := f.rotate()
+	return wantRotated(f.t, resp, err)
+}
+
+// Every storage call of a rotation can fail, applied or not: whatever
+// fails, no key is lost (config/root's key works, and every other key on
+// the user is on record), and once storage heals, the reconciler's pass
+// and one rotation leave exactly config/root's key.
+func TestRotation_StorageFaultsNeverLoseAKey(t *testing.T) {
+	for seed := uint64(1); seed <= 12; seed++ {
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
+			fs := newFaultStorage(new(logical.InmemStorage), seed)
+			f := rotationFixture(t, fixtureOpts{storage: fs})
+			f.mustReadCreds(testRole)
+			for i := 0; i < 4; i++ {
+				fs.setRate(0.25, 0.5)
+				_, _ = f.rotate()
+				fs.heal()
+				root, err := getRootConfig(context.Background(), f.s)
+				if err != nil || root == nil {
+					t.Fatalf("config/root after rotation %d: %v", i, err)
+				}
+				st := rotationRecord(t, f.s)
+				for _, k := range f.emu.IAMUsers()[0].AccessKeys {
+					meta := iamtypes.AccessKeyMetadata{AccessKeyId: aws.String(k.AccessKeyID), CreateDate: aws.Time(k.CreateDate)}
+					if id := k.AccessKeyID; id != root.AccessKey && id != st.PendingKeyID && id != st.RetiredKeyID && !st.Creating.covers(meta) {
+						t.Fatalf("rotation %d left key %s on the user, on record nowhere (config/root %s, record %+v)", i, id, root.AccessKey, st)
+					}
+				}
+				f.b.clients.reset() // as a storage fault's reload would
+				wantWorkingKey(t, f)
+			}
+			t.Logf("%d storage faults injected", fs.injectedTotal())
+			f.periodic()
+			id := f.mustRotate()
+			wantOnlyKeys(t, f.emu, id)
+			wantWorkingKey(t, f)
+		})
+	}
 }

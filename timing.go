@@ -172,7 +172,13 @@ func nextRotation(r randSource, now time.Time, cfg *rootConfig, st *rotationStat
 		// Not before the pause after the failure, nor before the key is
 		// due: a manual rotation that failed long before makes no young
 		// key due.
-		if retry := st.LastAttempt.Add(backoff(r, rotationRetryBase, st.Failures, rotationRetryMax)); retry.After(next) {
+		// The pause counts from the failure: a long verification that
+		// failed is not retried at once.
+		failed := st.LastEnded
+		if failed.IsZero() {
+			failed = st.LastAttempt // recorded before LastEnded existed
+		}
+		if retry := failed.Add(backoff(r, rotationRetryBase, st.Failures, rotationRetryMax)); retry.After(next) {
 			next = retry
 		}
 	}

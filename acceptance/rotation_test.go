@@ -401,8 +401,19 @@ func TestRotateRootScheduledRetry(t *testing.T) {
 }
 
 // TestRotateRootStandbyForwards: in a 3-node HA cluster, `vault write -f
-// config/rotate-root` sent to a standby is forwarded, runs on the active
-// node, and the whole cluster uses the new key.
+// config/rotate-root` sent to a standby runs on the active node, and the
+// whole cluster then uses the new key.
+//
+// What it cannot prove: open-source Vault's standbys forward every request
+// to the active node (only Enterprise performance standbys serve requests
+// themselves and honour ForwardPerformanceStandby), so the forwarding here
+// is Vault's, and no change of the plugin could make it fail. What the
+// plugin owns, and what can fail here, is the rest: the rotation runs once,
+// on the active node only (the log lines), every node reads the new key
+// from storage, and a refresh through a standby signs with it. That
+// scheduled rotation is never armed on a standby is tested without Vault,
+// in TestRotation_StandbyNeverArms (a performance standby over the same
+// storage).
 func TestRotateRootStandbyForwards(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()

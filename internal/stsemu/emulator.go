@@ -418,6 +418,14 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "text/xml")
 	h.Set("x-amzn-RequestId", reqID)
+	// IAM's Date is its own clock, which callers date things by (a
+	// rotation identifies the key of a lost CreateAccessKey with it) and
+	// SDKs correct their signing clock by: the clock the signature check
+	// uses, not this host's. STS answers keep net/http's Date, which the
+	// refresh tests' long-lived clients have always seen.
+	if _, isIAM := iamActions[action]; isIAM {
+		h.Set("Date", e.signNow().UTC().Format(http.TimeFormat))
+	}
 	w.WriteHeader(rep.status)
 	_, _ = w.Write(rep.body)
 }
