@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -379,4 +380,69 @@ func stsTags(tags map[string]string) []ststypes.Tag {
 		out = append(out, ststypes.Tag{Key: aws.String(k), Value: aws.String(tags[k])})
 	}
 	return out
+}
+
+// partition is an AWS partition as root key rotation needs it: IAM is a
+// global service with one endpoint per partition, which accepts only
+// signatures for the partition's IAM region.
+type partition struct {
+	name string
+	// iamRegion and iamEndpoint are where IAM signs and answers; empty for
+	// a partition the plugin knows only by name.
+	iamRegion, iamEndpoint string
+}
+
+// The partitions, as AWS documents IAM's endpoints ("AWS Identity and
+// Access Management endpoints and quotas").
+var (
+	partitionAWS   = partition{name: "aws", iamRegion: "us-east-1", iamEndpoint: "https://iam.amazonaws.com"}
+	partitionGov   = partition{name: "aws-us-gov", iamRegion: "us-gov-west-1", iamEndpoint: "https://iam.us-gov.amazonaws.com"}
+	partitionChina = partition{name: "aws-cn", iamRegion: "cn-north-1", iamEndpoint: "https://iam.cn-north-1.amazonaws.com.cn"}
+)
+
+// isolatedPrefixes name the regions of AWS's isolated partitions, whose IAM
+// endpoints are not public: they need iam_region and iam_endpoint both.
+var isolatedPrefixes = map[string]string{
+	"us-iso-": "aws-iso", "us-isob-": "aws-iso-b", "eu-isoe-": "aws-iso-e", "us-isof-": "aws-iso-f",
+}
+
+// partitionOf returns the partition of a region name; every region that is
+// neither GovCloud, China nor isolated is in the aws partition.
+func partitionOf(region string) partition {
+	switch {
+	case strings.HasPrefix(region, "us-gov-"):
+		return partitionGov
+	case strings.HasPrefix(region, "cn-"):
+		return partitionChina
+	}
+	for prefix, name := range isolatedPrefixes {
+		if strings.HasPrefix(region, prefix) {
+			return partition{name: name}
+		}
+	}
+	return partitionAWS
+}
+
+// iamTarget is where root key rotation sends IAM calls and the region it
+// signs them for.
+type iamTarget struct {
+	region, endpoint string
+}
+
+// iamTargetOf derives IAM's signing region and endpoint from config/root:
+// iam_region, or else the IAM region of region's partition; iam_endpoint,
+// or else that partition's IAM endpoint. Signing a GovCloud or China call
+// for us-east-1, as the plugin once did, is refused by IAM
+// (SignatureDoesNotMatch, "Credential should be scoped to a valid region").
+// ok is false for an isolated partition without both fields.
+func iamTargetOf(cfg *rootConfig) (t iamTarget, ok bool) {
+	p := partitionOf(cfg.Region)
+	t.region, t.endpoint = p.iamRegion, p.iamEndpoint
+	if cfg.IAMRegion != "" {
+		t.region = cfg.IAMRegion
+	}
+	if cfg.IAMEndpoint != "" {
+		t.endpoint = cfg.IAMEndpoint
+	}
+	return t, t.region != "" && t.endpoint != ""
 }

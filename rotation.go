@@ -16,9 +16,6 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
-// iamRegion is where IAM, a global service, signs its requests.
-const iamRegion = "us-east-1"
-
 // Rotation triggers and outcomes, as config/rotation and the metrics show
 // them.
 const (
@@ -226,7 +223,13 @@ func awsFailure(step string, err error, secretKey string) *rotationError {
 // rootClients builds an IAM client and an STS client signing with the given
 // key pair, against the endpoints of cfg.
 func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
-	iamCfg, iamTr, err := newAWSConfig(ctx, iamRegion, accessKey, secretKey)
+	target, ok := iamTargetOf(cfg)
+	if !ok {
+		return nil, nil, nil, &refreshError{Code: "ClientConfigError", Message: fmt.Sprintf(
+			"region %s is in the isolated partition %s, whose IAM endpoint the plugin does not know: set iam_region and iam_endpoint in config/root",
+			cfg.Region, partitionOf(cfg.Region).name)}
+	}
+	iamCfg, iamTr, err := newAWSConfig(ctx, target.region, accessKey, secretKey)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -240,9 +243,7 @@ func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 		return nil, nil, nil, err
 	}
 	var iamClient iamAPI = iam.NewFromConfig(iamCfg, func(o *iam.Options) {
-		if cfg.IAMEndpoint != "" {
-			o.BaseEndpoint = aws.String(cfg.IAMEndpoint)
-		}
+		o.BaseEndpoint = aws.String(target.endpoint)
 	})
 	var stsClient stsIdentityAPI = sts.NewFromConfig(stsCfg, func(o *sts.Options) {
 		if cfg.STSEndpoint != "" {

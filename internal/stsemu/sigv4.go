@@ -186,7 +186,7 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.T
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
 			"Credential should be scoped to correct service: '"+a.service+"'. ")
 	}
-	if a.region != "" && auth.region != a.region {
+	if a == iamAPI && auth.region != e.iamRegion(r) {
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
 			"Credential should be scoped to a valid region, not '"+auth.region+"'. ")
 	}
@@ -324,4 +324,15 @@ func canonicalHeaderValue(r *http.Request, name string) string {
 func isUnreserved(c byte) bool {
 	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' ||
 		c == '-' || c == '_' || c == '.' || c == '~'
+}
+
+// iamRegion is the one region an IAM call to r may be signed for: that of
+// the partition whose IAM host r is addressed to, else the emulator's own
+// partition's (requests to the emulator's own address, as configured
+// endpoints send them).
+func (e *Emulator) iamRegion(r *http.Request) string {
+	if p, ok := partitionOfHost(r.Host); ok {
+		return p.IAMRegion
+	}
+	return e.partition.IAMRegion
 }
