@@ -54,8 +54,9 @@ func PartitionNames() []string {
 }
 
 // partitionOfHost returns the partition whose IAM endpoint host is host
-// (a port ignored), so that a request addressed to iam.us-gov.amazonaws.com
-// through a proxy or a rewritten resolver is held to GovCloud's rules.
+// (a port ignored): a request addressed to another partition's IAM host
+// (through a proxy or a rewritten resolver) meets a directory where the
+// emulator's keys do not exist.
 func partitionOfHost(host string) (Partition, bool) {
 	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
 		host = host[:i]

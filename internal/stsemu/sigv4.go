@@ -139,6 +139,9 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.T
 		return principal{}, ae
 	}
 
+	if a == iamAPI && e.foreignIAMHost(r) {
+		return principal{}, invalidToken()
+	}
 	token := r.Header.Get("X-Amz-Security-Token")
 	var p principal
 	var secret string
@@ -186,7 +189,7 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.T
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
 			"Credential should be scoped to correct service: '"+a.service+"'. ")
 	}
-	if a == iamAPI && auth.region != e.iamRegion(r) {
+	if a == iamAPI && auth.region != e.partition.IAMRegion {
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
 			"Credential should be scoped to a valid region, not '"+auth.region+"'. ")
 	}
@@ -326,13 +329,10 @@ func isUnreserved(c byte) bool {
 		c == '-' || c == '_' || c == '.' || c == '~'
 }
 
-// iamRegion is the one region an IAM call to r may be signed for: that of
-// the partition whose IAM host r is addressed to, else the emulator's own
-// partition's (requests to the emulator's own address, as configured
-// endpoints send them).
-func (e *Emulator) iamRegion(r *http.Request) string {
-	if p, ok := partitionOfHost(r.Host); ok {
-		return p.IAMRegion
-	}
-	return e.partition.IAMRegion
+// foreignIAMHost reports whether r is addressed to the IAM endpoint of a
+// partition other than the emulator's: the emulator's keys do not exist
+// there, as a key of one AWS partition is unknown in another.
+func (e *Emulator) foreignIAMHost(r *http.Request) bool {
+	p, ok := partitionOfHost(r.Host)
+	return ok && p.Name != e.partition.Name
 }
