@@ -134,3 +134,27 @@ func TestLookupPartition(t *testing.T) {
 		t.Error("partitionOfHost(127.0.0.1:8599) found a partition")
 	}
 }
+
+// TestAWSCLIPartitions: the awscli (botocore's signer, a second SigV4
+// implementation) reaches IAM in GovCloud and China when it signs for the
+// partition's IAM region, and is refused when it signs for us-east-1.
+func TestAWSCLIPartitions(t *testing.T) {
+	bin := requireTool(t, "aws", "--version")
+	for _, name := range []string{"aws-us-gov", "aws-cn"} {
+		t.Run(name, func(t *testing.T) {
+			p, _ := LookupPartition(name)
+			e := startEmulator(t, Config{Partition: name})
+			out, stderr, err := awsCLI(t, bin, e, DefaultAccessKey, DefaultSecretKey, "", "iam", "get-user", "--region", p.IAMRegion)
+			if err != nil {
+				t.Fatalf("aws iam get-user --region %s: %v\n%s", p.IAMRegion, err, stderr)
+			}
+			if want := `"Arn": "arn:` + name + `:iam::` + DefaultAccount + `:user/` + DefaultIAMUser + `"`; !strings.Contains(out, want) {
+				t.Errorf("get-user printed %s, want %s", out, want)
+			}
+			_, stderr, err = awsCLI(t, bin, e, DefaultAccessKey, DefaultSecretKey, "", "iam", "get-user", "--region", "us-east-1")
+			if err == nil || !strings.Contains(stderr, "SignatureDoesNotMatch") {
+				t.Errorf("get-user signed for us-east-1 in %s: err %v, stderr %q; want SignatureDoesNotMatch", name, err, stderr)
+			}
+		})
+	}
+}
