@@ -129,20 +129,7 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		cfg = defaultRootConfig()
 	}
 
-	primaryRegion := cfg.Region
-	if cfg.STSRegion != "" {
-		primaryRegion = cfg.STSRegion
-	}
-	urls := append([]string{cfg.STSEndpoint}, cfg.STSFallbackEndpoints...)
-	regions := []string{primaryRegion}
-	for i := range cfg.STSFallbackEndpoints {
-		if i < len(cfg.STSFallbackRegions) {
-			regions = append(regions, cfg.STSFallbackRegions[i])
-		} else {
-			regions = append(regions, primaryRegion)
-		}
-	}
-
+	urls, regions := stsTargets(cfg)
 	built := make([]*stsEndpoint, 0, len(urls))
 	var closers []idleCloser
 	for i, u := range urls {
@@ -163,6 +150,62 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey})
 	}
 	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
+}
+
+// stsTargets returns config/root's STS endpoints (the primary first, then
+// each fallback; "" is the SDK's default for the region) and the region
+// each is signed for.
+func stsTargets(cfg *rootConfig) (urls, regions []string) {
+	primaryRegion := cfg.Region
+	if cfg.STSRegion != "" {
+		primaryRegion = cfg.STSRegion
+	}
+	urls = append([]string{cfg.STSEndpoint}, cfg.STSFallbackEndpoints...)
+	regions = []string{primaryRegion}
+	for i := range cfg.STSFallbackEndpoints {
+		if i < len(cfg.STSFallbackRegions) {
+			regions = append(regions, cfg.STSFallbackRegions[i])
+		} else {
+			regions = append(regions, primaryRegion)
+		}
+	}
+	return urls, regions
+}
+
+// verifyEndpoint is one configured STS endpoint as a root key rotation
+// verifies its new key there.
+type verifyEndpoint struct {
+	name string // "primary" or "fallback_N", as the metrics name endpoints
+	api  stsIdentityAPI
+}
+
+// verifyClients builds a GetCallerIdentity client signing with the given
+// key for each of config/root's STS endpoints, and their closer.
+func verifyClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) ([]verifyEndpoint, func(), error) {
+	urls, regions := stsTargets(cfg)
+	var closers []idleCloser
+	closeAll := func() {
+		for _, c := range closers {
+			c.CloseIdleConnections()
+		}
+	}
+	eps := make([]verifyEndpoint, 0, len(urls))
+	for i, u := range urls {
+		awsCfg, tr, err := newAWSConfig(ctx, regions[i], accessKey, secretKey)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		closers = append(closers, tr)
+		endpoint := u
+		api := sts.NewFromConfig(awsCfg, func(o *sts.Options) {
+			if endpoint != "" {
+				o.BaseEndpoint = aws.String(endpoint)
+			}
+		})
+		eps = append(eps, verifyEndpoint{name: endpointLabel(i), api: api})
+	}
+	return eps, closeAll, nil
 }
 
 // reset drops the STS clients so that the next acquire rebuilds them from

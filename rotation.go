@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -586,55 +587,67 @@ func (r *rootRotation) retireOldKey() {
 
 func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEntity" }
 
-// verifyKey calls sts:GetCallerIdentity with the new key until it answers as
-// the same IAM user, on the refresh block schedule (the first attempt at
-// once, each within its block and the global STS rate limit), with at least
-// minVerifyAttempts attempts over at least minVerifyBlock each: IAM's
-// propagation takes seconds whatever config/refresh says.
+// verifyKey calls sts:GetCallerIdentity with the new key on every
+// configured STS endpoint, fallbacks included (each signed for its region),
+// until each has answered as the same IAM user: IAM is eventually
+// consistent, and an endpoint that has not seen the key yet would refuse
+// the refreshes that fail over to it. It runs on the refresh block schedule
+// (the first attempt at once, attempt i at a random moment in block i),
+// with at least minVerifyAttempts attempts over at least minVerifyBlock
+// each, since IAM's propagation takes seconds whatever config/refresh says.
+// Each attempt makes one call per endpoint not yet verified, and takes the
+// next free rate limiter slot ahead of the refreshes queued there
+// (ReserveFirst): in a herd those have reserved every slot of the block,
+// and a rotation must not fail RateLimited behind them.
 func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
 	rcfg := b.settings.policy()
 	block := max(rcfg.block(), minVerifyBlock)
 	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
-	_, stsClient, closeFn, err := b.rootClients(ctx, cfg, accessKey, secretKey)
+	eps, closeFn, err := verifyClients(ctx, cfg, accessKey, secretKey)
 	if err != nil {
 		return awsFailure("building the STS client", err, secretKey)
 	}
 	defer closeFn()
 	start := b.clock.Now()
+	pending := eps
 	var last error
-	for i := 0; i < attempts; i++ {
+	for i := 0; i < attempts && len(pending) > 0; i++ {
 		if i > 0 {
 			if err := b.sleepUntil(ctx, start.Add(time.Duration(i)*block+b.jitter(block)), nil); err != nil {
 				return err
 			}
 		}
-		blockEnd := start.Add(time.Duration(i+1) * block)
-		at, ok := b.limiter.Reserve(b.clock.Now(), blockEnd)
-		if !ok {
-			last = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the block (sts_rate_limit)", Retryable: true}
-			continue
+		var refused []verifyEndpoint
+		for _, ep := range pending {
+			if err := b.sleepUntil(ctx, b.limiter.ReserveFirst(b.clock.Now()), nil); err != nil {
+				return err
+			}
+			c, cancel := context.WithTimeout(ctx, callTimeout(block))
+			out, err := ep.api.GetCallerIdentity(c, &sts.GetCallerIdentityInput{})
+			cancel()
+			switch {
+			case err != nil:
+				last = err
+				refused = append(refused, ep)
+				b.Logger().Debug("new root key not accepted yet", "attempt", i+1, "endpoint", ep.name, "error", classify(err, secretKey).Code)
+			case aws.ToString(out.Arn) != userARN:
+				return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
+					"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
+			}
 		}
-		if err := b.sleepUntil(ctx, at, nil); err != nil {
-			return err
-		}
-		c, cancel := context.WithTimeout(ctx, callTimeout(block))
-		out, err := stsClient.GetCallerIdentity(c, &sts.GetCallerIdentityInput{})
-		cancel()
-		switch {
-		case err != nil:
-			last = err
-			b.Logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
-		case aws.ToString(out.Arn) != userARN:
-			return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
-				"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
-		default:
-			return nil
-		}
+		pending = refused
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(pending))
+	for _, ep := range pending {
+		names = append(names, ep.name)
 	}
 	re := classify(last, secretKey)
 	return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
-		"root key rotation failed at verification: STS did not accept the new key within %d attempts over %s (%s); the new key was deleted and config/root is unchanged",
-		attempts, time.Duration(attempts)*block, re.Error())}
+		"root key rotation failed at verification: STS did not accept the new key within %d attempts over %s at the %s endpoint (%s); the new key was deleted and config/root is unchanged",
+		attempts, time.Duration(attempts)*block, strings.Join(names, ", "), re.Error())}
 }
 
 // The verification's floor, whatever config/refresh says: IAM propagates a

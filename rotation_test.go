@@ -300,7 +300,7 @@ func TestRotation_SecondKeyNotOurs(t *testing.T) {
 func createKey(t *testing.T, emu *stsemu.Emulator, accessKey, secretKey string) string {
 	t.Helper()
 	c := iam.New(iam.Options{
-		Region:       iamRegion,
+		Region:       partitionAWS.iamRegion,
 		BaseEndpoint: aws.String(emu.URL()),
 		Credentials:  credentials.NewStaticCredentialsProvider(accessKey, secretKey, ""),
 		Retryer:      aws.NopRetryer{},
