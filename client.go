@@ -13,6 +13,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	ststypes "github.com/aws/aws-sdk-go-v2/service/sts/types"
 )
@@ -488,4 +489,13 @@ func iamTargetOf(cfg *rootConfig) (t iamTarget, ok bool) {
 		t.endpoint = cfg.IAMEndpoint
 	}
 	return t, t.region != "" && t.endpoint != ""
+}
+
+// newIAMClient is the IAM client of a root key rotation: awsCfg (made for
+// t.region) sending to t.endpoint.
+func newIAMClient(awsCfg aws.Config, t iamTarget) *iam.Client {
+	return iam.NewFromConfig(awsCfg, func(o *iam.Options) {
+		o.Region = t.region
+		o.BaseEndpoint = aws.String(t.endpoint)
+	})
 }

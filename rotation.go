@@ -243,9 +243,7 @@ func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 		iamTr.CloseIdleConnections()
 		return nil, nil, nil, err
 	}
-	var iamClient iamAPI = iam.NewFromConfig(iamCfg, func(o *iam.Options) {
-		o.BaseEndpoint = aws.String(target.endpoint)
-	})
+	var iamClient iamAPI = newIAMClient(iamCfg, target)
 	var stsClient stsIdentityAPI = sts.NewFromConfig(stsCfg, func(o *sts.Options) {
 		if cfg.STSEndpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
