@@ -161,7 +161,7 @@ func newBackend(opts backendOptions) *backend {
 	)
 	// b.storage is read at each build: it is set only after Setup.
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
-	b.clients = newSTSClients(readRoot, opts.wrapSTS)
+	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, readRoot, opts.wrapSTS)
 	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.clock == nil {
 		b.clock = clock.Real{}

@@ -581,7 +581,7 @@ func (b *backend) attempt(ctx context.Context, key credKey, sess stsSession, rol
 			out.cred, out.err = cred, nil
 			return out
 		}
-		out.err = classify(err, ep.secretKey)
+		out.err = ep.classify(err, b.clock.Now())
 		b.metrics.observeSTSCall(action, i, out.err.Code, took)
 		// Counted here: a fallback's error may replace it.
 		b.metrics.countRejection(out.err)

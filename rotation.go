@@ -564,6 +564,7 @@ func (r *rootRotation) storeKey() error {
 // succeeded either way.
 func (r *rootRotation) retireOldKey() {
 	r.st.PendingKeyID = ""
+	r.b.settleNewKey(r.ctx, r.cfg.AccessKey)
 	if !r.b.clients.drainKey(r.ctx, r.cfg.AccessKey, rotationDrainTimeout) {
 		r.b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", r.cfg.AccessKey)
 		return
@@ -680,7 +681,7 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	cur.KeySetAt = b.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
-		b.clients.reset()
+		b.clients.switchKey()
 		return keyNew, nil
 	}
 	back, err := getRootConfig(ctx, s)
@@ -690,7 +691,7 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 		b.clients.reset()
 		return keyUnknown, putErr
 	case back != nil && back.AccessKey == newID:
-		b.clients.reset()
+		b.clients.switchKey()
 		return keyNew, nil
 	default:
 		return keyOld, fmt.Errorf("writing config/root: %w", putErr)

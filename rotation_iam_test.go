@@ -1,9 +1,13 @@
 package awsresilient
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -176,7 +180,95 @@ func TestRotation_VerifiesAheadOfAQueuedHerd(t *testing.T) {
 	if err != nil || resp.IsError() {
 		t.Fatalf("rotate-root behind a queued herd: err=%v resp=%v", err, respErr(resp))
 	}
-	if got := f.clock.Now().Sub(now); got > time.Second {
-		t.Errorf("the rotation took %s on the fake clock: verification waited behind the queue", got)
+	var verified []time.Duration
+	for _, c := range f.emu.Calls() {
+		if c.Action == "GetCallerIdentity" && c.Outcome == "ok" {
+			verified = append(verified, c.Time.Sub(now))
+		}
 	}
+	if len(verified) != 1 || verified[0] > time.Second {
+		t.Errorf("the new key was verified at %v after the start: want one call, at once, not behind the queue", verified)
+	}
+}
+
+// refusingProxy forwards to the emulator, but answers GetCallerIdentity
+// signed with any key other than the emulator's configured one with
+// InvalidClientTokenId while refuse is positive (or always when it is
+// negative): an STS endpoint that has not seen a new key yet.
+type refusingProxy struct {
+	mu      sync.Mutex
+	refuse  int
+	refused int
+	passed  int
+}
+
+func (p *refusingProxy) start(t *testing.T, target string) string {
+	t.Helper()
+	u, _ := url.Parse(target)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		isNew := strings.Contains(string(body), "Action=GetCallerIdentity") &&
+			!strings.Contains(r.Header.Get("Authorization"), "Credential="+stsemu.DefaultAccessKey+"/")
+		if isNew {
+			p.mu.Lock()
+			refuse := p.refuse != 0
+			if refuse {
+				p.refuse--
+				p.refused++
+			} else {
+				p.passed++
+			}
+			p.mu.Unlock()
+			if refuse {
+				w.Header().Set("Content-Type", "text/xml")
+				w.WriteHeader(http.StatusForbidden)
+				_, _ = io.WriteString(w, `<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type>`+
+					`<Code>InvalidClientTokenId</Code><Message>The security token included in the request is invalid.</Message></Error>`+
+					`<RequestId>0</RequestId></ErrorResponse>`)
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func (p *refusingProxy) counts() (refused, passed int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused, p.passed
+}
+
+// TestRotation_VerifiesOnEveryEndpoint (issue 21, defect 10): the new key
+// is verified on the fallback STS endpoints too, until each accepts it; a
+// fallback that never does fails the rotation, names it, and leaves
+// config/root and the user's keys as they were.
+func TestRotation_VerifiesOnEveryEndpoint(t *testing.T) {
+	t.Run("the fallback catches up", func(t *testing.T) {
+		f := rotationFixture(t, fixtureOpts{})
+		p := &refusingProxy{refuse: 2}
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"sts_fallback_endpoints": p.start(t, f.emu.URL())})
+		resp, err := f.rotate()
+		if err != nil || resp.IsError() {
+			t.Fatalf("rotate-root: err=%v resp=%v", err, respErr(resp))
+		}
+		if refused, passed := p.counts(); refused != 2 || passed != 1 {
+			t.Fatalf("the fallback refused %d and accepted %d verifications, want 2 and 1", refused, passed)
+		}
+	})
+	t.Run("the fallback never accepts", func(t *testing.T) {
+		f := rotationFixture(t, fixtureOpts{})
+		p := &refusingProxy{refuse: -1}
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"sts_fallback_endpoints": p.start(t, f.emu.URL())})
+		resp, err := f.rotate()
+		if err == nil || !strings.Contains(err.Error(), "at the fallback_1 endpoint") || !strings.Contains(err.Error(), "InvalidClientTokenId") {
+			t.Fatalf("rotate-root with a fallback refusing the new key: err=%v resp=%v", err, respErr(resp))
+		}
+		if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != stsemu.DefaultAccessKey || rootKeyID(t, f) != stsemu.DefaultAccessKey {
+			t.Fatalf("after the failed rotation the user has %v, config/root %s", keys, rootKeyID(t, f))
+		}
+	})
 }
