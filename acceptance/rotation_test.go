@@ -53,12 +53,14 @@ const (
 	// the second 2s block) accepted.
 	rotPropagation = time.Second
 	// rotInconsistency and rotRevocation are the emulator's IAM windows
-	// under load (issue 21): for 8s after propagating, half the calls with
-	// the new key are still refused, so the verification may pass on an
-	// accepting call while refreshes that follow are refused; and the old
-	// key works for 5s after its deletion. rotSeed fixes the emulator's
-	// draws.
-	rotInconsistency = 8 * time.Second
+	// under load (issue 21): for 15s after propagating, half the calls
+	// with the new key are still refused, so the verification (5s blocks)
+	// may pass on an accepting call while refreshes that follow are
+	// refused, until the window ends within the rotation's 15s settle
+	// (keySwitchSettle), which starts 5s after creation at the earliest;
+	// and the old key works for 5s after its deletion. rotSeed fixes the
+	// emulator's draws.
+	rotInconsistency = 15 * time.Second
 	rotRevocation    = 5 * time.Second
 	rotSeed          = "21"
 )
@@ -72,7 +74,7 @@ const rotMinEnv = "AWS_RESILIENT_TEST_MIN_ROTATION_PERIOD=10s"
 // new one is in use, and that neither secret reached a log.
 //
 // IAM's eventual consistency is on in full: the new key is refused for a
-// second, then by half the calls for 8 more seconds, and the old key works
+// second, then by half the calls for 15 more seconds, and the old key works
 // for 5 seconds after its deletion. Calls the emulator refuses are
 // expected; attempts are not: each refused refresh call must be followed,
 // in the same attempt, by a successful one with the old key (the
