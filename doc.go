@@ -22,6 +22,8 @@
 //	schedindex.go  the start from the schedule index (its hints)
 //	settings.go    settings: config/refresh in force (policy)
 //	client.go      stsClients: the STS client sets built from config/root
+//	               (after a rotation, the old key's as a fallback until it
+//	               is drained); IAM's partition, region and endpoint
 //	rotation.go    rotator: root key rotation, config/root's lock
 //	lifecycle.go   lifecycle: running, Clean, the background goroutines
 //	entity.go      the rules of cache_scope=entity (entityDropReason)
