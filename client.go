@@ -37,12 +37,12 @@ type stsEndpoint struct {
 	// secretKey is the key this endpoint's client signs with, so that its
 	// errors are redacted with exactly that key when they are classified.
 	secretKey string
-	// graceUntil ends the few minutes after config/root's key changed
-	// during which IAM may still refuse it here (keySwitchGrace).
+	// graceUntil ends the few minutes after a rotation switched to this
+	// key during which IAM may still refuse it here (keySwitchGrace).
 	graceUntil time.Time
 }
 
-// keySwitchGrace is how long after config/root's key changed an
+// keySwitchGrace is how long after a rotation switched config/root's key an
 // InvalidClientTokenId is taken for IAM's eventual consistency rather than
 // for a bad key: AWS warns that a change "takes time to become visible from
 // all possible endpoints", and a new key accepted once may be refused by
@@ -126,6 +126,11 @@ type stsClients struct {
 	// previous is the set a rotation's switch dropped (switchKey), which
 	// the next build keeps as its fallback.
 	previous *clientSet
+	// switchedTo is the key a rotation switched to at switchedAt: sets
+	// built for it have the grace (keySwitchGrace). In memory only: after
+	// a restart or a failover the grace is gone, and a refusal is final.
+	switchedTo string
+	switchedAt time.Time
 }
 
 // newSTSClients returns the owner of the STS clients, which it builds from
@@ -206,9 +211,11 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 	}
 
 	urls, regions := stsTargets(cfg)
+	// Only a rotation's new key gets the grace: an operator who writes a
+	// key IAM does not know learns it from the first refusal.
 	var graceUntil time.Time
-	if !cfg.KeySetAt.IsZero() {
-		graceUntil = cfg.KeySetAt.Add(keySwitchGrace)
+	if cfg.AccessKey != "" && cfg.AccessKey == c.switchedTo {
+		graceUntil = c.switchedAt.Add(keySwitchGrace)
 	}
 	built := make([]*stsEndpoint, 0, len(urls))
 	var closers []idleCloser
@@ -301,13 +308,15 @@ func (c *stsClients) reset() {
 	c.previous = nil
 }
 
-// switchKey is reset after a rotation stored its new key: the dropped set
-// becomes the fallback of the next one (see clientSet.fallback), so that
-// an endpoint still refusing the new key does not fail a refresh while the
-// old key lives.
-func (c *stsClients) switchKey() {
+// switchKey is reset after a rotation stored its new key newKey: the
+// dropped set becomes the fallback of the next one (see
+// clientSet.fallback), so that an endpoint still refusing the new key does
+// not fail a refresh while the old key lives, and the new key's refusals
+// are retried for keySwitchGrace from now.
+func (c *stsClients) switchKey(newKey string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.switchedTo, c.switchedAt = newKey, c.now()
 	old := c.current
 	c.resetLocked()
 	c.previous = old

@@ -32,21 +32,21 @@ func TestSTSClients_SwitchKeepsTheOldKeyAsFallback(t *testing.T) {
 	}
 	eps, release := acquire()
 	release()
-	if len(eps) != 1 || !eps[0].graceUntil.Equal(t0.Add(keySwitchGrace)) {
-		t.Fatalf("first set: %d endpoints, grace until %s", len(eps), eps[0].graceUntil)
+	if len(eps) != 1 || !eps[0].graceUntil.IsZero() {
+		t.Fatalf("first set: %d endpoints, grace until %s; want 1 and no grace (no rotation switched to it)", len(eps), eps[0].graceUntil)
 	}
 
 	root.mu.Lock()
 	root.cfg = testRootConfig("AKIATWO")
 	root.cfg.KeySetAt = t0.Add(time.Hour)
 	root.mu.Unlock()
-	c.switchKey()
+	c.switchKey("AKIATWO")
 	eps, releaseBoth := acquire()
 	if len(eps) != 2 || eps[0].secretKey != "AKIATWOsecret" || eps[1].secretKey != "AKIAONEsecret" {
 		t.Fatalf("after the switch: %d endpoints (%v), want the new key's then the old key's", len(eps), eps)
 	}
-	if want := t0.Add(time.Hour + keySwitchGrace); !eps[1].graceUntil.Equal(want) {
-		t.Errorf("the fallback's grace ends %s, want the new key's %s", eps[1].graceUntil, want)
+	if want := t0.Add(keySwitchGrace); !eps[0].graceUntil.Equal(want) || !eps[1].graceUntil.Equal(want) {
+		t.Errorf("graces end %s and %s, want the switch's %s for both", eps[0].graceUntil, eps[1].graceUntil, want)
 	}
 
 	// The drain detaches the fallback at once and waits for its users.
@@ -68,10 +68,10 @@ func TestSTSClients_SwitchKeepsTheOldKeyAsFallback(t *testing.T) {
 	root.mu.Lock()
 	root.cfg = testRootConfig("AKIATHREE")
 	root.mu.Unlock()
-	c.switchKey()
+	c.switchKey("AKIAFOUR")
 	c.reset()
-	if eps, release := acquire(); len(eps) != 1 {
-		t.Errorf("after a plain reset %d endpoints, want 1", len(eps))
+	if eps, release := acquire(); len(eps) != 1 || !eps[0].graceUntil.IsZero() {
+		t.Errorf("after an operator's write: %d endpoints, grace until %s; want 1 and no grace", len(eps), eps[0].graceUntil)
 		release()
 	} else {
 		release()

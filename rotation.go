@@ -681,7 +681,7 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	cur.KeySetAt = b.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
-		b.clients.switchKey()
+		b.clients.switchKey(newID)
 		return keyNew, nil
 	}
 	back, err := getRootConfig(ctx, s)
@@ -691,7 +691,7 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 		b.clients.reset()
 		return keyUnknown, putErr
 	case back != nil && back.AccessKey == newID:
-		b.clients.switchKey()
+		b.clients.switchKey(newID)
 		return keyNew, nil
 	default:
 		return keyOld, fmt.Errorf("writing config/root: %w", putErr)
