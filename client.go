@@ -638,8 +638,8 @@ func (c *stsClients) offersFallback(oldKey string) bool {
 // old one as their fallback; it returns early only when ctx ends. Without
 // a fallback (no refresh had built clients with the old key) there is
 // nothing to wait for.
-func (b *backend) settleNewKey(ctx context.Context, oldKey string) {
-	if b.clients.offersFallback(oldKey) {
-		_ = b.sleepUntil(ctx, b.clock.Now().Add(keySwitchSettle), nil)
+func (r *rotator) settleNewKey(ctx context.Context, oldKey string) {
+	if r.clients.offersFallback(oldKey) {
+		_ = r.sleepUntil(ctx, r.clock.Now().Add(keySwitchSettle), nil)
 	}
 }

@@ -116,7 +116,7 @@ func TestRefresh_AfterASwitch(t *testing.T) {
 	f.mustReadCreds(testRole)
 	f.emu.SetIAMWindows(stsemu.IAMWindows{Inconsistency: time.Hour, Refusal: 1})
 	newID, newSecret := createKeyWithSecret(t, f.emu)
-	if stored, err := f.b.storeRotatedKey(context.Background(), f.s, stsemu.DefaultAccessKey, newID, newSecret); err != nil || stored != keyNew {
+	if stored, err := f.b.rotator.storeRotatedKey(context.Background(), f.s, stsemu.DefaultAccessKey, newID, newSecret); err != nil || stored != keyNew {
 		t.Fatalf("storing the new key: %v, %v", stored, err)
 	}
 	switched := f.clock.Now()
