@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
@@ -179,7 +180,7 @@ func newBackend(opts backendOptions) *backend {
 	b.metrics.watchIndex(b.index.Stats)
 	// b.storage is read at each build: it is set only after Setup.
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
-	b.clients = newSTSClients(readRoot, opts.wrapSTS)
+	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, readRoot, opts.wrapSTS)
 	b.rotator = newRotator(rotatorOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, limiter: b.limiter, clients: b.clients, metrics: b.metrics, life: b.life,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	ststypes "github.com/aws/aws-sdk-go-v2/service/sts/types"
 )
@@ -35,7 +37,43 @@ type stsEndpoint struct {
 	// secretKey is the key this endpoint's client signs with, so that its
 	// errors are redacted with exactly that key when they are classified.
 	secretKey string
+	// graceUntil ends the few minutes after a rotation switched to this
+	// key during which IAM may still refuse it here (keySwitchGrace).
+	graceUntil time.Time
 }
+
+// keySwitchGrace is how long after a rotation switched config/root's key an
+// InvalidClientTokenId is taken for IAM's eventual consistency rather than
+// for a bad key: AWS warns that a change "takes time to become visible from
+// all possible endpoints", and a new key accepted once may be refused by
+// another endpoint for a while.
+const keySwitchGrace = 5 * time.Minute
+
+// keySwitchSettle is how long a rotation keeps the old key as the
+// refreshes' fallback after switching to the new one, before it drains and
+// deletes it: long enough for the endpoints that refuse the new key, while
+// IAM propagates it, to catch up, short enough for config/rotate-root's
+// answer to arrive within the vault CLI's 60 s.
+const keySwitchSettle = 15 * time.Second
+
+// classify is classify for an error from this endpoint at now: within the
+// grace after a key change, InvalidClientTokenId is retryable, so that a
+// refusal of a freshly switched key moves on to the next endpoint (the
+// previous key's among them) and to the next block instead of failing the
+// whole cycle.
+func (ep *stsEndpoint) classify(err error, now time.Time) *refreshError {
+	re := classify(err, ep.secretKey)
+	if !re.Retryable && invalidKeyCodes[re.Code] && now.Before(ep.graceUntil) {
+		cp := *re
+		cp.Retryable = true
+		return &cp
+	}
+	return re
+}
+
+// invalidKeyCodes are the codes AWS answers for an access key it does not
+// know (yet): the wire code and the SDK's exception-style name.
+var invalidKeyCodes = map[string]bool{"InvalidClientTokenId": true, "UnrecognizedClientException": true}
 
 // clientSet is the STS clients built from one config/root, and a count of
 // the attempts using them: a root key rotation deletes the old key only
@@ -48,6 +86,14 @@ type clientSet struct {
 	accessKey string
 	users     sync.WaitGroup
 	active    atomic.Int32 // users, readable (users is not)
+
+	// fallback is the set of the key a rotation just replaced, tried after
+	// this set's endpoints while the new key may still be refused
+	// somewhere, until the rotation drains the old key to delete it
+	// (drainKey); fallbackEps are eps followed by its endpoints, with this
+	// set's grace. Both are guarded by stsClients.mu.
+	fallback    *clientSet
+	fallbackEps []*stsEndpoint
 }
 
 func (s *clientSet) acquire() (release func()) {
@@ -63,6 +109,8 @@ func (s *clientSet) acquire() (release func()) {
 // use, dropped on any change to it, and the dropped sets that attempts still
 // use. Its lock is taken only in this file.
 type stsClients struct {
+	// now is the clock the grace after a key change is measured on.
+	now func() time.Time
 	// readRoot reads config/root (nil, nil when absent).
 	readRoot func(ctx context.Context) (*rootConfig, error)
 	// wrap, when set, wraps each STS client as it is built (a test seam:
@@ -75,12 +123,20 @@ type stsClients struct {
 	// retired are dropped sets that attempts still used when they were
 	// dropped (see reset).
 	retired []*clientSet
+	// previous is the set a rotation's switch dropped (switchKey), which
+	// the next build keeps as its fallback.
+	previous *clientSet
+	// switchedTo is the key a rotation switched to at switchedAt: sets
+	// built for it have the grace (keySwitchGrace). In memory only: after
+	// a restart or a failover the grace is gone, and a refusal is final.
+	switchedTo string
+	switchedAt time.Time
 }
 
 // newSTSClients returns the owner of the STS clients, which it builds from
 // what readRoot returns, each wrapped by wrap when it is set.
-func newSTSClients(readRoot func(ctx context.Context) (*rootConfig, error), wrap func(endpoint string, api stsAPI) stsAPI) *stsClients {
-	return &stsClients{readRoot: readRoot, wrap: wrap}
+func newSTSClients(now func() time.Time, readRoot func(ctx context.Context) (*rootConfig, error), wrap func(endpoint string, api stsAPI) stsAPI) *stsClients {
+	return &stsClients{now: now, readRoot: readRoot, wrap: wrap}
 }
 
 // acquire returns the STS clients for the current config/root, building them
@@ -92,13 +148,24 @@ func (c *stsClients) acquire(ctx context.Context) (eps []*stsEndpoint, release f
 	c.mu.RLock()
 	set := c.current
 	if set != nil {
-		release = set.acquire()
+		eps, release = set.use()
 	}
 	c.mu.RUnlock()
 	if set != nil {
-		return set.eps, release, nil
+		return eps, release, nil
 	}
 	return c.acquireSlow(ctx)
+}
+
+// use counts the caller among the users of the set, and of its fallback
+// while it has one, and returns the endpoints to try in order;
+// stsClients.mu held (read).
+func (s *clientSet) use() (eps []*stsEndpoint, release func()) {
+	if s.fallback == nil {
+		return s.eps, s.acquire()
+	}
+	r1, r2 := s.acquire(), s.fallback.acquire()
+	return s.fallbackEps, func() { r2(); r1() }
 }
 
 // acquireSlow is acquire for a caller that found no set under the read lock.
@@ -108,14 +175,29 @@ func (c *stsClients) acquireSlow(ctx context.Context) (eps []*stsEndpoint, relea
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if set := c.current; set != nil {
-		return set.eps, set.acquire(), nil
+		eps, release = set.use()
+		return eps, release, nil
 	}
 	set, err := c.build(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
+	if prev := c.previous; prev != nil && prev.accessKey != "" && prev.accessKey != set.accessKey {
+		// A rotation switched keys: the old one stays the fallback until
+		// the rotation drains it.
+		set.fallback = prev
+		set.fallbackEps = append([]*stsEndpoint(nil), set.eps...)
+		grace := set.eps[0].graceUntil
+		for _, ep := range prev.eps {
+			cp := *ep
+			cp.graceUntil = grace
+			set.fallbackEps = append(set.fallbackEps, &cp)
+		}
+	}
+	c.previous = nil
 	c.current = set
-	return set.eps, set.acquire(), nil
+	eps, release = set.use()
+	return eps, release, nil
 }
 
 // build builds the STS clients from the stored config/root.
@@ -128,20 +210,13 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		cfg = defaultRootConfig()
 	}
 
-	primaryRegion := cfg.Region
-	if cfg.STSRegion != "" {
-		primaryRegion = cfg.STSRegion
+	urls, regions := stsTargets(cfg)
+	// Only a rotation's new key gets the grace: an operator who writes a
+	// key IAM does not know learns it from the first refusal.
+	var graceUntil time.Time
+	if cfg.AccessKey != "" && cfg.AccessKey == c.switchedTo {
+		graceUntil = c.switchedAt.Add(keySwitchGrace)
 	}
-	urls := append([]string{cfg.STSEndpoint}, cfg.STSFallbackEndpoints...)
-	regions := []string{primaryRegion}
-	for i := range cfg.STSFallbackEndpoints {
-		if i < len(cfg.STSFallbackRegions) {
-			regions = append(regions, cfg.STSFallbackRegions[i])
-		} else {
-			regions = append(regions, primaryRegion)
-		}
-	}
-
 	built := make([]*stsEndpoint, 0, len(urls))
 	var closers []idleCloser
 	for i, u := range urls {
@@ -159,9 +234,65 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		if c.wrap != nil {
 			api = c.wrap(endpoint, api)
 		}
-		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey})
+		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil})
 	}
 	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
+}
+
+// stsTargets returns config/root's STS endpoints (the primary first, then
+// each fallback; "" is the SDK's default for the region) and the region
+// each is signed for.
+func stsTargets(cfg *rootConfig) (urls, regions []string) {
+	primaryRegion := cfg.Region
+	if cfg.STSRegion != "" {
+		primaryRegion = cfg.STSRegion
+	}
+	urls = append([]string{cfg.STSEndpoint}, cfg.STSFallbackEndpoints...)
+	regions = []string{primaryRegion}
+	for i := range cfg.STSFallbackEndpoints {
+		if i < len(cfg.STSFallbackRegions) {
+			regions = append(regions, cfg.STSFallbackRegions[i])
+		} else {
+			regions = append(regions, primaryRegion)
+		}
+	}
+	return urls, regions
+}
+
+// verifyEndpoint is one configured STS endpoint as a root key rotation
+// verifies its new key there.
+type verifyEndpoint struct {
+	name string // "primary" or "fallback_N", as the metrics name endpoints
+	api  stsIdentityAPI
+}
+
+// verifyClients builds a GetCallerIdentity client signing with the given
+// key for each of config/root's STS endpoints, and their closer.
+func verifyClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) ([]verifyEndpoint, func(), error) {
+	urls, regions := stsTargets(cfg)
+	var closers []idleCloser
+	closeAll := func() {
+		for _, c := range closers {
+			c.CloseIdleConnections()
+		}
+	}
+	eps := make([]verifyEndpoint, 0, len(urls))
+	for i, u := range urls {
+		awsCfg, tr, err := newAWSConfig(ctx, regions[i], accessKey, secretKey)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		closers = append(closers, tr)
+		endpoint := u
+		api := sts.NewFromConfig(awsCfg, func(o *sts.Options) {
+			if endpoint != "" {
+				o.BaseEndpoint = aws.String(endpoint)
+			}
+		})
+		eps = append(eps, verifyEndpoint{name: endpointLabel(i), api: api})
+	}
+	return eps, closeAll, nil
 }
 
 // reset drops the STS clients so that the next acquire rebuilds them from
@@ -173,6 +304,30 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 func (c *stsClients) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.resetLocked()
+	c.previous = nil
+}
+
+// switchKey is reset after a rotation stored its new key newKey: the
+// dropped set becomes the fallback of the next one (see
+// clientSet.fallback), so that an endpoint still refusing the new key does
+// not fail a refresh while the old key lives, and the new key's refusals
+// are retried for keySwitchGrace from now.
+func (c *stsClients) switchKey(newKey string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.switchedTo, c.switchedAt = newKey, c.now()
+	old := c.current
+	c.resetLocked()
+	c.previous = old
+	if old != nil && old.fallback != nil {
+		// Two switches in a row: only the latest old key is a fallback.
+		old.fallback, old.fallbackEps = nil, nil
+	}
+}
+
+// resetLocked drops the current set; c.mu held.
+func (c *stsClients) resetLocked() {
 	if old := c.current; old != nil {
 		for _, ic := range old.idle {
 			ic.CloseIdleConnections()
@@ -199,6 +354,18 @@ func (c *stsClients) drainKey(ctx context.Context, accessKey string, timeout tim
 	for _, s := range c.retired {
 		if s.accessKey == accessKey {
 			sets = append(sets, s)
+		}
+	}
+	// The key stops being anyone's fallback first: no attempt starts with
+	// it from here on, so the wait below ends.
+	if c.previous != nil && c.previous.accessKey == accessKey {
+		sets = append(sets, c.previous)
+		c.previous = nil
+	}
+	for _, s := range append([]*clientSet{c.current}, c.retired...) {
+		if s != nil && s.fallback != nil && s.fallback.accessKey == accessKey {
+			sets = append(sets, s.fallback)
+			s.fallback, s.fallbackEps = nil, nil
 		}
 	}
 	c.mu.Unlock()
@@ -379,4 +546,100 @@ func stsTags(tags map[string]string) []ststypes.Tag {
 		out = append(out, ststypes.Tag{Key: aws.String(k), Value: aws.String(tags[k])})
 	}
 	return out
+}
+
+// partition is an AWS partition as root key rotation needs it: IAM is a
+// global service with one endpoint per partition, which accepts only
+// signatures for the partition's IAM region.
+type partition struct {
+	name string
+	// iamRegion and iamEndpoint are where IAM signs and answers; empty for
+	// a partition the plugin knows only by name.
+	iamRegion, iamEndpoint string
+}
+
+// The partitions, as AWS documents IAM's endpoints ("AWS Identity and
+// Access Management endpoints and quotas").
+var (
+	partitionAWS   = partition{name: "aws", iamRegion: "us-east-1", iamEndpoint: "https://iam.amazonaws.com"}
+	partitionGov   = partition{name: "aws-us-gov", iamRegion: "us-gov-west-1", iamEndpoint: "https://iam.us-gov.amazonaws.com"}
+	partitionChina = partition{name: "aws-cn", iamRegion: "cn-north-1", iamEndpoint: "https://iam.cn-north-1.amazonaws.com.cn"}
+)
+
+// isolatedPrefixes name the regions of AWS's isolated partitions, whose IAM
+// endpoints are not public: they need iam_region and iam_endpoint both.
+var isolatedPrefixes = map[string]string{
+	"us-iso-": "aws-iso", "us-isob-": "aws-iso-b", "eu-isoe-": "aws-iso-e", "us-isof-": "aws-iso-f",
+}
+
+// partitionOf returns the partition of a region name; every region that is
+// neither GovCloud, China nor isolated is in the aws partition.
+func partitionOf(region string) partition {
+	switch {
+	case strings.HasPrefix(region, "us-gov-"):
+		return partitionGov
+	case strings.HasPrefix(region, "cn-"):
+		return partitionChina
+	}
+	for prefix, name := range isolatedPrefixes {
+		if strings.HasPrefix(region, prefix) {
+			return partition{name: name}
+		}
+	}
+	return partitionAWS
+}
+
+// iamTarget is where root key rotation sends IAM calls and the region it
+// signs them for.
+type iamTarget struct {
+	region, endpoint string
+}
+
+// iamTargetOf derives IAM's signing region and endpoint from config/root:
+// iam_region, or else the IAM region of region's partition; iam_endpoint,
+// or else that partition's IAM endpoint. Signing a GovCloud or China call
+// for us-east-1, as the plugin once did, is refused by IAM
+// (SignatureDoesNotMatch, "Credential should be scoped to a valid region").
+// ok is false for an isolated partition without both fields.
+func iamTargetOf(cfg *rootConfig) (t iamTarget, ok bool) {
+	p := partitionOf(cfg.Region)
+	t.region, t.endpoint = p.iamRegion, p.iamEndpoint
+	if cfg.IAMRegion != "" {
+		t.region = cfg.IAMRegion
+	}
+	if cfg.IAMEndpoint != "" {
+		t.endpoint = cfg.IAMEndpoint
+	}
+	return t, t.region != "" && t.endpoint != ""
+}
+
+// newIAMClient is the IAM client of a root key rotation: awsCfg (made for
+// t.region) sending to t.endpoint.
+func newIAMClient(awsCfg aws.Config, t iamTarget) *iam.Client {
+	return iam.NewFromConfig(awsCfg, func(o *iam.Options) {
+		o.Region = t.region
+		o.BaseEndpoint = aws.String(t.endpoint)
+	})
+}
+
+// offersFallback reports whether the old key is, or is about to be (on the
+// next build), the refreshes' fallback.
+func (c *stsClients) offersFallback(oldKey string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.previous != nil && c.previous.accessKey == oldKey {
+		return true
+	}
+	return c.current != nil && c.current.fallback != nil && c.current.fallback.accessKey == oldKey
+}
+
+// settleNewKey waits keySwitchSettle on the backend's clock after a
+// rotation switched from oldKey, while refreshes use the new key with the
+// old one as their fallback; it returns early only when ctx ends. Without
+// a fallback (no refresh had built clients with the old key) there is
+// nothing to wait for.
+func (r *rotator) settleNewKey(ctx context.Context, oldKey string) {
+	if r.clients.offersFallback(oldKey) {
+		_ = r.sleepUntil(ctx, r.clock.Now().Add(keySwitchSettle), nil)
+	}
 }

@@ -26,6 +26,8 @@
 //	schedindex.go  the refresher's start from the schedule index (hints)
 //	settings.go    settings: config/refresh in force (policy)
 //	client.go      stsClients: the STS client sets built from config/root
+//	               (after a rotation, the old key's as a fallback until it
+//	               is drained); IAM's partition, region and endpoint
 //	rotation.go    rotator: root key rotation, config/root's lock and writes
 //	lifecycle.go   lifecycle: running, Clean, the background goroutines
 //	entity.go      the rules of cache_scope=entity: session names (uniqueName,

@@ -119,7 +119,11 @@ func pathConfigRoot(b *backend) *framework.Path {
 			},
 			"iam_endpoint": {
 				Type:        framework.TypeString,
-				Description: "IAM endpoint URL for root key rotation; empty means AWS's (iam.amazonaws.com). Must be https, except on a loopback address.",
+				Description: "IAM endpoint URL for root key rotation; empty means the IAM endpoint of iam_region's partition (iam.amazonaws.com, iam.us-gov.amazonaws.com or iam.cn-north-1.amazonaws.com.cn). Must be https, except on a loopback address.",
+			},
+			"iam_region": {
+				Type:        framework.TypeString,
+				Description: "Region that root key rotation signs IAM calls for; empty means the IAM region of region's partition: us-east-1 (aws), us-gov-west-1 (aws-us-gov) or cn-north-1 (aws-cn).",
 			},
 			"rotation_period": {
 				Type:        framework.TypeDurationSecond,
@@ -165,7 +169,8 @@ func pathConfigRoot(b *backend) *framework.Path {
 
 var configRootResponseFields = map[string]*framework.FieldSchema{
 	"access_key":             {Type: framework.TypeString, Description: "AWS access key id; empty when the default credential chain is used.", Required: true},
-	"iam_endpoint":           {Type: framework.TypeString, Description: "IAM endpoint URL for root key rotation; empty means AWS's.", Required: true},
+	"iam_endpoint":           {Type: framework.TypeString, Description: "IAM endpoint URL for root key rotation; empty means the IAM endpoint of iam_region's partition.", Required: true},
+	"iam_region":             {Type: framework.TypeString, Description: "Signing region of IAM calls as configured; empty means derived from region's partition.", Required: true},
 	"rotation_period":        {Type: framework.TypeDurationSecond, Description: "Scheduled rotation period in seconds; 0 when off.", Required: true},
 	"last_rotated":           {Type: framework.TypeString, Description: "When the access key was last rotated (RFC 3339); empty if never.", Required: true},
 	"next_rotation":          {Type: framework.TypeString, Description: "When the next scheduled rotation is due (RFC 3339); empty when rotation_period is 0.", Required: true},
@@ -296,6 +301,7 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 		"sts_fallback_endpoints": nonNil(cfg.STSFallbackEndpoints),
 		"sts_fallback_regions":   nonNil(cfg.STSFallbackRegions),
 		"iam_endpoint":           cfg.IAMEndpoint,
+		"iam_region":             cfg.IAMRegion,
 		"rotation_period":        int64(cfg.RotationPeriod / time.Second),
 		"last_rotated":           formatTime(rot.LastRotated),
 		"next_rotation":          formatTime(rot.NextRotation),
@@ -327,6 +333,9 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 		}
 		if v, ok := data.GetOk("iam_endpoint"); ok {
 			cfg.IAMEndpoint = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("iam_region"); ok {
+			cfg.IAMRegion = strings.TrimSpace(v.(string))
 		}
 		if v, ok := data.GetOk("rotation_period"); ok {
 			cfg.RotationPeriod = time.Duration(v.(int)) * time.Second
@@ -410,6 +419,9 @@ type rootConfig struct {
 	STSFallbackEndpoints []string `json:"sts_fallback_endpoints"`
 	STSFallbackRegions   []string `json:"sts_fallback_regions"`
 	IAMEndpoint          string   `json:"iam_endpoint,omitempty"`
+	// IAMRegion is the region IAM calls are signed for; "" derives it from
+	// Region's partition (iamTargetOf).
+	IAMRegion string `json:"iam_region,omitempty"`
 	// RotationPeriod is the scheduled rotation's period, 0 when off.
 	RotationPeriod time.Duration `json:"rotation_period,omitempty"`
 	// KeySetAt is when AccessKey was stored (by an operator or a rotation),
@@ -463,6 +475,13 @@ func (c *rootConfig) validate() string {
 		if msg := validateEndpoint("iam_endpoint", c.IAMEndpoint); msg != "" {
 			return msg
 		}
+	}
+	if c.IAMRegion != "" && !regionRegex.MatchString(c.IAMRegion) {
+		return fmt.Sprintf("iam_region must be an AWS region name such as us-east-1, us-gov-west-1 or cn-north-1 (or empty to derive it from region); got %q", c.IAMRegion)
+	}
+	if c.IAMRegion != "" && partitionOf(c.IAMRegion) != partitionOf(c.Region) {
+		return fmt.Sprintf("iam_region %s is in partition %s but region %s is in %s: IAM keys of one partition do not work in another; leave iam_region empty to derive it from region",
+			c.IAMRegion, partitionOf(c.IAMRegion).name, c.Region, partitionOf(c.Region).name)
 	}
 	if c.RotationPeriod != 0 && (c.RotationPeriod < minRotationPeriod() || c.RotationPeriod > maxRotationPeriod) {
 		return fmt.Sprintf("rotation_period must be 0 (off) or between %s and %s; got %s", minRotationPeriod(), maxRotationPeriod, c.RotationPeriod)
@@ -611,6 +630,14 @@ to it fails with a retryable error (throttling, 5xx, timeout, connection
 error), sts_fallback_endpoints are tried in order within the same attempt,
 signed for sts_fallback_regions. An endpoint must use https, except on a
 loopback address (127.0.0.0/8, ::1, localhost), where http is allowed.
+
+Root key rotation calls IAM, a global service with one endpoint per AWS
+partition, signed for that partition's IAM region: region's partition
+decides both (aws: iam.amazonaws.com and us-east-1; aws-us-gov:
+iam.us-gov.amazonaws.com and us-gov-west-1; aws-cn:
+iam.cn-north-1.amazonaws.com.cn and cn-north-1). iam_region sets the
+signing region explicitly (it must be in region's partition), and
+iam_endpoint the URL.
 
 A read never returns the secret key; secret_key_set says whether one is stored.
 `

@@ -718,7 +718,7 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 			out.cred, out.err = cred, nil
 			return out
 		}
-		out.err = classify(err, ep.secretKey)
+		out.err = ep.classify(err, rf.clock.Now())
 		rf.metrics.observeSTSCall(action, i, out.err.Code, took)
 		// Counted here: a fallback's error may replace it.
 		rf.metrics.countRejection(out.err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,9 +23,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 )
-
-// iamRegion is where IAM, a global service, signs its requests.
-const iamRegion = "us-east-1"
 
 // Rotation triggers and outcomes, as config/rotation and the metrics show
 // them.
@@ -415,7 +413,13 @@ func awsFailure(step string, err error, secretKey string) *rotationError {
 // rootClients builds an IAM client and an STS client signing with the given
 // key pair, against the endpoints of cfg.
 func (r *rotator) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
-	iamCfg, iamTr, err := newAWSConfig(ctx, iamRegion, accessKey, secretKey)
+	target, ok := iamTargetOf(cfg)
+	if !ok {
+		return nil, nil, nil, &refreshError{Code: "ClientConfigError", Message: fmt.Sprintf(
+			"region %s is in the isolated partition %s, whose IAM endpoint the plugin does not know: set iam_region and iam_endpoint in config/root",
+			cfg.Region, partitionOf(cfg.Region).name)}
+	}
+	iamCfg, iamTr, err := newAWSConfig(ctx, target.region, accessKey, secretKey)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -428,11 +432,7 @@ func (r *rotator) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 		iamTr.CloseIdleConnections()
 		return nil, nil, nil, err
 	}
-	var iamClient iamAPI = iam.NewFromConfig(iamCfg, func(o *iam.Options) {
-		if cfg.IAMEndpoint != "" {
-			o.BaseEndpoint = aws.String(cfg.IAMEndpoint)
-		}
-	})
+	var iamClient iamAPI = newIAMClient(iamCfg, target)
 	var stsClient stsIdentityAPI = sts.NewFromConfig(stsCfg, func(o *sts.Options) {
 		if cfg.STSEndpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
@@ -978,7 +978,8 @@ func (r *rootRotation) storeKey() (rotationResult, error) {
 }
 
 // retireOldKey deletes the old key once every attempt signing with it has
-// ended (attempts now build clients with the new key), and only if
+// ended (attempts now build clients with the new key, the old key's set
+// kept as their fallback while the new key settles), and only if
 // config/root, read again under its lock, still holds the new key. When it
 // cannot delete it, the key stays on record for the next rotation or a
 // reconciler pass, and the returned warning names it and says why; if an
@@ -989,6 +990,7 @@ func (r *rootRotation) retireOldKey() (warning string, err error) {
 		r.rot.logger().Warn("the old root key was not deleted; the next rotation or reconciler pass deletes it", "access_key", old, "reason", why)
 		return fmt.Sprintf("the old key %s was not deleted: %s; it is on record, and the next rotation or reconciler pass deletes it", old, why)
 	}
+	r.rot.settleNewKey(r.ctx, old)
 	if !r.rot.clients.drainKey(r.ctx, old, r.rot.drainTimeout) {
 		r.st.PendingKeyID = "" // stored, as its write confirmed
 		return kept(fmt.Sprintf("refresh attempts still signing with it did not end within %s", r.rot.drainTimeout)), nil
@@ -1023,55 +1025,67 @@ func (r *rootRotation) retireOldKey() (warning string, err error) {
 
 func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEntity" }
 
-// verifyKey calls sts:GetCallerIdentity with the new key until it answers as
-// the same IAM user, on the refresh block schedule (the first attempt at
-// once, each within its block and the global STS rate limit), with at least
-// minVerifyAttempts attempts over at least minVerifyBlock each: IAM's
-// propagation takes seconds whatever config/refresh says.
+// verifyKey calls sts:GetCallerIdentity with the new key on every
+// configured STS endpoint, fallbacks included (each signed for its region),
+// until each has answered as the same IAM user: IAM is eventually
+// consistent, and an endpoint that has not seen the key yet would refuse
+// the refreshes that fail over to it. It runs on the refresh block schedule
+// (the first attempt at once, attempt i at a random moment in block i),
+// with at least minVerifyAttempts attempts over at least minVerifyBlock
+// each, since IAM's propagation takes seconds whatever config/refresh says.
+// Each attempt makes one call per endpoint not yet verified, and takes the
+// next free rate limiter slot ahead of the refreshes queued there
+// (ReserveFirst): in a herd those have reserved every slot of the block,
+// and a rotation must not fail RateLimited behind them.
 func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
 	rcfg := r.settings.policy()
 	block := max(rcfg.block(), minVerifyBlock)
 	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
-	_, stsClient, closeFn, err := r.rootClients(ctx, cfg, accessKey, secretKey)
+	eps, closeFn, err := verifyClients(ctx, cfg, accessKey, secretKey)
 	if err != nil {
 		return awsFailure("building the STS client", err, secretKey)
 	}
 	defer closeFn()
 	start := r.clock.Now()
+	pending := eps
 	var last error
-	for i := 0; i < attempts; i++ {
+	for i := 0; i < attempts && len(pending) > 0; i++ {
 		if i > 0 {
 			if err := r.sleepUntil(ctx, start.Add(time.Duration(i)*block+jitter(r.rand, block)), nil); err != nil {
 				return err
 			}
 		}
-		blockEnd := start.Add(time.Duration(i+1) * block)
-		at, ok := r.limiter.Reserve(r.clock.Now(), blockEnd)
-		if !ok {
-			last = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the block (sts_rate_limit)", Retryable: true}
-			continue
+		var refused []verifyEndpoint
+		for _, ep := range pending {
+			if err := r.sleepUntil(ctx, r.limiter.ReserveFirst(r.clock.Now()), nil); err != nil {
+				return err
+			}
+			c, cancel := context.WithTimeout(ctx, callTimeout(block))
+			out, err := ep.api.GetCallerIdentity(c, &sts.GetCallerIdentityInput{})
+			cancel()
+			switch {
+			case err != nil:
+				last = err
+				refused = append(refused, ep)
+				r.logger().Debug("new root key not accepted yet", "attempt", i+1, "endpoint", ep.name, "error", classify(err, secretKey).Code)
+			case aws.ToString(out.Arn) != userARN:
+				return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
+					"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
+			}
 		}
-		if err := r.sleepUntil(ctx, at, nil); err != nil {
-			return err
-		}
-		c, cancel := context.WithTimeout(ctx, callTimeout(block))
-		out, err := stsClient.GetCallerIdentity(c, &sts.GetCallerIdentityInput{})
-		cancel()
-		switch {
-		case err != nil:
-			last = err
-			r.logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
-		case aws.ToString(out.Arn) != userARN:
-			return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
-				"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
-		default:
-			return nil
-		}
+		pending = refused
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(pending))
+	for _, ep := range pending {
+		names = append(names, ep.name)
 	}
 	re := classify(last, secretKey)
 	return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
-		"root key rotation failed at verification: STS did not accept the new key within %d attempts over %s (%s); the new key was deleted and config/root is unchanged",
-		attempts, time.Duration(attempts)*block, re.Error())}
+		"root key rotation failed at verification: STS did not accept the new key within %d attempts over %s at the %s endpoint (%s); the new key was deleted and config/root is unchanged",
+		attempts, time.Duration(attempts)*block, strings.Join(names, ", "), re.Error())}
 }
 
 // The verification's floor, whatever config/refresh says: IAM propagates a
@@ -1107,14 +1121,20 @@ func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	cur.AccessKey, cur.SecretKey = newID, newSecret
 	cur.KeySetAt = r.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
-	r.clients.reset()
 	if putErr == nil {
+		// The dropped client set becomes the fallback while the new key
+		// settles (stsClients.switchKey).
+		r.clients.switchKey(newID)
 		return keyNew, nil
 	}
 	putErr = fmt.Errorf("writing config/root: %w", putErr)
 	if back, err := getRootConfig(ctx, s); err == nil && back != nil && back.AccessKey == newID {
+		r.clients.switchKey(newID)
 		return keyNew, putErr
 	}
+	// Nobody knows which key storage holds, now or once the write settles:
+	// the clients are rebuilt from whatever it holds, on next use.
+	r.clients.reset()
 	return keyUnknown, putErr
 }
 

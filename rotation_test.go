@@ -135,7 +135,7 @@ func TestRotation_ReplacesTheKey(t *testing.T) {
 	sc.want("aws_resilient_root_rotations_total", map[string]string{"trigger": "manual", "result": "success"}, 1)
 	sc.want("aws_resilient_root_rotation_failures", nil, 0)
 	sc.want("aws_resilient_root_last_rotation_timestamp_seconds", nil, unixSeconds(statusTime(t, rot, "last_rotated")))
-	sc.want("aws_resilient_root_key_age_seconds", nil, 0) // the fake clock stood still
+	sc.want("aws_resilient_root_key_age_seconds", nil, keySwitchSettle.Seconds()) // the fake clock moved only through the settle
 	if _, ok := sc.value("aws_resilient_root_next_rotation_timestamp_seconds", nil); ok {
 		t.Fatal("a next-rotation series without rotation_period")
 	}
@@ -345,7 +345,7 @@ func TestRotation_SecondKeyNotOurs(t *testing.T) {
 func createKey(t *testing.T, emu *stsemu.Emulator, accessKey, secretKey string) string {
 	t.Helper()
 	c := iam.New(iam.Options{
-		Region:       iamRegion,
+		Region:       partitionAWS.iamRegion,
 		BaseEndpoint: aws.String(emu.URL()),
 		Credentials:  credentials.NewStaticCredentialsProvider(accessKey, secretKey, ""),
 		Retryer:      aws.NopRetryer{},
@@ -480,7 +480,12 @@ func testRotationWaitsForAttempts(t *testing.T, configWrite bool) {
 	if st["failed_cycles"] != 0 || st["last_error"] != "" {
 		t.Fatalf("the cycle across the rotation failed: %v", st)
 	}
-	r := <-rotated
+	// The rotation keeps the old key as the fallback for keySwitchSettle
+	// on the fake clock before it drains it.
+	var r result
+	ended := make(chan struct{})
+	go func() { r = <-rotated; close(ended) }()
+	f.clock.DriveUntil(t, ended)
 	if r.err != nil || r.resp.IsError() {
 		t.Fatalf("rotate-root: %v %v", r.err, respErr(r.resp))
 	}

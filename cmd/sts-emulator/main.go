@@ -74,15 +74,24 @@ const usageFooter = `
 IAM:
   One endpoint serves both APIs, told apart by Action (the names are
   disjoint); the signature's scope must then name the action's service, as
-  AWS requires: IAM calls are signed for service "iam" in region us-east-1
-  (anything else is 403 SignatureDoesNotMatch), STS calls for "sts" in any
-  region. The emulator starts with one IAM user (-iam-user) holding the
+  AWS requires: IAM calls are signed for service "iam" in the IAM region of
+  the -partition played (aws: us-east-1, aws-us-gov: us-gov-west-1, aws-cn:
+  cn-north-1; anything else is 403 SignatureDoesNotMatch), STS calls for
+  "sts" in any region. ARNs name the partition (arn:aws-us-gov:iam::...). A
+  request addressed to another partition's IAM host (iam.amazonaws.com,
+  iam.us-gov.amazonaws.com, iam.cn-north-1.amazonaws.com.cn) is 403
+  InvalidClientTokenId: the keys do not exist there. The emulator starts with one IAM user (-iam-user) holding the
   -access-key/-secret-key pair. Calls without UserName act on the caller's
   own user. AWS's rules: at most 2 keys per user (409 LimitExceeded), a
   missing key is 404 NoSuchEntity, and an inactive, deleted or not yet
   propagated key fails STS and IAM calls with 403 InvalidClientTokenId. STS
   accepts any active key of any user; credentials STS issued outlive the key
   that requested them. The -rate bucket is STS's only.
+  IAM's eventual consistency: -iam-propagation refuses a new key entirely
+  for a while; then -iam-inconsistency refuses it in some calls only (each
+  with probability -iam-inconsistency-refusal, drawn from -seed per key, so
+  a seeded run refuses the same calls); -iam-revocation keeps a deleted key
+  signing for a while although it is no longer listed.
 
 Fault plans (-faults), comma-separated items:
   FAULT:N     the next N calls get FAULT, in order of appearance (":N" defaults to 1)
@@ -107,7 +116,9 @@ Control API (JSON, unsigned, loopback clients only):
   GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id
   POST /_emulator/reset               clear stats and calls
   GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny",
-                                       "iam_propagation"}; POST applies only the fields sent
+                                       "iam_propagation","iam_inconsistency","iam_inconsistency_refusal",
+                                       "iam_revocation","partition" (read only),"iam_region" (read only)};
+                                       POST applies only the fields sent
   GET|POST|DELETE /_emulator/faults   {"sequence":[{"fault":"Throttling","count":3}],
                                        "probability":{"InternalFailure":0.2},"hang":"20s","match":"app",
                                        "actions":["iam:*"]}
@@ -143,6 +154,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	// Empty means stsemu's default, so an unset flag leaves Config as it was.
 	fs.StringVar(&o.cfg.IAMUser, "iam-user", "", "`name` of the IAM user holding -access-key (default \""+stsemu.DefaultIAMUser+"\")")
 	fs.DurationVar(&o.cfg.IAMPropagation, "iam-propagation", 0, "how long a key made by CreateAccessKey is still refused by STS and IAM (InvalidClientTokenId), like IAM's eventual consistency")
+	fs.DurationVar(&o.cfg.IAMWindows.Inconsistency, "iam-inconsistency", 0, "how long after propagating a new key is still refused by some STS and IAM calls (each with probability -iam-inconsistency-refusal, drawn from -seed)")
+	fs.Float64Var(&o.cfg.IAMWindows.Refusal, "iam-inconsistency-refusal", 0, "probability that a call in the -iam-inconsistency window refuses the new key (0 = 0.5)")
+	fs.DurationVar(&o.cfg.IAMWindows.Revocation, "iam-revocation", 0, "how long a deleted key still signs STS and IAM calls (it is unlisted at once)")
+	fs.Uint64Var(&o.cfg.Seed, "seed", 0, "seed of the random draws (probabilistic faults, latency, -iam-inconsistency); 0 = random")
+	fs.StringVar(&o.cfg.Partition, "partition", stsemu.DefaultPartition, "AWS `partition` played: aws, aws-us-gov or aws-cn (ARNs name it; IAM calls must be signed for us-east-1, us-gov-west-1 or cn-north-1)")
 	fs.DurationVar(&o.cfg.MaxLifetime, "max-lifetime", stsemu.DefaultMaxLifetime, "cap on the lifetime of issued credentials; they expire at min(DurationSeconds, this)")
 	fs.Float64Var(&o.cfg.Rate, "rate", 0, "token-bucket throttling in `requests/s`; over it calls get 400 Throttling \"Rate exceeded\" (0 = unlimited)")
 	fs.IntVar(&o.cfg.Burst, "burst", 0, "token-bucket `size` (0 = max(1, ceil(rate)))")
@@ -179,12 +195,25 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usageError{fmt.Errorf("-burst: negative %d", o.cfg.Burst)}
 	case o.cfg.MaxLifetime <= 0:
 		return o, usageError{fmt.Errorf("-max-lifetime: must be positive, got %s", o.cfg.MaxLifetime)}
+	case o.cfg.IAMWindows.Inconsistency < 0:
+		return o, usageError{fmt.Errorf("-iam-inconsistency: negative %s", o.cfg.IAMWindows.Inconsistency)}
+	case o.cfg.IAMWindows.Refusal < 0 || o.cfg.IAMWindows.Refusal > 1:
+		return o, usageError{fmt.Errorf("-iam-inconsistency-refusal: %v is not a probability in [0, 1]", o.cfg.IAMWindows.Refusal)}
+	case o.cfg.IAMWindows.Revocation < 0:
+		return o, usageError{fmt.Errorf("-iam-revocation: negative %s", o.cfg.IAMWindows.Revocation)}
 	case o.cfg.IAMPropagation < 0:
 		return o, usageError{fmt.Errorf("-iam-propagation: negative %s", o.cfg.IAMPropagation)}
+	case partitionErr(o.cfg.Partition) != nil:
+		return o, usageError{fmt.Errorf("-partition: %w", partitionErr(o.cfg.Partition))}
 	case o.cfg.IAMUser != "" && !iamUserName.MatchString(o.cfg.IAMUser):
 		return o, usageError{fmt.Errorf("-iam-user: %q is not an IAM user name ([\\w+=,.@-], 1 to 64 characters)", o.cfg.IAMUser)}
 	}
 	return o, nil
+}
+
+func partitionErr(name string) error {
+	_, err := stsemu.LookupPartition(name)
+	return err
 }
 
 // iamUserName is IAM's CreateUser constraint on user names.

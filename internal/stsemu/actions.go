@@ -48,7 +48,7 @@ const (
 )
 
 var (
-	roleArnRE        = regexp.MustCompile(`^arn:aws:iam::(\d{12}):role/((?:[\x21-\x2E\x30-\x7E]+/)*)([\w+=,.@-]{1,64})$`)
+	roleArnRE        = regexp.MustCompile(`^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/((?:[\x21-\x2E\x30-\x7E]+/)*)([\w+=,.@-]{1,64})$`)
 	sessionNameRE    = regexp.MustCompile(`^[\w+=,.@-]*$`)
 	externalIDRE     = regexp.MustCompile(`^[\w+=,.@:/-]*$`)
 	serialNumberRE   = regexp.MustCompile(`^[\w+=/:,.@-]*$`)
@@ -244,7 +244,7 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	if m == nil {
 		return nil, apiErr(http.StatusBadRequest, "ValidationError", roleArn+" is invalid")
 	}
-	account, roleName := m[1], m[3]
+	rolePartition, account, roleName := m[1], m[2], m[4]
 
 	session, present, ae := checkString(p, "RoleSessionName", "roleSessionName", 2, 64, sessionNameRE)
 	if ae != nil {
@@ -287,7 +287,8 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 
 	// Only roles in the emulator's own account trust it; anything else is
 	// what a missing trust policy looks like from the caller's side.
-	if account != e.account || denied(c.set.deny, roleArn, roleName) {
+	// A role of another partition is as foreign as one of another account.
+	if rolePartition != e.partition.Name || account != e.account || denied(c.set.deny, roleArn, roleName) {
 		return nil, accessDenied(c.caller.arn, "AssumeRole", roleArn)
 	}
 	// A source identity, once set, stays with every session chained from
@@ -307,7 +308,7 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	roleID := stableID("AROA", roleArn)
 	user := principal{
 		kind:           kindRole,
-		arn:            "arn:aws:sts::" + account + ":assumed-role/" + roleName + "/" + session,
+		arn:            "arn:" + e.partition.Name + ":sts::" + account + ":assumed-role/" + roleName + "/" + session,
 		userID:         roleID + ":" + session,
 		sourceIdentity: sourceIdentity,
 	}
@@ -387,7 +388,7 @@ func (e *Emulator) getFederationToken(c *call) (any, *apiError) {
 	}
 	user := principal{
 		kind:   kindFederated,
-		arn:    "arn:aws:sts::" + e.account + ":federated-user/" + name,
+		arn:    "arn:" + e.partition.Name + ":sts::" + e.account + ":federated-user/" + name,
 		userID: e.account + ":" + name,
 	}
 	var res getFederationTokenResult

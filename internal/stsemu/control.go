@@ -19,6 +19,12 @@ type ConfigView struct {
 	MaxLifetime    string   `json:"max_lifetime"`
 	Deny           []string `json:"deny"`
 	IAMPropagation string   `json:"iam_propagation"` // see Config.IAMPropagation
+	// The IAM windows (IAMWindows) and the partition (read only).
+	IAMInconsistency        string  `json:"iam_inconsistency"`
+	IAMInconsistencyRefusal float64 `json:"iam_inconsistency_refusal"`
+	IAMRevocation           string  `json:"iam_revocation"`
+	Partition               string  `json:"partition"`
+	IAMRegion               string  `json:"iam_region"`
 }
 
 // configUpdate is a POST /_emulator/config body: only the fields sent apply.
@@ -31,6 +37,10 @@ type configUpdate struct {
 	Deny        *[]string `json:"deny"`
 
 	IAMPropagation *string `json:"iam_propagation"`
+
+	IAMInconsistency        *string  `json:"iam_inconsistency"`
+	IAMInconsistencyRefusal *float64 `json:"iam_inconsistency_refusal"`
+	IAMRevocation           *string  `json:"iam_revocation"`
 }
 
 // ConfigView returns the current runtime settings.
@@ -38,13 +48,19 @@ func (e *Emulator) ConfigView() ConfigView {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	deny := append([]string{}, e.deny...)
+	w := e.iam.getWindows()
 	return ConfigView{
-		Rate:        e.rateLimit,
-		Burst:       e.burst,
-		LatencyMin:  e.latencyMin.String(),
-		LatencyMax:  e.latencyMax.String(),
-		MaxLifetime: e.maxLifetime.String(),
-		Deny:        deny,
+		IAMInconsistency:        w.Inconsistency.String(),
+		IAMInconsistencyRefusal: w.Refusal,
+		IAMRevocation:           w.Revocation.String(),
+		Partition:               e.partition.Name,
+		IAMRegion:               e.partition.IAMRegion,
+		Rate:                    e.rateLimit,
+		Burst:                   e.burst,
+		LatencyMin:              e.latencyMin.String(),
+		LatencyMax:              e.latencyMax.String(),
+		MaxLifetime:             e.maxLifetime.String(),
+		Deny:                    deny,
 		// The IAM directory has its own lock; taking it under e.mu is the
 		// only nesting of the two, so it cannot deadlock.
 		IAMPropagation: e.iam.getPropagation().String(),
@@ -155,6 +171,17 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	if err != nil {
 		return err
 	}
+	inconsistency, err := parse("iam_inconsistency", u.IAMInconsistency)
+	if err != nil {
+		return err
+	}
+	revocation, err := parse("iam_revocation", u.IAMRevocation)
+	if err != nil {
+		return err
+	}
+	if r := u.IAMInconsistencyRefusal; r != nil && (*r < 0 || *r > 1) {
+		return fmt.Errorf("iam_inconsistency_refusal: %v is not a probability in [0, 1]", *r)
+	}
 	if u.Rate != nil && *u.Rate < 0 {
 		return fmt.Errorf("rate: negative %v", *u.Rate)
 	}
@@ -192,6 +219,19 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	}
 	if u.IAMPropagation != nil {
 		e.iam.setPropagation(propagation)
+	}
+	if u.IAMInconsistency != nil || u.IAMInconsistencyRefusal != nil || u.IAMRevocation != nil {
+		w := e.iam.getWindows()
+		if u.IAMInconsistency != nil {
+			w.Inconsistency = inconsistency
+		}
+		if u.IAMInconsistencyRefusal != nil {
+			w.Refusal = *u.IAMInconsistencyRefusal
+		}
+		if u.IAMRevocation != nil {
+			w.Revocation = revocation
+		}
+		e.iam.setWindows(w)
 	}
 	return nil
 }

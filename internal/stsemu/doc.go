@@ -24,7 +24,7 @@
 //     SignatureDoesNotMatch ("Signature expired: ..."); a credential scope for
 //     another service is 403 SignatureDoesNotMatch ("Credential should be
 //     scoped to correct service: 'iam'. "), and so is an IAM call scoped to a
-//     region other than us-east-1; a wrong signature is 403
+//     region other than its partition's IAM region (below); a wrong signature is 403
 //     SignatureDoesNotMatch. STS accepts any region in the scope.
 //  4. Parameters: 400 ValidationError with AWS's constraint wording
 //     (DurationSeconds 900-43200 for AssumeRole and 900-129600 for the other
@@ -91,6 +91,15 @@
 //     Config.Now, fixed when the key is made) the new key fails STS and IAM
 //     calls with InvalidClientTokenId, like IAM's eventual consistency,
 //     while ListAccessKeys already lists it;
+//   - for Config.IAMWindows.Inconsistency after that, each call with the
+//     new key is refused with probability IAMWindows.Refusal (drawn from a
+//     hash of Seed, the key's ordinal and its use count, so a seeded
+//     emulator refuses the same calls of each key), as when some of IAM's
+//     endpoints have not seen the key yet;
+//   - for Config.IAMWindows.Revocation after DeleteAccessKey the deleted key
+//     still signs STS and IAM calls, although it is no longer listed nor
+//     counted against the quota, as a deleted key "may keep working for a
+//     few seconds" in AWS;
 //   - IAM refuses GetSessionToken credentials obtained without MFA and
 //     GetFederationToken credentials with InvalidClientTokenId, as AWS does;
 //     role credentials must name the user ("Must specify userName when
@@ -113,5 +122,19 @@
 // or deleted. The token bucket is STS's only: AWS throttles IAM separately.
 // Stats and Calls record IAM calls by action like STS calls. The control API
 // lists users and keys (GET /_emulator/iam/users, never a secret) and sets
-// the propagation delay (POST /_emulator/config {"iam_propagation": "5s"}).
+// the propagation delay and the windows (POST /_emulator/config
+// {"iam_propagation": "5s", "iam_inconsistency": "10s",
+// "iam_inconsistency_refusal": 0.5, "iam_revocation": "5s"}).
+//
+// # Partitions
+//
+// Config.Partition picks the AWS partition played: aws (the default),
+// aws-us-gov or aws-cn. Every ARN names it (arn:aws-us-gov:iam::...,
+// arn:aws-cn:sts::...), AssumeRole of a role ARN of another partition is
+// AccessDenied, and IAM accepts only the partition's IAM region in the
+// signature's scope: us-east-1, us-gov-west-1 or cn-north-1, as IAM's
+// global endpoints iam.amazonaws.com, iam.us-gov.amazonaws.com and
+// iam.cn-north-1.amazonaws.com.cn do. A request whose Host is another
+// partition's IAM endpoint is InvalidClientTokenId: keys of one partition do
+// not exist in another.
 package stsemu

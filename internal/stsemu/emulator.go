@@ -57,9 +57,10 @@ type api struct {
 
 var (
 	stsAPI = &api{service: stsService, version: stsVersion, namespace: stsNamespace, actions: stsActions}
-	// IAM is global: AWS accepts only us-east-1 in the scope of its
-	// partition's endpoint, whatever region the client works in.
-	iamAPI = &api{service: iamService, version: iamVersion, namespace: iamNamespace, region: iamRegion, actions: iamActions}
+	// IAM is global: AWS accepts only its partition's IAM region (us-east-1,
+	// us-gov-west-1, cn-north-1) in the scope, whatever region the client
+	// works in; authenticate checks it against the emulator's partition.
+	iamAPI = &api{service: iamService, version: iamVersion, namespace: iamNamespace, actions: iamActions}
 )
 
 // route picks the API and handler of an action; handler is nil when the
@@ -123,19 +124,33 @@ type Config struct {
 	// like IAM's eventual consistency; 0 means at once. SetIAMPropagation
 	// changes it at runtime for keys created afterwards.
 	IAMPropagation time.Duration
+
+	// IAMWindows model IAM's eventual consistency further: a window after
+	// a key's propagation in which some calls still refuse it (drawn from
+	// Seed), and a delay during which a deleted key still works.
+	// SetIAMWindows changes them at runtime.
+	IAMWindows IAMWindows
+
+	// Partition is the AWS partition played: "aws" (the default),
+	// "aws-us-gov" or "aws-cn". It names the partition in every ARN and
+	// sets the one region IAM calls may be signed for (us-east-1,
+	// us-gov-west-1, cn-north-1). New panics on an unknown name; check it
+	// with LookupPartition first.
+	Partition string
 }
 
 // Emulator is an STS and IAM endpoint. It is an http.Handler; Start also
 // serves it on a loopback port. All methods are safe for concurrent use.
 type Emulator struct {
 	// Immutable after New.
-	account  string
-	rootArn  string // ARN of the IAM user the root key pair belongs to
-	rootUser string // that user's name
-	now      func() time.Time
-	signNow  func() time.Time // clock of the skew check; see Config.SigningNow
-	logger   *log.Logger
-	sealKey  []byte // HMAC key that seals issued session tokens and derives their secrets
+	account   string
+	partition Partition
+	rootArn   string // ARN of the IAM user the root key pair belongs to
+	rootUser  string // that user's name
+	now       func() time.Time
+	signNow   func() time.Time // clock of the skew check; see Config.SigningNow
+	logger    *log.Logger
+	sealKey   []byte // HMAC key that seals issued session tokens and derives their secrets
 
 	done      chan struct{} // closed by Close; releases hanging and delayed requests
 	closeOnce sync.Once
@@ -184,6 +199,10 @@ func New(cfg Config) *Emulator {
 	if cfg.SigningNow == nil {
 		cfg.SigningNow = cfg.Now
 	}
+	part, err := LookupPartition(cfg.Partition)
+	if err != nil {
+		panic("stsemu: " + err.Error())
+	}
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = mrand.Uint64()
@@ -197,21 +216,22 @@ func New(cfg Config) *Emulator {
 		// Derived from the first key as before, so the UserId that
 		// GetCallerIdentity reports is unchanged and survives rotation.
 		id:      stableID("AIDA", cfg.Account+"/"+cfg.AccessKey),
-		arn:     "arn:aws:iam::" + cfg.Account + ":user/" + cfg.IAMUser,
+		arn:     "arn:" + part.Name + ":iam::" + cfg.Account + ":user/" + cfg.IAMUser,
 		path:    "/",
 		created: cfg.Now().UTC().Truncate(time.Second),
 	}
 	e := &Emulator{
-		account:  cfg.Account,
-		rootArn:  root.arn,
-		rootUser: root.name,
-		now:      cfg.Now,
-		signNow:  cfg.SigningNow,
-		logger:   cfg.Logger,
-		sealKey:  sealKey,
-		done:     make(chan struct{}),
-		rng:      mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		iam:      newIAMDirectory(cfg.IAMPropagation),
+		account:   cfg.Account,
+		partition: part,
+		rootArn:   root.arn,
+		rootUser:  root.name,
+		now:       cfg.Now,
+		signNow:   cfg.SigningNow,
+		logger:    cfg.Logger,
+		sealKey:   sealKey,
+		done:      make(chan struct{}),
+		rng:       mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		iam:       newIAMDirectory(cfg.IAMPropagation, cfg.IAMWindows, seed),
 	}
 	e.iam.addUser(root, cfg.AccessKey, cfg.SecretKey)
 	e.maxLifetime = cfg.MaxLifetime

@@ -16,12 +16,11 @@ import (
 // ARN keep working.
 const DefaultIAMUser = "sts-emulator"
 
-// IAM's Query API: one version since 2010, signed for the global endpoint's
-// region whatever region the caller works in.
+// IAM's Query API: one version since 2010, with the same XML namespace in
+// every partition. Its signing region is the partition's (partition.go).
 const (
 	iamVersion   = "2010-05-08"
 	iamNamespace = "https://iam.amazonaws.com/doc/2010-05-08/"
-	iamRegion    = "us-east-1"
 )
 
 // maxAccessKeysPerUser is IAM's AccessKeysPerUser quota, which AWS does not
@@ -56,6 +55,10 @@ type IAMAccessKey struct {
 	CreateDate  time.Time `json:"create_date"`
 	UsableAt    time.Time `json:"usable_at"`
 	Usable      bool      `json:"usable"`
+	// SettledAt is when the key's inconsistency window ends (see
+	// Config.IAMInconsistency): from UsableAt until then, some calls with
+	// it are refused. Equal to UsableAt without a window.
+	SettledAt time.Time `json:"settled_at"`
 }
 
 // iamUser is a user of the directory. Its fields other than keys never change.
@@ -76,14 +79,58 @@ type iamKey struct {
 	created  time.Time
 	usableAt time.Time // created + the propagation delay in force at creation
 	user     *iamUser
+	// settledAt ends the inconsistency window that starts at usableAt:
+	// until then each call with the key is refused with probability
+	// refusal, decided by a hash of seed and the key's use count (uses).
+	settledAt time.Time
+	refusal   float64
+	seed      uint64
+	uses      uint64
+	// deadAt is set when the key is deleted: it is no longer listed nor
+	// counted, but it still authenticates until deadAt (the revocation
+	// delay in force at the deletion), as a deleted key "may keep working
+	// for a few seconds" in AWS.
+	deadAt  time.Time
+	deleted bool
 }
 
 // signs reports whether the key authenticates requests at now. An inactive
-// key, and a new one whose creation has not propagated yet, are rejected as
-// AWS rejects them: as if the key did not exist.
+// key, a new one whose creation has not propagated yet, and a deleted one
+// past its revocation delay are rejected as AWS rejects them: as if the key
+// did not exist. It does not count the inconsistency window (admits does).
 func (k *iamKey) signs(now time.Time) bool {
+	if k.deleted && !now.Before(k.deadAt) {
+		return false
+	}
 	return k.status == keyActive && !now.Before(k.usableAt)
 }
+
+// admits is signs for one call: inside the inconsistency window the call
+// is refused with probability k.refusal, decided by the key's n-th use and
+// its seed, so that a seeded emulator refuses the same calls of each key
+// every run. Called with the directory's lock held.
+func (k *iamKey) admits(now time.Time) bool {
+	if !k.signs(now) {
+		return false
+	}
+	if !now.Before(k.settledAt) || k.refusal <= 0 {
+		return true
+	}
+	k.uses++
+	return unitFloat(splitmix64(k.seed^k.uses*0x9e3779b97f4a7c15)) >= k.refusal
+}
+
+// splitmix64 is a 64-bit mixing function (Steele, Lea and Flood): good
+// enough to turn a seed and a counter into an independent-looking draw.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// unitFloat maps x to [0, 1).
+func unitFloat(x uint64) float64 { return float64(x>>11) / (1 << 53) }
 
 // iamDirectory is the emulator's IAM state: users and their keys. It has its
 // own lock because every signed call looks a key up, while the settings
@@ -91,15 +138,43 @@ func (k *iamKey) signs(now time.Time) bool {
 type iamDirectory struct {
 	mu          sync.Mutex          // guards every field
 	users       map[string]*iamUser // by lower-case name: IAM user names are case-insensitive
-	keys        map[string]*iamKey  // by access key id
+	keys        map[string]*iamKey  // by access key id, deleted ones included until they stop signing
 	propagation time.Duration       // delay before a new key authenticates
+	windows     IAMWindows          // the inconsistency and revocation windows for keys made or deleted from now on
+	seed        uint64              // the emulator's seed, from which each new key's draws derive
+	made        uint64              // keys created so far: a key's seed is seed mixed with its ordinal
 }
 
-func newIAMDirectory(propagation time.Duration) *iamDirectory {
+// IAMWindows are the emulator's models of IAM's eventual consistency beyond
+// the propagation delay, as Config and the control API set them.
+type IAMWindows struct {
+	// Inconsistency is how long after a new key starts to authenticate
+	// (past the propagation delay) some calls with it are still refused
+	// (InvalidClientTokenId), as when one of IAM's endpoints has not seen
+	// it yet; Refusal is the probability of each refusal (0 means 0.5
+	// when Inconsistency is set).
+	Inconsistency time.Duration
+	Refusal       float64
+	// Revocation is how long a deleted key still authenticates.
+	Revocation time.Duration
+}
+
+func (w IAMWindows) normalised() IAMWindows {
+	w.Inconsistency, w.Revocation = max(w.Inconsistency, 0), max(w.Revocation, 0)
+	if w.Inconsistency > 0 && w.Refusal <= 0 {
+		w.Refusal = 0.5
+	}
+	w.Refusal = min(w.Refusal, 1)
+	return w
+}
+
+func newIAMDirectory(propagation time.Duration, windows IAMWindows, seed uint64) *iamDirectory {
 	return &iamDirectory{
 		users:       map[string]*iamUser{},
 		keys:        map[string]*iamKey{},
 		propagation: max(propagation, 0),
+		windows:     windows.normalised(),
+		seed:        seed,
 	}
 }
 
@@ -122,7 +197,10 @@ func (d *iamDirectory) signingKey(id string, now time.Time) (p principal, secret
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k := d.keys[id]
-	if k == nil || !k.signs(now) {
+	if k != nil && k.deleted && !k.signs(now) {
+		delete(d.keys, id) // revoked for good: forget it
+	}
+	if k == nil || !k.admits(now) {
 		return principal{}, "", false
 	}
 	u := k.user
@@ -146,6 +224,18 @@ func (d *iamDirectory) setPropagation(p time.Duration) {
 	d.propagation = max(p, 0)
 }
 
+func (d *iamDirectory) setWindows(w IAMWindows) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.windows = w.normalised()
+}
+
+func (d *iamDirectory) getWindows() IAMWindows {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.windows
+}
+
 func (d *iamDirectory) getPropagation() time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -164,8 +254,12 @@ func (d *iamDirectory) view(now time.Time) []IAMUser {
 			if usableAt.IsZero() {
 				usableAt = k.created // the configured key: usable since it exists
 			}
+			settledAt := k.settledAt
+			if settledAt.Before(usableAt) {
+				settledAt = usableAt
+			}
 			v.AccessKeys = append(v.AccessKeys, IAMAccessKey{
-				AccessKeyID: k.id, Status: k.status, CreateDate: k.created, UsableAt: usableAt, Usable: k.signs(now),
+				AccessKeyID: k.id, Status: k.status, CreateDate: k.created, UsableAt: usableAt, Usable: k.signs(now), SettledAt: settledAt,
 			})
 		}
 		out = append(out, v)
@@ -204,3 +298,10 @@ func (e *Emulator) IAMUsers() []IAMUser { return e.iam.view(e.now()) }
 // eventual consistency. Keys already created keep their delay. d <= 0 means
 // none.
 func (e *Emulator) SetIAMPropagation(d time.Duration) { e.iam.setPropagation(d) }
+
+// SetIAMWindows sets the inconsistency window of keys created from now on
+// and the revocation delay of keys deleted from now on (see IAMWindows).
+func (e *Emulator) SetIAMWindows(w IAMWindows) { e.iam.setWindows(w) }
+
+// IAMWindows returns the windows in force.
+func (e *Emulator) IAMWindows() IAMWindows { return e.iam.getWindows() }

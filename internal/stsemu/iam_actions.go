@@ -83,7 +83,7 @@ func (d *iamDirectory) targetKey(c *call) (*iamUser, *iamKey, *apiError) {
 		return nil, nil, ae
 	}
 	k := d.keys[id]
-	if k == nil || k.user != u {
+	if k == nil || k.user != u || k.deleted {
 		return nil, nil, noSuchKey(id)
 	}
 	return u, k, nil
@@ -218,9 +218,13 @@ func (e *Emulator) createAccessKey(c *call) (any, *apiError) {
 		return nil, apiErr(http.StatusConflict, "LimitExceeded",
 			fmt.Sprintf("Cannot exceed quota for AccessKeysPerUser: %d", maxAccessKeysPerUser))
 	}
+	d.made++
+	usableAt := c.now.Add(d.propagation)
 	k := &iamKey{
 		id: d.newLongTermKeyID(), secret: newSecretKey(), status: keyActive,
-		created: c.now, usableAt: c.now.Add(d.propagation), user: u,
+		created: c.now, usableAt: usableAt, user: u,
+		settledAt: usableAt.Add(d.windows.Inconsistency), refusal: d.windows.Refusal,
+		seed: splitmix64(d.seed ^ d.made),
 	}
 	u.keys = append(u.keys, k)
 	d.keys[k.id] = k
@@ -248,7 +252,12 @@ func (e *Emulator) deleteAccessKey(c *call) (any, *apiError) {
 		return nil, ae
 	}
 	u.keys = slices.DeleteFunc(u.keys, func(x *iamKey) bool { return x == k })
-	delete(d.keys, k.id)
+	if d.windows.Revocation > 0 {
+		// Unlisted and uncounted at once, but still signing for a while.
+		k.deleted, k.deadAt = true, c.now.Add(d.windows.Revocation)
+	} else {
+		delete(d.keys, k.id)
+	}
 	return nil, nil
 }
 

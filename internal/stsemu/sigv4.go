@@ -139,6 +139,9 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.T
 		return principal{}, ae
 	}
 
+	if a == iamAPI && e.foreignIAMHost(r) {
+		return principal{}, invalidToken()
+	}
 	token := r.Header.Get("X-Amz-Security-Token")
 	var p principal
 	var secret string
@@ -186,7 +189,7 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.T
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
 			"Credential should be scoped to correct service: '"+a.service+"'. ")
 	}
-	if a.region != "" && auth.region != a.region {
+	if a == iamAPI && auth.region != e.partition.IAMRegion {
 		return principal{}, apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
 			"Credential should be scoped to a valid region, not '"+auth.region+"'. ")
 	}
@@ -324,4 +327,12 @@ func canonicalHeaderValue(r *http.Request, name string) string {
 func isUnreserved(c byte) bool {
 	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' ||
 		c == '-' || c == '_' || c == '.' || c == '~'
+}
+
+// foreignIAMHost reports whether r is addressed to the IAM endpoint of a
+// partition other than the emulator's: the emulator's keys do not exist
+// there, as a key of one AWS partition is unknown in another.
+func (e *Emulator) foreignIAMHost(r *http.Request) bool {
+	p, ok := partitionOfHost(r.Host)
+	return ok && p.Name != e.partition.Name
 }
