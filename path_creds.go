@@ -162,7 +162,9 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	if req.EntityID == "" {
 		return logical.ErrorResponse("role %q has cache_scope=entity, and the token has no Vault entity "+
 			"(root tokens and some batch and orphan tokens have none): log in through an auth method, "+
-			"which gives the token an entity, to read a credential of your own", name), nil
+			"which gives the token an entity, to read a credential of your own. If you did log in with "+
+			"the vault CLI, an exported VAULT_TOKEN (such as the dev server's root token) overrides the "+
+			"token vault login stored: unset VAULT_TOKEN", name), nil
 	}
 	key := credKey{role: name, entity: req.EntityID}
 	now := b.clock.Now()
@@ -250,7 +252,14 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	b.metrics.readsUnavailable.Inc()
 	reason := "refresh did not complete"
 	if f.res.err != nil {
-		reason = classify(f.res.err, "").Error()
+		re := classify(f.res.err, "")
+		// A set-up error (no identity, a permission, a key) is not an
+		// outage: waiting cannot mend it, so say so, and what to fix.
+		if hint, ok := operatorHint(re.Code); ok {
+			return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error)",
+				name, re.Error(), hint, name, name), nil
+		}
+		reason = re.Error()
 	}
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
