@@ -236,7 +236,11 @@ func TestRefresh_FallbackEndpoints(t *testing.T) {
 				t.Fatalf("second attempt at start%+v, want start+5s", calls[2].at.Sub(start))
 			}
 			if !tc.wantOK {
-				wantCoded(t, resp, err, 503, tc.wantCode)
+				if _, setup := operatorHint(tc.wantCode); setup {
+					wantBadRequest(t, resp, err, tc.wantCode)
+				} else {
+					wantCoded(t, resp, err, 503, tc.wantCode)
+				}
 				return
 			}
 			if err != nil || resp.IsError() {
