@@ -37,8 +37,8 @@ import (
 //
 // The blocks are written for the dev set-up's defaults (Vault on
 // 127.0.0.1:8200, the emulator on 127.0.0.1:8599, files in
-// /tmp/aws-resilient-dev-8200); the test runs it on free ports and rewrites
-// those three strings, nothing else.
+// /tmp/aws-resilient-dev-8200, Prometheus on 127.0.0.1:9090); the test runs
+// them on free ports and rewrites those four strings, nothing else.
 const runnableFence = "```sh runnable"
 
 // docsWithExamples are the files whose runnable blocks run: README.md first,
@@ -146,31 +146,26 @@ func TestDocsExamples(t *testing.T) {
 		vaultPort = vaulttest.FreePort(t)
 	}
 	stsPort := vaulttest.FreePort(t)
+	promPort := vaulttest.FreePort(t)
 	devDir := fmt.Sprintf("/tmp/aws-resilient-dev-%d", vaultPort)
 	rewrite := strings.NewReplacer(
 		"127.0.0.1:8200", "127.0.0.1:"+strconv.Itoa(vaultPort),
 		"127.0.0.1:8599", "127.0.0.1:"+strconv.Itoa(stsPort),
 		"/tmp/aws-resilient-dev-8200", devDir,
+		"127.0.0.1:9090", "127.0.0.1:"+strconv.Itoa(promPort),
 	)
 
-	// A home of its own, so that `vault login` in an example writes its
-	// token helper file there; the Vault build cache stays the real one.
-	home := t.TempDir()
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var base []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "VAULT_") || strings.HasPrefix(kv, "DEV_") || strings.HasPrefix(kv, "HOME=") ||
-			strings.HasPrefix(kv, "XDG_CACHE_HOME=") {
+		if strings.HasPrefix(kv, "VAULT_") || strings.HasPrefix(kv, "DEV_") {
 			continue
 		}
 		base = append(base, kv)
 	}
-	base = append(base, "HOME="+home, "XDG_CACHE_HOME="+cache, "VAULT_BIN="+vaultBin)
+	base = append(base, "VAULT_BIN="+vaultBin)
 
-	// make dev, until the test ends.
+	// make dev, until the test ends, in the caller's environment (its Go
+	// module and build caches).
 	dev := exec.Command(filepath.Join(root, "scripts", "dev.sh"))
 	dev.Dir = root
 	dev.Env = append(append([]string{}, base...),
@@ -204,6 +199,20 @@ func TestDocsExamples(t *testing.T) {
 		}
 	}
 
+	// The blocks get a home of their own, so that `vault login` writes its
+	// token helper file there; the cache directory (Vault's build) stays
+	// the real one.
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blockEnv := []string{"HOME=" + t.TempDir(), "XDG_CACHE_HOME=" + cache}
+	for _, kv := range base {
+		if !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "XDG_CACHE_HOME=") {
+			blockEnv = append(blockEnv, kv)
+		}
+	}
+
 	state := filepath.Join(t.TempDir(), "env")
 	readmeState := filepath.Join(t.TempDir(), "env-after-readme")
 	for i, f := range files {
@@ -218,7 +227,7 @@ func TestDocsExamples(t *testing.T) {
 		}
 		for _, b := range blocks[f] {
 			name := fmt.Sprintf("%s:%d", rel, b.line)
-			if !t.Run(name, func(t *testing.T) { runBlock(t, root, base, state, rewrite.Replace(b.script), b.expect) }) {
+			if !t.Run(name, func(t *testing.T) { runBlock(t, root, blockEnv, state, rewrite.Replace(b.script), b.expect) }) {
 				t.Fatalf("%s failed: the examples after it depend on it (stopping here)", name)
 			}
 		}
