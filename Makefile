@@ -7,16 +7,19 @@ VERSION ?= v0.1.0-dev
 dev:
 	./scripts/dev.sh
 
-# Plugin (with its version compiled in) and STS emulator into bin/.
+# Plugin (with its version compiled in), the credentials helper for AWS
+# SDKs and the STS emulator into bin/.
 build:
 	go build -ldflags "-X main.version=$(VERSION)" -o bin/vault-plugin-secrets-aws-resilient ./cmd/vault-plugin-secrets-aws-resilient
+	go build -ldflags "-X main.version=$(VERSION)" -o bin/aws-resilient-credentials ./cmd/aws-resilient-credentials
 	go build -o bin/sts-emulator ./cmd/sts-emulator
 
 # Everything CI runs: set-up, gofmt, vet, unit, fuzz, Vault build, acceptance.
 test:
 	./scripts/test.sh
 
-# Release binaries (linux/amd64, linux/arm64, darwin/arm64) with the version
+# Release binaries of the plugin and the credentials helper (linux/amd64,
+# linux/arm64, darwin/arm64) with the version
 # compiled in, and SHA256SUMS for vault plugin register -sha256, in dist/.
 release:
 	VERSION=$(VERSION) ./scripts/release.sh

@@ -49,6 +49,20 @@ func TestReleaseBinary(t *testing.T) {
 	if v, err := exec.Command(filepath.Join(out, name), "-version").Output(); err != nil || strings.TrimSpace(string(v)) != version {
 		t.Fatalf("%s -version = %q, %v; want %s", name, v, err, version)
 	}
+	// The credentials helper ships beside it, in the same SHA256SUMS.
+	helper := "aws-resilient-credentials_" + version + "_" + runtime.GOOS + "_" + runtime.GOARCH
+	helperSum := ""
+	for _, line := range strings.Split(strings.TrimSpace(string(sums)), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == helper {
+			helperSum = f[0]
+		}
+	}
+	if got := sha256File(t, filepath.Join(out, helper)); len(helperSum) != 64 || got != helperSum {
+		t.Fatalf("SHA256SUMS has %q for %s, the file's sum is %s:\n%s", helperSum, helper, got, sums)
+	}
+	if v, err := exec.Command(filepath.Join(out, helper), "version").Output(); err != nil || strings.TrimSpace(string(v)) != version {
+		t.Fatalf("%s version = %q, %v; want %s", helper, v, err, version)
+	}
 
 	emu := vaulttest.StartEmulator(t)
 	v := vaulttest.StartDev(t)

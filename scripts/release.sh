@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# release.sh: release binaries of the plugin (`make release VERSION=v0.2.0`).
+# release.sh: release binaries of the plugin and of the credentials helper
+# (`make release VERSION=v0.2.0`).
 #
-# Cross-builds the plugin for each target with -trimpath, CGO off and the
+# Cross-builds the plugin and cmd/aws-resilient-credentials for each target with -trimpath, CGO off and the
 # version compiled in (Vault checks it against `vault plugin register
 # -version`), into dist/<version>/, and writes SHA256SUMS there, one line per
 # binary in sha256sum's format: the sum is what `vault plugin register
@@ -24,18 +25,21 @@ mkdir -p "$out"
 rm -f "$out/SHA256SUMS"
 
 name=vault-plugin-secrets-aws-resilient
+helper=aws-resilient-credentials
 for target in $targets; do
 	os=${target%/*}
 	arch=${target#*/}
-	bin="${name}_${version}_${os}_${arch}"
-	echo "building $bin" >&2
-	CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath \
-		-ldflags "-s -w -X main.version=$version" \
-		-o "$out/$bin" ./cmd/$name
+	for cmd in $name $helper; do
+		bin="${cmd}_${version}_${os}_${arch}"
+		echo "building $bin" >&2
+		CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath \
+			-ldflags "-s -w -X main.version=$version" \
+			-o "$out/$bin" ./cmd/$cmd
+	done
 done
 # sha256sum (Linux) or shasum -a 256 (macOS): the same line format.
 sum=(sha256sum)
 command -v sha256sum >/dev/null || sum=(shasum -a 256)
-(cd "$out" && "${sum[@]}" "${name}_${version}"_* >SHA256SUMS)
+(cd "$out" && "${sum[@]}" "${name}_${version}"_* "${helper}_${version}"_* >SHA256SUMS)
 cat "$out/SHA256SUMS"
 echo "release binaries and SHA256SUMS in $out" >&2
