@@ -230,7 +230,7 @@ with the alert rules beside it (check it with promtool check config):
 
 $(sed 's/^/  /' "$work/prometheus/prometheus.yml")
 
-STS outage on demand (the emulator's fault control; see the README):
+STS outage on demand (the emulator's fault control; see the README's quick start):
 
   curl -s -X POST -d '{"probability":{"ServiceUnavailable":1}}' $sts_url/_emulator/faults
   curl -s -X DELETE $sts_url/_emulator/faults
