@@ -84,6 +84,10 @@ func TestMessages_ColdReadSetupErrors(t *testing.T) {
 			if strings.Contains(respErr(resp), stsemu.DefaultSecretKey) {
 				t.Error("the message carries the secret key")
 			}
+			// The metrics count it as what it was, a 400, not a 503.
+			sc := scrapeMetrics(t, f.b, f.s, "")
+			sc.want("aws_resilient_creds_reads_total", map[string]string{"result": "400"}, 1)
+			sc.want("aws_resilient_creds_reads_total", map[string]string{"result": "503"}, 0)
 		})
 	}
 }

@@ -249,18 +249,19 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 		}
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
-	b.metrics.readsUnavailable.Inc()
 	reason := "refresh did not complete"
 	if f.res.err != nil {
 		re := classify(f.res.err, "")
 		// A set-up error (no identity, a permission, a key) is not an
 		// outage: waiting cannot mend it, so say so, and what to fix.
 		if hint, ok := operatorHint(re.Code); ok {
+			b.metrics.readsSetupError.Inc()
 			return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error)",
 				name, re.Error(), hint, name, name), nil
 		}
 		reason = re.Error()
 	}
+	b.metrics.readsUnavailable.Inc()
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
 }
