@@ -5,7 +5,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
@@ -88,13 +87,15 @@ type backend struct {
 	*framework.Backend
 
 	// storage is the mount's storage view, used by background work that has
-	// no request (cycles, the reconciler). Requests use req.Storage, the
-	// same view.
+	// no request (cycles, the reconciler: the owners read it at each use,
+	// as it is set after construction). Requests use req.Storage, the same
+	// view.
 	storage logical.Storage
-	clock   clock.Clock
-	rand    randSource
-	// opts are the seams the backend was built with, as given (the clock
-	// and rand source in force, defaulted, are clock and rand above).
+	// clock is the clock in force (opts.clock, defaulted), which the owners
+	// were given; cached creds reads take their time from it.
+	clock clock.Clock
+	// opts are the seams the backend was built with, as given (the clock in
+	// force, defaulted, is clock above; the rand source went to the owners).
 	opts backendOptions
 
 	// index is the schedule index (schedindex.go); it has its own locks.
@@ -124,10 +125,9 @@ type backend struct {
 	// own lock, which the plan fires under.
 	flights *flights
 
-	// plan holds every scheduled role's next cycle, with the refresher's
-	// only timer between cycles; it has its own lock, and fires under
-	// the flights' lock (see fireDue).
-	plan *dueplan.Plan[credKey]
+	// refresher owns the plan of every scheduled role's next cycle, with
+	// its only timer between cycles, and runs the cycles (refresher.go).
+	refresher *refresher
 
 	// life owns the backend's own life: whether the refresher runs here,
 	// whether Clean has begun, the goroutines Clean cancels and waits for,
@@ -147,41 +147,61 @@ type backend struct {
 func newBackend(opts backendOptions) *backend {
 	b := &backend{
 		clock: opts.clock,
-		rand:  opts.rand,
 		opts:  opts,
 		life:  newLifecycle(),
 	}
-	b.index = newCredIndex()
-	// Storage and the logger arrive after construction; the limiter's rate
-	// follows every policy put in force.
-	b.settings = newSettings(
-		func() logical.Storage { return b.storage },
-		func() hclog.Logger { return b.Logger() },
-		func(cfg refreshConfig) { b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst) },
-	)
-	// b.storage is read at each build: it is set only after Setup.
-	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
-	b.clients = newSTSClients(readRoot, opts.wrapSTS)
-	b.state = newRoleStates(b, func() time.Time { return b.clock.Now() }, b.index)
 	if b.clock == nil {
 		b.clock = clock.Real{}
 	}
-	b.reconciler = newReconciler(b.clock, b.life.isClosed, b.retryBackoff, b.retryPass, opts.passWorkers)
-	b.flights = newFlights(b.state.peek, b.launchCycle, opts.onFlight)
-	b.plan = dueplan.New(b.clock, b.flights.planLock(), b.fireDue)
-	b.rotator = newRotator(b.clock, opts.wrapIAM, b.life.running, func() {
-		b.life.spawn(func(ctx context.Context) { b.scheduledRotation(ctx) })
-	})
-	if b.rand == nil {
-		b.rand = globalRand{}
+	// The owners that draw jitter share one source.
+	rnd := opts.rand
+	if rnd == nil {
+		rnd = globalRand{}
 	}
 	if opts.version == "" {
 		opts.version = DevVersion
 	}
-	b.metrics = newMetrics(opts.version)
-	b.metrics.watchIndex(b.index.Stats)
+	b.index = newCredIndex()
+	// Storage and the logger arrive after construction: the owners read
+	// them at each use.
+	storage := func() logical.Storage { return b.storage }
+	logger := func() hclog.Logger { return b.Logger() }
+	// The limiter's rate follows every policy put in force.
+	b.settings = newSettings(storage, logger,
+		func(cfg refreshConfig) { b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst) })
 	cfg := b.settings.policy()
 	b.limiter = ratelimit.New(cfg.STSRateLimit, cfg.STSBurst)
+	b.metrics = newMetrics(opts.version)
+	b.metrics.watchIndex(b.index.Stats)
+	// b.storage is read at each build: it is set only after Setup.
+	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
+	b.clients = newSTSClients(readRoot, opts.wrapSTS)
+	b.rotator = newRotator(rotatorOwners{
+		clock: b.clock, rand: rnd, storage: storage, logger: logger,
+		settings: b.settings, limiter: b.limiter, clients: b.clients, metrics: b.metrics, life: b.life,
+		wrapIAM: opts.wrapIAM, refreshing: b.life.running,
+	})
+	// The refresher, the role states, the flights and the reconciler call
+	// one another: the refresher is made first, and given the others (and
+	// its plan, which fires under the flights' lock) once they exist.
+	rf := &refresher{
+		clock: b.clock, rand: rnd, storage: storage, logger: logger,
+		settings: b.settings, limiter: b.limiter, clients: b.clients, metrics: b.metrics,
+		life: b.life, index: b.index,
+		session: b.sessionFor, onPlan: opts.onPlan,
+	}
+	b.refresher = rf
+	b.state = newRoleStates(rf, b.clock.Now, b.index)
+	b.flights = newFlights(b.state.peek, rf.launchCycle, opts.onFlight)
+	rf.state, rf.flights = b.state, b.flights
+	rf.plan = dueplan.New(b.clock, b.flights.planLock(), rf.fireDue)
+	b.reconciler = newReconciler(reconcilerOwners{
+		clock: b.clock, rand: rnd, storage: storage, logger: logger,
+		settings: b.settings, state: b.state, index: b.index, life: b.life, metrics: b.metrics,
+		refresher: rf, entityGone: b.entityGone, resumeRotation: b.rotator.resumeRotation,
+		closed: b.life.isClosed, workers: opts.passWorkers,
+	})
+	rf.reconciler = b.reconciler
 
 	paths := []*framework.Path{
 		pathConfigRoot(b),
@@ -264,8 +284,8 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 		}
 		// Plan every warm role from the schedule index first, in a few
 		// reads; the full pass then checks each role against its record.
-		b.startFromIndex(ctx)
-		if err := b.reconcile(ctx); err != nil {
+		b.refresher.startFromIndex(ctx)
+		if err := b.reconciler.reconcile(ctx); err != nil {
 			// The retry is ours to make: reconcile has armed it.
 			b.Logger().Error("refresher start failed, retrying", "error", err)
 		}
@@ -320,7 +340,7 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 // see their context cancelled and return without writing.
 func (b *backend) clean(ctx context.Context) {
 	b.life.shut()
-	b.plan.Stop()
+	b.refresher.stop()
 	b.reconciler.stop()
 	b.rotator.stop()
 	b.life.close()

@@ -280,7 +280,7 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 	// The cold read's cycle failed its first attempt and sleeps until the
 	// next block; the role "app" waits for its scheduled refresh.
 	f.clock.BlockUntil(t, 2)
-	if !f.b.inFlight(roleKey("other")) {
+	if !f.b.refresher.inFlight(roleKey("other")) {
 		t.Fatal("cycle for other is not running")
 	}
 
@@ -291,7 +291,7 @@ func TestBackend_CleanStopsEverything(t *testing.T) {
 	if n := f.clock.Pending(); n != 0 {
 		t.Fatalf("%d timers still pending after Clean", n)
 	}
-	if f.b.inFlight(roleKey("other")) {
+	if f.b.refresher.inFlight(roleKey("other")) {
 		t.Fatal("a cycle is still registered after Clean")
 	}
 	if fl := f.b.flights.wait(roleKey(testRole)); !isClosed(fl.done) {
@@ -328,7 +328,7 @@ func TestBackend_RestartPicksUpCache(t *testing.T) {
 		t.Fatalf("after restart a cached read made %d STS calls", n)
 	}
 	c := cached(t, g.s, testRole)
-	at, ok := g.b.plannedAt(roleKey(testRole))
+	at, ok := g.b.refresher.plannedAt(roleKey(testRole))
 	margin := time.Duration(0.33 * float64(c.Expiration.Sub(c.IssuedAt)))
 	if want := c.Expiration.Add(-margin).Add(margin/10 - 1); !ok || !at.Equal(want) {
 		t.Fatalf("refresh scheduled at %v (%v), want %v", at, ok, want)

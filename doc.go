@@ -6,26 +6,31 @@
 // # Code map
 //
 // Every piece of state has one owner, in one file, whose lock only that
-// file takes:
+// file takes; an owner is given at construction the clock, random source,
+// storage and other owners it calls:
 //
-//	backend.go     the backend: a handful of owners, Factory, Initialize,
-//	               Invalidate (it only forgets) and Clean
+//	backend.go     the backend: a handful of owners built and wired here,
+//	               Factory, Initialize, Invalidate (it only forgets), Clean
 //	storage.go     every storage key and the typed reads and writes; the only
 //	               file that calls logical.Storage (config/ and cache/ are
 //	               seal-wrapped)
 //	rolestate.go   roleStates: the mirror of roles/, cache/ and status/, the
 //	               generations and the per-role store locks (lockFor)
 //	flights.go     flights: the one refresh cycle in progress per key
-//	refresher.go   the cycle (runCycle over a cycleJob), the plan's firing
+//	refresher.go   refresher: the plan, its firing (fireDue), the cycle
+//	               (runCycle over a cycleJob, attempt, the commits)
 //	timing.go      every timing rule as a pure function of (time, config, rand)
-//	reconcile.go   reconciler: passes, their retry, orphans, index repair
-//	schedindex.go  the start from the schedule index (its hints)
+//	reconcile.go   reconciler: passes and their phases, their retry,
+//	               orphans, index repair
+//	schedindex.go  the refresher's start from the schedule index (hints)
 //	settings.go    settings: config/refresh in force (policy)
 //	client.go      stsClients: the STS client sets built from config/root
-//	rotation.go    rotator: root key rotation, config/root's lock
+//	rotation.go    rotator: root key rotation, config/root's lock and writes
 //	lifecycle.go   lifecycle: running, Clean, the background goroutines
 //	entity.go      the rules of cache_scope=entity (entityDropReason)
-//	path_*.go      handlers: parse the fields, call an owner, shape the answer
+//	path_*.go      handlers: parse the fields, call an owner, shape the answer;
+//	               status/ and the metrics read the refresher's reportView
+//	               (path_status.go)
 //
 // Mechanisms that need no backend live under internal/ and import neither
 // this package nor each other (internal/clock excepted; imports_test.go):
@@ -41,7 +46,7 @@
 //	rotator.rotations, .root     a rotation; config/root's read-change-write
 //	role store lock (lockFor)    every storage change of a role
 //	flights.mu                   held by the plan while it fires
-//	plan (dueplan)               its own lock
+//	refresher.plan (dueplan)     its own lock
 //	settings.loadMu, settings.mu a reload of config/refresh
 //	roleStates.mu                the mirror (a read lock on the hot path)
 //	reconciler.mu, rotator.mu,   the owners' small state; schedule index

@@ -289,9 +289,9 @@ func (r *roleStates) dropEntityLocked(ctx context.Context, s logical.Storage, ke
 // dropEntity drops the entity credential, under its store lock, when
 // entityDropReason says so at now (gone as there); it reports whether it
 // did.
-func (b *backend) dropEntity(ctx context.Context, key credKey, now time.Time, gone func() bool) (bool, error) {
-	defer b.state.lockRole(key)()
-	rs, err := b.state.currentLocked(ctx, b.storage, key)
+func (rf *refresher) dropEntity(ctx context.Context, key credKey, now time.Time, gone func() bool) (bool, error) {
+	defer rf.state.lockRole(key)()
+	rs, err := rf.state.currentLocked(ctx, rf.storage(), key)
 	if err != nil || rs == nil {
 		return false, err
 	}
@@ -299,11 +299,11 @@ func (b *backend) dropEntity(ctx context.Context, key credKey, now time.Time, go
 	if reason == "" {
 		return false, nil
 	}
-	if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
+	if err := rf.state.dropEntityLocked(ctx, rf.storage(), key); err != nil {
 		return false, err
 	}
-	b.metrics.entityDropped(reason)
-	b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", key.entity, "reason", reason)
+	rf.metrics.entityDropped(reason)
+	rf.logger().Info("dropped entity credential", "role", key.role, "entity_id", key.entity, "reason", reason)
 	return true, nil
 }
 
@@ -386,18 +386,19 @@ func (s entitySummary) state() string {
 	return stateEmpty
 }
 
-// summarizeEntities reports on the entity credentials of the role ("" for
-// every role), by role.
-func (b *backend) summarizeEntities(name string, now time.Time, cfg refreshConfig, refresher bool) map[string]entitySummary {
+// entities reports on the entity credentials of the role ("" for every
+// role), by role.
+func (v reportView) entities(name string) map[string]entitySummary {
+	now, cfg := v.now, v.cfg
 	out := map[string]entitySummary{}
-	for role, entries := range b.state.entityEntries(name) {
+	for role, entries := range v.rf.state.entityEntries(name) {
 		s := entitySummary{byState: map[string]int{}}
 		for key, rs := range entries {
 			if rs.role == nil {
 				continue // a placeholder marked for reload
 			}
 			s.count++
-			s.byState[b.report(key, rs, now, cfg, refresher).state]++
+			s.byState[v.report(key, rs).state]++
 			stv := rs.status()
 			st := &stv
 			if st.LastAttempt.After(s.lastAttempt) {

@@ -243,11 +243,11 @@ func TestEntity_IdleExpiry(t *testing.T) {
 	aliceKey, bobKey := entityCred(entityRole, aliceID), entityCred(entityRole, bobID)
 
 	// Bob keeps reading up to just before the refresh; alice does not.
-	at, ok := f.b.plannedAt(bobKey)
+	at, ok := f.b.refresher.plannedAt(bobKey)
 	if !ok {
 		t.Fatal("bob's credential is not scheduled")
 	}
-	if atA, _ := f.b.plannedAt(aliceKey); !atA.Equal(at) {
+	if atA, _ := f.b.refresher.plannedAt(aliceKey); !atA.Equal(at) {
 		t.Fatalf("alice's refresh at %v, bob's at %v: the test wants them together", atA, at)
 	}
 	f.clock.AdvanceTo(at.Add(-time.Second))
@@ -259,10 +259,10 @@ func TestEntity_IdleExpiry(t *testing.T) {
 	if len(calls) != 1 || calls[0].RoleSessionName != "vault-bob" {
 		t.Errorf("refreshes made calls %+v, want one, bob's", calls)
 	}
-	if _, ok := f.b.plannedAt(aliceKey); ok {
+	if _, ok := f.b.refresher.plannedAt(aliceKey); ok {
 		t.Error("alice's dropped credential is still scheduled")
 	}
-	if _, ok := f.b.plannedAt(bobKey); !ok {
+	if _, ok := f.b.refresher.plannedAt(bobKey); !ok {
 		t.Error("bob's refreshed credential is not scheduled")
 	}
 	if ids := storedEntities(t, f.s, entityRole); len(ids) != 1 || ids[0] != bobID {
@@ -290,7 +290,7 @@ func TestEntity_RenamedAndDeletedEntities(t *testing.T) {
 	ents.set(aliceID, "alice2", nil)
 	ents.remove(bobID)
 	before := len(f.assumeRoleCalls())
-	at, _ := f.b.plannedAt(entityCred(entityRole, aliceID))
+	at, _ := f.b.refresher.plannedAt(entityCred(entityRole, aliceID))
 	f.fireAllDue(at, 2)
 	calls := f.assumeRoleCalls()[before:]
 	if len(calls) != 1 || calls[0].RoleSessionName != "vault-alice2" || calls[0].SourceIdentity != "alice2" {
@@ -329,7 +329,7 @@ func TestEntity_RoleChangeDropsAllEntities(t *testing.T) {
 				mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+entityRole, tc.write)
 			}
 			ids := storedEntities(t, f.s, entityRole)
-			_, planned := f.b.plannedAt(entityCred(entityRole, aliceID))
+			_, planned := f.b.refresher.plannedAt(entityCred(entityRole, aliceID))
 			if tc.keeps {
 				if len(ids) != 2 || !planned {
 					t.Fatalf("stored %v planned %v, want both kept and planned", ids, planned)
@@ -358,7 +358,7 @@ func TestEntity_SurvivesRestart(t *testing.T) {
 	f.b.Cleanup(context.Background())
 
 	f2 := newFixtureWith(t, fixtureOpts{storage: f.s, noRole: true, entities: ents}, f.clock, f.emu)
-	if _, ok := f2.b.plannedAt(entityCred(entityRole, aliceID)); !ok {
+	if _, ok := f2.b.refresher.plannedAt(entityCred(entityRole, aliceID)); !ok {
 		t.Error("alice's credential is not scheduled after the restart")
 	}
 	got := f2.mustReadAs(entityRole, aliceID).Data
@@ -378,7 +378,7 @@ func TestEntity_ReconcilerOrphans(t *testing.T) {
 	orphan := entityCred("gone", aliceID)
 	putJSON(t, f.s, cachePrefix+orphan.String(), &cacheEntry{AccessKey: "AKIA", SecretKey: "s", SessionToken: "t", Expiration: f.clock.Now().Add(time.Hour)})
 	putJSON(t, f.s, statusPrefix+orphan.String(), &statusEntry{})
-	if err := f.b.reconcile(context.Background()); err != nil {
+	if err := f.b.reconciler.reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if ids := storedEntities(t, f.s, "gone"); len(ids) != 0 {
@@ -418,7 +418,7 @@ func TestEntity_ReconcilerDropsGoneEntities(t *testing.T) {
 		t.Errorf("stored entities after the pass = %v, want none", ids)
 	}
 	for _, id := range []string{aliceID, bobID} {
-		if _, ok := f.b.plannedAt(entityCred(entityRole, id)); ok {
+		if _, ok := f.b.refresher.plannedAt(entityCred(entityRole, id)); ok {
 			t.Errorf("%s's credential is still scheduled", id)
 		}
 	}

@@ -489,7 +489,7 @@ func (f *fixture) nextFlight() *flight {
 // the cycle started.
 func (f *fixture) fireScheduled(key credKey) time.Time {
 	f.t.Helper()
-	at, ok := f.b.plannedAt(key)
+	at, ok := f.b.refresher.plannedAt(key)
 	if !ok {
 		f.t.Fatalf("no refresh scheduled for %s", key)
 	}

@@ -57,14 +57,14 @@ func TestCreds_NoLease(t *testing.T) {
 	}
 
 	t.Run("scheduled refresh + block", func(t *testing.T) {
-		due, ok := f.b.plannedAt(roleKey(testRole))
+		due, ok := f.b.refresher.plannedAt(roleKey(testRole))
 		if !ok || !due.Equal(c.Expiration.Add(-5*time.Minute)) {
 			t.Fatalf("scheduled at %v (%v), want expiration - 5m (randMin: no start delay)", due, ok)
 		}
 		wantTTL(t, read(t), due.Add(5*time.Second).Sub(f.clock.Now()))
 	})
 	t.Run("nothing scheduled: latest due + block", func(t *testing.T) {
-		f.b.unplan(roleKey(testRole))
+		f.b.refresher.unplan(roleKey(testRole))
 		f.clock.Advance(100 * time.Second)
 		// 300s margin, 30s start delay at most, 5s block.
 		wantTTL(t, read(t), c.Expiration.Add(-300*time.Second+30*time.Second+5*time.Second).Sub(f.clock.Now()))

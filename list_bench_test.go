@@ -101,14 +101,14 @@ func listOnce(b *testing.B, bk *backend, req *logical.Request) (*logical.Respons
 //	go test -run XXX -bench BenchmarkReconcilePass -benchtime 5x .
 func BenchmarkReconcilePass(b *testing.B) {
 	bk, _ := scrapeBackend(b, listBenchRoles)
-	if n := bk.rolesInPlan(); n != listBenchRoles {
+	if n := bk.refresher.rolesInPlan(); n != listBenchRoles {
 		b.Fatalf("%d roles planned after the first pass, want %d", n, listBenchRoles)
 	}
 	ctx := context.Background()
 	cpu0 := processCPU(b)
 	b.ResetTimer()
 	for range b.N {
-		if err := bk.reconcile(ctx); err != nil {
+		if err := bk.reconciler.reconcile(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -291,63 +291,41 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 }
 
 func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
-	// One step against a rotation storing its new key: whichever comes
-	// second sees the other's write.
-	defer b.rotator.lockRoot()()
-	cfg, err := getRootConfig(ctx, req.Storage)
+	msg, err := b.rotator.writeRoot(ctx, req.Storage, func(cfg *rootConfig) string {
+		if v, ok := data.GetOk("access_key"); ok {
+			cfg.AccessKey = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("secret_key"); ok {
+			cfg.SecretKey = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("region"); ok {
+			cfg.Region = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("sts_endpoint"); ok {
+			cfg.STSEndpoint = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("sts_region"); ok {
+			cfg.STSRegion = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("sts_fallback_endpoints"); ok {
+			cfg.STSFallbackEndpoints = trimAll(v.([]string))
+		}
+		if v, ok := data.GetOk("sts_fallback_regions"); ok {
+			cfg.STSFallbackRegions = trimAll(v.([]string))
+		}
+		if v, ok := data.GetOk("iam_endpoint"); ok {
+			cfg.IAMEndpoint = strings.TrimSpace(v.(string))
+		}
+		if v, ok := data.GetOk("rotation_period"); ok {
+			cfg.RotationPeriod = time.Duration(v.(int)) * time.Second
+		}
+		return cfg.validate()
+	})
 	if err != nil {
 		return nil, err
 	}
-	if cfg == nil {
-		cfg = defaultRootConfig()
-	}
-	before := *cfg
-	if v, ok := data.GetOk("access_key"); ok {
-		cfg.AccessKey = strings.TrimSpace(v.(string))
-	}
-	if v, ok := data.GetOk("secret_key"); ok {
-		cfg.SecretKey = strings.TrimSpace(v.(string))
-	}
-	if v, ok := data.GetOk("region"); ok {
-		cfg.Region = strings.TrimSpace(v.(string))
-	}
-	if v, ok := data.GetOk("sts_endpoint"); ok {
-		cfg.STSEndpoint = strings.TrimSpace(v.(string))
-	}
-	if v, ok := data.GetOk("sts_region"); ok {
-		cfg.STSRegion = strings.TrimSpace(v.(string))
-	}
-	if v, ok := data.GetOk("sts_fallback_endpoints"); ok {
-		cfg.STSFallbackEndpoints = trimAll(v.([]string))
-	}
-	if v, ok := data.GetOk("sts_fallback_regions"); ok {
-		cfg.STSFallbackRegions = trimAll(v.([]string))
-	}
-	if v, ok := data.GetOk("iam_endpoint"); ok {
-		cfg.IAMEndpoint = strings.TrimSpace(v.(string))
-	}
-	if v, ok := data.GetOk("rotation_period"); ok {
-		cfg.RotationPeriod = time.Duration(v.(int)) * time.Second
-	}
-	if msg := cfg.validate(); msg != "" {
+	if msg != "" {
 		return logical.ErrorResponse(msg), nil
-	}
-	// The key's age, which scheduled rotation measures, starts when the key
-	// is stored, or when rotation is turned on for a key stored before.
-	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
-		cfg.KeySetAt = b.clock.Now()
-	}
-
-	if err := putRootConfig(ctx, req.Storage, cfg); err != nil {
-		return nil, err
-	}
-	// After the write, so a client built concurrently cannot keep the old keys.
-	b.clients.reset()
-	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
-		if err := b.replanRotation(ctx, req.Storage, cfg.AccessKey != before.AccessKey); err != nil {
-			// config/root is written; the reconciler plans the rotation.
-			b.Logger().Warn("planning the next root key rotation failed; the reconciler retries", "error", err)
-		}
 	}
 	return b.writtenAnswer(ctx, req, b.pathConfigRootRead), nil
 }
@@ -367,11 +345,9 @@ func (b *backend) writtenAnswer(ctx context.Context, req *logical.Request, read 
 }
 
 func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	defer b.rotator.lockRoot()()
-	if err := deleteRootConfig(ctx, req.Storage); err != nil {
+	if err := b.rotator.deleteRoot(ctx, req.Storage); err != nil {
 		return nil, err
 	}
-	b.clients.reset()
 	return nil, nil
 }
 

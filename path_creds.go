@@ -281,12 +281,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 		data["arn"] = cred.ARN
 	}
 	if role.NoLease {
-		cfg := b.settings.policy()
-		var plan *time.Time
-		if at, ok := b.plannedAt(key); ok {
-			plan = &at
-		}
-		ttl := rotationTTL(now, cred, cfg, plan)
+		ttl := b.refresher.rotationTTLFor(key, cred, now)
 		data["ttl"] = int64(ttl / time.Second)
 		data["rotation_period"] = int64(cred.Expiration.Sub(cred.IssuedAt).Round(time.Second) / time.Second)
 		return &logical.Response{Data: data}

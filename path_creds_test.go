@@ -109,7 +109,7 @@ func TestCreds_NeverServesExpired(t *testing.T) {
 	// on its own while the clock jumps, and this test is about what reads
 	// serve.
 	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
-	f.b.unplan(roleKey(testRole))
+	f.b.refresher.unplan(roleKey(testRole))
 
 	f.clock.AdvanceTo(exp.Add(-minServeValidity - time.Nanosecond))
 	resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)

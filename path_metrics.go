@@ -108,12 +108,11 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		return nil, err
 	}
 	sort.Strings(names)
-	cfg := b.settings.policy()
-	now := b.clock.Now()
-	active := b.WriteSafeReplicationState()
+	v := b.refresher.view(b.WriteSafeReplicationState())
+	cfg, now := v.cfg, v.now
 	perRole := len(names) <= cfg.MetricsMaxRoles
 
-	tally := &roleTally{now: now, cfg: cfg, active: active, perRole: perRole, byState: make(map[string]int, len(roleStateNames))}
+	tally := &roleTally{reportView: v, perRole: perRole, byState: make(map[string]int, len(roleStateNames))}
 	if err := b.tallyRoles(ctx, s, names, tally); err != nil {
 		return nil, err
 	}
@@ -149,7 +148,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	b.writeAggregates(w, tally)
 	writeRootGauges(w, root, rot, now)
 	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
-		b.entityStates(now, cfg, active))
+		entityStates(v))
 	w.stateFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.", tally.byState)
 	if perRole && len(tally.samples) > 0 {
 		w.roleSeries(tally.samples)
@@ -168,12 +167,11 @@ type roleSample struct {
 // roleTally is what a scrape counts over the roles: the aggregates, and
 // the per-role samples when they are exported.
 type roleTally struct {
-	// now, cfg and active are the scrape's time, config/refresh and
-	// whether this node runs the refresher; perRole says whether per-role
-	// series are exported.
-	now             time.Time
-	cfg             refreshConfig
-	active, perRole bool
+	// reportView is the scrape's: its time, config/refresh and whether
+	// this node runs the refresher; perRole says whether per-role series
+	// are exported.
+	reportView
+	perRole bool
 
 	samples                                            []roleSample
 	byState                                            map[string]int
@@ -197,10 +195,10 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 			continue // deleted since the list
 		}
 		t.defined++
-		r := b.report(roleKey(name), rs, t.now, t.cfg, t.active)
+		r := t.report(roleKey(name), rs)
 		if rs.role != nil && rs.role.entityScoped() {
 			if entities == nil {
-				entities = b.summarizeEntities("", t.now, t.cfg, t.active)
+				entities = t.entities("")
 			}
 			r, rs = t.entityScopedRole(entities[name], rs)
 		}
@@ -288,7 +286,7 @@ func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
 	w.gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed with less than two retry windows of validity left.", float64(t.expiringFailing))
 	w.gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(t.starved))
 	w.gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.life.running()))
-	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.rolesInPlan()))
+	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.refresher.rolesInPlan()))
 	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", t.cfg.RetryWindow.Seconds())
 	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(t.perRole))
 }
@@ -309,9 +307,9 @@ func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, 
 }
 
 // entityStates counts the entity credentials held on this node, by state.
-func (b *backend) entityStates(now time.Time, cfg refreshConfig, active bool) map[string]int {
+func entityStates(v reportView) map[string]int {
 	states := map[string]int{}
-	for _, sum := range b.summarizeEntities("", now, cfg, active) {
+	for _, sum := range v.entities("") {
 		for st, n := range sum.byState {
 			states[st] += n
 		}

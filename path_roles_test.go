@@ -275,7 +275,7 @@ func TestRoles_ChangeDropsCache(t *testing.T) {
 		}
 	})
 	t.Run("lease alone keeps the cache", func(t *testing.T) {
-		due, _ := f.b.plannedAt(roleKey(testRole))
+		due, _ := f.b.refresher.plannedAt(roleKey(testRole))
 		for _, lease := range []bool{false, true} {
 			mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"lease": lease})
 			if got := mustDo(t, f.b, f.s, logical.ReadOperation, "roles/"+testRole, nil).Data["lease"]; got != lease {
@@ -284,7 +284,7 @@ func TestRoles_ChangeDropsCache(t *testing.T) {
 			if c := cached(t, f.s, testRole); c == nil || c.AccessKey != first.Data["access_key"] {
 				t.Fatalf("lease=%v dropped the cache entry", lease)
 			}
-			if at, ok := f.b.plannedAt(roleKey(testRole)); !ok || !at.Equal(due) {
+			if at, ok := f.b.refresher.plannedAt(roleKey(testRole)); !ok || !at.Equal(due) {
 				t.Fatalf("lease=%v moved the scheduled refresh: %v %v, want %v", lease, at, ok, due)
 			}
 			resp := f.mustReadCreds(testRole)
@@ -305,7 +305,7 @@ func TestRoles_ChangeDropsCache(t *testing.T) {
 		if st, _ := getStatus(t.Context(), f.s, roleKey(testRole)); st != nil {
 			t.Fatal("status survived a role change")
 		}
-		if _, ok := f.b.plannedAt(roleKey(testRole)); ok {
+		if _, ok := f.b.refresher.plannedAt(roleKey(testRole)); ok {
 			t.Fatal("refresh of the old definition still scheduled")
 		}
 		if got := f.status(testRole)["state"]; got != stateEmpty {

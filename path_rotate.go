@@ -71,7 +71,7 @@ var rotationResponseFields = map[string]*framework.FieldSchema{
 }
 
 func (b *backend) pathRotateRootWrite(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	id, err := b.rotateRoot(ctx, req.Storage, rotationManual)
+	id, err := b.rotator.rotateRoot(ctx, req.Storage, rotationManual)
 	if err != nil {
 		return rotationResponse(err)
 	}

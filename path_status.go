@@ -98,12 +98,10 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 		return nil, err
 	}
 	// The three fields are statusData's, but the clock, the refresh config
-	// and the replication state are read once for the page: in a plugin
-	// the replication state is a round trip to Vault, and once per role it
-	// took a 100 000-role list past Vault's 90 s request limit.
-	now := b.clock.Now()
-	cfg := b.settings.policy()
-	refresher := b.WriteSafeReplicationState()
+	// and the replication state are read once for the page (one view): in
+	// a plugin the replication state is a round trip to Vault, and once per
+	// role it took a 100 000-role list past Vault's 90 s request limit.
+	v := b.refresher.view(b.WriteSafeReplicationState())
 	defer b.holdListHeadroom(len(names), listStatusHeadroomPerKey)()
 	info := make(map[string]interface{}, len(names))
 	var entities map[string]entitySummary // computed on the first entity-scoped role
@@ -115,7 +113,7 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 		if rs == nil {
 			continue // deleted since the listing
 		}
-		r := b.report(roleKey(name), rs, now, cfg, refresher)
+		r := v.report(roleKey(name), rs)
 		expiration := ""
 		if rs.cred != nil {
 			expiration = formatTime(rs.cred.Expiration)
@@ -127,7 +125,7 @@ func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data
 		}
 		if rs.role != nil && rs.role.entityScoped() {
 			if entities == nil {
-				entities = b.summarizeEntities("", now, cfg, refresher)
+				entities = v.entities("")
 			}
 			ki["state"] = entities[name].state()
 			ki["entities"] = entities[name].count
@@ -161,9 +159,8 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		return nil, nil
 	}
 	cred, st := rs.cred, rs.status()
-	now := b.clock.Now()
-	cfg := b.settings.policy()
-	r := b.report(roleKey(name), rs, now, cfg, b.WriteSafeReplicationState())
+	v := b.refresher.view(b.WriteSafeReplicationState())
+	r := v.report(roleKey(name), rs)
 
 	lastErr := st.LastError
 	if r.starved {
@@ -189,7 +186,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	d["cache_scope"] = cacheScopeRole
 	if rs.role.entityScoped() {
 		// The role's own entry holds no credential: its entities' do.
-		sum := b.summarizeEntities(name, now, cfg, b.WriteSafeReplicationState())[name]
+		sum := v.entities(name)[name]
 		if sum.worst == nil {
 			sum.worst = &statusEntry{} // no entity credential yet
 		}
@@ -226,25 +223,42 @@ type roleReport struct {
 	starved bool
 }
 
+// reportView is the refresher's report on its roles as of one moment:
+// the time, the policy in force, and whether this node runs the refresher
+// (active; the caller asks Vault once, not once per role). status/ and the
+// metrics take one per request (refresher.view).
+type reportView struct {
+	rf     *refresher
+	now    time.Time
+	cfg    refreshConfig
+	active bool
+}
+
+// view returns the refresher's report view as of now; active says whether
+// this node runs the refresher (WriteSafeReplicationState).
+func (rf *refresher) view(active bool) reportView {
+	return reportView{rf: rf, now: rf.clock.Now(), cfg: rf.settings.policy(), active: active}
+}
+
 // report derives a role's state from its mirrored entry and this node's
-// schedule. refresher says whether this node runs the refresher (the
-// caller asks Vault once, not once per role).
+// schedule.
 //
 // next is what will really happen: on a node that runs the refresher it is
 // the pending timer, or zero while a cycle runs or nothing is scheduled; on
 // a node that does not (a performance standby) it is the plan the active
 // node recorded.
-func (b *backend) report(key credKey, rs *roleState, now time.Time, cfg refreshConfig, refresher bool) roleReport {
+func (v reportView) report(key credKey, rs *roleState) roleReport {
+	now, cfg := v.now, v.cfg
 	cred, st := rs.cred, rs.status()
 	r := roleReport{next: st.NextRefresh}
-	if refresher {
-		r.next, _ = b.plannedAt(key)
+	if v.active {
+		r.next, _ = v.rf.plannedAt(key)
 	}
 	r.starved = !st.RateLimitedSince.IsZero() && now.Sub(st.RateLimitedSince) >= cfg.RetryWindow
 
 	r.state = stateFresh
 	switch {
-	case b.inFlight(key):
+	case v.rf.inFlight(key):
 		r.state = stateRefreshing
 	case cred == nil:
 		r.state = stateEmpty

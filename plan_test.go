@@ -35,26 +35,26 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 
 	base := f.clock.Now()
 	at := func(s int) time.Time { return base.Add(time.Duration(s) * time.Second) }
-	f.b.planAt(roleKey("r3"), at(10))
-	f.b.planAt(roleKey("r1"), at(5))
-	f.b.planAt(roleKey("r2"), at(5)) // same time as r1, planned after it
-	f.b.planAt(roleKey("r4"), at(20))
-	f.b.planAt(roleKey("r5"), at(15))
-	if n, p := f.clock.Pending(), f.b.plannedCount(); n != 1 || p != 5 {
+	f.b.refresher.planAt(roleKey("r3"), at(10))
+	f.b.refresher.planAt(roleKey("r1"), at(5))
+	f.b.refresher.planAt(roleKey("r2"), at(5)) // same time as r1, planned after it
+	f.b.refresher.planAt(roleKey("r4"), at(20))
+	f.b.refresher.planAt(roleKey("r5"), at(15))
+	if n, p := f.clock.Pending(), f.b.refresher.plannedCount(); n != 1 || p != 5 {
 		t.Fatalf("%d clock timers for %d planned roles, want 1 for 5", n, p)
 	}
 	if next, _ := f.clock.Next(); !next.Equal(at(5)) {
 		t.Fatalf("timer set for %v, want %v", next, at(5))
 	}
-	f.b.planAt(roleKey("r4"), at(2)) // replanned: now the earliest
-	f.b.unplan(roleKey("r5"))
-	if n, p := f.clock.Pending(), f.b.plannedCount(); n != 1 || p != 4 {
+	f.b.refresher.planAt(roleKey("r4"), at(2)) // replanned: now the earliest
+	f.b.refresher.unplan(roleKey("r5"))
+	if n, p := f.clock.Pending(), f.b.refresher.plannedCount(); n != 1 || p != 4 {
 		t.Fatalf("after a replan and a drop: %d clock timers for %d planned roles, want 1 for 4", n, p)
 	}
 	if next, _ := f.clock.Next(); !next.Equal(at(2)) {
 		t.Fatalf("timer set for %v after the replan, want %v", next, at(2))
 	}
-	if _, ok := f.b.plannedAt(roleKey("r5")); ok {
+	if _, ok := f.b.refresher.plannedAt(roleKey("r5")); ok {
 		t.Fatal("r5 is still planned after unplan")
 	}
 
@@ -87,7 +87,7 @@ func TestSchedulerOneTimerExactOrder(t *testing.T) {
 			t.Fatalf("at +%v: cycles started for %v, want %v", step.to.Sub(base), got, step.want)
 		}
 		for _, n := range step.want {
-			if at, ok := f.b.plannedAt(roleKey(n)); ok && !at.After(step.to) {
+			if at, ok := f.b.refresher.plannedAt(roleKey(n)); ok && !at.After(step.to) {
 				t.Fatalf("%s still planned at %v after its cycle started", n, at)
 			}
 		}

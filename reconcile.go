@@ -10,6 +10,7 @@ import (
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/schedindex"
@@ -31,37 +32,35 @@ func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 	if !b.WriteSafeReplicationState() {
 		return nil
 	}
-	b.life.run(func(bgCtx context.Context) {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(bgCtx, cancel)()
-		if err := b.reconcile(ctx); err != nil && bgCtx.Err() == nil {
-			b.Logger().Warn("reconcile pass failed, retrying", "error", err)
-		}
-	})
+	b.reconciler.periodicPass(ctx)
 	return nil
 }
 
-// reconciler owns the reconciler's own state: the lock that serialises
-// passes, the timer that retries a failed pass with backoff, whether a
-// pass has completed, and the failed checks of keys planned from the
-// schedule index. Its fields are touched only by its methods, in this file.
+// periodicPass runs the periodic pass in the caller's goroutine, counted
+// for Clean, with a context that Clean cancels as well as ctx (Vault's).
+func (r *reconciler) periodicPass(ctx context.Context) {
+	r.life.run(func(bgCtx context.Context) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(bgCtx, cancel)()
+		if err := r.reconcile(ctx); err != nil && bgCtx.Err() == nil {
+			r.logger().Warn("reconcile pass failed, retrying", "error", err)
+		}
+	})
+}
+
+// reconciler owns the reconciler's passes: their procedures (reconcile and
+// its phases, below), given at construction the owners a pass checks and
+// repairs; and its own state: the lock that serialises passes, the timer
+// that retries a failed pass with backoff, whether a pass has completed,
+// and the failed checks of keys planned from the schedule index. Its fields
+// are touched only by its methods, in this file.
 //
 // Lock order: passes, then mu; mu is held while the lifecycle is asked
 // whether Clean has begun, never the other way round.
 type reconciler struct {
-	clock clock.Clock
-	// closed reports whether Clean has begun (the lifecycle's); it is asked
-	// under mu, so that no timer is armed after stop.
-	closed func() bool
-	// backoff is the wait before the nth retry of a failed pass in a row.
-	backoff func(n int) time.Duration
-	// retry runs a pass again when the timer fires; it must not block
-	// longer than the pass (the backend runs it counted for Clean).
-	retry func()
-	// workers is how many roles a pass reconciles at once (a test seam:
-	// the simulation uses 1 to replay exactly).
-	workers int
+	// reconcilerOwners are what the reconciler was given at construction.
+	reconcilerOwners
 
 	// passes serialises reconciler passes (periodic, start retries).
 	passes sync.Mutex
@@ -79,11 +78,57 @@ type reconciler struct {
 	hintFailures map[credKey]int
 }
 
-func newReconciler(clk clock.Clock, closed func() bool, backoff func(n int) time.Duration, retry func(), workers int) *reconciler {
-	if workers == 0 {
-		workers = defaultPassWorkers
+// reconcilerOwners are what a reconciler works with: the owners a pass
+// checks and repairs, and its seams.
+type reconcilerOwners struct {
+	clock clock.Clock
+	rand  randSource
+	// storage is the mount's storage view, read at each call: the backend
+	// gets it after construction. logger likewise (Setup sets it).
+	storage func() logical.Storage
+	logger  func() hclog.Logger
+
+	settings  *settings
+	state     *roleStates
+	index     credIndex
+	life      *lifecycle
+	metrics   *metrics
+	refresher *refresher
+	// entityGone reports whether Vault deleted or disabled the entity
+	// (backend.entityGone).
+	entityGone func(entityID string) bool
+	// resumeRotation arms the scheduled root key rotation from storage
+	// (the rotator's); every pass calls it.
+	resumeRotation func(ctx context.Context) error
+
+	// closed reports whether Clean has begun (the lifecycle's); it is asked
+	// under mu, so that no timer is armed after stop.
+	closed func() bool
+	// backoff is the wait before the nth retry of a failed pass in a row;
+	// nil means retryBackoff.
+	backoff func(n int) time.Duration
+	// retry runs a pass again when the timer fires; it must not block
+	// longer than the pass (retryPass, the default when nil, runs it
+	// counted for Clean).
+	retry func()
+	// workers is how many roles a pass reconciles at once; 0 means
+	// defaultPassWorkers (a test seam: the simulation uses 1 to replay
+	// exactly).
+	workers int
+}
+
+func newReconciler(o reconcilerOwners) *reconciler {
+	r := &reconciler{reconcilerOwners: o}
+	if r.workers == 0 {
+		r.workers = defaultPassWorkers
 	}
-	return &reconciler{clock: clk, closed: closed, backoff: backoff, retry: retry, workers: workers}
+	if r.backoff == nil {
+		r.backoff = r.retryBackoff
+	}
+	if r.retry == nil {
+		r.retry = r.retryPass
+	}
+	return r
 }
 
 // begin is the start of a pass, under passes: it stops the retry timer (the
@@ -206,27 +251,26 @@ func each[T any](workers int, names []T, f func(name T)) {
 // another after a jittered, growing backoff (1s, 2s, 4s, ... up to a minute)
 // so that a failed start is never left half-done until the next periodic
 // pass.
-func (b *backend) reconcile(ctx context.Context) error {
-	r := b.reconciler
+func (r *reconciler) reconcile(ctx context.Context) error {
 	r.passes.Lock()
 	defer r.passes.Unlock()
 	if !r.begin() {
 		return nil
 	}
-	err := b.reconcilePass(ctx)
+	err := r.reconcilePass(ctx)
 	r.end(err)
 	return err
 }
 
 // retryBackoff is the wait before the nth retry of a failed pass.
-func (b *backend) retryBackoff(n int) time.Duration {
-	return b.backoff(time.Second, n, maxStartBackoff)
+func (r *reconciler) retryBackoff(n int) time.Duration {
+	return backoff(r.rand, time.Second, n, maxStartBackoff)
 }
 
 // retryPass is the retry timer's: in the timer's own goroutine, counted
 // for Clean.
-func (b *backend) retryPass() {
-	b.life.run(func(ctx context.Context) { _ = b.reconcile(ctx) })
+func (r *reconciler) retryPass() {
+	r.life.run(func(ctx context.Context) { _ = r.reconcile(ctx) })
 }
 
 // reconcilePass compares storage with this node's state and puts back what
@@ -243,33 +287,33 @@ func (b *backend) retryPass() {
 //   - the scheduled root key rotation is armed (or planned anew).
 //
 // It returns the first error; the roles it could reach are reconciled.
-func (b *backend) reconcilePass(ctx context.Context) error {
-	p, names, err := b.passBegin(ctx)
+func (r *reconciler) reconcilePass(ctx context.Context) error {
+	p, names, err := r.passBegin(ctx)
 	if p == nil {
 		return err // storage failed it, or Clean has begun
 	}
-	b.passRoles(ctx, p, names)
-	b.passEntities(ctx, p)
-	b.passUnlisted(ctx, p)
+	r.passRoles(ctx, p, names)
+	r.passEntities(ctx, p)
+	r.passUnlisted(ctx, p)
 	// A pass that Clean (or Vault) cancelled stops before its next write:
 	// storage may be going away, and the next pass does what this one left.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	p.fail(b.planOverdue(ctx, p.overdue, p.start, p.idx)...)
-	b.passRepairIndex(ctx, p.idx)
-	if err := b.passOrphans(ctx, p); err != nil {
+	p.fail(r.planOverdue(ctx, p.overdue, p.start, p.idx)...)
+	r.passRepairIndex(ctx, p.idx)
+	if err := r.passOrphans(ctx, p); err != nil {
 		return err // cancelled
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := b.resumeRotation(ctx); err != nil {
+	if err := r.resumeRotation(ctx); err != nil {
 		p.fail(fmt.Errorf("planning the root key rotation: %w", err))
 	}
 	if p.first && len(p.errs) == 0 {
-		b.reconciler.passed()
-		b.Logger().Info("first reconciler pass done", "roles", len(names), "took", b.clock.Now().Sub(p.start))
+		r.passed()
+		r.logger().Info("first reconciler pass done", "roles", len(names), "took", r.clock.Now().Sub(p.start))
 	}
 	return errors.Join(p.errs...)
 }
@@ -312,32 +356,32 @@ func (p *pass) fail(errs ...error) {
 // passBegin is a pass's first phase: config/refresh is reloaded, the roles
 // are listed, and the refresher marked running. It returns no pass when
 // storage failed it (with the error) or Clean has begun (with none).
-func (b *backend) passBegin(ctx context.Context) (*pass, []string, error) {
-	if err := b.settings.load(ctx); err != nil {
+func (r *reconciler) passBegin(ctx context.Context) (*pass, []string, error) {
+	if err := r.settings.load(ctx); err != nil {
 		return nil, nil, err
 	}
-	names, err := listRoles(ctx, b.storage)
+	names, err := listRoles(ctx, r.storage())
 	if err != nil {
 		return nil, nil, err
 	}
-	if !b.life.setRunning() {
+	if !r.life.setRunning() {
 		return nil, nil, nil
 	}
-	p := &pass{first: b.reconciler.firstPass(), idx: newPassIndex(), listed: make(map[credKey]bool, len(names))}
+	p := &pass{first: r.firstPass(), idx: newPassIndex(), listed: make(map[credKey]bool, len(names))}
 	for _, name := range names {
 		p.listed[roleKey(name)] = true
 	}
-	p.start = b.clock.Now()
+	p.start = r.clock.Now()
 	return p, names, nil
 }
 
 // passRoles reconciles every listed role. Each costs a few storage reads,
 // one gRPC round trip each; with tens of thousands of roles they go several
 // at a time. Roles are independent (each under its own store lock).
-func (b *backend) passRoles(ctx context.Context, p *pass, names []string) {
-	b.reconciler.forEach(names, func(name string) {
-		p.found(b.reconcileRole(ctx, roleKey(name), false, p.start, p.idx))
-		if rs := b.state.peek(roleKey(name)); rs != nil && rs.role != nil && rs.role.entityScoped() {
+func (r *reconciler) passRoles(ctx context.Context, p *pass, names []string) {
+	r.forEach(names, func(name string) {
+		p.found(r.reconcileRole(ctx, roleKey(name), false, p.start, p.idx))
+		if rs := r.state.peek(roleKey(name)); rs != nil && rs.role != nil && rs.role.entityScoped() {
 			p.mu.Lock()
 			p.entityRoles = append(p.entityRoles, name)
 			p.mu.Unlock()
@@ -348,10 +392,10 @@ func (b *backend) passRoles(ctx context.Context, p *pass, names []string) {
 // passEntities reconciles the entity credentials (cache_scope=entity) of
 // every entity-scoped role like roles, each under its role's store lock;
 // idle ones are dropped.
-func (b *backend) passEntities(ctx context.Context, p *pass) {
+func (r *reconciler) passEntities(ctx context.Context, p *pass) {
 	sort.Strings(p.entityRoles)
 	for _, name := range p.entityRoles {
-		ids, err := listEntityIDs(ctx, b.storage, name)
+		ids, err := listEntityIDs(ctx, r.storage(), name)
 		if err != nil {
 			p.fail(err)
 			continue
@@ -361,8 +405,8 @@ func (b *backend) passEntities(ctx context.Context, p *pass) {
 			keys[i] = credKey{role: name, entity: id}
 			p.listed[keys[i]] = true
 		}
-		b.reconciler.forEachKey(keys, func(key credKey) {
-			p.found(b.reconcileRole(ctx, key, false, p.start, p.idx))
+		r.forEachKey(keys, func(key credKey) {
+			p.found(r.reconcileRole(ctx, key, false, p.start, p.idx))
 		})
 	}
 }
@@ -370,35 +414,35 @@ func (b *backend) passEntities(ctx context.Context, p *pass) {
 // passUnlisted reads again every mirrored role (or entity credential) the
 // lists did not show: it may have been deleted, or created since the list
 // was read.
-func (b *backend) passUnlisted(ctx context.Context, p *pass) {
-	for _, key := range b.state.keys() {
+func (r *reconciler) passUnlisted(ctx context.Context, p *pass) {
+	for _, key := range r.state.keys() {
 		if !p.listed[key] {
-			p.found(b.reconcileRole(ctx, key, true, p.start, p.idx))
+			p.found(r.reconcileRole(ctx, key, true, p.start, p.idx))
 		}
 	}
 }
 
 // passRepairIndex makes the schedule index say what the pass found; keys it
 // did not reach (an error, a cycle running) keep their entries.
-func (b *backend) passRepairIndex(ctx context.Context, idx *passIndex) {
-	since := b.index.Mark()
-	want, keep := b.indexWant(idx)
+func (r *reconciler) passRepairIndex(ctx context.Context, idx *passIndex) {
+	since := r.index.Mark()
+	want, keep := r.indexWant(idx)
 	skip := func(entry string) bool { key := parseCredKey(entry); return !idx.reached[key] || keep[key] }
-	if err := b.index.Repair(ctx, b.storage, since, want, skip); err != nil {
+	if err := r.index.Repair(ctx, r.storage(), since, want, skip); err != nil {
 		// Not an error of the pass: the index is a hint, a shard that
 		// failed stays dirty for the next commit in it or the next pass,
 		// and failing the pass would only re-run every role's checks with
 		// backoff (aws_resilient_schedule_index_write_failures_total counts it).
-		b.Logger().Warn("writing the schedule index failed; the next pass writes it", "error", err)
+		r.logger().Warn("writing the schedule index failed; the next pass writes it", "error", err)
 	}
 }
 
 // passOrphans deletes cached credentials and statuses whose role is gone.
 // It returns only the context's error, when the pass is cancelled; the
 // others are the pass's.
-func (b *backend) passOrphans(ctx context.Context, p *pass) error {
+func (r *reconciler) passOrphans(ctx context.Context, p *pass) error {
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
-		keys, err := listUnder(ctx, b.storage, prefix)
+		keys, err := listUnder(ctx, r.storage(), prefix)
 		if err != nil {
 			p.fail(err)
 			continue
@@ -407,7 +451,7 @@ func (b *backend) passOrphans(ctx context.Context, p *pass) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			p.fail(b.passOrphan(ctx, prefix, name, p.listed))
+			p.fail(r.passOrphan(ctx, prefix, name, p.listed))
 		}
 	}
 	return nil
@@ -416,15 +460,15 @@ func (b *backend) passOrphans(ctx context.Context, p *pass) error {
 // passOrphan deletes what prefix+name holds if the pass did not list its
 // role: a cached credential or status, or a folder of entity credentials
 // of a role that is gone or no longer entity-scoped.
-func (b *backend) passOrphan(ctx context.Context, prefix, name string, listed map[credKey]bool) error {
+func (r *reconciler) passOrphan(ctx context.Context, prefix, name string, listed map[credKey]bool) error {
 	if folder, ok := entityFolder(name); ok {
-		if rs := b.state.peek(roleKey(folder)); !listed[roleKey(folder)] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
-			return b.dropOrphanEntities(ctx, folder)
+		if rs := r.state.peek(roleKey(folder)); !listed[roleKey(folder)] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
+			return r.dropOrphanEntities(ctx, folder)
 		}
 		return nil
 	}
 	if !listed[roleKey(name)] {
-		return b.dropOrphan(ctx, prefix, name)
+		return r.dropOrphan(ctx, prefix, name)
 	}
 	return nil
 }
@@ -449,11 +493,11 @@ func (p *passIndex) reach(key credKey) {
 // a hint, keep their entries (keep), as do keys waiting in the plan for a
 // reserved slot; the others, cold or gone, have none.
 // want is by the index's entry names: the keys' String form.
-func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[credKey]bool) {
+func (r *reconciler) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[credKey]bool) {
 	want, keep = map[string]schedindex.Item{}, map[credKey]bool{}
 	for key := range idx.reached {
 		// In one look: a role leaves the plan and enters its flight in one step.
-		running, e, planned := b.flightOrPlan(key)
+		running, e, planned := r.refresher.flightOrPlan(key)
 		at, checked := e.At, e.Mark&dueplan.Hint == 0
 		if running || e.Mark&dueplan.Reserved != 0 {
 			// At a reserved slot its cycle has begun, as if running.
@@ -463,7 +507,7 @@ func (b *backend) indexWant(idx *passIndex) (want map[string]schedindex.Item, ke
 		switch {
 		case planned && checked:
 			var exp time.Time
-			if rs := b.state.peek(key); rs != nil {
+			if rs := r.state.peek(key); rs != nil {
 				exp = rs.cred.expiry()
 			}
 			want[key.String()] = schedindex.NewItem(at, exp)
@@ -497,15 +541,15 @@ func sortOverdue(overdue []overdueRole) {
 // reread reads it from storage even when it is mirrored. A warm role with
 // nothing planned or running is scheduled at its plan, unless that plan is
 // due by passStart: such a role is returned instead, for planOverdue.
-func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
+func (r *reconciler) reconcileRole(ctx context.Context, key credKey, reread bool, passStart time.Time, idx *passIndex) (*overdueRole, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // the pass is stopping: no more storage calls
 	}
-	defer b.state.lockRole(key)()
+	defer r.state.lockRole(key)()
 	if reread {
-		b.state.markLocked(key, false)
+		r.state.markLocked(key, false)
 	}
-	rs, err := b.state.currentLocked(ctx, b.storage, key)
+	rs, err := r.state.currentLocked(ctx, r.storage(), key)
 	if err != nil {
 		return nil, err
 	}
@@ -513,19 +557,19 @@ func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, p
 		idx.reach(key)
 		return nil, nil
 	}
-	if err := b.state.flushLocked(ctx, b.storage, key, rs); err != nil {
+	if err := r.state.flushLocked(ctx, r.storage(), key, rs); err != nil {
 		return nil, err
 	}
 	if entityID := key.entity; entityID != "" {
 		// An entity credential nobody read for entity_idle_ttl, or whose
 		// entity Vault deleted or disabled, costs no more STS calls.
-		reason := entityDropReason(rs, b.clock.Now(), func() bool { return b.entityGone(entityID) })
+		reason := entityDropReason(rs, r.clock.Now(), func() bool { return r.entityGone(entityID) })
 		if reason != "" {
-			if err := b.state.dropEntityLocked(ctx, b.storage, key); err != nil {
+			if err := r.state.dropEntityLocked(ctx, r.storage(), key); err != nil {
 				return nil, err
 			}
-			b.metrics.entityDropped(reason)
-			b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", entityID, "reason", reason)
+			r.metrics.entityDropped(reason)
+			r.logger().Info("dropped entity credential", "role", key.role, "entity_id", entityID, "reason", reason)
 			idx.reach(key)
 			return nil, nil
 		}
@@ -536,19 +580,19 @@ func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, p
 		idx.reach(key)
 		return nil, nil
 	}
-	if b.planChecked(key) {
+	if r.refresher.planChecked(key) {
 		idx.reach(key)
 		return nil, nil
 	}
-	if b.inHand(key) {
+	if r.refresher.inHand(key) {
 		return nil, nil // its commit writes the index
 	}
 	// Not planned, or planned from the index: the role's own plan.
-	at := b.plannedRefresh(rs)
+	at := r.refresher.plannedRefresh(rs)
 	if !at.After(passStart) {
 		return &overdueRole{key: key, expiry: exp}, nil
 	}
-	b.planAt(key, at)
+	r.refresher.planAt(key, at)
 	idx.reach(key)
 	return nil, nil
 }
@@ -560,25 +604,25 @@ func (b *backend) reconcileRole(ctx context.Context, key credKey, reread bool, p
 // the credentials closest to expiry are refreshed first, not the first in
 // storage-list order. Each is checked again under its store lock, since the
 // role may have changed, been read or been deleted since the pass saw it.
-func (b *backend) planOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time, idx *passIndex) []error {
+func (r *reconciler) planOverdue(ctx context.Context, overdue []overdueRole, passStart time.Time, idx *passIndex) []error {
 	sortOverdue(overdue)
 	if len(overdue) > 1 {
 		// One batch: the first ones must not start on their own before the
 		// rest are planned, or they would miss their place in the queue.
-		defer b.holdPlan()()
+		defer r.refresher.holdPlan()()
 	}
 	var errs []error
 	for _, od := range overdue {
-		if err := b.scheduleOverdueRole(ctx, od.key, passStart, idx); err != nil {
+		if err := r.scheduleOverdueRole(ctx, od.key, passStart, idx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errs
 }
 
-func (b *backend) scheduleOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
-	defer b.state.lockRole(key)()
-	rs, err := b.state.currentLocked(ctx, b.storage, key)
+func (r *reconciler) scheduleOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
+	defer r.state.lockRole(key)()
+	rs, err := r.state.currentLocked(ctx, r.storage(), key)
 	if err != nil {
 		return err
 	}
@@ -586,67 +630,54 @@ func (b *backend) scheduleOverdueRole(ctx context.Context, key credKey, passStar
 		idx.reach(key)
 		return nil
 	}
-	if b.planChecked(key) {
+	if r.refresher.planChecked(key) {
 		idx.reach(key)
 		return nil
 	}
-	if b.inHand(key) {
+	if r.refresher.inHand(key) {
 		return nil
 	}
-	at := b.plannedRefresh(rs)
+	at := r.refresher.plannedRefresh(rs)
 	if !at.After(passStart) {
 		at = passStart
 	}
 	// (A plan that moved past passStart: a cycle ran meanwhile.)
-	b.planAt(key, at)
+	r.refresher.planAt(key, at)
 	idx.reach(key)
 	return nil
 }
 
-// plannedRefresh is when a warm role's next cycle is due: the plan its
-// status records, or, when it records none, the regular refresh point of
-// the cached credential.
-func (b *backend) plannedRefresh(rs *roleState) time.Time {
-	if next := rs.status().NextRefresh; !next.IsZero() {
-		return next
-	}
-	if rs.cred != nil {
-		return nextRefreshAfterSuccess(b.rand, rs.cred, b.settings.policy().RefreshFraction)
-	}
-	return b.clock.Now()
-}
-
 // dropOrphan deletes a cached credential or status whose role is gone,
 // after checking under the store lock that the role really is.
-func (b *backend) dropOrphan(ctx context.Context, prefix, name string) error {
-	defer b.state.lockRole(roleKey(name))()
-	role, err := getRole(ctx, b.storage, name)
+func (r *reconciler) dropOrphan(ctx context.Context, prefix, name string) error {
+	defer r.state.lockRole(roleKey(name))()
+	role, err := getRole(ctx, r.storage(), name)
 	if err != nil || role != nil {
 		return err
 	}
-	if err := deleteOrphan(ctx, b.storage, prefix, name); err != nil {
+	if err := deleteOrphan(ctx, r.storage(), prefix, name); err != nil {
 		return err
 	}
-	b.Logger().Info("deleted orphaned entry", "key", prefix+name)
+	r.logger().Info("deleted orphaned entry", "key", prefix+name)
 	return nil
 }
 
 // dropOrphanEntities deletes the entity credentials stored under a role
 // that is gone or not entity-scoped, after checking under the store lock.
-func (b *backend) dropOrphanEntities(ctx context.Context, name string) error {
-	defer b.state.lockRole(roleKey(name))()
-	role, err := getRole(ctx, b.storage, name)
+func (r *reconciler) dropOrphanEntities(ctx context.Context, name string) error {
+	defer r.state.lockRole(roleKey(name))()
+	role, err := getRole(ctx, r.storage(), name)
 	if err != nil || (role != nil && role.entityScoped()) {
 		return err
 	}
-	for _, k := range b.state.entityKeys(name) {
-		b.state.markLocked(k, true)
-		b.unplan(k)
+	for _, k := range r.state.entityKeys(name) {
+		r.state.markLocked(k, true)
+		r.refresher.unplan(k)
 	}
-	if err := deleteEntityData(ctx, b.storage, name); err != nil {
+	if err := deleteEntityData(ctx, r.storage(), name); err != nil {
 		return err
 	}
-	b.Logger().Info("deleted orphaned entity credentials", "role", name)
+	r.logger().Info("deleted orphaned entity credentials", "role", name)
 	return nil
 }
 

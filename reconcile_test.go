@@ -1,6 +1,7 @@
 package awsresilient
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -16,8 +17,9 @@ func TestReconciler_RetryBackoffAndStop(t *testing.T) {
 	clk := newFakeClock(time.Now().Truncate(time.Second))
 	var closed atomic.Bool
 	retries := make(chan struct{}, 4)
-	r := newReconciler(clk, closed.Load, func(n int) time.Duration { return time.Duration(n) * time.Second },
-		func() { retries <- struct{}{} }, 0)
+	r := newReconciler(reconcilerOwners{clock: clk, closed: closed.Load,
+		backoff: func(n int) time.Duration { return time.Duration(n) * time.Second },
+		retry:   func() { retries <- struct{}{} }})
 	if r.workers != defaultPassWorkers {
 		t.Errorf("workers = %d, want the default %d", r.workers, defaultPassWorkers)
 	}
@@ -71,4 +73,28 @@ func TestReconciler_RetryBackoffAndStop(t *testing.T) {
 	}
 	r.end(failed)
 	wantNoRetry("a pass failed after Clean began")
+}
+
+// A pass deletes the cached credential and status of a role that storage
+// no longer has (a delete that failed half-way, say), and leaves a live
+// role's alone.
+func TestReconciler_DeletesWhatAGoneRoleLeft(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.mustReadCreds(testRole)
+	putJSON(t, f.s, cachePrefix+"gone", &cacheEntry{AccessKey: "AKIA", SecretKey: "s", SessionToken: "t", Expiration: f.clock.Now().Add(time.Hour)})
+	putJSON(t, f.s, statusPrefix+"gone", &statusEntry{})
+	ctx := context.Background()
+	if err := f.b.reconciler.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{cachePrefix + "gone", statusPrefix + "gone"} {
+		if e, err := f.s.Get(ctx, key); err != nil || e != nil {
+			t.Errorf("%s: %v (error %v), want it deleted", key, e != nil, err)
+		}
+	}
+	for _, key := range []string{cachePrefix + testRole, statusPrefix + testRole} {
+		if e, err := f.s.Get(ctx, key); err != nil || e == nil {
+			t.Errorf("%s: gone (error %v), want the live role's kept", key, err)
+		}
+	}
 }

@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/vault/sdk/logical"
 )
 
 // minCallTime is the least time an STS call gets even when its attempt was
@@ -36,18 +40,63 @@ type cycleResult struct {
 	outcome string
 }
 
+// refresher owns the plan, every scheduled role's next cycle with the one
+// timer between cycles, and the procedures of a refresh cycle: the plan's
+// firing (fireDue), a cycle's attempts (runCycle, attempt) and the commit
+// of its outcome through roleStates. It is given at construction the
+// owners a cycle works with; the plan is its only state, with its own lock,
+// and fires under the flights' lock. roleStates calls it as its planner.
+type refresher struct {
+	clock clock.Clock
+	rand  randSource
+	// storage is the mount's storage view, read at each call: the backend
+	// gets it after construction. logger likewise (Setup sets it).
+	storage func() logical.Storage
+	logger  func() hclog.Logger
+
+	settings *settings
+	state    *roleStates
+	flights  *flights
+	// plan holds every scheduled key's next cycle; it fires under the
+	// flights' lock (see fireDue).
+	plan    *dueplan.Plan[credKey]
+	limiter *ratelimit.Limiter
+	clients *stsClients
+	metrics *metrics
+	life    *lifecycle
+	index   credIndex
+	// reconciler counts the failed checks of hints (checkHint) and runs
+	// the index's loads, workers at a time (startFromIndex).
+	reconciler *reconciler
+	// session names the STS session of a key (backend.sessionFor: an
+	// entity's is looked up in Vault).
+	session func(key credKey, role *roleEntry) (stsSession, error)
+	// onPlan, when set (a test seam), is called after every change of the
+	// plan.
+	onPlan func()
+}
+
+// stop stops the plan for good: its timer, and any plan made after (Clean).
+func (rf *refresher) stop() { rf.plan.Stop() }
+
+// sleepUntil waits on the refresher's clock until t, until hurry is
+// closed, or until ctx is done (clock.SleepUntil).
+func (rf *refresher) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
+	return clock.SleepUntil(ctx, rf.clock, t, hurry)
+}
+
 // launchCycle is the flights' launch: it starts f's cycle on a goroutine
 // that Clean waits for, once prev (when not nil) has ended. The cycle runs
 // on the backend's context, not a request's, so that one reader giving up
 // does not cancel it for the others.
-func (b *backend) launchCycle(key credKey, f, prev *flight) (context.CancelFunc, bool) {
-	ctx, cancel := context.WithCancel(b.life.bgContext())
-	started := b.life.spawn(func(context.Context) {
+func (rf *refresher) launchCycle(key credKey, f, prev *flight) (context.CancelFunc, bool) {
+	ctx, cancel := context.WithCancel(rf.life.bgContext())
+	started := rf.life.spawn(func(context.Context) {
 		defer cancel()
 		if prev != nil {
 			<-prev.done
 		}
-		b.flights.land(key, f, b.flightOutcome(ctx, key, f, prev))
+		rf.flights.land(key, f, rf.flightOutcome(ctx, key, f, prev))
 	})
 	if !started {
 		cancel()
@@ -57,35 +106,35 @@ func (b *backend) launchCycle(key credKey, f, prev *flight) (context.CancelFunc,
 
 // flightOutcome runs f's cycle, when one is still due, and returns its
 // outcome; prev is the cycle f waited for, if any.
-func (b *backend) flightOutcome(ctx context.Context, key credKey, f, prev *flight) cycleResult {
-	if at, planned := b.plannedAt(key); prev != nil && f.background && planned && at.After(b.clock.Now()) {
+func (rf *refresher) flightOutcome(ctx context.Context, key credKey, f, prev *flight) cycleResult {
+	if at, planned := rf.plannedAt(key); prev != nil && f.background && planned && at.After(rf.clock.Now()) {
 		// Started by a timer that fired while prev committed, which
 		// planned the next cycle since: nothing is due now.
 		return prev.res
 	}
-	if f.hint && !b.checkHint(ctx, key, f) {
+	if f.hint && !rf.checkHint(ctx, key, f) {
 		// The index's plan was not the role's: it is planned at its own
 		// now (or not at all), and no cycle runs.
 		return cycleResult{}
 	}
-	start := b.clock.Now()
-	res := b.runCycle(ctx, key, f)
-	b.metrics.observeCycle(res.outcome, b.clock.Now().Sub(start))
+	start := rf.clock.Now()
+	res := rf.runCycle(ctx, key, f)
+	rf.metrics.observeCycle(res.outcome, rf.clock.Now().Sub(start))
 	return res
 }
 
 var errShuttingDown = &refreshError{Code: "ShuttingDown", Message: "the backend is shutting down"}
 
 // inFlight reports whether a cycle for the role runs on this node.
-func (b *backend) inFlight(key credKey) bool { return b.flights.running(key) }
+func (rf *refresher) inFlight(key credKey) bool { return rf.flights.running(key) }
 
 // busy reports whether a cycle for the role is planned or running on this
 // node (roleStates' planner): its mirrored entry must keep its generation.
-func (b *backend) busy(key credKey) bool {
-	if _, ok := b.plannedAt(key); ok {
+func (rf *refresher) busy(key credKey) bool {
+	if _, ok := rf.plannedAt(key); ok {
 		return true
 	}
-	return b.inFlight(key)
+	return rf.inFlight(key)
 }
 
 // inHand reports whether a cycle for the role runs on this node, or waits
@@ -93,18 +142,18 @@ func (b *backend) busy(key credKey) bool {
 // way its cycle has begun, and the reconciler leaves the role alone. It
 // looks once under the flights' lock, which the plan holds as it fires, so
 // a role that moves from the plan into its flight is never missed.
-func (b *backend) inHand(key credKey) bool {
-	running, e, _ := b.flightOrPlan(key)
+func (rf *refresher) inHand(key credKey) bool {
+	running, e, _ := rf.flightOrPlan(key)
 	return running || e.Mark&dueplan.Reserved != 0
 }
 
 // flightOrPlan reports, in one look, whether a cycle for the role runs on
 // this node and what the plan holds for it: the plan fires under the
 // flights' lock, so a role is seen in one or the other as it moves.
-func (b *backend) flightOrPlan(key credKey) (running bool, e dueplan.Entry[credKey], planned bool) {
-	b.flights.view(func(inFlight map[credKey]*flight) {
+func (rf *refresher) flightOrPlan(key credKey) (running bool, e dueplan.Entry[credKey], planned bool) {
+	rf.flights.view(func(inFlight map[credKey]*flight) {
 		running = inFlight[key] != nil
-		e, planned = b.plan.Get(key)
+		e, planned = rf.plan.Get(key)
 	})
 	return running, e, planned
 }
@@ -113,18 +162,18 @@ func (b *backend) flightOrPlan(key credKey) (running bool, e dueplan.Entry[credK
 // earlier plan. It does nothing unless the refresher runs on this node (a
 // plan made as Clean stops it is dropped by the stopped plan).
 // roleStates calls it under the role's store lock.
-func (b *backend) planAt(key credKey, at time.Time) {
-	if !b.life.running() {
+func (rf *refresher) planAt(key credKey, at time.Time) {
+	if !rf.life.running() {
 		return
 	}
-	b.plan.Set(key, at)
-	b.planChanged()
+	rf.plan.Set(key, at)
+	rf.planChanged()
 }
 
 // planChanged tells the test hook that the plan changed.
-func (b *backend) planChanged() {
-	if b.opts.onPlan != nil {
-		b.opts.onPlan()
+func (rf *refresher) planChanged() {
+	if rf.onPlan != nil {
+		rf.onPlan()
 	}
 }
 
@@ -132,7 +181,7 @@ func (b *backend) planChanged() {
 // planned, so that roles planned for the same instant start together, in
 // plan order, as one batch (see fireDue's herd); the returned func ends the
 // hold and arms the timer.
-func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
+func (rf *refresher) holdPlan() (release func()) { return rf.plan.Hold() }
 
 // fireDue is the plan's fire callback: it starts (or joins) the cycle of
 // every role in due, the roles due by now, earliest first. The plan calls
@@ -145,9 +194,9 @@ func (b *backend) holdPlan() (release func()) { return b.plan.Hold() }
 // fires it there: only roles whose slot has come hold a goroutine, however
 // many wait (parked each on a timer of its own, a goroutine and its stack
 // per overdue role: BENCHMARKS.md, "Figures behind the code's constants").
-func (b *backend) fireDue(due []dueplan.Entry[credKey]) {
-	b.planChanged()
-	cfg := b.settings.policy()
+func (rf *refresher) fireDue(due []dueplan.Entry[credKey]) {
+	rf.planChanged()
+	cfg := rf.settings.policy()
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for
@@ -161,8 +210,8 @@ func (b *backend) fireDue(due []dueplan.Entry[credKey]) {
 			fresh++
 		}
 	}
-	herd := fresh > 1 && fresh > b.limiter.Capacity(cfg.block())
-	now := b.clock.Now()
+	herd := fresh > 1 && fresh > rf.limiter.Capacity(cfg.block())
+	now := rf.clock.Now()
 	for _, e := range due {
 		hint := e.Mark&dueplan.Hint != 0
 		var slot time.Time
@@ -170,26 +219,26 @@ func (b *backend) fireDue(due []dueplan.Entry[credKey]) {
 		case e.Mark&dueplan.Reserved != 0:
 			slot = e.At
 		case herd:
-			at, ok := b.herdSlot(e.Key, hint, now, cfg)
+			at, ok := rf.herdSlot(e.Key, hint, now, cfg)
 			if ok && at.After(now) {
 				// Its cycle starts when the plan fires it at its slot.
-				b.plan.Put(e.Key, at, e.Mark|dueplan.Reserved)
+				rf.plan.Put(e.Key, at, e.Mark|dueplan.Reserved)
 				continue
 			}
 			if ok {
 				slot = at
-			} else if hint && !b.flights.runningLocked(e.Key) && b.state.peek(e.Key) == nil {
+			} else if hint && !rf.flights.runningLocked(e.Key) && rf.state.peek(e.Key) == nil {
 				// A hint's role is not read yet, so it queues only up to
 				// the start of its last block: how long its credential
 				// lasts is in storage. Rather than start a cycle that
 				// parks until it learns that, it waits in the plan,
 				// unreserved, for the limiter's next free slot, and
 				// takes a slot there with the rest of the herd.
-				b.plan.Put(e.Key, b.limiter.NextFree(now), e.Mark)
+				rf.plan.Put(e.Key, rf.limiter.NextFree(now), e.Mark)
 				continue
 			}
 		}
-		b.flights.firedLocked(e.Key, planned{slot: slot, hint: hint})
+		rf.flights.firedLocked(e.Key, planned{slot: slot, hint: hint})
 	}
 }
 
@@ -197,38 +246,38 @@ func (b *backend) fireDue(due []dueplan.Entry[credKey]) {
 // its queue horizon; the flights' lock held (fireDue). It takes none (ok false) when no new
 // cycle would start for the role: one runs already, whose slot it would
 // waste, or the role is gone.
-func (b *backend) herdSlot(key credKey, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
-	if b.flights.runningLocked(key) {
+func (rf *refresher) herdSlot(key credKey, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
+	if rf.flights.runningLocked(key) {
 		return time.Time{}, false
 	}
 	var cred *cacheEntry
-	if rs := b.state.peek(key); rs != nil {
+	if rs := rf.state.peek(key); rs != nil {
 		cred = rs.cred
 	} else if !hint {
 		return time.Time{}, false
 	}
-	return b.limiter.Reserve(now, queueHorizon(now, cfg, cred))
+	return rf.limiter.Reserve(now, queueHorizon(now, cfg, cred))
 }
 
 // unplan drops the role's pending refresh.
-func (b *backend) unplan(key credKey) {
-	if b.plan.Drop(key) {
-		b.planChanged()
+func (rf *refresher) unplan(key credKey) {
+	if rf.plan.Drop(key) {
+		rf.planChanged()
 	}
 }
 
 // plannedCount returns how many roles have a next cycle planned on this node.
-func (b *backend) plannedCount() int { return b.plan.Len() }
+func (rf *refresher) plannedCount() int { return rf.plan.Len() }
 
 // rolesInPlan returns how many roles the refresher on this node has in hand:
 // a next cycle planned, or a cycle running. Right after a start or a
 // failover it counts up to the number of warm roles as the reconciler
 // reaches them.
-func (b *backend) rolesInPlan() (n int) {
-	b.flights.view(func(inFlight map[credKey]*flight) {
-		n = b.plan.Len()
+func (rf *refresher) rolesInPlan() (n int) {
+	rf.flights.view(func(inFlight map[credKey]*flight) {
+		n = rf.plan.Len()
 		for name := range inFlight {
-			if _, ok := b.plan.Get(name); !ok {
+			if _, ok := rf.plan.Get(name); !ok {
 				n++
 			}
 		}
@@ -236,17 +285,41 @@ func (b *backend) rolesInPlan() (n int) {
 	return n
 }
 
+// rotationTTLFor is the ttl of a lease=false response serving cred, key's
+// credential, at now (rotationTTL): with the policy in force, and the plan
+// of the key on this node when it has one.
+func (rf *refresher) rotationTTLFor(key credKey, cred *cacheEntry, now time.Time) time.Duration {
+	var plan *time.Time
+	if at, ok := rf.plannedAt(key); ok {
+		plan = &at
+	}
+	return rotationTTL(now, cred, rf.settings.policy(), plan)
+}
+
 // planChecked reports whether the role has a plan on this node that is its
 // own, not a hint from the schedule index.
-func (b *backend) planChecked(key credKey) bool {
-	e, ok := b.plan.Get(key)
+func (rf *refresher) planChecked(key credKey) bool {
+	e, ok := rf.plan.Get(key)
 	return ok && e.Mark&dueplan.Hint == 0
 }
 
 // plannedAt returns when the role's next cycle is due on this node.
-func (b *backend) plannedAt(key credKey) (time.Time, bool) {
-	e, ok := b.plan.Get(key)
+func (rf *refresher) plannedAt(key credKey) (time.Time, bool) {
+	e, ok := rf.plan.Get(key)
 	return e.At, ok
+}
+
+// plannedRefresh is when a warm role's next cycle is due: the plan its
+// status records, or, when it records none, the regular refresh point of
+// the cached credential.
+func (rf *refresher) plannedRefresh(rs *roleState) time.Time {
+	if next := rs.status().NextRefresh; !next.IsZero() {
+		return next
+	}
+	if rs.cred != nil {
+		return nextRefreshAfterSuccess(rf.rand, rs.cred, rf.settings.policy().RefreshFraction)
+	}
+	return rf.clock.Now()
 }
 
 // cycleJob is one refresh cycle as it runs: the role's key and flight, the
@@ -318,45 +391,45 @@ func (j *cycleJob) moved(i int, end time.Time) {
 // validated credential is written; a failed cycle records its status alone.
 // Either way the outcome is committed, with the next cycle's time, in one
 // place, and returned.
-func (b *backend) runCycle(ctx context.Context, key credKey, f *flight) cycleResult {
-	cfg := b.settings.policy()
-	j := &cycleJob{key: key, f: f, cfg: cfg, block: cfg.block(), timeout: callTimeout(cfg.block()), start: b.clock.Now()}
+func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycleResult {
+	cfg := rf.settings.policy()
+	j := &cycleJob{key: key, f: f, cfg: cfg, block: cfg.block(), timeout: callTimeout(cfg.block()), start: rf.clock.Now()}
 	if !f.slot.IsZero() {
 		j.start = f.slot
 	}
-	if b.droppedIdle(ctx, j) {
+	if rf.droppedIdle(ctx, j) {
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
 	for i := 0; i < cfg.MaxRetries; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
-		if err := b.sleepUntil(ctx, attemptAt(b.rand, j.start, j.block, i, reserved), j.hurry(i, reserved)); err != nil {
-			return b.cycleStopped()
+		if err := rf.sleepUntil(ctx, attemptAt(rf.rand, j.start, j.block, i, reserved), j.hurry(i, reserved)); err != nil {
+			return rf.cycleStopped()
 		}
-		rs, err := b.state.current(ctx, b.storage, key)
+		rs, err := rf.state.current(ctx, rf.storage(), key)
 		if err != nil {
 			j.failed(&refreshError{Code: "StorageError", Message: "reading the role failed", Retryable: true, cause: err})
-			b.Logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
+			rf.logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", err)
 			continue
 		}
 		if rs == nil || rs.gen != f.gen {
 			return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 		}
-		if res, done := b.cycleAttempt(ctx, j, rs, i, reserved); done {
+		if res, done := rf.cycleAttempt(ctx, j, rs, i, reserved); done {
 			return res
 		}
-		b.Logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", j.lastErr.Message)
+		rf.logger().Warn("refresh attempt failed", "role", key.String(), "attempt", j.attempts, "outcome", j.lastErr.Code, "error", j.lastErr.Message)
 		if !j.lastErr.Retryable {
 			break
 		}
 	}
-	return b.commitCycleFailure(ctx, j)
+	return rf.commitCycleFailure(ctx, j)
 }
 
 // cycleStopped is the result of a cycle that stopped without writing:
 // Clean is running (storage may be going away) or a newer definition
 // superseded it.
-func (b *backend) cycleStopped() cycleResult {
-	if b.life.bgContext().Err() != nil {
+func (rf *refresher) cycleStopped() cycleResult {
+	if rf.life.bgContext().Err() != nil {
 		return cycleResult{err: errShuttingDown, outcome: cycleAborted}
 	}
 	return cycleResult{err: errRoleChanged, outcome: cycleAborted}
@@ -365,13 +438,13 @@ func (b *backend) cycleStopped() cycleResult {
 // droppedIdle drops an entity credential that nobody read for
 // entity_idle_ttl here, at its background refresh, instead of spending
 // another STS call on it, and reports whether it did.
-func (b *backend) droppedIdle(ctx context.Context, j *cycleJob) bool {
+func (rf *refresher) droppedIdle(ctx context.Context, j *cycleJob) bool {
 	if !j.key.isEntity() || !j.f.background {
 		return false
 	}
-	dropped, err := b.dropEntity(ctx, j.key, j.start, nil)
+	dropped, err := rf.dropEntity(ctx, j.key, j.start, nil)
 	if err != nil {
-		b.Logger().Warn("dropping idle entity credential failed", "role", j.key.role, "error", err)
+		rf.logger().Warn("dropping idle entity credential failed", "role", j.key.role, "error", err)
 	}
 	return dropped
 }
@@ -379,16 +452,16 @@ func (b *backend) droppedIdle(ctx context.Context, j *cycleJob) bool {
 // cycleAttempt makes attempt i of j's cycle for the role as read (rs) and
 // commits a success. It returns done with the cycle's result when the
 // cycle ends here; otherwise the attempt failed, recorded in j.
-func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, i int, reserved bool) (cycleResult, bool) {
+func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, i int, reserved bool) (cycleResult, bool) {
 	j.attempts++
-	j.lastAttempt = b.clock.Now()
+	j.lastAttempt = rf.clock.Now()
 	w := j.window(i, reserved, rs.cred)
 
-	sess, serr := b.sessionFor(j.key, rs.role)
+	sess, serr := rf.session(j.key, rs.role)
 	if errors.Is(serr, errEntityGone) && j.f.background {
 		// Nobody can read it any more: drop it rather than refresh.
-		if _, err := b.dropEntity(ctx, j.key, b.clock.Now(), entityIsGone); err != nil {
-			b.Logger().Warn("dropping entity credential failed", "role", j.key.role, "error", err)
+		if _, err := rf.dropEntity(ctx, j.key, rf.clock.Now(), entityIsGone); err != nil {
+			rf.logger().Warn("dropping entity credential failed", "role", j.key.role, "error", err)
 		}
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
 	}
@@ -396,18 +469,18 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 	if serr != nil {
 		out.err = &refreshError{Code: "EntityLookupFailed", Message: serr.Error(), Retryable: !errors.Is(serr, errEntityGone), cause: serr}
 	} else {
-		out = b.attempt(ctx, j.key, sess, rs.role, w)
+		out = rf.attempt(ctx, j.key, sess, rs.role, w)
 	}
 	if !out.movedEnd.IsZero() {
 		j.moved(i, out.movedEnd)
 	}
 	if ctx.Err() != nil {
-		return b.cycleStopped(), true
+		return rf.cycleStopped(), true
 	}
 	rerr := out.err
 	if rerr == nil {
 		var res cycleResult
-		if res, rerr = b.commitCredential(ctx, j, rs.role, out.cred); rerr == nil {
+		if res, rerr = rf.commitCredential(ctx, j, rs.role, out.cred); rerr == nil {
 			return res, true
 		}
 	}
@@ -418,14 +491,14 @@ func (b *backend) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleState, 
 // commitCredential validates the credential an attempt fetched and commits
 // it as the cycle's success, returning the cycle's result; or the error
 // that makes the attempt a failure instead.
-func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleEntry, cred *cacheEntry) (cycleResult, *refreshError) {
+func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *roleEntry, cred *cacheEntry) (cycleResult, *refreshError) {
 	cred.IssuedAt = j.lastAttempt
-	rerr := validateCredential(cred, role, b.clock.Now())
-	b.metrics.countRejection(rerr)
+	rerr := validateCredential(cred, role, rf.clock.Now())
+	rf.metrics.countRejection(rerr)
 	if rerr != nil {
 		return cycleResult{}, rerr
 	}
-	next := nextRefreshAfterSuccess(b.rand, cred, j.cfg.RefreshFraction)
+	next := nextRefreshAfterSuccess(rf.rand, cred, j.cfg.RefreshFraction)
 	st := &statusEntry{
 		NextRefresh:       next,
 		LastAttempt:       j.lastAttempt,
@@ -433,12 +506,12 @@ func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleE
 		AttemptsLastCycle: j.attempts,
 	}
 	j.f.ending.Store(true)
-	err := b.state.commitSuccess(ctx, b.storage, successCommit{key: j.key, gen: j.f.gen, cred: cred, status: st, next: next})
+	err := rf.state.commitSuccess(ctx, rf.storage(), successCommit{key: j.key, gen: j.f.gen, cred: cred, status: st, next: next})
 	if errors.Is(err, errShuttingDown) {
-		return b.cycleStopped(), nil
+		return rf.cycleStopped(), nil
 	}
 	if err == nil {
-		b.Logger().Info("refresh succeeded", "role", j.key.String(), "attempt", j.attempts, "outcome", "ok",
+		rf.logger().Info("refresh succeeded", "role", j.key.String(), "attempt", j.attempts, "outcome", "ok",
 			"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
 		return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}, nil
 	}
@@ -447,19 +520,19 @@ func (b *backend) commitCredential(ctx context.Context, j *cycleJob, role *roleE
 		return cycleResult{err: err, outcome: cycleAborted}, nil
 	}
 	rerr = classify(err, "")
-	b.metrics.countRejection(rerr)
+	rf.metrics.countRejection(rerr)
 	if rerr.Code == "StorageError" {
-		b.Logger().Error("writing cached credential failed", "role", j.key.String(), "error", err)
+		rf.logger().Error("writing cached credential failed", "role", j.key.String(), "error", err)
 	}
 	return cycleResult{}, rerr
 }
 
 // commitCycleFailure records a cycle whose every attempt failed: it keeps
 // the cached credential, and comes back after a pause.
-func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResult {
+func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResult {
 	j.f.ending.Store(true)
-	now := b.clock.Now()
-	st, cred, next, err := b.state.commitFailure(ctx, b.storage, j.key, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
+	now := rf.clock.Now()
+	st, cred, next, err := rf.state.commitFailure(ctx, rf.storage(), j.key, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
 		st := &statusEntry{
 			LastAttempt:       j.lastAttempt,
 			AttemptsLastCycle: j.attempts,
@@ -474,7 +547,7 @@ func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResu
 		if j.upstream {
 			st.FailedCycles++
 			st.RateLimitedSince = time.Time{}
-			st.NextRefresh = nextRefreshAfterFailure(b.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: j.lastErr.Retryable})
+			st.NextRefresh = nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: j.lastErr.Retryable})
 			return st, st.NextRefresh
 		}
 		// A cycle whose every attempt our own limiter refused made no STS
@@ -487,11 +560,11 @@ func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResu
 		if st.RateLimitedSince.IsZero() {
 			st.RateLimitedSince = j.start
 		}
-		st.NextRefresh = b.limiter.NextFree(now)
+		st.NextRefresh = rf.limiter.NextFree(now)
 		return st, st.NextRefresh
 	})
 	if errors.Is(err, errShuttingDown) {
-		return b.cycleStopped()
+		return rf.cycleStopped()
 	}
 	if err != nil {
 		return cycleResult{err: err, outcome: cycleAborted}
@@ -500,7 +573,7 @@ func (b *backend) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResu
 	if !j.upstream {
 		outcome = cycleRateLimited
 	}
-	b.Logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", j.lastErr.Code,
+	rf.logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", j.lastErr.Code,
 		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", j.lastErr.Message)
 	return cycleResult{cred: cred, status: st, next: next, err: j.lastErr, outcome: outcome}
 }
@@ -545,46 +618,46 @@ type attemptResult struct {
 // constraint, not STS, and the roles it holds back take its slots in the
 // order they asked, with no slot left idle. The block moves to start at
 // that slot, and its new end is returned (movedEnd).
-func (b *backend) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
-	eps, release, err := b.clients.acquire(ctx)
+func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
+	eps, release, err := rf.clients.acquire(ctx)
 	if err != nil {
 		return attemptResult{err: classify(err, "")}
 	}
 	defer release()
-	if b.clock.Now().After(w.blockEnd) {
+	if rf.clock.Now().After(w.blockEnd) {
 		// The attempt waited (for a lock, for storage) past its block: not
 		// our rate limiter's doing, and no call may start now.
 		return attemptResult{err: &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}}
 	}
 	action := role.stsAction()
 	for i, ep := range eps {
-		at, ok := b.callSlot(&w, &out, i)
+		at, ok := rf.callSlot(&w, &out, i)
 		if !ok {
 			if out.err == nil {
-				b.metrics.rateLimited.Inc()
+				rf.metrics.rateLimited.Inc()
 				out.err = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 			}
 			return out
 		}
-		if err := b.waitSlot(ctx, at); err != nil {
+		if err := rf.waitSlot(ctx, at); err != nil {
 			out.err = classify(err, "")
 			return out
 		}
-		d := min(w.timeout, max(w.blockEnd.Sub(b.clock.Now()), min(w.timeout, minCallTime)))
+		d := min(w.timeout, max(w.blockEnd.Sub(rf.clock.Now()), min(w.timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
-		called := b.clock.Now()
+		called := rf.clock.Now()
 		cred, err := ep.fetch(callCtx, sess, role)
 		cancel()
-		took := b.clock.Now().Sub(called)
+		took := rf.clock.Now().Sub(called)
 		if err == nil {
-			b.metrics.observeSTSCall(action, i, "ok", took)
+			rf.metrics.observeSTSCall(action, i, "ok", took)
 			out.cred, out.err = cred, nil
 			return out
 		}
 		out.err = classify(err, ep.secretKey)
-		b.metrics.observeSTSCall(action, i, out.err.Code, took)
+		rf.metrics.observeSTSCall(action, i, out.err.Code, took)
 		// Counted here: a fallback's error may replace it.
-		b.metrics.countRejection(out.err)
+		rf.metrics.countRejection(out.err)
 		if ctx.Err() != nil || !out.err.Retryable {
 			return out
 		}
@@ -595,16 +668,16 @@ func (b *backend) attempt(ctx context.Context, key credKey, sess stsSession, rol
 // callSlot takes the rate limiter slot of the attempt's call to endpoint i,
 // queueing the first call past the block when w allows it (which moves the
 // block: w and out record its new end). ok is false when no slot was free.
-func (b *backend) callSlot(w *attemptWindow, out *attemptResult, i int) (at time.Time, ok bool) {
-	at, ok = b.clock.Now(), true
+func (rf *refresher) callSlot(w *attemptWindow, out *attemptResult, i int) (at time.Time, ok bool) {
+	at, ok = rf.clock.Now(), true
 	if i > 0 || !w.reserved {
-		at, ok = b.limiter.Reserve(b.clock.Now(), w.blockEnd)
+		at, ok = rf.limiter.Reserve(rf.clock.Now(), w.blockEnd)
 	}
 	if !ok && i == 0 && w.queueUntil.After(w.blockEnd) {
-		if at, ok = b.limiter.Reserve(b.clock.Now(), w.queueUntil); ok {
+		if at, ok = rf.limiter.Reserve(rf.clock.Now(), w.queueUntil); ok {
 			w.blockEnd = at.Add(w.block)
 			out.movedEnd = w.blockEnd
-			b.metrics.queued.Inc()
+			rf.metrics.queued.Inc()
 		}
 	}
 	return at, ok
@@ -613,14 +686,14 @@ func (b *backend) callSlot(w *attemptWindow, out *attemptResult, i int) (at time
 // waitSlot sleeps until the call's slot at has come; a call that reached it
 // late then waits its turn among the calls actually made
 // (ratelimit.Limiter.Pace).
-func (b *backend) waitSlot(ctx context.Context, at time.Time) error {
-	if err := b.sleepUntil(ctx, at, nil); err != nil {
+func (rf *refresher) waitSlot(ctx context.Context, at time.Time) error {
+	if err := rf.sleepUntil(ctx, at, nil); err != nil {
 		return err
 	}
-	now := b.clock.Now()
-	if p := b.limiter.Pace(now); p.After(now) {
-		b.metrics.paced.Inc()
-		return b.sleepUntil(ctx, p, nil)
+	now := rf.clock.Now()
+	if p := rf.limiter.Pace(now); p.After(now) {
+		rf.metrics.paced.Inc()
+		return rf.sleepUntil(ctx, p, nil)
 	}
 	return nil
 }

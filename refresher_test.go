@@ -363,7 +363,7 @@ func TestRefresh_PauseLeavesRoomBeforeExpiry(t *testing.T) {
 
 	var sawPlain, sawClamp, sawNow bool
 	for cycle := 1; cycle <= 4; cycle++ {
-		if at, ok := f.b.plannedAt(roleKey(testRole)); ok {
+		if at, ok := f.b.refresher.plannedAt(roleKey(testRole)); ok {
 			f.fireScheduled(roleKey(testRole))
 			_ = at
 		} else {
@@ -443,7 +443,7 @@ func TestRefresh_StartDelay(t *testing.T) {
 		exp := statusTime(t, st, "expiration")
 		margin = time.Duration(0.33 * float64(exp.Sub(issued)))
 		next = statusTime(t, st, "next_refresh")
-		if at, ok := f.b.plannedAt(roleKey(role)); !ok || !at.Equal(next) {
+		if at, ok := f.b.refresher.plannedAt(roleKey(role)); !ok || !at.Equal(next) {
 			t.Fatalf("timer at %v (%v), status says %v", at, ok, next)
 		}
 		return next, exp.Add(-margin), margin

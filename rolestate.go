@@ -106,7 +106,7 @@ func (r *roleStates) del(key credKey) {
 	}
 }
 
-// planner is the refresher's side of the owner: the backend implements it.
+// planner is the refresher's side of the owner: the refresher implements it.
 type planner interface {
 	planAt(key credKey, at time.Time)
 	unplan(key credKey)

@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	iamtypes "github.com/aws/aws-sdk-go-v2/service/iam/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -40,24 +42,19 @@ const rotationTimeout = 15 * time.Minute
 // one call's timeout (at most 10 s).
 const rotationDrainTimeout = time.Minute
 
-// rotator owns the state of root key rotation: the lock that serialises
-// rotations (and their planning), the lock that makes config/root's "read,
-// change, write" one step, the scheduled rotation's one timer, and the IAM
-// client seam. Its fields are touched only by its methods, below.
+// rotator owns root key rotation and config/root's writes: its procedures
+// (rotateRoot, writeRoot and the planning of the scheduled rotation,
+// below), given at construction the owners a rotation calls; and its
+// state: the lock that serialises rotations (and their planning), the lock
+// that makes config/root's "read, change, write" one step, the scheduled
+// rotation's one timer, and the IAM client seam. Its fields are touched
+// only by its methods, below.
 //
 // Lock order: rotations, then root, then mu; mu is held while refreshing
 // is asked (which takes the lifecycle's lock), never the other way round.
 type rotator struct {
-	clock clock.Clock
-	// wrapIAM, when set, wraps each IAM client a rotation builds (a test
-	// seam, from backendOptions).
-	wrapIAM func(api iamAPI) iamAPI
-	// refreshing reports whether the refresher runs on this node: only
-	// there is a scheduled rotation armed.
-	refreshing func() bool
-	// due starts the scheduled rotation when its timer fires; it must not
-	// block (the backend starts a goroutine that Clean waits for).
-	due func()
+	// rotatorOwners are what the rotator was given at construction.
+	rotatorOwners
 
 	rotations sync.Mutex
 	root      sync.Mutex
@@ -70,9 +67,51 @@ type rotator struct {
 	stopped bool
 }
 
+// rotatorOwners are what a rotator works with: the owners a rotation
+// calls, and its seams.
+type rotatorOwners struct {
+	clock clock.Clock
+	rand  randSource
+	// storage is the mount's storage view, read at each call: the backend
+	// gets it after construction. logger likewise (Setup sets it).
+	storage func() logical.Storage
+	logger  func() hclog.Logger
+
+	// settings gives the block schedule a new key is verified on; limiter
+	// the STS call slots it takes; clients are rebuilt with a stored key
+	// and drained of the old one.
+	settings *settings
+	limiter  *ratelimit.Limiter
+	clients  *stsClients
+	metrics  *metrics
+	// life runs rotations counted for Clean.
+	life *lifecycle
+
+	// wrapIAM, when set, wraps each IAM client a rotation builds (a test
+	// seam, from backendOptions).
+	wrapIAM func(api iamAPI) iamAPI
+	// refreshing reports whether the refresher runs on this node: only
+	// there is a scheduled rotation armed.
+	refreshing func() bool
+	// due starts the scheduled rotation when its timer fires; it must not
+	// block. nil means a goroutine that Clean waits for runs
+	// scheduledRotation.
+	due func()
+}
+
 // newRotator returns a rotator with nothing armed.
-func newRotator(clk clock.Clock, wrapIAM func(api iamAPI) iamAPI, refreshing func() bool, due func()) *rotator {
-	return &rotator{clock: clk, wrapIAM: wrapIAM, refreshing: refreshing, due: due}
+func newRotator(o rotatorOwners) *rotator {
+	r := &rotator{rotatorOwners: o}
+	if r.due == nil {
+		r.due = func() { r.life.spawn(r.scheduledRotation) }
+	}
+	return r
+}
+
+// sleepUntil waits on the rotator's clock until t, until hurry is closed,
+// or until ctx is done (clock.SleepUntil).
+func (r *rotator) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
+	return clock.SleepUntil(ctx, r.clock, t, hurry)
 }
 
 // lockRotations takes the rotation lock and returns its unlock.
@@ -155,6 +194,56 @@ func (r *rotator) scheduled() time.Time {
 	return r.at
 }
 
+// writeRoot reads config/root from s, lets change edit it, and stores it,
+// as one step against a rotation storing its new key (config/root's lock):
+// whichever comes second sees the other's write. change returns the rule
+// the edited config breaks ("" when none); writeRoot then returns that rule
+// and stores nothing. After the write the STS clients are rebuilt, and a
+// new key or rotation_period plans the scheduled rotation anew.
+func (r *rotator) writeRoot(ctx context.Context, s logical.Storage, change func(cfg *rootConfig) string) (rule string, err error) {
+	defer r.lockRoot()()
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	before := *cfg
+	if msg := change(cfg); msg != "" {
+		return msg, nil
+	}
+	// The key's age, which scheduled rotation measures, starts when the key
+	// is stored, or when rotation is turned on for a key stored before.
+	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
+		cfg.KeySetAt = r.clock.Now()
+	}
+
+	if err := putRootConfig(ctx, s, cfg); err != nil {
+		return "", err
+	}
+	// After the write, so a client built concurrently cannot keep the old keys.
+	r.clients.reset()
+	if cfg.AccessKey != before.AccessKey || cfg.RotationPeriod != before.RotationPeriod {
+		if err := r.replanRotation(ctx, s, cfg.AccessKey != before.AccessKey); err != nil {
+			// config/root is written; the reconciler plans the rotation.
+			r.logger().Warn("planning the next root key rotation failed; the reconciler retries", "error", err)
+		}
+	}
+	return "", nil
+}
+
+// deleteRoot deletes config/root under its lock, and drops the STS clients
+// built from it.
+func (r *rotator) deleteRoot(ctx context.Context, s logical.Storage) error {
+	defer r.lockRoot()()
+	if err := deleteRootConfig(ctx, s); err != nil {
+		return err
+	}
+	r.clients.reset()
+	return nil
+}
+
 // iamAPI is the part of *iam.Client a rotation calls.
 type iamAPI interface {
 	GetUser(ctx context.Context, in *iam.GetUserInput, optFns ...func(*iam.Options)) (*iam.GetUserOutput, error)
@@ -233,7 +322,7 @@ func awsFailure(step string, err error, secretKey string) *rotationError {
 
 // rootClients builds an IAM client and an STS client signing with the given
 // key pair, against the endpoints of cfg.
-func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
+func (r *rotator) rootClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) (iamAPI, stsIdentityAPI, func(), error) {
 	iamCfg, iamTr, err := newAWSConfig(ctx, iamRegion, accessKey, secretKey)
 	if err != nil {
 		return nil, nil, nil, err
@@ -257,7 +346,7 @@ func (b *backend) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
 		}
 	})
-	iamClient = b.rotator.wrapIAMClient(iamClient)
+	iamClient = r.wrapIAMClient(iamClient)
 	return iamClient, stsClient, func() { iamTr.CloseIdleConnections(); stsTr.CloseIdleConnections() }, nil
 }
 
@@ -291,7 +380,7 @@ type stsIdentityAPI interface {
 //
 // A scheduled rotation runs only if it is still due once it holds the
 // rotation lock: another may have run meanwhile.
-func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger string) (string, error) {
+func (r *rotator) rotateRoot(_ context.Context, s logical.Storage, trigger string) (string, error) {
 	// Not the request's context: a client that gives up half-way must not
 	// stop a rotation between creating a key and recording what became of
 	// it. The plugin stopping does (its records let the next rotation clean
@@ -301,10 +390,10 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 		err   error
 		ran   bool
 	)
-	ran = b.life.run(func(bg context.Context) {
+	ran = r.life.run(func(bg context.Context) {
 		ctx, cancel := context.WithTimeout(bg, rotationTimeout)
 		defer cancel()
-		newID, err = b.rotateLocked(ctx, s, trigger)
+		newID, err = r.rotateLocked(ctx, s, trigger)
 	})
 	if !ran {
 		return "", &rotationError{status: http.StatusServiceUnavailable, msg: "the plugin is shutting down"}
@@ -315,9 +404,9 @@ func (b *backend) rotateRoot(_ context.Context, s logical.Storage, trigger strin
 // errNotDue ends a scheduled rotation that another rotation made moot.
 var errNotDue = errors.New("not due")
 
-func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (string, error) {
-	defer b.rotator.lockRotations()()
-	now := b.clock.Now()
+func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (string, error) {
+	defer r.lockRotations()()
+	now := r.clock.Now()
 	st, err := getRotationState(ctx, s)
 	if err != nil {
 		return "", err
@@ -333,7 +422,7 @@ func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 			return "", errNotDue
 		}
 	}
-	newID, rerr := b.rotateSteps(ctx, s, st)
+	newID, rerr := r.rotateSteps(ctx, s, st)
 	st.LastAttempt, st.Trigger = now, trigger
 	var superseded *rotationError
 	switch {
@@ -347,18 +436,18 @@ func (b *backend) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 		st.Outcome, st.Error = rotationFailure, rerr.Error()
 		st.Failures++
 	}
-	b.metrics.rotations.WithLabelValues(trigger, st.Outcome).Inc()
-	b.planRotation(ctx, s, st)
+	r.metrics.rotations.WithLabelValues(trigger, st.Outcome).Inc()
+	r.planRotation(ctx, s, st)
 	if err := putRotationState(ctx, s, st); err != nil {
 		// Every key to clean up was recorded before the step that could
 		// leave it; this write only brings the record up to date.
-		b.Logger().Error("recording the root key rotation's outcome failed", "error", err)
+		r.logger().Error("recording the root key rotation's outcome failed", "error", err)
 	}
 	if rerr != nil {
-		b.Logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
+		r.logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())
 		return "", rerr
 	}
-	b.Logger().Info("root key rotated", "trigger", trigger, "access_key", newID)
+	r.logger().Info("root key rotated", "trigger", trigger, "access_key", newID)
 	return newID, nil
 }
 
@@ -368,7 +457,7 @@ const iamCallTimeout = 10 * time.Second
 
 // rotateSteps runs the rotation; st is updated in place, and written
 // before each step that could leave a key behind.
-func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState) (string, error) {
+func (r *rotator) rotateSteps(ctx context.Context, s logical.Storage, st *rotationState) (string, error) {
 	cfg, err := getRootConfig(ctx, s)
 	if err != nil {
 		return "", err
@@ -377,12 +466,12 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		return "", &rotationError{status: http.StatusBadRequest, msg: "config/rotate-root needs a static access_key and secret_key in config/root; " +
 			"with the default AWS credential chain the keys belong to the environment, and the plugin cannot rotate them"}
 	}
-	oldIAM, _, closeOld, err := b.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
+	oldIAM, _, closeOld, err := r.rootClients(ctx, cfg, cfg.AccessKey, cfg.SecretKey)
 	if err != nil {
 		return "", awsFailure("building the IAM client", err, cfg.SecretKey)
 	}
 	defer closeOld()
-	rot := &rootRotation{b: b, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}
+	rot := &rootRotation{rot: r, ctx: ctx, s: s, st: st, cfg: cfg, oldIAM: oldIAM}
 
 	// 1. Who are we, and what keys are there?
 	if err := rot.identify(); err != nil {
@@ -396,7 +485,7 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 		return "", err
 	}
 	// 3. Verify the new key where it will be used.
-	if err := b.verifyKey(ctx, cfg, rot.newID, rot.newSecret, rot.userARN); err != nil {
+	if err := r.verifyKey(ctx, cfg, rot.newID, rot.newSecret, rot.userARN); err != nil {
 		rot.deleteNew(oldIAM, cfg.SecretKey)
 		return "", err
 	}
@@ -411,7 +500,7 @@ func (b *backend) rotateSteps(ctx context.Context, s logical.Storage, st *rotati
 
 // rootRotation is one run of rotateSteps: what its steps share.
 type rootRotation struct {
-	b   *backend
+	rot *rotator
 	ctx context.Context
 	s   logical.Storage
 	// st is the rotation's record, updated in place by the steps.
@@ -499,7 +588,7 @@ func (r *rootRotation) createKey() error {
 	st := r.st
 	st.PendingKeyID, st.RetiredKeyID = "", ""
 	// IAM dates keys to the second: whole seconds, from this one on.
-	st.CreatingSince = r.b.clock.Now().Truncate(time.Second)
+	st.CreatingSince = r.rot.clock.Now().Truncate(time.Second)
 	if err := putRotationState(r.ctx, r.s, st); err != nil {
 		return err
 	}
@@ -533,7 +622,7 @@ func (r *rootRotation) deleteNew(api iamAPI, signingSecret string) {
 	c, cancel := r.call()
 	defer cancel()
 	if _, err := api.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(r.newID)}); err != nil && !isNoSuchEntity(err) {
-		r.b.Logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", r.newID,
+		r.rot.logger().Warn("deleting the unused new root key failed; the next rotation deletes it", "access_key", r.newID,
 			"error", sanitizeMessage(classify(err, signingSecret).Error(), r.newSecret))
 		return
 	}
@@ -549,7 +638,7 @@ func (r *rootRotation) storeKey() error {
 		r.deleteNew(r.oldIAM, r.cfg.SecretKey)
 		return err
 	}
-	stored, err := r.b.storeRotatedKey(r.ctx, r.s, r.cfg.AccessKey, r.newID, r.newSecret)
+	stored, err := r.rot.storeRotatedKey(r.ctx, r.s, r.cfg.AccessKey, r.newID, r.newSecret)
 	switch {
 	case err != nil && stored == keyUnknown:
 		// Nobody knows which key storage holds. Both work, both are on
@@ -572,11 +661,11 @@ func (r *rootRotation) storeKey() error {
 // succeeded either way.
 func (r *rootRotation) retireOldKey() {
 	r.st.PendingKeyID = ""
-	if !r.b.clients.drainKey(r.ctx, r.cfg.AccessKey, rotationDrainTimeout) {
-		r.b.Logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", r.cfg.AccessKey)
+	if !r.rot.clients.drainKey(r.ctx, r.cfg.AccessKey, rotationDrainTimeout) {
+		r.rot.logger().Warn("attempts still use the old root key; it is kept, and the next rotation deletes it", "access_key", r.cfg.AccessKey)
 		return
 	}
-	newIAM, _, closeNew, err := r.b.rootClients(r.ctx, r.cfg, r.newID, r.newSecret)
+	newIAM, _, closeNew, err := r.rot.rootClients(r.ctx, r.cfg, r.newID, r.newSecret)
 	if err == nil {
 		defer closeNew()
 		c, cancel := r.call()
@@ -584,7 +673,7 @@ func (r *rootRotation) retireOldKey() {
 		cancel()
 	}
 	if err != nil && !isNoSuchEntity(err) {
-		r.b.Logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", r.cfg.AccessKey,
+		r.rot.logger().Warn("deleting the old root key failed; the next rotation deletes it", "access_key", r.cfg.AccessKey,
 			"error", sanitizeMessage(classify(err, r.newSecret).Error(), r.cfg.SecretKey))
 		return
 	}
@@ -598,30 +687,30 @@ func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEn
 // once, each within its block and the global STS rate limit), with at least
 // minVerifyAttempts attempts over at least minVerifyBlock each: IAM's
 // propagation takes seconds whatever config/refresh says.
-func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
-	rcfg := b.settings.policy()
+func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
+	rcfg := r.settings.policy()
 	block := max(rcfg.block(), minVerifyBlock)
 	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
-	_, stsClient, closeFn, err := b.rootClients(ctx, cfg, accessKey, secretKey)
+	_, stsClient, closeFn, err := r.rootClients(ctx, cfg, accessKey, secretKey)
 	if err != nil {
 		return awsFailure("building the STS client", err, secretKey)
 	}
 	defer closeFn()
-	start := b.clock.Now()
+	start := r.clock.Now()
 	var last error
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
-			if err := b.sleepUntil(ctx, start.Add(time.Duration(i)*block+b.jitter(block)), nil); err != nil {
+			if err := r.sleepUntil(ctx, start.Add(time.Duration(i)*block+jitter(r.rand, block)), nil); err != nil {
 				return err
 			}
 		}
 		blockEnd := start.Add(time.Duration(i+1) * block)
-		at, ok := b.limiter.Reserve(b.clock.Now(), blockEnd)
+		at, ok := r.limiter.Reserve(r.clock.Now(), blockEnd)
 		if !ok {
 			last = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the block (sts_rate_limit)", Retryable: true}
 			continue
 		}
-		if err := b.sleepUntil(ctx, at, nil); err != nil {
+		if err := r.sleepUntil(ctx, at, nil); err != nil {
 			return err
 		}
 		c, cancel := context.WithTimeout(ctx, callTimeout(block))
@@ -630,7 +719,7 @@ func (b *backend) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 		switch {
 		case err != nil:
 			last = err
-			b.Logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
+			r.logger().Debug("new root key not accepted yet", "attempt", i+1, "error", classify(err, secretKey).Code)
 		case aws.ToString(out.Arn) != userARN:
 			return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
 				"root key rotation failed at verification: the new key signs as %s, not as %s", aws.ToString(out.Arn), userARN)}
@@ -663,8 +752,8 @@ const (
 // storeRotatedKey writes the new key into config/root if it still holds
 // oldID, under the config/root lock that operator writes take too. A failed
 // write is read back, because storage may have applied it.
-func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
-	defer b.rotator.lockRoot()()
+func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID, newID, newSecret string) (storedKey, error) {
+	defer r.lockRoot()()
 	cur, err := getRootConfig(ctx, s)
 	if err != nil {
 		return keyOld, err
@@ -673,20 +762,20 @@ func (b *backend) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 		return keyOld, nil
 	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
-	cur.KeySetAt = b.clock.Now()
+	cur.KeySetAt = r.clock.Now()
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
-		b.clients.reset()
+		r.clients.reset()
 		return keyNew, nil
 	}
 	back, err := getRootConfig(ctx, s)
 	switch {
 	case err != nil:
 		// Rebuilt from whichever key storage holds, on next use.
-		b.clients.reset()
+		r.clients.reset()
 		return keyUnknown, putErr
 	case back != nil && back.AccessKey == newID:
-		b.clients.reset()
+		r.clients.reset()
 		return keyNew, nil
 	default:
 		return keyOld, fmt.Errorf("writing config/root: %w", putErr)
@@ -705,49 +794,49 @@ const (
 // at a random moment in the last tenth of it, so that mounts configured
 // together do not rotate together; after a failure, a growing pause. A
 // config/root that cannot be read leaves the plan as it was.
-func (b *backend) planRotation(ctx context.Context, s logical.Storage, st *rotationState) {
+func (r *rotator) planRotation(ctx context.Context, s logical.Storage, st *rotationState) {
 	cfg, err := getRootConfig(ctx, s)
 	if err != nil {
-		b.Logger().Warn("reading config/root to plan the next key rotation failed; the reconciler plans it", "error", err)
+		r.logger().Warn("reading config/root to plan the next key rotation failed; the reconciler plans it", "error", err)
 		return
 	}
 	st.NextRotation, st.PlanKeySetAt, st.PlanPeriod = time.Time{}, time.Time{}, 0
 	if cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 {
 		st.PlanKeySetAt, st.PlanPeriod = cfg.KeySetAt, cfg.RotationPeriod
-		st.NextRotation = nextRotation(b.rand, b.clock.Now(), cfg, st)
+		st.NextRotation = nextRotation(r.rand, r.clock.Now(), cfg, st)
 	}
-	b.rotator.arm(st.NextRotation)
+	r.arm(st.NextRotation)
 }
 
 // scheduledRotation runs a due rotation, unless rotation_period was turned
 // off meanwhile.
-func (b *backend) scheduledRotation(ctx context.Context) {
-	cfg, err := getRootConfig(ctx, b.storage)
+func (r *rotator) scheduledRotation(ctx context.Context) {
+	cfg, err := getRootConfig(ctx, r.storage())
 	if err == nil && (cfg == nil || cfg.AccessKey == "" || cfg.RotationPeriod == 0) {
 		return
 	}
 	if err != nil {
 		// Try again after a pause, like a failed rotation.
-		b.Logger().Warn("reading config/root for the scheduled key rotation failed; retrying", "error", err)
-		b.rotator.arm(b.clock.Now().Add(b.backoff(rotationRetryBase, 1, rotationRetryMax)))
+		r.logger().Warn("reading config/root for the scheduled key rotation failed; retrying", "error", err)
+		r.arm(r.clock.Now().Add(backoff(r.rand, rotationRetryBase, 1, rotationRetryMax)))
 		return
 	}
-	_, _ = b.rotateRoot(ctx, b.storage, rotationScheduled)
+	_, _ = r.rotateRoot(ctx, r.storage(), rotationScheduled)
 }
 
 // resumeRotation arms the scheduled rotation from storage; the reconciler
 // calls it on every pass on the node that refreshes.
-func (b *backend) resumeRotation(ctx context.Context) error {
-	unlock, ok := b.rotator.tryLockRotations()
+func (r *rotator) resumeRotation(ctx context.Context) error {
+	unlock, ok := r.tryLockRotations()
 	if !ok {
 		return nil // a rotation runs, and plans when it ends
 	}
 	defer unlock()
-	st, err := getRotationState(ctx, b.storage)
+	st, err := getRotationState(ctx, r.storage())
 	if err != nil {
 		return err
 	}
-	cfg, err := getRootConfig(ctx, b.storage)
+	cfg, err := getRootConfig(ctx, r.storage())
 	if err != nil {
 		return err
 	}
@@ -755,13 +844,13 @@ func (b *backend) resumeRotation(ctx context.Context) error {
 	current := enabled && !st.NextRotation.IsZero() && st.PlanKeySetAt.Equal(cfg.KeySetAt) && st.PlanPeriod == cfg.RotationPeriod
 	switch {
 	case current:
-		b.rotator.arm(st.NextRotation)
+		r.arm(st.NextRotation)
 	case enabled || !st.NextRotation.IsZero():
 		// The plan is missing, or was made for another key or period.
-		b.planRotation(ctx, b.storage, st)
-		return putRotationState(ctx, b.storage, st)
+		r.planRotation(ctx, r.storage(), st)
+		return putRotationState(ctx, r.storage(), st)
 	default:
-		b.rotator.arm(time.Time{})
+		r.arm(time.Time{})
 	}
 	return nil
 }
@@ -771,8 +860,8 @@ func (b *backend) resumeRotation(ctx context.Context) error {
 // a rotation runs it does nothing: the rotation plans from config/root when
 // it ends, and the reconciler replans any plan made for another key or
 // period.
-func (b *backend) replanRotation(ctx context.Context, s logical.Storage, newKey bool) error {
-	unlock, ok := b.rotator.tryLockRotations()
+func (r *rotator) replanRotation(ctx context.Context, s logical.Storage, newKey bool) error {
+	unlock, ok := r.tryLockRotations()
 	if !ok {
 		return nil
 	}
@@ -784,6 +873,6 @@ func (b *backend) replanRotation(ctx context.Context, s logical.Storage, newKey 
 	if newKey {
 		st.Failures, st.Error = 0, ""
 	}
-	b.planRotation(ctx, s, st)
+	r.planRotation(ctx, s, st)
 	return putRotationState(ctx, s, st)
 }

@@ -644,7 +644,7 @@ func TestRotation_ScheduledOnlyWhenDue(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "24h"})
 	old := rootKeyID(t, f)
-	if _, err := f.b.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
+	if _, err := f.b.rotator.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
 		t.Fatalf("a scheduled rotation 24h early: %v, want errNotDue", err)
 	}
 	if rootKeyID(t, f) != old || len(userKeys(t, f.emu)) != 1 {
@@ -673,7 +673,7 @@ func TestRotator_Schedule(t *testing.T) {
 	at := func(d time.Duration) time.Time { return start.Add(d) }
 	setup := func(clk clock.Clock, refreshing bool) (*rotator, *atomic.Int32) {
 		var due atomic.Int32
-		return newRotator(clk, nil, func() bool { return refreshing }, func() { due.Add(1) }), &due
+		return newRotator(rotatorOwners{clock: clk, refreshing: func() bool { return refreshing }, due: func() { due.Add(1) }}), &due
 	}
 	// advance moves the clock and waits for the callbacks it fired.
 	advance := func(clk *clocktest.Fake, to time.Time) {

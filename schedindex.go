@@ -49,15 +49,15 @@ func (x credIndex) Drop(ctx context.Context, s logical.Storage, key credKey) {
 // plan, and those already due (they fell due while no node refreshed) all
 // at once, soonest expiry first, as one batch. It returns how many it
 // planned.
-func (b *backend) planFromIndex(now time.Time) int {
-	items := b.index.Entries()
+func (rf *refresher) planFromIndex(now time.Time) int {
+	items := rf.index.Entries()
 	var overdue []overdueRole
-	if !b.life.running() {
+	if !rf.life.running() {
 		return 0
 	}
 	// One batch: the overdue keys must not start before all are planned.
-	defer b.planChanged()
-	defer b.holdPlan()()
+	defer rf.planChanged()
+	defer rf.holdPlan()()
 	// Add, not Put: a key planned since the start (a read's cycle) keeps
 	// its own plan.
 	n := 0
@@ -67,18 +67,18 @@ func (b *backend) planFromIndex(now time.Time) int {
 			continue
 		}
 		if it.Next().After(now) {
-			if b.plan.Add(key, it.Next(), dueplan.Hint) {
+			if rf.plan.Add(key, it.Next(), dueplan.Hint) {
 				n++
 			}
 			continue
 		}
-		if _, ok := b.plan.Get(key); !ok {
+		if _, ok := rf.plan.Get(key); !ok {
 			overdue = append(overdue, overdueRole{key: key, expiry: it.Exp()})
 		}
 	}
 	sortOverdue(overdue)
 	for _, od := range overdue {
-		if b.plan.Add(od.key, now, dueplan.Hint) {
+		if rf.plan.Add(od.key, now, dueplan.Hint) {
 			n++
 		}
 	}
@@ -90,9 +90,9 @@ func (b *backend) planFromIndex(now time.Time) int {
 // is due. When it is not, the key is planned at its real plan (or, when it
 // is gone or cold, left unplanned and dropped from the index). When storage
 // cannot say, the hint is planned again a retry block later.
-func (b *backend) checkHint(ctx context.Context, key credKey, f *flight) bool {
-	defer b.state.lockRole(key)()
-	rs, err := b.state.currentLocked(ctx, b.storage, key)
+func (rf *refresher) checkHint(ctx context.Context, key credKey, f *flight) bool {
+	defer rf.state.lockRole(key)()
+	rs, err := rf.state.currentLocked(ctx, rf.storage(), key)
 	if err != nil {
 		// Not a cycle: one would abort at its first read as "role changed",
 		// since this flight has no generation yet, and leave an overdue
@@ -100,57 +100,57 @@ func (b *backend) checkHint(ctx context.Context, key credKey, f *flight) bool {
 		// retry block later and then backing off to a minute, so that an
 		// outage does not make every hint read storage every few seconds.
 		if ctx.Err() == nil {
-			n := b.reconciler.hintFailed(key)
-			b.Logger().Warn("checking a planned refresh failed, trying again", "role", key.String(), "failures", n, "error", err)
+			n := rf.reconciler.hintFailed(key)
+			rf.logger().Warn("checking a planned refresh failed, trying again", "role", key.String(), "failures", n, "error", err)
 			f.ending.Store(true)
-			b.replanHint(key, b.clock.Now().Add(b.backoff(b.settings.policy().block(), n, maxStartBackoff)))
+			rf.replanHint(key, rf.clock.Now().Add(backoff(rf.rand, rf.settings.policy().block(), n, maxStartBackoff)))
 		}
 		return false
 	}
-	b.reconciler.hintDone(key)
+	rf.reconciler.hintDone(key)
 	if rs == nil || !rs.warm() {
-		b.index.Drop(ctx, b.storage, key)
+		rf.index.Drop(ctx, rf.storage(), key)
 		return false
 	}
 	// Planned before the role was read, the cycle works for the definition
 	// just read, unless the role changed since.
-	if !b.flights.adopt(f, rs.gen) {
+	if !rf.flights.adopt(f, rs.gen) {
 		return false // a role change since; its first read plans it anew
 	}
-	at := b.plannedRefresh(rs)
-	if !at.After(b.clock.Now()) {
+	at := rf.plannedRefresh(rs)
+	if !at.After(rf.clock.Now()) {
 		return true
 	}
 	f.ending.Store(true)
-	b.planAt(key, at)
-	b.index.Set(ctx, b.storage, key, at, rs.cred.expiry())
+	rf.planAt(key, at)
+	rf.index.Set(ctx, rf.storage(), key, at, rs.cred.expiry())
 	return false
 }
 
 // replanHint plans the key's hint again at at, unless something planned the
 // key since (a read's cycle, the pass): that plan is the role's own.
-func (b *backend) replanHint(key credKey, at time.Time) {
-	if !b.life.running() || !b.plan.Add(key, at, dueplan.Hint) {
-		b.reconciler.hintDone(key)
+func (rf *refresher) replanHint(key credKey, at time.Time) {
+	if !rf.life.running() || !rf.plan.Add(key, at, dueplan.Hint) {
+		rf.reconciler.hintDone(key)
 		return
 	}
-	b.planChanged()
+	rf.planChanged()
 }
 
 // startFromIndex starts the refresher on a node that becomes active and
 // plans every key the schedule index names, before the full pass reads the
 // roles one by one. A shard it cannot read is planned by the pass.
-func (b *backend) startFromIndex(ctx context.Context) {
-	if err := b.settings.load(ctx); err != nil {
-		b.Logger().Warn("reading config/refresh failed; the reconciler plans the roles", "error", err)
+func (rf *refresher) startFromIndex(ctx context.Context) {
+	if err := rf.settings.load(ctx); err != nil {
+		rf.logger().Warn("reading config/refresh failed; the reconciler plans the roles", "error", err)
 		return
 	}
-	if !b.life.setRunning() {
+	if !rf.life.setRunning() {
 		return // Clean has begun
 	}
-	if err := b.index.Load(ctx, b.storage, b.reconciler.forEach); err != nil {
-		b.Logger().Warn("reading the schedule index failed; the reconciler plans the roles it holds", "error", err)
+	if err := rf.index.Load(ctx, rf.storage(), rf.reconciler.forEach); err != nil {
+		rf.logger().Warn("reading the schedule index failed; the reconciler plans the roles it holds", "error", err)
 	}
-	n := b.planFromIndex(b.clock.Now())
-	b.Logger().Info("refresher started", "planned_from_index", n)
+	n := rf.planFromIndex(rf.clock.Now())
+	rf.logger().Info("refresher started", "planned_from_index", n)
 }

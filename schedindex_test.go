@@ -59,7 +59,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 		name := fmt.Sprintf("r%02d", i)
 		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
 		f.mustReadCreds(name)
-		at, _ := f.b.plannedAt(roleKey(name))
+		at, _ := f.b.refresher.plannedAt(roleKey(name))
 		plans[name] = at
 	}
 	idx := storedIndex(t, f.s)
@@ -74,9 +74,9 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 	// The role list waits too (gateStorage), for the same open.
 	g := &roleGate{Storage: f.s, open: make(chan struct{})}
 	b2 := startBackendOn(t, f, &gateStorage{Storage: g, gate: g.open, listing: make(chan struct{})})
-	waitFor(t, "every role to be planned", func() bool { return b2.rolesInPlan() == n })
+	waitFor(t, "every role to be planned", func() bool { return b2.refresher.rolesInPlan() == n })
 	for name, at := range plans {
-		if got, _ := b2.plannedAt(roleKey(name)); !got.Equal(at) {
+		if got, _ := b2.refresher.plannedAt(roleKey(name)); !got.Equal(at) {
 			t.Errorf("%s planned at %v, want %v", name, got, at)
 		}
 	}
@@ -91,7 +91,7 @@ func TestScheduleIndex_StartPlansWithoutReadingRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name := range plans {
-		if !b2.planChecked(roleKey(name)) {
+		if !b2.refresher.planChecked(roleKey(name)) {
 			t.Errorf("%s's plan is still a hint after the first pass", name)
 		}
 	}
@@ -142,7 +142,7 @@ func putIndex(t *testing.T, s logical.Storage, key string, next, exp time.Time) 
 func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
-	plan, _ := f.b.plannedAt(roleKey(testRole))
+	plan, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	exp := cached(t, f.s, testRole).Expiration
 	f.b.Cleanup(context.Background())
 	early := f.clock.Now().Add(time.Minute)
@@ -153,16 +153,19 @@ func TestScheduleIndex_StaleHintsCostNoCall(t *testing.T) {
 	hold := &gateStorage{Storage: f.s, gate: make(chan struct{}), listing: make(chan struct{})} // reads pass; the role list waits
 	b2 := startBackendOn(t, f, hold)
 	<-hold.listing
-	if at, ok := b2.plannedAt(roleKey(testRole)); !ok || !at.Equal(early) {
+	if at, ok := b2.refresher.plannedAt(roleKey(testRole)); !ok || !at.Equal(early) {
 		t.Fatalf("planned at %v (%v), want the index's %v", at, ok, early)
 	}
 	calls := len(f.log.all())
 	f.clock.AdvanceTo(early)
-	waitFor(t, "the hint to be checked", func() bool { return b2.planChecked(roleKey(testRole)) })
-	if at, _ := b2.plannedAt(roleKey(testRole)); !at.Equal(plan) {
+	waitFor(t, "the hint to be checked", func() bool { return b2.refresher.planChecked(roleKey(testRole)) })
+	if at, _ := b2.refresher.plannedAt(roleKey(testRole)); !at.Equal(plan) {
 		t.Errorf("after the hint: planned at %v, want the role's own %v", at, plan)
 	}
-	waitFor(t, "the gone role's hint to end", func() bool { _, ok := b2.plannedAt(roleKey("gone")); return !ok && !b2.inFlight(roleKey("gone")) })
+	waitFor(t, "the gone role's hint to end", func() bool {
+		_, ok := b2.refresher.plannedAt(roleKey("gone"))
+		return !ok && !b2.refresher.inFlight(roleKey("gone"))
+	})
 	if n := len(f.log.all()); n != calls {
 		t.Errorf("%d STS calls for stale hints, want 0", n-calls)
 	}
@@ -194,7 +197,7 @@ func TestScheduleIndex_FailedWriteRepairedByThePass(t *testing.T) {
 	f.s = fs
 	fs.failNext("put", schedindex.Prefix, 1, false)
 	f.mustReadCreds(testRole)
-	plan, ok := b.plannedAt(roleKey(testRole))
+	plan, ok := b.refresher.plannedAt(roleKey(testRole))
 	if !ok {
 		t.Fatal("the role is not planned after its index write failed")
 	}
@@ -264,13 +267,13 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	ctx := context.Background()
 	idx := newPassIndex()
-	if _, err := f.b.reconcileRole(ctx, roleKey(testRole), false, f.clock.Now(), idx); err != nil {
+	if _, err := f.b.reconciler.reconcileRole(ctx, roleKey(testRole), false, f.clock.Now(), idx); err != nil {
 		t.Fatal(err)
 	}
 	since := f.b.index.Mark()
-	want, keep := f.b.indexWant(idx) // the role is cold: no entry wanted
-	f.mustReadCreds(testRole)        // its first cycle commits meanwhile
-	plan, _ := f.b.plannedAt(roleKey(testRole))
+	want, keep := f.b.reconciler.indexWant(idx) // the role is cold: no entry wanted
+	f.mustReadCreds(testRole)                   // its first cycle commits meanwhile
+	plan, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[parseCredKey(k)] || keep[parseCredKey(k)] }); err != nil {
 		t.Fatal(err)
 	}
@@ -356,12 +359,12 @@ func TestScheduleIndex_ManyEntityCredentialsFitRaft(t *testing.T) {
 		}
 	}
 
-	if err := f.b.reconcile(ctx); err != nil {
+	if err := f.b.reconciler.reconcile(ctx); err != nil {
 		t.Fatalf("reconciler pass: %v", err)
 	}
 	idx := storedIndex(t, mem)
 	for key := range want {
-		at, ok := f.b.plannedAt(key)
+		at, ok := f.b.refresher.plannedAt(key)
 		if !ok {
 			t.Fatalf("%s is not planned after the pass", key)
 		}
@@ -409,7 +412,7 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
-	plan, _ := f.b.plannedAt(roleKey(testRole))
+	plan, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	f.b.Cleanup(ctx)
 	putIndex(t, f.s, testRole, time.Time{}, time.Time{}) // the pass has an entry to write
 
@@ -419,7 +422,7 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 	if err := b.life.waitStarted(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.reconcile(ctx); err != nil {
+	if err := b.reconciler.reconcile(ctx); err != nil {
 		t.Fatalf("reconciler pass failed for its index write: %v", err)
 	}
 	if b.reconciler.firstPass() {
@@ -432,7 +435,7 @@ func TestScheduleIndex_FailedWriteDoesNotFailThePass(t *testing.T) {
 		t.Fatal("a failed write reached storage")
 	}
 	fs.heal()
-	if err := b.reconcile(ctx); err != nil {
+	if err := b.reconciler.reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {
@@ -467,12 +470,12 @@ func startOverdueHint(t *testing.T, failing int) (*fixture, *backend, *faultStor
 func TestScheduleIndex_HintCheckStorageErrorStaysPlanned(t *testing.T) {
 	f, b2, fs, issued := startOverdueHint(t, 1)
 	waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == 1 })
-	waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(roleKey(testRole)) })
-	at, ok := b2.plannedAt(roleKey(testRole))
+	waitFor(t, "the hint's flight to end", func() bool { return !b2.refresher.inFlight(roleKey(testRole)) })
+	at, ok := b2.refresher.plannedAt(roleKey(testRole))
 	if !ok {
 		t.Fatal("after a failed check of its hint the overdue role is neither planned nor in flight")
 	}
-	if b2.planChecked(roleKey(testRole)) {
+	if b2.refresher.planChecked(roleKey(testRole)) {
 		t.Error("the plan is taken as checked; it should be checked again")
 	}
 	block := b2.settings.policy().block()
@@ -491,8 +494,8 @@ func TestScheduleIndex_HintCheckBacksOff(t *testing.T) {
 	var gaps []time.Duration
 	for failed := 1; failed <= 2; failed++ {
 		waitFor(t, "the hint's check to fail its read", func() bool { return fs.injectedTotal() == failed })
-		waitFor(t, "the hint's flight to end", func() bool { return !b2.inFlight(roleKey(testRole)) })
-		at, ok := b2.plannedAt(roleKey(testRole))
+		waitFor(t, "the hint's flight to end", func() bool { return !b2.refresher.inFlight(roleKey(testRole)) })
+		at, ok := b2.refresher.plannedAt(roleKey(testRole))
 		if !ok {
 			t.Fatalf("after %d failed checks the role is not planned", failed)
 		}

@@ -117,7 +117,7 @@ func TestSelfHeal_StartFailure(t *testing.T) {
 			// plans the roles (TestScheduleIndex_* cover the index).
 			fs.failNext("list", schedindex.Prefix, 1, false)
 			g, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMax, storage: fs, wrapSTS: f.log.wrap})
-			if _, ok := g.plannedAt(roleKey(testRole)); ok {
+			if _, ok := g.refresher.plannedAt(roleKey(testRole)); ok {
 				t.Fatal("scheduled although the start failed")
 			}
 			st := mustDo(t, g, fs, logical.ReadOperation, "status/"+testRole, nil).Data
@@ -131,8 +131,8 @@ func TestSelfHeal_StartFailure(t *testing.T) {
 				// The first retry comes within a second.
 				f.clock.Advance(time.Second)
 			}
-			waitFor(t, "the role to be scheduled", func() bool { _, ok := g.plannedAt(roleKey(testRole)); return ok })
-			at, _ := g.plannedAt(roleKey(testRole))
+			waitFor(t, "the role to be scheduled", func() bool { _, ok := g.refresher.plannedAt(roleKey(testRole)); return ok })
+			at, _ := g.refresher.plannedAt(roleKey(testRole))
 			if !at.Equal(planned) {
 				t.Fatalf("scheduled at %v, want the plan the status recorded, %v", at, planned)
 			}
@@ -460,8 +460,8 @@ func TestSelfHeal_NoTimerForDeletedRole(t *testing.T) {
 				t.Fatal(err)
 			}
 			<-read
-			waitFor(t, "the cycle to end", func() bool { return !f.b.inFlight(roleKey(testRole)) })
-			if at, ok := f.b.plannedAt(roleKey(testRole)); ok {
+			waitFor(t, "the cycle to end", func() bool { return !f.b.refresher.inFlight(roleKey(testRole)) })
+			if at, ok := f.b.refresher.plannedAt(roleKey(testRole)); ok {
 				t.Fatalf("refresh scheduled at %v for a deleted role", at)
 			}
 		})
@@ -661,7 +661,7 @@ func goroutineBlockedIn(fn string) bool {
 func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole)
-	at, _ := f.b.plannedAt(roleKey(testRole))
+	at, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	f.log.reset()
 	f.drainFlights()
 
@@ -669,12 +669,12 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	f.b.flights.mu.Lock()
 	f.clock.AdvanceTo(at)
 	waitFor(t, "the timer callback to block on the flights' lock", func() bool { return goroutineBlockedIn("internal/dueplan.(*Plan[") })
-	if _, ok := f.b.plannedAt(roleKey(testRole)); !ok {
+	if _, ok := f.b.refresher.plannedAt(roleKey(testRole)); !ok {
 		f.b.flights.mu.Unlock()
 		t.Fatal("a firing timer whose cycle is not registered yet no longer counts as scheduled")
 	}
 	// A reconciler pass now sees the role scheduled and leaves it alone.
-	if od, err := f.b.reconcileRole(context.Background(), roleKey(testRole), false, f.clock.Now(), newPassIndex()); err != nil || od != nil {
+	if od, err := f.b.reconciler.reconcileRole(context.Background(), roleKey(testRole), false, f.clock.Now(), newPassIndex()); err != nil || od != nil {
 		f.b.flights.mu.Unlock()
 		t.Fatalf("reconcileRole: overdue %v, error %v; want neither", od, err)
 	}

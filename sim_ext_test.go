@@ -567,7 +567,7 @@ func (s *sim) snapshot() string {
 			if rs.cred != nil {
 				akid = rs.cred.AccessKey
 			}
-			at, planned := b.plannedAt(k)
+			at, planned := b.refresher.plannedAt(k)
 			out = append(out, fmt.Sprintf("%s mirror %s: gen %d stale %v role %+v cred %q status %+v planned %v at %v",
 				node, k, rs.gen, rs.stale, rs.role, akid, rs.status(), planned, at))
 		}

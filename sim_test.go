@@ -992,7 +992,7 @@ func (s *sim) check() {
 
 	// Status agrees with the schedule on this node.
 	for name, role := range roles {
-		if s.b.inFlight(roleKey(name)) || role.entityScoped() {
+		if s.b.refresher.inFlight(roleKey(name)) || role.entityScoped() {
 			continue // an entity-scoped role's own entry is never planned
 		}
 		resp, err := s.do(logical.ReadOperation, "status/"+name, nil)
@@ -1000,7 +1000,7 @@ func (s *sim) check() {
 			continue // storage may fail the load; that is not a lie
 		}
 		s.fig.checks++
-		at, scheduled := s.b.plannedAt(roleKey(name))
+		at, scheduled := s.b.refresher.plannedAt(roleKey(name))
 		next := resp.Data["next_refresh"].(string)
 		if scheduled && next != formatTime(at) || !scheduled && next != "" {
 			s.failf("status/%s next_refresh %q, but scheduled %v at %v", name, next, scheduled, at)
@@ -1040,7 +1040,7 @@ func (s *sim) check() {
 	}
 	idx := stored.Entries()
 	s.b.flights.mu.Lock()
-	for _, e := range s.b.plan.Entries() {
+	for _, e := range s.b.refresher.plan.Entries() {
 		key := e.Key
 		if s.b.flights.m[key] != nil || e.Mark&(dueplan.Hint|dueplan.Reserved) != 0 {
 			continue
@@ -1070,7 +1070,7 @@ func (s *sim) check() {
 		}
 		st, _ := getStatus(ctx, s.mem, key)
 		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
-		if _, scheduled := s.b.plannedAt(key); warm && !scheduled && !s.b.inFlight(key) {
+		if _, scheduled := s.b.refresher.plannedAt(key); warm && !scheduled && !s.b.refresher.inFlight(key) {
 			s.failf("%s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", key)
 		}
 	}
@@ -1089,7 +1089,7 @@ func (s *sim) check() {
 		}
 		st, _ := getStatus(ctx, s.mem, roleKey(name))
 		warm := stored != nil || st != nil && !st.LastAttempt.IsZero()
-		if _, scheduled := s.b.plannedAt(roleKey(name)); warm && !scheduled && !s.b.inFlight(roleKey(name)) {
+		if _, scheduled := s.b.refresher.plannedAt(roleKey(name)); warm && !scheduled && !s.b.refresher.inFlight(roleKey(name)) {
 			s.failf("role %s has a credential or status but no refresh scheduled or in flight (storage healthy since the last periodic pass)", name)
 		}
 		_ = now
@@ -1138,7 +1138,7 @@ func (s *sim) checkMetrics(node *backend, roles map[string]*roleEntry, running f
 		s.failf("metrics say refresher_running %v, want %v", got, running)
 	}
 	for name := range roles {
-		if s.b.inFlight(roleKey(name)) {
+		if s.b.refresher.inFlight(roleKey(name)) {
 			continue
 		}
 		st, err := req("status/" + name)

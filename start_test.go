@@ -43,7 +43,7 @@ func (g *gateStorage) List(ctx context.Context, prefix string) ([]string, error)
 func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	want := f.mustReadCreds(testRole).Data["access_key"]
-	plan, _ := f.b.plannedAt(roleKey(testRole))
+	plan, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	calls := len(f.log.all())
 
 	g := &gateStorage{Storage: f.s, gate: make(chan struct{}), listing: make(chan struct{})}
@@ -79,10 +79,10 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	}
 	// The schedule index planned it before the pass began, at the plan
 	// its last commit recorded.
-	if at, ok := b.plannedAt(roleKey(testRole)); !ok || !at.Equal(plan) {
+	if at, ok := b.refresher.plannedAt(roleKey(testRole)); !ok || !at.Equal(plan) {
 		t.Fatalf("while the first pass is held the role is planned at %v (%v), want %v from the schedule index", at, ok, plan)
 	}
-	if b.planChecked(roleKey(testRole)) {
+	if b.refresher.planChecked(roleKey(testRole)) {
 		t.Fatal("a plan from the index counts as checked before the pass read the role")
 	}
 
@@ -90,10 +90,10 @@ func TestInitializeDoesNotWaitForTheFirstPass(t *testing.T) {
 	if err := b.life.waitStarted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if at, ok := b.plannedAt(roleKey(testRole)); !ok || !at.Equal(plan) {
+	if at, ok := b.refresher.plannedAt(roleKey(testRole)); !ok || !at.Equal(plan) {
 		t.Fatalf("after the first pass the role is scheduled at %v (%v), want %v, its recorded plan", at, ok, plan)
 	}
-	if !b.planChecked(roleKey(testRole)) {
+	if !b.refresher.planChecked(roleKey(testRole)) {
 		t.Fatal("after the first pass the role's plan is still the index's hint")
 	}
 }

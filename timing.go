@@ -1,17 +1,14 @@
 package awsresilient
 
 import (
-	"context"
 	"math/rand/v2"
 	"time"
-
-	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 )
 
 // The timing rules of the refresher, each a pure function of the time, the
 // configuration and a random source, so that table tests pin every schedule
-// to the nanosecond (timing_test.go). The backend's methods below only
-// supply its own clock and random source.
+// to the nanosecond (timing_test.go). The owners call them with their own
+// clock and random source.
 
 // maxPause caps the growing pause between failed cycles.
 const maxPause = 5 * time.Minute
@@ -183,17 +180,4 @@ func nextRotation(r randSource, now time.Time, cfg *rootConfig, st *rotationStat
 		next = now
 	}
 	return next
-}
-
-// jitter, backoff and sleepUntil with the backend's random source and clock.
-func (b *backend) jitter(d time.Duration) time.Duration { return jitter(b.rand, d) }
-
-func (b *backend) backoff(base time.Duration, n int, limit time.Duration) time.Duration {
-	return backoff(b.rand, base, n, limit)
-}
-
-// sleepUntil waits on the backend's clock until t, until hurry is closed,
-// or until ctx is done (clock.SleepUntil).
-func (b *backend) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
-	return clock.SleepUntil(ctx, b.clock, t, hurry)
 }
