@@ -70,3 +70,10 @@ measures:
 .PHONY: mutate
 mutate:
 	./scripts/mutate.sh
+
+# The chaos soak: a 3-node raft cluster under a seeded schedule of
+# overlapping faults, operator actions and readers; every operation recorded
+# and checked offline by cmd/soak-check (`make soak DURATION=1h SEED=7`).
+.PHONY: soak
+soak:
+	DURATION=$(DURATION) SEED=$(SEED) ./scripts/soak.sh

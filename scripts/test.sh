@@ -17,6 +17,8 @@
 #  8. build      plugin (and its -tags testhooks build) and STS emulator
 #  9. acceptance VAULT_ACC=1: real Vault, vault CLI, Vault Agent, emulator,
 #                a real Prometheus
+# 10. soak       a 2-minute chaos soak (fixed seed) on a 3-node cluster, its
+#                history checked by cmd/soak-check (`make soak` runs longer)
 #
 # Exits non-zero at the first failing section.
 set -euo pipefail
@@ -168,3 +170,6 @@ ls -la "$bindir"
 
 section acceptance "VAULT_ACC=1 go test ./acceptance/..."
 ./scripts/testacc.sh
+
+section soak "a 2-minute chaos soak with a fixed seed, checked by cmd/soak-check"
+DURATION=2m SEED=1 OUT="$(mktemp -d)" ./scripts/soak.sh

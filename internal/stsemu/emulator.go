@@ -363,6 +363,10 @@ type reply struct {
 	outcome   string
 	reset     bool // answer with a TCP RST instead of a response
 	abandoned bool // the client left (or the emulator closed) during a hang
+	// issuedKey and issuedExp name what a successful call issued (see
+	// Call.IssuedKeyID).
+	issuedKey string
+	issuedExp time.Time
 }
 
 func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
@@ -405,6 +409,7 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	// Record before answering: a test that reads Stats right after its
 	// call returns must find the call counted.
 	rec.Outcome = rep.outcome
+	rec.IssuedKeyID, rec.IssuedExpiration = rep.issuedKey, rep.issuedExp
 	e.finish(rec, started, rep.status)
 	if rep.reset {
 		resetConnection(w)
@@ -534,7 +539,38 @@ func (e *Emulator) serveAction(r *http.Request, body []byte, params url.Values, 
 	if s.fault == FaultExpired || s.fault == FaultEmptyKey {
 		outcome = string(s.fault)
 	}
-	return reply{status: http.StatusOK, body: a.marshalResponse(action, out, reqID), outcome: outcome}
+	key, exp := issuedBy(out)
+	if action == "DeleteAccessKey" {
+		key = params.Get("AccessKeyId")
+	}
+	return reply{status: http.StatusOK, body: a.marshalResponse(action, out, reqID), outcome: outcome, issuedKey: key, issuedExp: exp}
+}
+
+// issuedBy names the credential or IAM key a result hands out.
+func issuedBy(out any) (key string, exp time.Time) {
+	var cx *credentialsXML
+	switch r := out.(type) {
+	case assumeRoleResult:
+		cx = &r.Credentials
+	case *assumeRoleResult:
+		cx = &r.Credentials
+	case getSessionTokenResult:
+		cx = &r.Credentials
+	case *getSessionTokenResult:
+		cx = &r.Credentials
+	case getFederationTokenResult:
+		cx = &r.Credentials
+	case *getFederationTokenResult:
+		cx = &r.Credentials
+	case createAccessKeyResult:
+		return r.AccessKey.AccessKeyID, time.Time{}
+	case *createAccessKeyResult:
+		return r.AccessKey.AccessKeyID, time.Time{}
+	default:
+		return "", time.Time{}
+	}
+	exp, _ = time.Parse(time.RFC3339, cx.Expiration)
+	return cx.AccessKeyID, exp
 }
 
 // wait blocks for d, and reports false if the client went away or the
@@ -568,6 +604,12 @@ func (e *Emulator) finish(c Call, started time.Time, status int) {
 			orDash(c.Action), c.Outcome, status, time.Since(started).Round(time.Microsecond), c.RoleArn, orDash(c.AccessKeyID))
 		if sessionActions[c.Action] {
 			line += fmt.Sprintf(" role_session_name=%q source_identity=%q", c.RoleSessionName, c.SourceIdentity)
+		}
+		if c.IssuedKeyID != "" {
+			line += " issued_key_id=" + c.IssuedKeyID
+			if !c.IssuedExpiration.IsZero() {
+				line += " issued_expiration=" + c.IssuedExpiration.UTC().Format(time.RFC3339)
+			}
 		}
 		e.logger.Print(line)
 	}

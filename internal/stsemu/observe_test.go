@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 )
 
@@ -58,7 +59,8 @@ func TestStatsAndCalls(t *testing.T) {
 
 	calls := e.Calls()
 	want := []Call{
-		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey, RoleSessionName: "test-session"},
+		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey, RoleSessionName: "test-session",
+			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC()},
 		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey},
 		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId)},
 	}
@@ -254,7 +256,7 @@ func TestLogLines(t *testing.T) {
 	logged := buf.String()
 	lines := strings.Split(strings.TrimSpace(logged), "\n")
 	wantLines := []*regexp.Regexp{
-		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity=""$`),
+		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity="" issued_key_id=ASIA[A-Z0-9]+ issued_expiration=\S+Z$`),
 		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE$`),
 		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16}$`),
 	}
@@ -353,4 +355,22 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestCallsNameIAMKeys: the call log names the IAM key CreateAccessKey made
+// and the one DeleteAccessKey removed, so the soak's checker can prove the
+// plugin deletes only keys it created.
+func TestCallsNameIAMKeys(t *testing.T) {
+	e := startEmulator(t, Config{})
+	id, _ := createKey(t, e)
+	if _, err := rootIAM(e).DeleteAccessKey(ctx, &iam.DeleteAccessKeyInput{AccessKeyId: aws.String(id)}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range e.Calls() {
+		got = append(got, c.Action+"="+c.IssuedKeyID)
+	}
+	if want := []string{"CreateAccessKey=" + id, "DeleteAccessKey=" + id}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("calls %v, want %v", got, want)
+	}
 }

@@ -55,6 +55,13 @@ type Call struct {
 	AccessKeyID     string    `json:"access_key_id"`
 	RoleSessionName string    `json:"role_session_name"`
 	SourceIdentity  string    `json:"source_identity"`
+	// IssuedKeyID and IssuedExpiration name the credential a successful
+	// AssumeRole, GetSessionToken or GetFederationToken issued (the soak's
+	// checker matches every key Vault served to one of these); for
+	// CreateAccessKey and DeleteAccessKey IssuedKeyID is the IAM key created
+	// or deleted. Never a secret: key ids only.
+	IssuedKeyID      string    `json:"issued_key_id,omitempty"`
+	IssuedExpiration time.Time `json:"issued_expiration,omitzero"`
 }
 
 // maxCalls bounds the call log: a long-lived dev server or a benchmark that

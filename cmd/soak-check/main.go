@@ -1,0 +1,86 @@
+// Command soak-check reads a chaos soak's client history and the STS
+// emulator's call log and reports every violation of the plugin's
+// guarantees with the operations involved, and the run's figures
+// (internal/soak). It exits 1 when any rule is broken.
+//
+//	soak-check -history history.jsonl -calls emulator-calls.jsonl [-grace 20s ...]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/soak"
+)
+
+func main() {
+	history := flag.String("history", "", "the client history (JSON lines)")
+	callLog := flag.String("calls", "", "the emulator's call log (JSON lines)")
+	var cfg soak.Config
+	// The defaults are the soak's own (internal/soak/soak_test.go).
+	flag.DurationVar(&cfg.Grace, "grace", 30*time.Second, "reads failing this long after a kill or restart are attributed to it")
+	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
+	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
+	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
+	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
+	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
+	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
+	flag.Parse()
+	if *parse != "" {
+		d, err := time.ParseDuration(*parse)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+		fmt.Println(int64(d.Seconds()))
+		return
+	}
+	if *history == "" || *callLog == "" {
+		fmt.Fprintln(os.Stderr, "soak-check: -history and -calls are required")
+		os.Exit(2)
+	}
+	ops, err := readFile(*history, soak.ReadOps)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "soak-check:", err)
+		os.Exit(2)
+	}
+	calls, err := readFile(*callLog, soak.ReadCalls)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "soak-check:", err)
+		os.Exit(2)
+	}
+	r := soak.Check(ops, calls, cfg)
+	r.Write(os.Stdout)
+	if *svg != "" {
+		f, err := os.Create(*svg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+		soak.WriteSVG(f, ops, r)
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+	}
+	if len(r.Violations) > 0 {
+		os.Exit(1)
+	}
+}
+
+func readFile[T any](path string, read func(io.Reader) (T, error)) (T, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer f.Close()
+	v, err := read(f)
+	if err != nil {
+		return v, fmt.Errorf("%s: %w", path, err)
+	}
+	return v, nil
+}

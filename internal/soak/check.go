@@ -1,0 +1,454 @@
+package soak
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// The rules the checker proves, in report order.
+const (
+	RuleNoExpiredRead   = "no_expired_read"
+	RuleIssuedForRole   = "issued_for_role"
+	RuleDeletedRole     = "no_key_of_deleted_role"
+	RuleEntityIsolation = "entity_isolation"
+	RuleAvailable       = "available_while_cached"
+	RuleOneIssuance     = "one_issuance_per_period"
+	RuleOwnIAMKeys      = "iam_deletes_only_own_keys"
+	RuleRootKeyWorks    = "root_key_works"
+	RuleAgentFileFresh  = "agent_file_fresh"
+	RuleHistoryWellMade = "history_well_formed"
+)
+
+// Rules lists every rule, in report order.
+var Rules = []string{RuleNoExpiredRead, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
+	RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks, RuleAgentFileFresh, RuleHistoryWellMade}
+
+// Config holds the tolerances of a run.
+type Config struct {
+	// Grace extends each node or plugin kill and cluster restart: reads that
+	// fail up to Grace after the fault ended are attributed to it (the
+	// election, the plugin's restart).
+	Grace time.Duration
+	// MinIssueGap: two credentials issued for the same session closer than
+	// this, with no role change, rotation or process fault between them,
+	// are a duplicate issuance.
+	MinIssueGap time.Duration
+	// RenderInterval is how long Vault Agent's file may still hold a
+	// credential after it expired (its re-render interval).
+	RenderInterval time.Duration
+	// PropagationGrace is how long after a rotation a call refused with
+	// InvalidClientTokenId is still IAM's eventual consistency.
+	PropagationGrace time.Duration
+	// Skew tolerates clock differences between the driver's and the
+	// emulator's timestamps (one host: milliseconds).
+	Skew time.Duration
+}
+
+// Violation is one broken rule, with the records that show it.
+type Violation struct {
+	Rule  string
+	Msg   string
+	Ops   []Op
+	Calls []STSCall
+}
+
+func (v Violation) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s", v.Rule, v.Msg)
+	for _, o := range v.Ops {
+		fmt.Fprintf(&b, "\n    op   %s", o)
+	}
+	for _, c := range v.Calls {
+		fmt.Fprintf(&b, "\n    call %s %s %s outcome=%s signer=%s issued=%s session=%s", c.Time.Format("15:04:05.000"), c.Action, c.RoleArn, c.Outcome, c.AccessKeyID, c.IssuedKeyID, c.RoleSessionName)
+	}
+	return b.String()
+}
+
+// Window is a stretch of failed reads attributed to a fault.
+type Window struct {
+	Fault      string
+	Start, End time.Time
+	Reads      int
+}
+
+// Report is the checker's result.
+type Report struct {
+	Start, End   time.Time
+	OpsByKind    map[string]int
+	FaultsByKind map[string]int
+	Violations   []Violation
+	ByRule       map[string]int
+	// Unavailable are the windows of failed reads attributed to kills and
+	// restarts (reads that had a valid credential cached).
+	Unavailable []Window
+	// ColdFailures counts failed reads with no valid credential to serve
+	// (a new role, an expired one, a role just changed): allowed.
+	ColdFailures int
+	// Reads and FailedReads count every read and the failed ones.
+	Reads, FailedReads int
+	// STS: per credential session (role ARN, session name, source identity),
+	// the calls made and the credentials issued.
+	STSCalls, STSIssued map[string]int
+	// RSS samples: first, max and last, in bytes.
+	RSSFirst, RSSMax, RSSLast float64
+}
+
+// Check checks a history and the emulator's call log against every rule.
+func Check(ops []Op, calls []STSCall, cfg Config) *Report {
+	c := &checker{cfg: cfg, ops: ops, calls: calls, rep: &Report{
+		OpsByKind: map[string]int{}, FaultsByKind: map[string]int{}, ByRule: map[string]int{},
+		STSCalls: map[string]int{}, STSIssued: map[string]int{},
+	}}
+	for _, r := range Rules {
+		c.rep.ByRule[r] = 0
+	}
+	c.index()
+	c.checkReads()
+	c.checkAvailability()
+	c.checkIssuance()
+	c.checkIAM()
+	c.checkAgentFile()
+	sort.SliceStable(c.rep.Violations, func(i, j int) bool {
+		return ruleIndex(c.rep.Violations[i].Rule) < ruleIndex(c.rep.Violations[j].Rule)
+	})
+	return c.rep
+}
+
+func ruleIndex(r string) int {
+	for i, x := range Rules {
+		if x == r {
+			return i
+		}
+	}
+	return len(Rules)
+}
+
+type checker struct {
+	cfg   Config
+	ops   []Op
+	calls []STSCall
+	rep   *Report
+
+	issued    map[string]STSCall // credential key id -> the STS call that issued it
+	roleOps   map[string][]Op    // role -> its role_write and role_delete ops, by Invoke
+	procFault []Op               // kill and restart faults
+	rotations []Op
+}
+
+func (c *checker) violate(rule, msg string, ops []Op, calls []STSCall) {
+	c.rep.Violations = append(c.rep.Violations, Violation{Rule: rule, Msg: msg, Ops: ops, Calls: calls})
+	c.rep.ByRule[rule]++
+}
+
+func (c *checker) index() {
+	c.issued = map[string]STSCall{}
+	c.roleOps = map[string][]Op{}
+	for _, o := range c.ops {
+		c.rep.OpsByKind[o.Kind]++
+		if c.rep.Start.IsZero() || o.Invoke.Before(c.rep.Start) {
+			c.rep.Start = o.Invoke
+		}
+		if o.Return.After(c.rep.End) {
+			c.rep.End = o.Return
+		}
+		if o.Return.Before(o.Invoke) {
+			c.violate(RuleHistoryWellMade, "an operation returned before it was invoked", []Op{o}, nil)
+		}
+		switch o.Kind {
+		case KindRoleWrite, KindRoleDelete:
+			c.roleOps[o.Role] = append(c.roleOps[o.Role], o)
+		case KindFault:
+			c.rep.FaultsByKind[o.Fault]++
+			if isProcessFault(o.Fault) {
+				c.procFault = append(c.procFault, o)
+			}
+		case KindRotate:
+			c.rotations = append(c.rotations, o)
+		case KindSample:
+			if c.rep.RSSFirst == 0 {
+				c.rep.RSSFirst = o.Value
+			}
+			c.rep.RSSMax = max(c.rep.RSSMax, o.Value)
+			c.rep.RSSLast = o.Value
+		}
+	}
+	for r := range c.roleOps {
+		sort.SliceStable(c.roleOps[r], func(i, j int) bool { return c.roleOps[r][i].Invoke.Before(c.roleOps[r][j].Invoke) })
+	}
+	for _, call := range c.calls {
+		if call.Outcome == "ok" && call.IssuedKeyID != "" && isSTSIssue(call.Action) {
+			c.issued[call.IssuedKeyID] = call
+		}
+	}
+}
+
+// isProcessFault: a fault that stops a plugin or moves the active node.
+func isProcessFault(f string) bool {
+	return f == FaultKillPlugin || f == FaultKillActive || f == FaultClusterRestart || f == FaultStepDown
+}
+
+func isSTSIssue(action string) bool {
+	return action == "AssumeRole" || action == "GetSessionToken" || action == "GetFederationToken"
+}
+
+// allowedARNs are the role_arn values that may be in force for a read of
+// role over [from, to]: the last acknowledged write that returned before
+// from, and every write invoked before to that was not acknowledged by then
+// (it may have taken effect, or may yet).
+func (c *checker) allowedARNs(role string, from, to time.Time) (map[string]bool, bool) {
+	writes := c.roleOps[role]
+	allowed := map[string]bool{}
+	seen := false
+	for _, w := range writes {
+		if w.Kind != KindRoleWrite || !w.Invoke.Before(to) {
+			continue
+		}
+		seen = true
+		if w.OK && !w.Return.After(from) {
+			allowed = map[string]bool{w.RoleARN: true}
+			continue
+		}
+		allowed[w.RoleARN] = true
+	}
+	return allowed, seen
+}
+
+// lastDelete is the last acknowledged delete of role that returned before t.
+func (c *checker) lastDelete(role string, t time.Time) (Op, bool) {
+	var last Op
+	found := false
+	for _, o := range c.roleOps[role] {
+		if o.Kind == KindRoleDelete && o.OK && o.Return.Before(t) {
+			last, found = o, true
+		}
+	}
+	return last, found
+}
+
+func (c *checker) checkReads() {
+	owner := map[string]Op{} // credential -> the first read that got it
+	for _, r := range c.ops {
+		if r.Kind != KindRead {
+			continue
+		}
+		c.rep.Reads++
+		if !r.OK {
+			c.rep.FailedReads++
+			continue
+		}
+		if !r.Expiration.After(r.Invoke) {
+			c.violate(RuleNoExpiredRead, fmt.Sprintf("a read begun at %s returned %s, expired at %s", r.Invoke.Format(time.RFC3339Nano), r.AccessKey, r.Expiration.Format(time.RFC3339)), []Op{r}, nil)
+		}
+		iss, ok := c.issued[r.AccessKey]
+		if !ok {
+			c.violate(RuleIssuedForRole, fmt.Sprintf("returned key %s was never issued by STS", r.AccessKey), []Op{r}, nil)
+		} else {
+			if iss.Time.After(r.Return.Add(c.cfg.Skew)) {
+				c.violate(RuleIssuedForRole, fmt.Sprintf("returned key %s was issued after the read returned", r.AccessKey), []Op{r}, []STSCall{iss})
+			}
+			if allowed, seen := c.allowedARNs(r.Role, r.Invoke, r.Return); seen && !allowed[iss.RoleArn] {
+				c.violate(RuleIssuedForRole, fmt.Sprintf("returned key %s was issued for %s; role %s's role_arn in force was %s", r.AccessKey, iss.RoleArn, r.Role, keys(allowed)), []Op{r}, []STSCall{iss})
+			}
+			if del, ok := c.lastDelete(r.Role, r.Invoke); ok && iss.Time.Before(del.Invoke) {
+				c.violate(RuleDeletedRole, fmt.Sprintf("returned key %s, issued %s, before role %s was deleted (acknowledged %s)", r.AccessKey, iss.Time.Format(time.RFC3339Nano), r.Role, del.Return.Format(time.RFC3339Nano)), []Op{del, r}, []STSCall{iss})
+			}
+		}
+		if first, ok := owner[r.AccessKey]; ok {
+			if first.Role != r.Role || first.Entity != r.Entity {
+				c.violate(RuleEntityIsolation, fmt.Sprintf("key %s went to %s and to %s", r.AccessKey, who(first), who(r)), []Op{first, r}, nil)
+			}
+		} else {
+			owner[r.AccessKey] = r
+		}
+	}
+}
+
+func who(o Op) string {
+	if o.Entity == "" {
+		return "role " + o.Role
+	}
+	return "role " + o.Role + " entity " + o.Entity
+}
+
+func keys(m map[string]bool) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, " or ")
+}
+
+// excusedBy is the process fault whose window (plus Grace) r overlaps.
+func (c *checker) excusedBy(r Op) (Op, bool) {
+	for _, f := range c.procFault {
+		if r.Return.After(f.Invoke) && r.Invoke.Before(f.Return.Add(c.cfg.Grace)) {
+			return f, true
+		}
+	}
+	return Op{}, false
+}
+
+// changedBetween reports whether role was written or deleted in (from, to).
+func (c *checker) changedBetween(role string, from, to time.Time) bool {
+	for _, o := range c.roleOps[role] {
+		if o.Invoke.Before(to) && o.Return.After(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkAvailability: a read that failed while its credential's last
+// served value was still valid, the role unchanged since, is a violation
+// unless a kill or restart explains it.
+func (c *checker) checkAvailability() {
+	type cred struct{ role, entity string }
+	last := map[cred]Op{}
+	windows := map[int64]*Window{}
+	var order []int64
+	reads := make([]Op, 0, len(c.ops))
+	for _, o := range c.ops {
+		if o.Kind == KindRead {
+			reads = append(reads, o)
+		}
+	}
+	sort.SliceStable(reads, func(i, j int) bool { return reads[i].Invoke.Before(reads[j].Invoke) })
+	for _, r := range reads {
+		k := cred{r.Role, r.Entity}
+		if r.OK {
+			if prev, ok := last[k]; !ok || r.Invoke.After(prev.Invoke) {
+				last[k] = r
+			}
+			continue
+		}
+		if r.Status >= 400 && r.Status < 500 {
+			c.rep.ColdFailures++ // the caller's error (a deleted role, say), not availability
+			continue
+		}
+		good, ok := last[k]
+		if !ok || !good.Expiration.After(r.Invoke) || c.changedBetween(r.Role, good.Invoke, r.Return) {
+			c.rep.ColdFailures++
+			continue
+		}
+		if f, ok := c.excusedBy(r); ok {
+			w := windows[f.ID]
+			if w == nil {
+				w = &Window{Fault: f.Fault, Start: r.Invoke, End: r.Return}
+				windows[f.ID] = w
+				order = append(order, f.ID)
+			}
+			if r.Invoke.Before(w.Start) {
+				w.Start = r.Invoke
+			}
+			if r.Return.After(w.End) {
+				w.End = r.Return
+			}
+			w.Reads++
+			continue
+		}
+		c.violate(RuleAvailable, fmt.Sprintf("a read failed while %s (valid until %s) was cached and no kill or restart explains it", good.AccessKey, good.Expiration.Format(time.RFC3339)), []Op{good, r}, nil)
+	}
+	for _, id := range order {
+		c.rep.Unavailable = append(c.rep.Unavailable, *windows[id])
+	}
+}
+
+// checkIssuance counts STS calls per credential session and flags two
+// issuances of one session closer than MinIssueGap with nothing between
+// them that calls for a new credential.
+func (c *checker) checkIssuance() {
+	bySession := map[string][]STSCall{}
+	for _, call := range c.calls {
+		if !isSTSIssue(call.Action) {
+			continue
+		}
+		s := call.RoleArn + " " + call.RoleSessionName + " " + call.SourceIdentity
+		c.rep.STSCalls[s]++
+		if call.Outcome == "ok" && call.IssuedKeyID != "" {
+			c.rep.STSIssued[s]++
+			bySession[s] = append(bySession[s], call)
+		}
+	}
+	for s, iss := range bySession {
+		sort.SliceStable(iss, func(i, j int) bool { return iss[i].Time.Before(iss[j].Time) })
+		for i := 1; i < len(iss); i++ {
+			a, b := iss[i-1], iss[i]
+			if b.Time.Sub(a.Time) >= c.cfg.MinIssueGap || c.explainsReissue(a.Time, b.Time) {
+				continue
+			}
+			c.violate(RuleOneIssuance, fmt.Sprintf("session %s got two credentials %s apart (less than %s) with no role change, rotation or kill between", strings.TrimSpace(s), b.Time.Sub(a.Time).Round(time.Millisecond), c.cfg.MinIssueGap), nil, []STSCall{a, b})
+		}
+	}
+}
+
+// explainsReissue: an operator action, rotation or process fault in
+// [from-Skew, to] may rightly cause a new credential.
+func (c *checker) explainsReissue(from, to time.Time) bool {
+	from = from.Add(-c.cfg.Skew)
+	for _, o := range c.ops {
+		switch o.Kind {
+		case KindRoleWrite, KindRoleDelete, KindRotate, KindRootWrite, KindRefreshCfg:
+		case KindFault:
+			if !isProcessFault(o.Fault) {
+				continue
+			}
+		default:
+			continue
+		}
+		if o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkIAM: every IAM key deleted was created by the plugin's own
+// CreateAccessKey or written by the operator into config/root; and after a
+// rotation settled, no call is refused with InvalidClientTokenId.
+func (c *checker) checkIAM() {
+	own := map[string]bool{}
+	for _, o := range c.ops {
+		if o.Kind == KindRootWrite && o.AccessKey != "" {
+			own[o.AccessKey] = true
+		}
+	}
+	for _, call := range c.calls {
+		if call.Action == "CreateAccessKey" && call.Outcome == "ok" && call.IssuedKeyID != "" {
+			own[call.IssuedKeyID] = true
+		}
+	}
+	for _, call := range c.calls {
+		if call.Action == "DeleteAccessKey" && call.Outcome == "ok" && !own[call.IssuedKeyID] {
+			c.violate(RuleOwnIAMKeys, fmt.Sprintf("IAM key %s was deleted; the plugin neither created it nor was given it in config/root", call.IssuedKeyID), nil, []STSCall{call})
+		}
+	}
+	for _, call := range c.calls {
+		if call.Outcome != "InvalidClientTokenId" {
+			continue
+		}
+		settling := false
+		for _, r := range c.rotations {
+			if call.Time.After(r.Invoke.Add(-c.cfg.Skew)) && call.Time.Before(r.Return.Add(c.cfg.PropagationGrace)) {
+				settling = true
+				break
+			}
+		}
+		if !settling {
+			c.violate(RuleRootKeyWorks, fmt.Sprintf("a call signed with %s was refused with InvalidClientTokenId outside any rotation's settling time", call.AccessKeyID), nil, []STSCall{call})
+		}
+	}
+}
+
+func (c *checker) checkAgentFile() {
+	for _, o := range c.ops {
+		if o.Kind != KindAgentFile || o.AccessKey == "" {
+			continue
+		}
+		if o.Invoke.After(o.Expiration.Add(c.cfg.RenderInterval)) {
+			c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s %s after it expired (more than the render interval %s)", o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), c.cfg.RenderInterval), []Op{o}, nil)
+		}
+	}
+}

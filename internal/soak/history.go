@@ -1,0 +1,166 @@
+// Package soak holds the chaos soak's records and the checker that proves
+// from them, after the run, that no guarantee of the plugin was broken.
+//
+// A soak run (scripts/soak.sh, `make soak`) writes two logs: the client
+// history, one Op per line, recorded by the driver for every read, operator
+// action, fault and sample; and the emulator's log of every STS and IAM call
+// it answered (stsemu.Call), which names every credential it issued and
+// every IAM key it created or deleted. Check reads both and reports each
+// violation with the operations involved, plus the run's figures.
+//
+// Times are wall-clock times of one host (the driver and the emulator run
+// side by side), compared directly.
+package soak
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+)
+
+// The kinds of Op.
+const (
+	KindRead       = "read"        // GET <mount>/creds/<role>
+	KindRoleWrite  = "role_write"  // write roles/<role> (creates it, or changes role_arn/lease)
+	KindRoleDelete = "role_delete" // delete roles/<role>
+	KindRootWrite  = "root_write"  // write config/root with an operator's key (AccessKey)
+	KindRotate     = "rotate_root" // config/rotate-root, or a scheduled rotation seen in config/rotation
+	KindRefreshCfg = "refresh_config"
+	KindAgentFile  = "agent_file" // a sample of the file Vault Agent renders
+	KindFault      = "fault"      // an injected fault; its window is [Invoke, Return]
+	KindSample     = "sample"     // a resource sample (RSS)
+)
+
+// Faults that stop a node or plugin: reads failing inside their windows
+// (plus Grace) are attributed to an election or a plugin restart.
+const (
+	FaultKillPlugin     = "kill_plugin"
+	FaultKillActive     = "kill_active"
+	FaultClusterRestart = "cluster_restart"
+	FaultStepDown       = "step_down"
+)
+
+// Op is one operation of the history.
+type Op struct {
+	ID     int64  `json:"id"`
+	Client string `json:"client"`
+	Kind   string `json:"kind"`
+	Role   string `json:"role,omitempty"`
+	// Entity is the Vault entity ID of an entity-scoped read, "" for a
+	// role-scoped one.
+	Entity string `json:"entity,omitempty"`
+	// RoleARN is the role_arn a role_write wrote.
+	RoleARN string    `json:"role_arn,omitempty"`
+	Invoke  time.Time `json:"invoke"`
+	Return  time.Time `json:"return"`
+	// InvokeMono and ReturnMono are the same instants on the driver's
+	// monotonic clock, in nanoseconds since the run began: durations and
+	// order that a wall-clock step cannot disturb.
+	InvokeMono int64 `json:"invoke_mono_ns"`
+	ReturnMono int64 `json:"return_mono_ns"`
+	// Status is the HTTP status of the answer, 0 when none came.
+	Status int `json:"status,omitempty"`
+	// OK: a read returned a credential; an operator action was
+	// acknowledged by Vault.
+	OK bool `json:"ok"`
+	// AccessKey, Expiration and ARN describe the credential a read returned
+	// or the agent's file held; AccessKey is also the key a root_write wrote.
+	AccessKey  string    `json:"access_key,omitempty"`
+	Expiration time.Time `json:"expiration,omitempty"`
+	ARN        string    `json:"arn,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	// Fault names the fault of a fault op.
+	Fault string `json:"fault,omitempty"`
+	// Value is a sample's value (RSS in bytes).
+	Value float64 `json:"value,omitempty"`
+}
+
+// Duration is how long the op took.
+func (o Op) Duration() time.Duration { return o.Return.Sub(o.Invoke) }
+
+func (o Op) String() string {
+	s := fmt.Sprintf("#%d %s %s", o.ID, o.Client, o.Kind)
+	if o.Role != "" {
+		s += " role=" + o.Role
+	}
+	if o.Entity != "" {
+		s += " entity=" + o.Entity
+	}
+	if o.Fault != "" {
+		s += " fault=" + o.Fault
+	}
+	s += fmt.Sprintf(" [%s .. %s]", o.Invoke.Format("15:04:05.000"), o.Return.Format("15:04:05.000"))
+	if o.Kind == KindRead || o.Kind == KindAgentFile {
+		if o.OK || o.Kind == KindAgentFile {
+			s += fmt.Sprintf(" key=%s expires=%s", o.AccessKey, o.Expiration.Format("15:04:05"))
+		} else {
+			s += fmt.Sprintf(" status=%d err=%q", o.Status, o.Error)
+		}
+	} else if !o.OK {
+		s += " (not acknowledged)"
+	}
+	return s
+}
+
+// STSCall is one call the emulator answered, as its call log records it.
+type STSCall struct {
+	Time    time.Time `json:"time"`
+	Action  string    `json:"action"`
+	Outcome string    `json:"outcome"`
+	RoleArn string    `json:"role_arn"`
+	// AccessKeyID is the key that signed the call.
+	AccessKeyID     string `json:"access_key_id"`
+	RoleSessionName string `json:"role_session_name"`
+	SourceIdentity  string `json:"source_identity"`
+	// IssuedKeyID and IssuedExpiration name the credential an STS call
+	// issued; for CreateAccessKey and DeleteAccessKey IssuedKeyID is the
+	// IAM key created or deleted.
+	IssuedKeyID      string    `json:"issued_key_id"`
+	IssuedExpiration time.Time `json:"issued_expiration"`
+}
+
+// ReadOps reads a history, one JSON Op per line.
+func ReadOps(r io.Reader) ([]Op, error) {
+	var ops []Op
+	err := readLines(r, func(b []byte) error {
+		var o Op
+		if err := json.Unmarshal(b, &o); err != nil {
+			return err
+		}
+		ops = append(ops, o)
+		return nil
+	})
+	return ops, err
+}
+
+// ReadCalls reads an emulator call log, one JSON STSCall per line.
+func ReadCalls(r io.Reader) ([]STSCall, error) {
+	var calls []STSCall
+	err := readLines(r, func(b []byte) error {
+		var c STSCall
+		if err := json.Unmarshal(b, &c); err != nil {
+			return err
+		}
+		calls = append(calls, c)
+		return nil
+	})
+	return calls, err
+}
+
+func readLines(r io.Reader, each func([]byte) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		if err := each(sc.Bytes()); err != nil {
+			return fmt.Errorf("line %d: %w", n, err)
+		}
+	}
+	return sc.Err()
+}

@@ -1,0 +1,70 @@
+package soak
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"time"
+)
+
+// Write prints the figures and every violation.
+func (r *Report) Write(w io.Writer) {
+	fmt.Fprintf(w, "duration            %s (%s .. %s)\n", r.End.Sub(r.Start).Round(time.Second), r.Start.Format(time.RFC3339), r.End.Format(time.RFC3339))
+	fmt.Fprintf(w, "operations          %s\n", counts(r.OpsByKind))
+	fmt.Fprintf(w, "faults injected     %s\n", counts(r.FaultsByKind))
+	fmt.Fprintf(w, "reads               %d, failed %d (%d with nothing valid to serve or the caller's error)\n", r.Reads, r.FailedReads, r.ColdFailures)
+	var longest, total time.Duration
+	for _, u := range r.Unavailable {
+		d := u.End.Sub(u.Start)
+		total += d
+		longest = max(longest, d)
+	}
+	fmt.Fprintf(w, "unavailable windows %d, longest %s, total %s (failed reads with a valid credential cached, each during a kill or restart)\n", len(r.Unavailable), longest.Round(time.Millisecond), total.Round(time.Millisecond))
+	for _, u := range r.Unavailable {
+		fmt.Fprintf(w, "  %-16s %s .. %s  %s, %d reads\n", u.Fault, u.Start.Format("15:04:05.000"), u.End.Format("15:04:05.000"), u.End.Sub(u.Start).Round(time.Millisecond), u.Reads)
+	}
+	calls, issued, worst, worstS := 0, 0, 0.0, ""
+	for s, n := range r.STSCalls {
+		calls += n
+		issued += r.STSIssued[s]
+		if r.STSIssued[s] > 0 {
+			if per := float64(n) / float64(r.STSIssued[s]); per > worst {
+				worst, worstS = per, s
+			}
+		}
+	}
+	per := 0.0
+	if issued > 0 {
+		per = float64(calls) / float64(issued)
+	}
+	fmt.Fprintf(w, "STS                 %d calls, %d credentials issued over %d sessions: %.2f calls per credential (most: %.2f, %s)\n", calls, issued, len(r.STSCalls), per, worst, worstS)
+	if r.RSSMax > 0 {
+		fmt.Fprintf(w, "plugin RSS          first %.1f MiB, max %.1f MiB, last %.1f MiB\n", r.RSSFirst/(1<<20), r.RSSMax/(1<<20), r.RSSLast/(1<<20))
+	}
+	fmt.Fprintf(w, "violations          %d\n", len(r.Violations))
+	for _, rule := range Rules {
+		fmt.Fprintf(w, "  %-28s %d\n", rule, r.ByRule[rule])
+	}
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "\n%s\n", v)
+	}
+}
+
+func counts(m map[string]int) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	s := ""
+	for i, k := range ks {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s %d", k, m[k])
+	}
+	if s == "" {
+		return "none"
+	}
+	return s
+}

@@ -1,0 +1,607 @@
+package soak_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/soak"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
+)
+
+// The run's shape. Credentials live 60 s and are renewed with half of that
+// left, so a run of a few minutes sees many refresh cycles of every role.
+const (
+	lifetime        = 60 * time.Second
+	refreshFraction = "0.5"
+	roleCount       = 5
+	users           = 3
+	readers         = 4
+	readEvery       = 250 * time.Millisecond
+	agentEvery      = time.Second
+	sampleEvery     = 5 * time.Second
+)
+
+// Check's tolerances for this run's shape, also what scripts/soak.sh
+// passes to cmd/soak-check.
+var checkConfig = soak.Config{
+	Grace:            30 * time.Second, // an election, a plugin restart, a node's rejoin
+	MinIssueGap:      10 * time.Second, // a sixth of the lifetime; refreshes are 30 s apart
+	RenderInterval:   30 * time.Second, // the agent re-reads within the lease's last 15 %, plus its own retries
+	PropagationGrace: 30 * time.Second,
+	Skew:             100 * time.Millisecond,
+}
+
+// recorder writes the history, one JSON line per operation, as it happens.
+type recorder struct {
+	start time.Time // the run's start, with its monotonic reading
+	mu    sync.Mutex
+	enc   *json.Encoder
+	id    atomic.Int64
+	err   error
+}
+
+func (r *recorder) add(o soak.Op) {
+	o.ID = r.id.Add(1)
+	// Invoke and Return come from time.Now and carry its monotonic
+	// reading, which Sub uses.
+	o.InvokeMono, o.ReturnMono = int64(o.Invoke.Sub(r.start)), int64(o.Return.Sub(r.start))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.enc.Encode(o); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+// TestSoak is the chaos soak (scripts/soak.sh, `make soak`): a 3-node raft
+// cluster with the plugin, the STS emulator, and a seeded schedule of
+// overlapping faults, operator actions and readers for SOAK_DURATION; every
+// operation is recorded to SOAK_OUT/history.jsonl, the emulator's calls to
+// SOAK_OUT/calls.jsonl, and the checker's report to SOAK_OUT/report.txt.
+// The test fails if the checker finds a violation.
+func TestSoak(t *testing.T) {
+	if os.Getenv("SOAK") != "1" {
+		t.Skip("the chaos soak runs with SOAK=1 (scripts/soak.sh)")
+	}
+	vaulttest.SkipUnlessEnabled(t)
+	duration := 2 * time.Minute
+	if s := os.Getenv("SOAK_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("SOAK_DURATION=%q: %v", s, err)
+		}
+		duration = d
+	}
+	seed := uint64(1)
+	if s := os.Getenv("SOAK_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("SOAK_SEED=%q: %v", s, err)
+		}
+		seed = n
+	}
+	out := os.Getenv("SOAK_OUT")
+	if out == "" {
+		out = t.TempDir()
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hf, err := os.Create(filepath.Join(out, "history.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hf.Close()
+	rec := &recorder{start: time.Now(), enc: json.NewEncoder(hf)}
+	t.Logf("soak: %s, seed %d, output in %s", duration, seed, out)
+
+	run := newRun(t, rec, seed)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < readers; i++ {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); run.reader(i, stop) }(i)
+	}
+	wg.Add(3)
+	go func() { defer wg.Done(); run.rotationObserver(stop) }()
+	go func() { defer wg.Done(); run.agentSampler(stop) }()
+	go func() { defer wg.Done(); run.rssSampler(stop) }()
+
+	// The schedule runs on this goroutine (the harness's kills and restarts
+	// may fail the test, which only the test's goroutine may do): an action
+	// every 5 to 15 s, drawn from the seed.
+	end := time.Now().Add(duration)
+	rng := rand.New(rand.NewPCG(seed, 0x50a4))
+	for time.Now().Before(end) {
+		time.Sleep(5*time.Second + time.Duration(rng.Int64N(int64(10*time.Second))))
+		if !time.Now().Before(end) {
+			break
+		}
+		run.step(rng)
+	}
+	close(stop)
+	wg.Wait()
+	run.emu.ClearFaults(t)
+
+	calls := run.emu.Calls(t)
+	cf, err := os.Create(filepath.Join(out, "calls.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := json.NewEncoder(cf)
+	for _, c := range calls {
+		enc.Encode(c)
+	}
+	cf.Close()
+	if rec.err != nil {
+		t.Fatalf("writing the history: %v", rec.err)
+	}
+	hf.Sync()
+
+	ops, err := readOps(filepath.Join(out, "history.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scalls, err := readCalls(filepath.Join(out, "calls.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := soak.Check(ops, scalls, checkConfig)
+	var b bytes.Buffer
+	report.Write(&b)
+	os.WriteFile(filepath.Join(out, "report.txt"), b.Bytes(), 0o644)
+	t.Logf("checker report:\n%s", b.String())
+	if len(report.Violations) > 0 {
+		t.Fatalf("the checker found %d violations (report in %s)", len(report.Violations), filepath.Join(out, "report.txt"))
+	}
+}
+
+func readOps(path string) ([]soak.Op, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return soak.ReadOps(f)
+}
+
+func readCalls(path string) ([]soak.STSCall, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return soak.ReadCalls(f)
+}
+
+// run is the soak's stack and its clients.
+type run struct {
+	t     *testing.T
+	rec   *recorder
+	emu   *vaulttest.Emulator
+	c     *vaulttest.Cluster
+	agent *vaulttest.Agent
+	// agentNode is the node the agent talks to; the schedule does not kill
+	// it (a Vault Agent has one address).
+	agentNode *vaulttest.Server
+
+	readerToken string
+	userTokens  []string // one per userpass user: tokens with an entity
+	entityIDs   []string
+
+	mu      sync.Mutex
+	arns    map[string]string // role -> role_arn written last
+	deleted map[string]bool
+	down    map[*vaulttest.Server]bool // nodes killed and not yet back
+}
+
+func roleName(i int) string { return fmt.Sprintf("soak-%d", i) }
+
+const entityRole = "soak-entity"
+
+func arn(name string) string {
+	return "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + name
+}
+
+func newRun(t *testing.T, rec *recorder, seed uint64) *run {
+	r := &run{t: t, rec: rec, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
+	r.emu = vaulttest.StartEmulator(t, "-max-lifetime", lifetime.String())
+	r.c = vaulttest.StartCluster(t, vaulttest.ClusterOptions{})
+	active := r.c.WaitActive(t, 60*time.Second)
+	r.c.SetupPlugin(t, vaulttest.DefaultPluginVersion)
+	r.operator("root", soak.KindRootWrite, "", "", vaulttest.EmulatorAccessKey, func(n *vaulttest.Server) (int, []byte, error) {
+		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/root", map[string]any{
+			"access_key": r.emu.AccessKey, "secret_key": r.emu.SecretKey, "region": "us-east-1",
+			"sts_endpoint": r.emu.URL, "iam_endpoint": r.emu.URL,
+			// The shortest period a production build accepts: a one-hour
+			// soak sees a scheduled rotation near its end.
+			"rotation_period": "1h",
+		})
+	})
+	r.operator("refresh", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
+		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{
+			"refresh_fraction": refreshFraction, "retry_window": "6s", "max_retries": 3,
+		})
+	})
+	for i := 0; i < roleCount; i++ {
+		r.writeRole(roleName(i), arn(roleName(i)))
+	}
+	r.writeRole(entityRole, arn(entityRole), "cache_scope", "entity")
+
+	active.WritePolicy(t, "soak-reader", fmt.Sprintf("path %q { capabilities = [\"read\"] }\n", vaulttest.MountPath+"/creds/*"))
+	r.readerToken = strings.TrimSpace(active.CLI(t, "token", "create", "-policy=soak-reader", "-period=24h", "-field=token"))
+	active.EnableUserpass(t)
+	for i := 0; i < users; i++ {
+		name := fmt.Sprintf("user%d", i)
+		active.CreateUser(t, name, name+"-pw", "soak-reader")
+		tok := active.LoginUserpass(t, name, name+"-pw")
+		r.userTokens = append(r.userTokens, tok)
+		r.entityIDs = append(r.entityIDs, active.EntityOf(t, tok).ID)
+	}
+
+	// Vault Agent renders one role's credential, with its expiry, to a
+	// file an AWS client would read; it talks to a standby (forwarded).
+	r.agentNode = r.c.Standbys(active)[0]
+	r.agent = r.agentNode.StartAgent(t, r.readerToken, []vaulttest.AgentTemplate{{Contents: fmt.Sprintf(`{{ with secret %q -}}
+aws_access_key_id = {{ .Data.access_key }}
+expiration = {{ .Data.expiration }}
+{{- end }}`, vaulttest.MountPath+"/creds/"+roleName(0))}}, "")
+	return r
+}
+
+// do sends one Vault API request with token to node.
+func do(n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, n.Addr+"/v1/"+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("X-Vault-Token", token)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+var httpClient = &http.Client{Timeout: 45 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// upNodes are the nodes not killed by the schedule.
+func (r *run) upNodes() []*vaulttest.Server {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var up []*vaulttest.Server
+	for _, n := range r.c.Nodes {
+		if !r.down[n] {
+			up = append(up, n)
+		}
+	}
+	return up
+}
+
+// operator runs one operator action through the active node (found at the
+// time), records it, and reports whether Vault acknowledged it.
+func (r *run) operator(client, kind, role, roleARN, key string, fn func(*vaulttest.Server) (int, []byte, error)) bool {
+	o := soak.Op{Client: client, Kind: kind, Role: role, RoleARN: roleARN, AccessKey: key, Invoke: time.Now()}
+	active := r.c.WaitActive(r.t, 60*time.Second)
+	code, body, err := fn(active)
+	o.Return, o.Status = time.Now(), code
+	o.OK = err == nil && code/100 == 2
+	if !o.OK {
+		o.Error = errText(code, body, err)
+	}
+	r.rec.add(o)
+	return o.OK
+}
+
+func errText(code int, body []byte, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	var e struct{ Errors []string }
+	if json.Unmarshal(body, &e) == nil && len(e.Errors) > 0 {
+		return fmt.Sprintf("HTTP %d: %s", code, strings.Join(e.Errors, "; "))
+	}
+	return fmt.Sprintf("HTTP %d", code)
+}
+
+func (r *run) writeRole(role, roleARN string, extra ...string) {
+	body := map[string]any{"credential_type": "assumed_role", "role_arn": roleARN}
+	for i := 0; i+1 < len(extra); i += 2 {
+		body[extra[i]] = extra[i+1]
+	}
+	if r.operator("operator", soak.KindRoleWrite, role, roleARN, "", func(n *vaulttest.Server) (int, []byte, error) {
+		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/roles/"+role, body)
+	}) {
+		r.mu.Lock()
+		r.arns[role], r.deleted[role] = roleARN, false
+		r.mu.Unlock()
+	}
+}
+
+// reader reads random roles through random nodes until stop: role-scoped
+// roles with its own token, the entity-scoped role with a user's token.
+func (r *run) reader(i int, stop <-chan struct{}) {
+	rng := rand.New(rand.NewPCG(uint64(i), 0x4ead))
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(readEvery):
+		}
+		nodes := r.upNodes()
+		if len(nodes) == 0 {
+			continue
+		}
+		n := nodes[rng.IntN(len(nodes))]
+		o := soak.Op{Client: fmt.Sprintf("reader-%d", i), Kind: soak.KindRead}
+		token := r.readerToken
+		if k := rng.IntN(roleCount + 1); k < roleCount {
+			o.Role = roleName(k)
+		} else {
+			u := rng.IntN(users)
+			r.mu.Lock()
+			o.Role, o.Entity, token = entityRole, r.entityIDs[u], r.userTokens[u]
+			r.mu.Unlock()
+		}
+		o.Invoke = time.Now()
+		code, body, err := do(n, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
+		o.Return, o.Status = time.Now(), code
+		if err == nil && code == 200 {
+			var sec vaulttest.Secret
+			if json.Unmarshal(body, &sec) == nil {
+				o.AccessKey, o.ARN = sec.Str("access_key"), sec.Str("arn")
+				o.Expiration, _ = time.Parse(time.RFC3339, sec.Str("expiration"))
+				o.OK = o.AccessKey != ""
+			}
+		}
+		if !o.OK {
+			o.Error = errText(code, body, err)
+		}
+		r.rec.add(o)
+	}
+}
+
+// rotationObserver records scheduled rotations, which no client starts:
+// it reads config/rotation every few seconds and records a rotate_root op
+// when a scheduled attempt appears, from its start to when it was seen.
+func (r *run) rotationObserver(stop <-chan struct{}) {
+	seen := ""
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(3 * time.Second):
+		}
+		for _, n := range r.upNodes() {
+			code, body, err := do(n, n.RootToken(), http.MethodGet, vaulttest.MountPath+"/config/rotation", nil)
+			if err != nil || code != 200 {
+				continue
+			}
+			var sec vaulttest.Secret
+			if json.Unmarshal(body, &sec) != nil {
+				break
+			}
+			last := sec.Str("last_attempt")
+			if last != "" && last != seen && sec.Str("trigger") == "scheduled" {
+				began, _ := time.Parse(time.RFC3339, last)
+				now := time.Now()
+				r.rec.add(soak.Op{Client: "scheduler", Kind: soak.KindRotate, Invoke: began, Return: now, OK: sec.Str("outcome") == "success", Error: sec.Str("error")})
+			}
+			seen = last
+			break
+		}
+	}
+}
+
+var agentFileRe = regexp.MustCompile(`aws_access_key_id = (\S+)\nexpiration = (\S+)`)
+
+// agentSampler records what the agent's file holds every agentEvery.
+func (r *run) agentSampler(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(agentEvery):
+		}
+		b, err := os.ReadFile(r.agent.Destinations[0])
+		now := time.Now()
+		if err != nil {
+			continue // not rendered yet
+		}
+		m := agentFileRe.FindSubmatch(b)
+		if m == nil {
+			continue
+		}
+		exp, _ := time.Parse(time.RFC3339, string(m[2]))
+		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
+	}
+}
+
+// rssSampler records the plugin processes' resident memory on every node.
+func (r *run) rssSampler(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(sampleEvery):
+		}
+		var total float64
+		for _, n := range r.upNodes() {
+			pids, err := vaulttest.Descendants(n.Process.PID())
+			if err != nil {
+				continue
+			}
+			for _, pid := range pids {
+				if name, err := vaulttest.ExeName(pid); err == nil && strings.HasPrefix(name, vaulttest.PluginBinaryName) {
+					total += rss(pid)
+				}
+			}
+		}
+		now := time.Now()
+		r.rec.add(soak.Op{Client: "sampler", Kind: soak.KindSample, Invoke: now, Return: now, Value: total, OK: true})
+	}
+}
+
+func rss(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// stsFaults are the emulator fault plans the schedule draws from; each is
+// on for 5 to 20 s.
+var stsFaults = []struct {
+	name string
+	plan vaulttest.FaultPlan
+}{
+	{"sts_throttling", vaulttest.FaultPlan{Probability: map[string]float64{"Throttling": 0.7}}},
+	{"sts_5xx", vaulttest.FaultPlan{Probability: map[string]float64{"InternalFailure": 0.4, "ServiceUnavailable": 0.4}}},
+	{"sts_reset", vaulttest.FaultPlan{Probability: map[string]float64{"reset": 0.5, "reset_after": 0.2}}},
+	{"sts_hang", vaulttest.FaultPlan{Probability: map[string]float64{"hang": 0.5}, Hang: "20s"}},
+	{"sts_malformed", vaulttest.FaultPlan{Probability: map[string]float64{"malformed": 0.3, "expired": 0.3, "empty_key": 0.2}}},
+	{"sts_down", vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}}},
+}
+
+// step runs one scheduled action.
+func (r *run) step(rng *rand.Rand) {
+	t := r.t
+	switch k := rng.IntN(11); {
+	case k == 10: // STS down for 70 s, longer than a credential lives:
+		// credentials expire, and must stop being served when they do.
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_down_long", Invoke: time.Now()}
+		r.emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}})
+		time.Sleep(70 * time.Second)
+		r.emu.ClearFaults(t)
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case k < 4: // an STS fault or a latency spike, for 5-20 s
+		i := rng.IntN(len(stsFaults) + 1)
+		hold := 5*time.Second + time.Duration(rng.Int64N(int64(15*time.Second)))
+		if i == len(stsFaults) {
+			o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_latency", Invoke: time.Now()}
+			r.emu.SetConfig(t, map[string]any{"latency_min": "500ms", "latency_max": "4s"})
+			time.Sleep(hold)
+			r.emu.SetConfig(t, map[string]any{"latency_min": "0s", "latency_max": "0s"})
+			o.Return, o.OK = time.Now(), true
+			r.rec.add(o)
+			return
+		}
+		f := stsFaults[i]
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: f.name, Invoke: time.Now()}
+		r.emu.SetFaults(t, f.plan)
+		time.Sleep(hold)
+		r.emu.ClearFaults(t)
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case k == 4 && rng.IntN(2) == 0: // the active node steps down: an election without a kill
+		active := r.c.WaitActive(t, 60*time.Second)
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultStepDown, Invoke: time.Now()}
+		code, body, err := do(active, active.RootToken(), http.MethodPut, "sys/step-down", nil)
+		if err != nil || code/100 != 2 {
+			t.Logf("step-down through %s: %s", active.NodeID(), errText(code, body, err))
+		}
+		r.c.WaitActive(t, 60*time.Second)
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case k < 5: // SIGKILL the active node's plugin process
+		active := r.c.WaitActive(t, 60*time.Second)
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultKillPlugin, Invoke: time.Now()}
+		for _, pid := range active.PluginPIDs(t) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case k < 6: // SIGKILL the active node, wait for the election, restart it
+		active := r.c.WaitActive(t, 60*time.Second)
+		if active == r.agentNode {
+			return
+		}
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultKillActive, Invoke: time.Now()}
+		r.mu.Lock()
+		r.down[active] = true
+		r.mu.Unlock()
+		active.Kill(t)
+		r.c.WaitActive(t, 90*time.Second)
+		r.c.RestartNode(t, active)
+		r.mu.Lock()
+		delete(r.down, active)
+		r.mu.Unlock()
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case k < 8: // change a role's role_arn, or delete and re-create it
+		role := roleName(1 + rng.IntN(roleCount-1)) // soak-0 stays as it is: the agent renders it
+		r.mu.Lock()
+		cur := r.arns[role]
+		r.mu.Unlock()
+		if rng.IntN(2) == 0 {
+			next := arn(role)
+			if cur == next {
+				next = arn(role + "-alt")
+			}
+			r.writeRole(role, next)
+			return
+		}
+		if r.operator("operator", soak.KindRoleDelete, role, "", "", func(n *vaulttest.Server) (int, []byte, error) {
+			return do(n, n.RootToken(), http.MethodDelete, vaulttest.MountPath+"/roles/"+role, nil)
+		}) {
+			r.mu.Lock()
+			r.deleted[role] = true
+			r.mu.Unlock()
+		}
+		time.Sleep(2 * time.Second)
+		r.writeRole(role, arn(role))
+	case k < 9: // rotate the root key
+		r.operator("operator", soak.KindRotate, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
+			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/rotate-root", map[string]any{})
+		})
+	default: // a config/refresh change, and a user logging in again (a new token for the same entity)
+		r.operator("operator", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
+			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{"max_retries": 3 + rng.IntN(2)})
+		})
+		u := rng.IntN(users)
+		n := r.c.WaitActive(t, 60*time.Second)
+		code, body, err := do(n, "", http.MethodPost, fmt.Sprintf("auth/userpass/login/user%d", u), map[string]any{"password": fmt.Sprintf("user%d-pw", u)})
+		var login struct {
+			Auth struct {
+				ClientToken string `json:"client_token"`
+				EntityID    string `json:"entity_id"`
+			} `json:"auth"`
+		}
+		if err == nil && code == 200 && json.Unmarshal(body, &login) == nil && login.Auth.ClientToken != "" {
+			r.mu.Lock()
+			r.userTokens[u], r.entityIDs[u] = login.Auth.ClientToken, login.Auth.EntityID
+			r.mu.Unlock()
+		}
+	}
+}
