@@ -366,9 +366,38 @@ type entitySummary struct {
 	worstID string
 	// lastAttempt and lastSuccess are the latest of any entity.
 	lastAttempt, lastSuccess time.Time
-	// expiringFailing: an entity credential whose last cycle failed with
-	// less than two retry windows of validity left.
+	// expiringFailing: an entity credential is in the critical alert's
+	// condition (expiringWhileFailing).
 	expiringFailing bool
+	// urgent is the entity credential the role's expiration and lifetime
+	// series describe: the soonest to expire among those expiring while
+	// failing, else among those whose last cycle failed, else among all;
+	// nil when no entity has a credential.
+	urgent *cacheEntry
+	// cached: an entity credential is valid now.
+	cached bool
+	// starved counts the entity credentials refused every sts_rate_limit
+	// slot for a whole retry window (roleReport.starved).
+	// rateLimitedSince is the earliest RateLimitedSince of any, and
+	// rateLimitedID that entity's ID.
+	starved          int
+	rateLimitedSince time.Time
+	rateLimitedID    string
+	// overdue is the longest an entity credential's next cycle is past due
+	// on this node (refreshOverdue); 0 on a node without the refresher.
+	overdue time.Duration
+}
+
+// urgency ranks an entity credential for entitySummary.urgent: 0 expiring
+// while failing, 1 failing, 2 neither.
+func urgency(st *statusEntry, expiringFailing bool) int {
+	switch {
+	case expiringFailing:
+		return 0
+	case st.FailedCycles >= 1 || !st.RateLimitedSince.IsZero():
+		return 1
+	}
+	return 2
 }
 
 // stateSeverity orders states from the worst: the state of an entity-scoped
@@ -393,22 +422,43 @@ func (v reportView) entities(name string) map[string]entitySummary {
 	out := map[string]entitySummary{}
 	for role, entries := range v.rf.state.entityEntries(name) {
 		s := entitySummary{byState: map[string]int{}}
+		urgentRank := 0 // s.urgent's urgency
 		for key, rs := range entries {
 			if rs.role == nil {
 				continue // a placeholder marked for reload
 			}
 			s.count++
-			s.byState[v.report(key, rs).state]++
+			r := v.report(key, rs)
+			s.byState[r.state]++
 			stv := rs.status()
 			st := &stv
+			if r.starved {
+				s.starved++
+			}
+			if t := st.RateLimitedSince; !t.IsZero() && (s.rateLimitedSince.IsZero() || t.Before(s.rateLimitedSince)) {
+				s.rateLimitedSince, s.rateLimitedID = t, key.entity
+			}
+			if rs.cred.validAt(now) {
+				s.cached = true
+			}
+			if v.active {
+				s.overdue = max(s.overdue, v.refreshOverdue(key, rs, r))
+			}
 			if st.LastAttempt.After(s.lastAttempt) {
 				s.lastAttempt = st.LastAttempt
 			}
 			if st.LastSuccess.After(s.lastSuccess) {
 				s.lastSuccess = st.LastSuccess
 			}
-			if expiringWhileFailing(st, rs.cred, now, cfg) {
+			ewf := expiringWhileFailing(st, rs.cred, now, cfg)
+			if ewf {
 				s.expiringFailing = true
+			}
+			if c := rs.cred; c != nil {
+				if rank := urgency(st, ewf); s.urgent == nil || rank < urgentRank ||
+					rank == urgentRank && c.Expiration.Before(s.urgent.Expiration) {
+					s.urgent, urgentRank = c, rank
+				}
 			}
 			if w := s.worst; w == nil || st.FailedCycles > w.FailedCycles ||
 				st.FailedCycles == w.FailedCycles && st.LastAttempt.After(w.LastAttempt) {

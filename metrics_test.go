@@ -246,7 +246,7 @@ func TestMetrics_FailingRole(t *testing.T) {
 	sc.want("aws_resilient_refresh_cycles_total", map[string]string{"result": "failure"}, 3)
 	sc.want("aws_resilient_roles_refresh_failing", nil, 1)
 	expiring := 0.0
-	if statusTime(t, st, "expiration").Sub(f.clock.Now()) < 2*30*time.Second {
+	if statusTime(t, st, "expiration").Sub(f.clock.Now()) < expiryWarning(cached(t, f.s, testRole), f.b.settings.policy()) {
 		expiring = 1
 	}
 	sc.want("aws_resilient_roles_expiring_while_failing", nil, expiring)

@@ -66,7 +66,7 @@ func pathMetrics(b *backend) *framework.Path {
 }
 
 func (b *backend) pathMetricsRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
-	body, err := b.scrape(ctx, req.Storage, strings.TrimSuffix(req.MountPoint, "/"))
+	body, err := b.scrape(ctx, b.wrapRequestStorage(req.Storage), strings.TrimSuffix(req.MountPoint, "/"))
 	if err != nil {
 		return nil, err
 	}
@@ -77,11 +77,56 @@ func (b *backend) pathMetricsRead(ctx context.Context, req *logical.Request, _ *
 	}}, nil
 }
 
-// expiringWhileFailing: the last cycle failed and the credential, still
-// valid, has less than two retry windows left (the expiring-while-failing
-// alert's condition).
+// expiryWarning is how little validity left makes a failing refresh the
+// critical "expiring while failing" alert: half the credential's refresh
+// margin (refresh_fraction × its issued lifetime), and never less than two
+// retry windows. The first cycle starts at the margin; by half of it several
+// cycles have failed, and what is left (about 10 minutes for a 1-hour
+// credential at the defaults, 2.5 for the 15-minute minimum) still holds a
+// scrape, a rule evaluation and Alertmanager's group wait with time to act.
+// Two retry windows alone (60 s at the defaults) did not.
+func expiryWarning(c *cacheEntry, cfg refreshConfig) time.Duration {
+	if c.IssuedAt.IsZero() {
+		return 2 * cfg.RetryWindow // no known lifetime (an entry from an older version)
+	}
+	return max(c.refreshMargin(cfg.RefreshFraction)/2, 2*cfg.RetryWindow)
+}
+
+// expiringWhileFailing is the condition of the critical alert: the last
+// cycle did not renew the credential (it failed, or our own rate limiter
+// refused it every slot) and less than expiryWarning of validity is left, or
+// none: an expired credential whose refresh still fails stays in the
+// condition, so that the critical alert holds from "expiring" through
+// "expired" without a gap, until a cycle succeeds.
 func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg refreshConfig) bool {
-	return st.FailedCycles >= 1 && c.validAt(now) && c.Expiration.Sub(now) < 2*cfg.RetryWindow
+	failing := st.FailedCycles >= 1 || !st.RateLimitedSince.IsZero()
+	return failing && c != nil && c.Expiration.Sub(now) < expiryWarning(c, cfg)
+}
+
+// refreshOverdue is how long the key's next cycle is past due on the node
+// that runs the refresher: its plan's time, or, for a warm key with nothing
+// planned or running, the time the reconciler would plan it at. 0 when it
+// is not late, runs now, or is cold. A refresher that stops firing its plan
+// (or loses it) shows here long before credentials expire.
+func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) time.Duration {
+	now, cfg := v.now, v.cfg
+	if r.state == stateRefreshing {
+		return 0
+	}
+	due := r.next
+	if due.IsZero() {
+		if v.rf.inHand(key) || !rs.warm() {
+			return 0
+		}
+		due = rs.status().NextRefresh
+		if due.IsZero() && rs.cred != nil {
+			due = rs.cred.Expiration.Add(-rs.cred.refreshMargin(cfg.RefreshFraction))
+		}
+	}
+	if due.IsZero() || !now.After(due) {
+		return 0
+	}
+	return now.Sub(due)
 }
 
 // scrape renders the exposition: the counters and histograms kept since the
@@ -97,7 +142,7 @@ func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg ref
 // figures that leave roles out.
 //
 // The registry's few families are encoded by expfmt. The per-role gauges,
-// ten series per role (100 000 at the default metrics_max_roles), are
+// eleven series per role (110 000 at the default metrics_max_roles), are
 // written straight into one buffer sized up front: building a dto.Metric per
 // series and encoding it cost several times the 100 ms a scrape of 10 000
 // roles may take (BENCHMARKS.md, section e). The tests parse every scrape
@@ -128,8 +173,8 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	if err != nil {
 		return nil, fmt.Errorf("gathering metrics: %w", err)
 	}
-	// About 100 bytes per series, ten series per role, plus the names.
-	size := 16<<10 + len(tally.samples)*(1100+10*len(mount)+10*8)
+	// About 100 bytes per series, eleven series per role, plus the names.
+	size := 16<<10 + len(tally.samples)*(1200+11*len(mount)+11*8)
 	if size > 1<<20 {
 		// The body, and the sdk's base64 and protobuf copies of it after
 		// this returns, would otherwise make the GC thrash against the
@@ -162,6 +207,7 @@ type roleSample struct {
 	report                                   roleReport
 	exp, lifetime, lastSuccess, failedCycles float64
 	cached, issued, succeeded                bool
+	expiringFailing                          bool
 }
 
 // roleTally is what a scrape counts over the roles: the aggregates, and
@@ -176,6 +222,52 @@ type roleTally struct {
 	samples                                            []roleSample
 	byState                                            map[string]int
 	defined, cached, starved, failing, expiringFailing int
+	// overdue is the longest a role's (or entity credential's) next cycle
+	// is past due on this node (refreshOverdue).
+	overdue time.Duration
+}
+
+// roleFigures is what the scrape says about one role, role- or
+// entity-scoped alike.
+type roleFigures struct {
+	report roleReport
+	// cred is the credential the per-role expiration and lifetime series
+	// describe (nil: they are absent), status the refresher's record.
+	cred   *cacheEntry
+	status statusEntry
+	// cached: a valid credential is cached for the role (for an
+	// entity-scoped role, for one of its entities). expiringFailing: the
+	// critical alert's condition holds (expiringWhileFailing).
+	cached, expiringFailing bool
+}
+
+// roleScopedFigures are a role-scoped role's own figures.
+func roleScopedFigures(r roleReport, rs *roleState, now time.Time, cfg refreshConfig) roleFigures {
+	st := rs.status()
+	return roleFigures{
+		report: r, cred: rs.cred, status: st,
+		cached: rs.cred.validAt(now), expiringFailing: expiringWhileFailing(&st, rs.cred, now, cfg),
+	}
+}
+
+// entityScopedFigures are an entity-scoped role's figures, as status/<name>
+// says: its entities' worst state, no plan of its own, the failed cycles of
+// the entity credential failing longest; starved when one of its entity
+// credentials is; and the expiration of its most urgent entity credential
+// (entitySummary.urgent), so that the alerts fire for entity credentials.
+func entityScopedFigures(sum entitySummary) roleFigures {
+	if sum.worst == nil {
+		sum.worst = &statusEntry{}
+	}
+	return roleFigures{
+		report: roleReport{state: sum.state(), starved: sum.starved > 0},
+		cred:   sum.urgent,
+		status: statusEntry{
+			FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess,
+			RateLimitedSince: sum.rateLimitedSince,
+		},
+		cached: sum.cached, expiringFailing: sum.expiringFailing,
+	}
 }
 
 // tallyRoles reads each listed role from the mirror (from storage only when
@@ -196,66 +288,55 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 		}
 		t.defined++
 		r := t.report(roleKey(name), rs)
+		fig := roleScopedFigures(r, rs, t.now, t.cfg)
 		if rs.role != nil && rs.role.entityScoped() {
 			if entities == nil {
 				entities = t.entities("")
 			}
-			r, rs = t.entityScopedRole(entities[name], rs)
+			fig = entityScopedFigures(entities[name])
+			t.overdue = max(t.overdue, entities[name].overdue)
+		} else if t.active {
+			t.overdue = max(t.overdue, t.refreshOverdue(roleKey(name), rs, r))
 		}
-		t.add(name, r, rs)
+		t.add(name, &fig)
 	}
 	return nil
 }
 
-// entityScopedRole is what an entity-scoped role reports, as status/<name>
-// says: its entities' worst state, and no plan of its own; and its
-// entities' figures, so that the alerts fire for them.
-func (t *roleTally) entityScopedRole(sum entitySummary, rs *roleState) (roleReport, *roleState) {
-	if sum.worst == nil {
-		sum.worst = &statusEntry{}
-	}
-	if sum.expiringFailing {
-		t.expiringFailing++
-	}
-	return roleReport{state: sum.state()},
-		&roleState{role: rs.role, fullStatus: &statusEntry{FailedCycles: sum.worst.FailedCycles, LastSuccess: sum.lastSuccess}}
-}
-
 // add counts the role in the aggregates and, with perRole, keeps its sample.
-func (t *roleTally) add(name string, r roleReport, rs *roleState) {
-	t.byState[r.state]++
-	if rs.cred.validAt(t.now) {
+func (t *roleTally) add(name string, fig *roleFigures) {
+	t.byState[fig.report.state]++
+	if fig.cached {
 		t.cached++
 	}
-	if r.starved {
+	if fig.report.starved {
 		t.starved++
 	}
 	// The aggregates behind the two per-role alerts, for mounts above
 	// metrics_max_roles (the rules use these thresholds).
-	st := rs.status()
-	if st.FailedCycles >= 2 {
+	if fig.status.FailedCycles >= 2 {
 		t.failing++
 	}
-	if expiringWhileFailing(&st, rs.cred, t.now, t.cfg) {
+	if fig.expiringFailing {
 		t.expiringFailing++
 	}
 	if t.perRole {
-		t.samples = append(t.samples, newRoleSample(name, r, rs.cred, &st))
+		t.samples = append(t.samples, newRoleSample(name, fig))
 	}
 }
 
 // newRoleSample holds the role's per-role figures; a figure the role does
 // not have (nothing cached, no issue time, never succeeded) is flagged
 // absent.
-func newRoleSample(name string, r roleReport, c *cacheEntry, st *statusEntry) roleSample {
-	smp := roleSample{name: name, report: r, failedCycles: float64(st.FailedCycles)}
-	if c != nil {
+func newRoleSample(name string, fig *roleFigures) roleSample {
+	smp := roleSample{name: name, report: fig.report, failedCycles: float64(fig.status.FailedCycles), expiringFailing: fig.expiringFailing}
+	if c := fig.cred; c != nil {
 		smp.cached, smp.exp = true, unixSeconds(c.Expiration)
 		if !c.IssuedAt.IsZero() {
 			smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
 		}
 	}
-	if t := st.LastSuccess; !t.IsZero() {
+	if t := fig.status.LastSuccess; !t.IsZero() {
 		smp.succeeded, smp.lastSuccess = true, unixSeconds(t)
 	}
 	return smp
@@ -281,11 +362,12 @@ func (w *expositionWriter) encodeFamilies(families []*dto.MetricFamily, mount st
 // writeAggregates writes the gauges about the mount as a whole.
 func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
 	w.gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(t.defined))
-	w.gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached.", float64(t.cached))
+	w.gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached; an entity-scoped role when one of its entity credentials is valid.", float64(t.cached))
 	w.gauge("aws_resilient_roles_refresh_failing", "Roles whose last 2 or more refresh cycles failed.", float64(t.failing))
-	w.gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed with less than two retry windows of validity left.", float64(t.expiringFailing))
-	w.gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since).", float64(t.starved))
+	w.gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed (or was refused every sts_rate_limit slot) with less than half the refresh margin (at least two retry windows) of validity left, or none; for an entity-scoped role, one of its entity credentials.", float64(t.expiringFailing))
+	w.gauge("aws_resilient_roles_rate_limited", "Roles whose every attempt for a whole retry window was refused a slot by sts_rate_limit (status shows rate_limited_since); an entity-scoped role when one of its entity credentials is.", float64(t.starved))
 	w.gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.life.running()))
+	w.gauge("aws_resilient_refresh_overdue_seconds", "How long the most overdue refresh cycle on this node is past its due time and not started (0 when none is late, and on a node that does not run the refresher).", t.overdue.Seconds())
 	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.refresher.rolesInPlan()))
 	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", t.cfg.RetryWindow.Seconds())
 	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(t.perRole))
@@ -329,7 +411,7 @@ func (w *expositionWriter) roleSeries(samples []roleSample) {
 		}
 	}
 	perRoleFamily("aws_resilient_role_credential_expiration_timestamp_seconds",
-		"When the role's cached credential expires (unix seconds); absent when nothing is cached.",
+		"When the role's cached credential expires (unix seconds); absent when nothing is cached. For an entity-scoped role, its most urgent entity credential's.",
 		func(smp *roleSample) (float64, bool) { return smp.exp, smp.cached })
 	perRoleFamily("aws_resilient_role_credential_lifetime_seconds",
 		"Issued lifetime of the role's cached credential (expiration minus issue time).",
@@ -340,6 +422,9 @@ func (w *expositionWriter) roleSeries(samples []roleSample) {
 	perRoleFamily("aws_resilient_role_next_refresh_timestamp_seconds",
 		"When the role's next refresh cycle starts (unix seconds), as status/<name> reports it; absent when none is scheduled.",
 		func(smp *roleSample) (float64, bool) { return unixSeconds(smp.report.next), !smp.report.next.IsZero() })
+	perRoleFamily("aws_resilient_role_expiring_while_failing",
+		"1 when the role's last cycle failed (or was refused every sts_rate_limit slot) and its credential has less than half its refresh margin (at least two retry windows) of validity left, or has expired; else 0.",
+		func(smp *roleSample) (float64, bool) { return bool01(smp.expiringFailing), true })
 	perRoleFamily("aws_resilient_role_failed_cycles",
 		"Consecutive failed refresh cycles of the role since its last success.",
 		func(smp *roleSample) (float64, bool) { return smp.failedCycles, true })
@@ -486,12 +571,17 @@ aws_resilient_ and labelled with the mount.
 
 Per role (label role): credential expiration, issued lifetime, last
 successful refresh, next scheduled refresh (all unix seconds), consecutive
-failed cycles, and the state as a 0/1 gauge per state. With more roles than
+failed cycles, whether it is expiring while failing (0/1: the last cycle
+failed and less than half the refresh margin is left, or none), and the state
+as a 0/1 gauge per state. For cache_scope=entity they describe the role's
+entity credentials (the most urgent one's expiration and lifetime). With more roles than
 config/refresh metrics_max_roles (default 10000) the per-role series are
 left out and a comment line says so; the aggregates remain.
 
 Aggregates: roles defined, roles cached, roles per state, roles starved by
-the rate limiter, whether this node runs the refresher, the retry window.
+the rate limiter, roles failing and expiring while failing, whether this node
+runs the refresher, how long its most overdue refresh is late, the retry
+window.
 
 Counters and histograms, since the mount's backend started (the plugin
 process started, or Vault reloaded the mount): STS calls by

@@ -87,7 +87,7 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"cache_scope":         {Type: framework.TypeString, Description: "role or entity. For entity, state is the worst state among the role's entity credentials and the credential fields are empty.", Required: true},
 	"entities":            {Type: framework.TypeInt, Description: "cache_scope=entity: entity credentials the role holds."},
 	"entity_states":       {Type: framework.TypeMap, Description: "cache_scope=entity: how many entity credentials are in each state."},
-	"rate_limited_since":  {Type: framework.TypeString, Description: "Since when every attempt for the role was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
+	"rate_limited_since":  {Type: framework.TypeString, Description: "Since when every attempt for the role (cache_scope=entity: for the longest-refused of its entity credentials) was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
 }
 
 func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -208,7 +208,14 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		if sum.worst.LastError != "" {
 			d["last_error"] = fmt.Sprintf("entity %s: %s", sum.worstID, sum.worst.LastError)
 		}
-		d["rate_limited_since"] = ""
+		// Starvation by our own limiter, as for a role-scoped role: since
+		// when the longest-starved entity credential has been refused, and
+		// said in last_error unless an upstream failure is worse.
+		d["rate_limited_since"] = formatTime(sum.rateLimitedSince)
+		if sum.starved > 0 && sum.worst.FailedCycles == 0 {
+			d["last_error"] = fmt.Sprintf("entity %s: %s: no STS call slot free for this entity credential since %s (sts_rate_limit, sts_burst)",
+				sum.rateLimitedID, codeRateLimited, formatTime(sum.rateLimitedSince))
+		}
 	}
 	return d, nil
 }

@@ -36,12 +36,16 @@ func TestStatus_States(t *testing.T) {
 			_, _ = f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: f.s})
 		}()
 		<-inCall
+		// Released however the check ends: a failed check must not leave
+		// the cycle blocked for the subtests after it, and Cleanup.
+		defer func() {
+			close(release)
+			<-done
+			f.log.before = nil
+		}()
 		if got := state(); got != stateRefreshing {
 			t.Fatalf("during the cycle: state = %v, want refreshing", got)
 		}
-		close(release)
-		<-done
-		f.log.before = nil
 	})
 
 	t.Run("fresh", func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -323,7 +324,7 @@ type pass struct {
 	start  time.Time
 	first  bool // no pass had completed without error when it began
 	idx    *passIndex
-	listed map[credKey]bool // the keys storage listed: roles, entity credentials
+	listed *listedKeys // the keys storage listed: roles, entity credentials
 
 	mu          sync.Mutex // guards the rest, for the workers
 	errs        []error
@@ -367,10 +368,7 @@ func (r *reconciler) passBegin(ctx context.Context) (*pass, []string, error) {
 	if !r.life.setRunning() {
 		return nil, nil, nil
 	}
-	p := &pass{first: r.firstPass(), idx: newPassIndex(), listed: make(map[credKey]bool, len(names))}
-	for _, name := range names {
-		p.listed[roleKey(name)] = true
-	}
+	p := &pass{first: r.firstPass(), idx: newPassIndex(), listed: newListedKeys(names)}
 	p.start = r.clock.Now()
 	return p, names, nil
 }
@@ -403,7 +401,7 @@ func (r *reconciler) passEntities(ctx context.Context, p *pass) {
 		keys := make([]credKey, len(ids))
 		for i, id := range ids {
 			keys[i] = credKey{role: name, entity: id}
-			p.listed[keys[i]] = true
+			p.listed.addEntity(keys[i])
 		}
 		r.forEachKey(keys, func(key credKey) {
 			p.found(r.reconcileRole(ctx, key, false, p.start, p.idx))
@@ -415,10 +413,8 @@ func (r *reconciler) passEntities(ctx context.Context, p *pass) {
 // lists did not show: it may have been deleted, or created since the list
 // was read.
 func (r *reconciler) passUnlisted(ctx context.Context, p *pass) {
-	for _, key := range r.state.keys() {
-		if !p.listed[key] {
-			p.found(r.reconcileRole(ctx, key, true, p.start, p.idx))
-		}
+	for _, key := range r.state.keysNot(p.listed.has) {
+		p.found(r.reconcileRole(ctx, key, true, p.start, p.idx))
 	}
 }
 
@@ -427,7 +423,7 @@ func (r *reconciler) passUnlisted(ctx context.Context, p *pass) {
 func (r *reconciler) passRepairIndex(ctx context.Context, idx *passIndex) {
 	since := r.index.Mark()
 	want, keep := r.indexWant(idx)
-	skip := func(entry string) bool { key := parseCredKey(entry); return !idx.reached[key] || keep[key] }
+	skip := func(entry string) bool { key := parseCredKey(entry); return !idx.reached.has(key) || keep[key] }
 	if err := r.index.Repair(ctx, r.storage(), since, want, skip); err != nil {
 		// Not an error of the pass: the index is a hint, a shard that
 		// failed stays dirty for the next commit in it or the next pass,
@@ -460,31 +456,110 @@ func (r *reconciler) passOrphans(ctx context.Context, p *pass) error {
 // passOrphan deletes what prefix+name holds if the pass did not list its
 // role: a cached credential or status, or a folder of entity credentials
 // of a role that is gone or no longer entity-scoped.
-func (r *reconciler) passOrphan(ctx context.Context, prefix, name string, listed map[credKey]bool) error {
+func (r *reconciler) passOrphan(ctx context.Context, prefix, name string, listed *listedKeys) error {
 	if folder, ok := entityFolder(name); ok {
-		if rs := r.state.peek(roleKey(folder)); !listed[roleKey(folder)] || rs == nil || rs.role == nil || !rs.role.entityScoped() {
+		if rs := r.state.peek(roleKey(folder)); !listed.has(roleKey(folder)) || rs == nil || rs.role == nil || !rs.role.entityScoped() {
 			return r.dropOrphanEntities(ctx, folder)
 		}
 		return nil
 	}
-	if !listed[roleKey(name)] {
+	if !listed.has(roleKey(name)) {
 		return r.dropOrphan(ctx, prefix, name)
 	}
 	return nil
 }
 
+// A pass holds a set of every key it listed and one of every key it
+// reached for as long as it runs: at 100 000 roles about half a minute of
+// every minute. Keyed by credKey (two strings) such a map costs 63 bytes a
+// key, one keyed by the role's name 35 (BENCHMARKS.md, issue 19), so the
+// sets below hold a role's own key by its name, and the listed roles in
+// the list itself.
+
+// listedKeys is what a pass's lists showed: the roles, in the list storage
+// returned (sorted), and the entity credentials of entity-scoped roles.
+type listedKeys struct {
+	roles    []string // sorted
+	entities map[credKey]struct{}
+}
+
+// newListedKeys holds names; it copies them only if storage did not list
+// them sorted.
+func newListedKeys(names []string) *listedKeys {
+	if !slices.IsSorted(names) {
+		names = slices.Sorted(slices.Values(names))
+	}
+	return &listedKeys{roles: names, entities: map[credKey]struct{}{}}
+}
+
+// addEntity records a listed entity credential. The pass adds them before
+// its workers read the set.
+func (l *listedKeys) addEntity(key credKey) { l.entities[key] = struct{}{} }
+
+// has reports whether the key was listed.
+func (l *listedKeys) has(key credKey) bool {
+	if key.isEntity() {
+		_, ok := l.entities[key]
+		return ok
+	}
+	_, ok := slices.BinarySearch(l.roles, key.role)
+	return ok
+}
+
+// keySet is a set of keys, a role's own key held by the role's name.
+type keySet struct {
+	roles    map[string]struct{}
+	entities map[credKey]struct{}
+}
+
+func newKeySet() keySet {
+	return keySet{roles: map[string]struct{}{}, entities: map[credKey]struct{}{}}
+}
+
+func (s keySet) add(key credKey) {
+	if key.isEntity() {
+		s.entities[key] = struct{}{}
+	} else {
+		s.roles[key.role] = struct{}{}
+	}
+}
+
+func (s keySet) has(key credKey) bool {
+	var ok bool
+	if key.isEntity() {
+		_, ok = s.entities[key]
+	} else {
+		_, ok = s.roles[key.role]
+	}
+	return ok
+}
+
+// all yields every key of the set.
+func (s keySet) all(yield func(credKey) bool) {
+	for role := range s.roles {
+		if !yield(roleKey(role)) {
+			return
+		}
+	}
+	for key := range s.entities {
+		if !yield(key) {
+			return
+		}
+	}
+}
+
 // passIndex collects the keys a pass reconciled, for the schedule index.
 type passIndex struct {
 	mu      sync.Mutex
-	reached map[credKey]bool
+	reached keySet
 }
 
-func newPassIndex() *passIndex { return &passIndex{reached: map[credKey]bool{}} }
+func newPassIndex() *passIndex { return &passIndex{reached: newKeySet()} }
 
 func (p *passIndex) reach(key credKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.reached[key] = true
+	p.reached.add(key)
 }
 
 // indexWant is what the schedule index should say of the keys the pass
@@ -495,7 +570,7 @@ func (p *passIndex) reach(key credKey) {
 // want is by the index's entry names: the keys' String form.
 func (r *reconciler) indexWant(idx *passIndex) (want map[string]schedindex.Item, keep map[credKey]bool) {
 	want, keep = map[string]schedindex.Item{}, map[credKey]bool{}
-	for key := range idx.reached {
+	for key := range idx.reached.all {
 		// In one look: a role leaves the plan and enters its flight in one step.
 		running, e, planned := r.refresher.flightOrPlan(key)
 		at, checked := e.At, e.Mark&dueplan.Hint == 0

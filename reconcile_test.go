@@ -3,6 +3,7 @@ package awsresilient
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,6 +74,82 @@ func TestReconciler_RetryBackoffAndStop(t *testing.T) {
 	}
 	r.end(failed)
 	wantNoRetry("a pass failed after Clean began")
+}
+
+// A pass's key sets hold a role's own key by the role's name (half the
+// memory of a credKey): membership is that of a set of credKeys, for roles
+// and entity credentials alike, whether storage listed the names sorted or
+// not, and all yields every key once.
+func TestPass_KeySets(t *testing.T) {
+	cases := map[credKey]bool{
+		roleKey("a"): true, roleKey("c"): true, roleKey("bb"): false, roleKey(""): false,
+		{role: "b", entity: "e1"}: true, {role: "b", entity: "e2"}: false, {role: "a", entity: "e1"}: false,
+	}
+	for _, names := range [][]string{{"a", "b", "c"}, {"c", "a", "b"}} {
+		given := slices.Clone(names)
+		l := newListedKeys(names)
+		l.addEntity(credKey{role: "b", entity: "e1"})
+		s := newKeySet()
+		for key, in := range cases {
+			if in {
+				s.add(key)
+			}
+		}
+		s.add(roleKey("a")) // twice: still one key
+		for key, want := range cases {
+			if got := l.has(key); got != want {
+				t.Errorf("listed %v: has(%+v) = %v, want %v", given, key, got, want)
+			}
+			if got := s.has(key); got != want {
+				t.Errorf("keySet: has(%+v) = %v, want %v", key, got, want)
+			}
+		}
+		if !slices.Equal(names, given) {
+			t.Errorf("newListedKeys changed the list it was given: %v, was %v", names, given)
+		}
+		var all []credKey
+		for key := range s.all {
+			all = append(all, key)
+		}
+		if len(all) != 3 {
+			t.Errorf("all yielded %+v, want the 3 keys added", all)
+		}
+		for _, key := range all {
+			if !cases[key] {
+				t.Errorf("all yielded %+v, never added", key)
+			}
+		}
+	}
+}
+
+// A mirrored role that storage no longer lists (deleted by a writer whose
+// invalidation never came) is read again by the pass, which finds it gone:
+// it leaves the mirror and the plan, and its cached credential is deleted.
+func TestReconcile_PassRereadsUnlistedMirroredKeys(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	ctx := context.Background()
+	f.mustReadCreds(testRole)
+	if f.b.state.peek(roleKey(testRole)) == nil {
+		t.Fatal("the role is not mirrored after its first read")
+	}
+	if _, ok := f.b.refresher.plannedAt(roleKey(testRole)); !ok {
+		t.Fatal("the role is not planned after its first read")
+	}
+	if err := f.s.Delete(ctx, "roles/"+testRole); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.reconciler.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rs := f.b.state.peek(roleKey(testRole)); rs != nil {
+		t.Errorf("after the pass the deleted role is still mirrored: %+v", rs)
+	}
+	if at, ok := f.b.refresher.plannedAt(roleKey(testRole)); ok {
+		t.Errorf("after the pass the deleted role is still planned at %v", at)
+	}
+	if e, err := f.s.Get(ctx, "cache/"+testRole); err != nil || e != nil {
+		t.Errorf("after the pass cache/%s = %v, %v; want it deleted", testRole, e, err)
+	}
 }
 
 // A pass deletes the cached credential and status of a role that storage

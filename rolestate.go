@@ -501,6 +501,21 @@ func (r *roleStates) keys() []credKey {
 	return out
 }
 
+// keysNot returns the mirrored keys for which skip is false: a pass asks
+// for the few its lists did not show, not for a copy of every key (32
+// bytes a key). skip must take no lock.
+func (r *roleStates) keysNot(skip func(credKey) bool) []credKey {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []credKey
+	for key := range r.m {
+		if !skip(key) {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
 // writeRoleLocked stores a new definition of the role, given the one stored now
 // (nil for a new role). When what STS issues changes, the cached credential
 // and status are deleted first: a failure at any point leaves either the old

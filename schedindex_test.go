@@ -274,7 +274,7 @@ func TestScheduleIndex_CommitDuringThePassWins(t *testing.T) {
 	want, keep := f.b.reconciler.indexWant(idx) // the role is cold: no entry wanted
 	f.mustReadCreds(testRole)                   // its first cycle commits meanwhile
 	plan, _ := f.b.refresher.plannedAt(roleKey(testRole))
-	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached[parseCredKey(k)] || keep[parseCredKey(k)] }); err != nil {
+	if err := f.b.index.Repair(ctx, f.s, since, want, func(k string) bool { return !idx.reached.has(parseCredKey(k)) || keep[parseCredKey(k)] }); err != nil {
 		t.Fatal(err)
 	}
 	if it, ok := storedIndex(t, f.s)[testRole]; !ok || !it.Next().Equal(plan) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,7 +39,7 @@ func minRotationPeriod() time.Duration {
 }
 
 func testHookPaths(b *backend) []*framework.Path {
-	return []*framework.Path{pathTestStorageFaults(b)}
+	return []*framework.Path{pathTestStorageFaults(b), pathTestRefresher(b)}
 }
 
 // wrapStorage makes the mount's storage, as background work sees it, fail
@@ -56,6 +57,36 @@ type hookStorage struct {
 	// cacheWriteFailures is the count of cache writes still to fail, set
 	// by test/storage-faults.
 	cacheWriteFailures atomic.Int64
+	// failRoleLists makes every LIST of roles/ fail while set (by
+	// test/storage-faults): the metrics path then answers 500.
+	failRoleLists atomic.Bool
+}
+
+func (h *hookStorage) List(ctx context.Context, prefix string) ([]string, error) {
+	if prefix == rolePrefix && h.failRoleLists.Load() {
+		return nil, errors.New("listing roles failed (injected by test hook)")
+	}
+	return h.Storage.List(ctx, prefix)
+}
+
+// wrapRequestStorage makes a request's storage fail LISTs of roles/ while
+// the hook says so, as the background's does (the metrics path then
+// answers 500).
+func (b *backend) wrapRequestStorage(s logical.Storage) logical.Storage {
+	if h := b.hooks(); h != nil && h.failRoleLists.Load() {
+		return &roleListFailing{Storage: s}
+	}
+	return s
+}
+
+// roleListFailing fails every LIST of roles/.
+type roleListFailing struct{ logical.Storage }
+
+func (r *roleListFailing) List(ctx context.Context, prefix string) ([]string, error) {
+	if prefix == rolePrefix {
+		return nil, errors.New("listing roles failed (injected by test hook)")
+	}
+	return r.Storage.List(ctx, prefix)
 }
 
 func (h *hookStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
@@ -98,7 +129,10 @@ func pathTestStorageFaults(b *backend) *framework.Path {
 			"cache_write_failures": {
 				Type:        framework.TypeInt,
 				Description: "How many of the next cache writes fail, 0 to 1000.",
-				Required:    true,
+			},
+			"fail_role_lists": {
+				Type:        framework.TypeBool,
+				Description: "While true, every LIST of roles/ fails (the metrics path answers 500).",
 			},
 		},
 		Operations: map[logical.Operation]framework.OperationHandler{
@@ -108,6 +142,7 @@ func pathTestStorageFaults(b *backend) *framework.Path {
 				Responses: map[int][]framework.Response{
 					http.StatusOK: {{Description: "OK", Fields: map[string]*framework.FieldSchema{
 						"cache_write_failures": {Type: framework.TypeInt, Description: "Cache writes still set to fail.", Required: true},
+						"fail_role_lists":      {Type: framework.TypeBool, Description: "Whether LISTs of roles/ fail.", Required: true},
 					}}},
 				},
 			},
@@ -133,21 +168,80 @@ func (b *backend) pathTestStorageFaultsRead(context.Context, *logical.Request, *
 	}
 	return &logical.Response{Data: map[string]interface{}{
 		"cache_write_failures": int(h.cacheWriteFailures.Load()),
+		"fail_role_lists":      h.failRoleLists.Load(),
 	}}, nil
 }
 
 func (b *backend) pathTestStorageFaultsWrite(_ context.Context, _ *logical.Request, data *framework.FieldData) (*logical.Response, error) {
-	n, ok := data.GetOk("cache_write_failures")
-	if !ok {
-		return logical.ErrorResponse("cache_write_failures is required (0 to 1000)"), nil
+	n, setWrites := data.GetOk("cache_write_failures")
+	fail, setLists := data.GetOk("fail_role_lists")
+	if !setWrites && !setLists {
+		return logical.ErrorResponse("cache_write_failures is required (0 to 1000), or fail_role_lists"), nil
 	}
-	if n.(int) < 0 || n.(int) > 1000 {
+	if setWrites && (n.(int) < 0 || n.(int) > 1000) {
 		return logical.ErrorResponse("cache_write_failures must be between 0 and 1000; got %d", n.(int)), nil
 	}
 	h := b.hooks()
 	if h == nil {
 		return nil, errors.New("the mount's storage is not set up")
 	}
-	h.cacheWriteFailures.Store(int64(n.(int)))
+	if setWrites {
+		h.cacheWriteFailures.Store(int64(n.(int)))
+	}
+	if setLists {
+		h.failRoleLists.Store(fail.(bool))
+	}
+	return nil, nil
+}
+
+// planHolds are the plan holds test/refresher keeps, by backend.
+var planHolds sync.Map // *backend -> release func()
+
+// pathTestRefresher lets an acceptance test stop the refresher's plan from
+// firing, as a stuck scheduler would, and start it again.
+func pathTestRefresher(b *backend) *framework.Path {
+	return &framework.Path{
+		Pattern: "test/refresher",
+		DisplayAttrs: &framework.DisplayAttributes{
+			OperationPrefix: operationPrefixAWSResilient,
+			OperationSuffix: "test-refresher",
+		},
+		Fields: map[string]*framework.FieldSchema{
+			"hold_plan": {
+				Type:        framework.TypeBool,
+				Description: "true: the plan fires no refresh cycle until set false again.",
+				Required:    true,
+			},
+		},
+		Operations: map[logical.Operation]framework.OperationHandler{
+			logical.UpdateOperation: &framework.PathOperation{
+				Callback:                    b.pathTestRefresherWrite,
+				Summary:                     "Hold or release the refresher's plan.",
+				ForwardPerformanceStandby:   true,
+				ForwardPerformanceSecondary: true,
+				Responses: map[int][]framework.Response{
+					http.StatusNoContent: {{Description: "No Content"}},
+				},
+			},
+		},
+		HelpSynopsis:    "Test hook: stop the refresher's plan from firing.",
+		HelpDescription: "Present only in a plugin built with -tags testhooks and run with AWS_RESILIENT_TEST_HOOKS=1. hold_plan=true keeps every planned refresh cycle from starting, as a stuck scheduler would; hold_plan=false lets the due ones start.",
+	}
+}
+
+func (b *backend) pathTestRefresherWrite(_ context.Context, _ *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+	hold, ok := data.GetOk("hold_plan")
+	if !ok {
+		return logical.ErrorResponse("hold_plan is required"), nil
+	}
+	if hold.(bool) {
+		if _, held := planHolds.Load(b); !held {
+			planHolds.Store(b, b.refresher.holdPlan())
+		}
+		return nil, nil
+	}
+	if release, held := planHolds.LoadAndDelete(b); held {
+		release.(func())()
+	}
 	return nil, nil
 }

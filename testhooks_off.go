@@ -19,3 +19,5 @@ func testHookPaths(*backend) []*framework.Path { return nil }
 func minRotationPeriod() time.Duration { return defaultMinRotationPeriod }
 
 func (b *backend) wrapStorage(s logical.Storage) logical.Storage { return s }
+
+func (b *backend) wrapRequestStorage(s logical.Storage) logical.Storage { return s }

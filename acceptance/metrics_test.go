@@ -27,6 +27,7 @@ var metricsFamilies = []string{
 	"aws_resilient_role_last_success_timestamp_seconds",
 	"aws_resilient_role_next_refresh_timestamp_seconds",
 	"aws_resilient_role_failed_cycles",
+	"aws_resilient_role_expiring_while_failing",
 	"aws_resilient_role_state",
 	"aws_resilient_sts_calls_total",
 	"aws_resilient_sts_call_duration_seconds_count",
@@ -42,6 +43,7 @@ var metricsFamilies = []string{
 	"aws_resilient_roles_cached",
 	"aws_resilient_roles",
 	"aws_resilient_refresher_running",
+	"aws_resilient_refresh_overdue_seconds",
 	"aws_resilient_retry_window_seconds",
 	"aws_resilient_build_info",
 }

@@ -30,6 +30,27 @@
 #                        and a mutant that times out counts as neither killed
 #                        nor lived, so it hides what the tests missed
 #
+# Survivors judged equivalent: mutants that no test can kill because the
+# code behaves the same either way. Where the redundant construct could go
+# without changing behaviour it went (dueplan's timer generation became the
+# armed timer's identity; ratelimit's burst floor became max(burst, 1);
+# schedindex's Repair adds what fit left out, 0 included, without a guard).
+# What is left, with why:
+#   internal/dueplan   dueplan.go, dueOrder.Less: a.seq < b.seq as <=.
+#                      Every entry's seq is unique and container/heap never
+#                      compares an entry with itself (up stops at i == j,
+#                      down compares distinct children), so < and <= agree
+#                      on every call.
+#   internal/schedindex  schedindex.go, fit: 1+size <= MaxShardBytes as <.
+#                      When the shard is exactly at the bound the slower
+#                      path runs instead, keeps every entry (each fits as
+#                      the running size never passes the total) and returns
+#                      the same size with none left out.
+#                      schedindex.go, quotedLen: c < 0x20 as <= (a space
+#                      taken for a character JSON escapes). The check only
+#                      picks the slow path, json.Marshal, which measures any
+#                      key exactly, so a wider check returns the same length.
+#
 # Run it on a quiet machine: under load a mutant's test run can time out
 # (neither killed nor lived), and Gremlins counts a run that ends on a
 # signal (exit code other than 1 or 2) as LIVED, so a loaded machine shows

@@ -25,6 +25,8 @@ func main() {
 	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
+	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (a cached credential with less is not available)")
+	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")

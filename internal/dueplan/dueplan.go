@@ -66,15 +66,21 @@ type Plan[K comparable] struct {
 	outer sync.Locker
 	fire  func(due []Entry[K])
 
-	// mu guards the heap and the timer fields below.
-	mu      sync.RWMutex
-	h       dueHeap[K]
-	timer   clock.Timer
-	timerAt time.Time
-	// gen tells the current timer's callback from one that was replaced.
-	gen     uint64
+	// mu guards the heap and the fields below.
+	mu sync.RWMutex
+	h  dueHeap[K]
+	// armed is the one timer set, for the earliest entry; nil when none
+	// is. A timer's callback acts only while its timer is still the one
+	// armed: one replaced, held or stopped since may run anyway.
+	armed   *armedTimer
 	held    int // Hold calls not yet released
 	stopped bool
+}
+
+// armedTimer is a timer the plan set, for the time at.
+type armedTimer struct {
+	timer clock.Timer
+	at    time.Time
 }
 
 // New returns an empty plan on clk that calls fire with each batch of due
@@ -189,42 +195,44 @@ func (p *Plan[K]) armLocked() {
 		return // the release arms it; a stopped plan never does
 	}
 	at, ok := p.h.earliest()
-	if ok && p.timer != nil && p.timerAt.Equal(at) {
+	if ok && p.armed != nil && p.armed.at.Equal(at) {
 		return
 	}
 	p.stopTimerLocked()
 	if !ok {
 		return
 	}
-	gen := p.gen
-	p.timerAt = at
-	p.timer = p.clock.AfterFunc(at.Sub(p.clock.Now()), func() { p.expire(gen) })
+	// The callback runs under p.mu, so it sees a.timer set even when the
+	// clock starts it before AfterFunc returns.
+	a := &armedTimer{at: at}
+	p.armed = a
+	a.timer = p.clock.AfterFunc(at.Sub(p.clock.Now()), func() { p.expire(a) })
 }
 
-// stopTimerLocked stops the timer, if any, and moves to a new generation so
-// that the callback of one that already fired does nothing; p.mu held.
+// stopTimerLocked stops the timer, if any, and forgets it, so that the
+// callback of one that already fired does nothing; p.mu held.
 func (p *Plan[K]) stopTimerLocked() {
-	if p.timer != nil {
-		p.timer.Stop()
-		p.timer = nil
+	if p.armed != nil {
+		p.armed.timer.Stop()
+		p.armed = nil
 	}
-	p.gen++
 }
 
-// expire is the timer's callback: it takes the entries due by now, arms the
-// timer for the next one and fires the batch, unless the timer was replaced,
-// held or stopped since it was armed.
-func (p *Plan[K]) expire(gen uint64) {
+// expire is the callback of timer a: it takes the entries due by now, arms
+// the timer for the next one and fires the batch, unless a is no longer the
+// timer armed. Hold and Stop forget the timer, and neither arms another
+// while in force, so a timer still armed is one neither held nor stopped.
+func (p *Plan[K]) expire(a *armedTimer) {
 	if p.outer != nil {
 		p.outer.Lock()
 		defer p.outer.Unlock()
 	}
 	p.mu.Lock()
-	if gen != p.gen || p.stopped || p.held > 0 {
+	if p.armed != a {
 		p.mu.Unlock()
 		return
 	}
-	p.stopTimerLocked() // it fired: a new generation, and no timer
+	p.armed = nil // it fired: nothing to stop
 	due := p.h.popDue(p.clock.Now())
 	p.armLocked()
 	p.mu.Unlock()

@@ -261,6 +261,71 @@ func TestPlan_HoldDelaysArming(t *testing.T) {
 	}
 }
 
+// steppedClock is the fake clock read through a wall clock that may be
+// stepped back (an NTP correction): timers keep their own pace, Now reads
+// back behind the fake's time.
+type steppedClock struct {
+	*clocktest.Fake
+	mu   sync.Mutex
+	back time.Duration
+}
+
+func (c *steppedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Fake.Now().Add(-c.back)
+}
+
+func (c *steppedClock) stepBack(d time.Duration) {
+	c.mu.Lock()
+	c.back += d
+	c.mu.Unlock()
+}
+
+// TestPlan_ClockSteppedBack: a timer that fires while the clock reads
+// earlier than its entry's time (the wall clock was stepped back after it
+// was armed) fires no batch, empty or not, and arms the timer again for
+// what is left; the entry fires once the clock reads its time.
+func TestPlan_ClockSteppedBack(t *testing.T) {
+	clk := &steppedClock{Fake: clocktest.NewFake(t0)}
+	var (
+		mu    sync.Mutex
+		fired [][]string
+	)
+	p := New(clk, nil, func(due []Entry[string]) {
+		var keys []string
+		for _, e := range due {
+			keys = append(keys, e.Key)
+		}
+		mu.Lock()
+		fired = append(fired, keys)
+		mu.Unlock()
+	})
+	settle := func() {
+		clk.WaitUntil(t, func() bool { return clk.Busy() == 0 }, func() string { return "callback" })
+	}
+	p.Set("a", at(10)) // a timer of 10 s
+	clk.stepBack(4 * time.Second)
+	clk.AdvanceTo(at(10)) // it fires; the clock reads at(6)
+	settle()
+	mu.Lock()
+	got := len(fired)
+	mu.Unlock()
+	if got != 0 {
+		t.Fatalf("fired %v while the clock read 4 s before a's time, want nothing", fired)
+	}
+	if next, ok := clk.Next(); !ok || !next.Equal(at(14)) {
+		t.Fatalf("next timer at %v (%v), want one 4 s on, at %v", next, ok, at(14))
+	}
+	clk.AdvanceTo(at(14)) // the clock reads at(10)
+	settle()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fired) != 1 || !slices.Equal(fired[0], []string{"a"}) {
+		t.Fatalf("fired %v, want [a] once the clock read its time", fired)
+	}
+}
+
 // TestPlan_ReplacedTimerIgnored: a timer whose callback is already running
 // when the plan replaces it does nothing: it neither fires nor arms a
 // second timer beside the replacement.

@@ -70,12 +70,9 @@ func (l *Limiter) SetLimit(rate float64, burst int) {
 			l.interval = 1
 		}
 	}
-	if burst < 1 {
-		// The plugin's config validation requires a burst of at least 1
-		// with a rate; this only guards against a zero-value limiter.
-		burst = 1
-	}
-	l.burst = int64(burst)
+	// The plugin's config validation requires a burst of at least 1 with a
+	// rate; the floor only guards against a zero-value limiter.
+	l.burst = int64(max(burst, 1))
 }
 
 // Reserve returns the time at which the caller may make one call, at or

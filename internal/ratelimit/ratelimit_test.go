@@ -63,6 +63,12 @@ func TestLimiter_Slots(t *testing.T) {
 			},
 		},
 		{
+			// A zero-value limiter's burst: one slot at once, then one
+			// per interval, not none ever.
+			name: "a burst below 1 with a rate is 1", rate: 10, burst: 0,
+			steps: []step{{0, 0, 0, true}, {0, 0, 100 * ms, true}, {0, 0, 200 * ms, true}},
+		},
+		{
 			name: "no cap", rate: 0, burst: 0,
 			steps: []step{{0, 0, 0, true}, {0, 0, 0, true}, {0, 1, 0, true}, {0, 1, 0, true}},
 		},

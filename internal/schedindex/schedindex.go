@@ -464,9 +464,7 @@ func (x *Index) Repair(ctx context.Context, s logical.Storage, since uint64, wan
 			sh.touched = nil
 		}
 		size, left := fit(next)
-		if left > 0 {
-			x.leftOut.Add(uint64(left))
-		}
+		x.leftOut.Add(uint64(left))
 		if !sh.loaded || sh.dirty || !maps.Equal(sh.items, next) {
 			if err := x.write(ctx, s, i, next); err != nil {
 				if firstErr == nil {

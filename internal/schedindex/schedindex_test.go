@@ -448,6 +448,19 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// The first and the last shard (Prefix+"0", Prefix+"511") load like any
+// other: a bound off by one would drop every hint of one of them.
+func TestLoadFirstAndLastShards(t *testing.T) {
+	s := newFaulty()
+	first, last := keysIn(0, 1, "k")[0], keysIn(Shards-1, 1, "k")[0]
+	putShard(t, s, 0, map[string]Item{first: item(1)})
+	putShard(t, s, Shards-1, map[string]Item{last: item(2)})
+	x := loaded(t, s)
+	if got := x.Entries(); !maps.Equal(got, map[string]Item{first: item(1), last: item(2)}) {
+		t.Fatalf("Entries = %v, want %s in shard 0 and %s in shard %d", got, first, last, Shards-1)
+	}
+}
+
 // Repair makes the index say what the pass found, except for keys the pass
 // could not vouch for (skip) and keys changed after its mark.
 func TestRepair(t *testing.T) {

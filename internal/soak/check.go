@@ -44,6 +44,13 @@ type Config struct {
 	// Skew tolerates clock differences between the driver's and the
 	// emulator's timestamps (one host: milliseconds).
 	Skew time.Duration
+	// MinValidity is the least remaining validity the plugin serves
+	// (minServeValidity, 1 s): a credential with less left is not "valid
+	// cached" for the availability rule.
+	MinValidity time.Duration
+	// AgentRole is the role whose credential Vault Agent renders, for
+	// agent_file samples that do not name one.
+	AgentRole string
 }
 
 // Violation is one broken rule, with the records that show it.
@@ -329,7 +336,7 @@ func (c *checker) checkAvailability() {
 			continue
 		}
 		good, ok := last[k]
-		if !ok || !good.Expiration.After(r.Invoke) || c.changedBetween(r.Role, good.Invoke, r.Return) {
+		if !ok || good.Expiration.Sub(r.Invoke) < c.cfg.MinValidity || c.changedBetween(r.Role, good.Invoke, r.Return) {
 			c.rep.ColdFailures++
 			continue
 		}
@@ -442,13 +449,33 @@ func (c *checker) checkIAM() {
 	}
 }
 
+// checkAgentFile: once the plugin serves a newer credential of the
+// agent's role, the agent's file must not hold an expired one for longer
+// than the render interval. While the plugin has nothing newer to serve (STS
+// down past a credential's life) the agent has nothing to render.
 func (c *checker) checkAgentFile() {
 	for _, o := range c.ops {
-		if o.Kind != KindAgentFile || o.AccessKey == "" {
+		if o.Kind != KindAgentFile || o.AccessKey == "" || !o.Invoke.After(o.Expiration) {
 			continue
 		}
-		if o.Invoke.After(o.Expiration.Add(c.cfg.RenderInterval)) {
-			c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s %s after it expired (more than the render interval %s)", o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), c.cfg.RenderInterval), []Op{o}, nil)
+		role := o.Role
+		if role == "" {
+			role = c.cfg.AgentRole
 		}
+		// The first read of the role that returned a credential newer than
+		// the file's, valid when served.
+		var newer *Op
+		for i := range c.ops {
+			r := &c.ops[i]
+			if r.Kind == KindRead && r.OK && r.Role == role && r.Entity == "" && r.Expiration.After(o.Expiration) &&
+				r.AccessKey != o.AccessKey && (newer == nil || r.Return.Before(newer.Return)) {
+				newer = r
+			}
+		}
+		if newer == nil || !o.Invoke.After(newer.Return.Add(c.cfg.RenderInterval)) {
+			continue
+		}
+		c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s, expired %s before, %s after the plugin served the newer %s (more than the render interval %s)",
+			o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), o.Invoke.Sub(newer.Return).Round(time.Millisecond), newer.AccessKey, c.cfg.RenderInterval), []Op{*newer, o}, nil)
 	}
 }

@@ -16,7 +16,7 @@ const (
 	arnB = "arn:aws:iam::123456789012:role/b"
 )
 
-var cfg = Config{Grace: 5 * time.Second, MinIssueGap: 20 * time.Second, RenderInterval: 10 * time.Second, PropagationGrace: 10 * time.Second, Skew: 50 * time.Millisecond}
+var cfg = Config{Grace: 5 * time.Second, MinIssueGap: 20 * time.Second, RenderInterval: 10 * time.Second, PropagationGrace: 10 * time.Second, Skew: 50 * time.Millisecond, MinValidity: time.Second, AgentRole: "a"}
 
 // h builds a history; ids are assigned in order.
 type h struct {
@@ -137,8 +137,12 @@ func TestEachRuleCatchesItsViolation(t *testing.T) {
 			x.call(STSCall{Time: at(80), Action: "AssumeRole", Outcome: "InvalidClientTokenId", RoleArn: arnA, AccessKeyID: "AKNEW"})
 		}, "outside any rotation's settling time"},
 		{RuleAgentFileFresh, func(x *h) {
-			x.op(Op{Kind: KindAgentFile, Client: "agent", Invoke: at(102), Return: at(102), AccessKey: "ASIA2", Expiration: at(91)})
-		}, "after it expired"},
+			// ASIA6 is served from 85 s; the file still holds the expired
+			// ASIA2 at 96 s, 11 s later (the interval is 10 s).
+			x.issue(arnA, "vault-a", "ASIA6", 61, 121)
+			x.read("a", "", "ASIA6", 85, 85.1, 121)
+			x.op(Op{Kind: KindAgentFile, Client: "agent", Invoke: at(96), Return: at(96), AccessKey: "ASIA2", Expiration: at(91)})
+		}, "after the plugin served the newer ASIA6"},
 		{RuleHistoryWellMade, func(x *h) { x.op(Op{Kind: KindRefreshCfg, Invoke: at(5), Return: at(4), OK: true}) }, "returned before it was invoked"},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
@@ -196,8 +200,16 @@ func TestAllowances(t *testing.T) {
 			x.op(Op{Kind: KindRotate, Invoke: at(60), Return: at(61), OK: true})
 			x.call(STSCall{Time: at(65), Action: "AssumeRole", Outcome: "InvalidClientTokenId", RoleArn: arnA, AccessKeyID: "AKNEW"})
 		}},
-		{"the agent's file within its render interval of expiry", func(x *h) {
+		{"the agent's file expired while the plugin had nothing newer", func(x *h) {
+			x.op(Op{Kind: KindAgentFile, Client: "agent", Invoke: at(120), Return: at(120), AccessKey: "ASIA2", Expiration: at(91)})
+		}},
+		{"the agent's file expired, within the render interval of a newer credential", func(x *h) {
+			x.issue(arnA, "vault-a", "ASIA6", 61, 121)
+			x.read("a", "", "ASIA6", 90, 90.1, 121)
 			x.op(Op{Kind: KindAgentFile, Client: "agent", Invoke: at(99), Return: at(99), AccessKey: "ASIA2", Expiration: at(91)})
+		}},
+		{"a read failing with less than MinValidity left of the cached credential", func(x *h) {
+			x.fail("a", 90.2, 90.5, 503)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

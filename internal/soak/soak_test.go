@@ -43,6 +43,8 @@ var checkConfig = soak.Config{
 	RenderInterval:   30 * time.Second, // the agent re-reads within the lease's last 15 %, plus its own retries
 	PropagationGrace: 30 * time.Second,
 	Skew:             100 * time.Millisecond,
+	MinValidity:      time.Second, // the plugin's minServeValidity
+	AgentRole:        roleName(0),
 }
 
 // recorder writes the history, one JSON line per operation, as it happens.
@@ -436,7 +438,7 @@ func (r *run) agentSampler(stop <-chan struct{}) {
 			continue
 		}
 		exp, _ := time.Parse(time.RFC3339, string(m[2]))
-		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
+		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Role: roleName(0), Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
 	}
 }
 

@@ -1,0 +1,232 @@
+package acceptance
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
+)
+
+// alertLifetime is the emulator's credential lifetime in TestAlertsEndToEnd:
+// with refresh_fraction 0.5 a credential's refresh is due 20 s after issue,
+// and the expiring-while-failing alert's threshold is max(half the margin,
+// two retry windows) = 10 s.
+const alertLifetime = 40 * time.Second
+
+// alertWait bounds each wait for an alert to fire or resolve: a condition
+// takes at most one credential lifetime to arise, then a scrape, an
+// evaluation and the shortened for: (1 s, 1 s, 2 s).
+const alertWait = 2 * time.Minute
+
+// TestAlertsEndToEnd: a real Prometheus scrapes the plugin through Vault
+// every second and evaluates the shipped rules (deploy/prometheus, with
+// every for: cut to 2s and nothing else changed) every second. Each
+// condition is driven for real, through the emulator's fault injection and
+// the plugin's own limits, on a role-scoped role (app) and an entity-scoped
+// one (team, read by a userpass user): each alert is seen firing in
+// Prometheus's /api/v1/alerts and then resolving when the fault clears.
+//
+//   - STS failing: AWSResilientRefreshFailing, then
+//     AWSResilientCredentialExpiringWhileFailing for both roles, which stays
+//     firing through expiry until AWSResilientCredentialExpired fires (no
+//     gap); all three resolve after STS recovers.
+//   - sts_rate_limit starving both roles: AWSResilientRateLimiterStarving
+//     with 2 roles, and status/team shows rate_limited_since.
+//   - the refresher's plan stopped (test hook): AWSResilientRefresherStuck.
+//   - the scrape answering 500 (test hook: storage LIST fails):
+//     AWSResilientScrapeFailing and AWSResilientMetricsAbsent.
+func TestAlertsEndToEnd(t *testing.T) {
+	vaulttest.SkipUnlessEnabled(t)
+	t.Parallel()
+	emu := vaulttest.StartEmulator(t, "-max-lifetime", alertLifetime.String())
+	v := vaulttest.StartDev(t)
+	// The stuck refresher and the failing scrape need the test hooks.
+	v.RegisterPlugin(t, vaulttest.PluginBinTestHooks(t), vaulttest.PluginOptions{Env: []string{"AWS_RESILIENT_TEST_HOOKS=1"}})
+	v.EnablePlugin(t, mount, vaulttest.DefaultPluginVersion)
+	v.ConfigureEmulator(t, emu, map[string]string{"max_retries": "2", "retry_window": "2", "refresh_fraction": "0.5"})
+	s := &stack{emu: emu, vault: v}
+	s.createRole(t, "app")
+	s.createRole(t, "team", "cache_scope=entity")
+	v.EnableUserpass(t)
+	v.WritePolicy(t, "team-reader", `path "`+mount+`/creds/team" { capabilities = ["read"] }`)
+	password := fmt.Sprintf("pw-carol-%d", time.Now().UnixNano())
+	v.CreateUser(t, "carol", password, "team-reader")
+	carol := v.LoginUserpass(t, "carol", password)
+	s.readCreds(t, "app")
+	s.readCredsAs(t, carol, "team")
+
+	prom := startAlertingPrometheus(t, v)
+	a := &alertWatch{t: t, prom: prom}
+	vaulttest.WaitFor(t, time.Minute, "the plugin's series in Prometheus", func() bool {
+		return len(prom.Query(t, `aws_resilient_build_info`)) == 1 &&
+			len(prom.Query(t, `aws_resilient_role_expiring_while_failing{role="team"}`)) == 1
+	})
+	// Before the first scrape there were no series: that alert may have
+	// fired, and resolves now.
+	a.waitResolved("AWSResilientMetricsAbsent")
+	if f := a.firing(); len(f) > 0 {
+		t.Fatalf("alerts firing before any fault: %v", f)
+	}
+
+	// 1. STS fails every call: both roles' cycles fail one after another.
+	emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}})
+	v.CLI(t, "write", "-f", mount+"/refresh/app")
+	v.CLI(t, "write", "-f", mount+"/refresh/team")
+	a.waitFiring("AWSResilientRefreshFailing", "app")
+	a.waitFiring("AWSResilientRefreshFailing", "team")
+	a.waitFiring("AWSResilientCredentialExpiringWhileFailing", "app")
+	a.waitFiring("AWSResilientCredentialExpiringWhileFailing", "team")
+	// From here until AWSResilientCredentialExpired fires, a critical alert
+	// for app fires at every look: the expiring one holds through expiry.
+	polls := 0
+	vaulttest.WaitFor(t, alertWait, "AWSResilientCredentialExpired to fire", func() bool {
+		polls++
+		if a.is("AWSResilientCredentialExpired", "", "firing") {
+			return true
+		}
+		if !a.is("AWSResilientCredentialExpiringWhileFailing", "app", "firing") {
+			st := s.statusOf(t, "app")
+			t.Fatalf("no critical alert for app between expiring and expired (state %s, expiration %s, failed_cycles %d); alerts: %v",
+				st.Str("state"), st.Str("expiration"), st.Int("failed_cycles"), a.firing())
+		}
+		return false
+	})
+	t.Logf("a critical alert for app fired at each of %d looks until AWSResilientCredentialExpired fired", polls)
+	if st := s.statusOf(t, "team"); st.Str("state") != "expired" || !strings.Contains(st.Str("last_error"), "ServiceUnavailable") {
+		t.Fatalf("status/team: state %q, last_error %q; want expired by ServiceUnavailable", st.Str("state"), st.Str("last_error"))
+	}
+	// STS recovers; a refresh of each role succeeds and every alert resolves.
+	emu.ClearFaults(t)
+	v.CLI(t, "write", "-f", mount+"/refresh/app")
+	v.CLI(t, "write", "-f", mount+"/refresh/team")
+	for _, name := range []string{"AWSResilientRefreshFailing", "AWSResilientCredentialExpiringWhileFailing", "AWSResilientCredentialExpired"} {
+		a.waitResolved(name)
+	}
+
+	// 2. Our own limiter starves both roles: one call per 100 s, and the
+	// slot taken, so every cycle is refused.
+	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=0.01", "sts_burst=1")
+	vaulttest.WaitFor(t, alertWait, "both roles refused by sts_rate_limit", func() bool {
+		for _, role := range []string{"app", "team"} {
+			if s.statusOf(t, role).Str("rate_limited_since") == "" {
+				v.Exec(t, v.RootToken(), "", "write", "-f", mount+"/refresh/"+role) // refused or served: either way the slot goes
+			}
+		}
+		return s.statusOf(t, "app").Str("rate_limited_since") != "" && s.statusOf(t, "team").Str("rate_limited_since") != ""
+	})
+	// Each counts as starved one retry window after its first refused cycle.
+	vaulttest.WaitFor(t, alertWait, "aws_resilient_roles_rate_limited to count app and team", func() bool {
+		got := prom.Query(t, `aws_resilient_roles_rate_limited`)
+		return len(got) == 1 && got[0].Value == 2
+	})
+	a.waitFiring("AWSResilientRateLimiterStarving", "")
+	if le := s.statusOf(t, "team").Str("last_error"); !strings.Contains(le, "RateLimited") {
+		t.Fatalf("status/team last_error %q while starved, want RateLimited", le)
+	}
+	// No cap: raising it would not do, as the slot already granted 100 s
+	// ahead stays granted (ratelimit.SetLimit) and the bucket stays full
+	// until then.
+	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=0", "sts_burst=0")
+	v.CLI(t, "write", "-f", mount+"/refresh/app")
+	v.CLI(t, "write", "-f", mount+"/refresh/team")
+	a.waitResolved("AWSResilientRateLimiterStarving")
+
+	// 3. The refresher stops starting its cycles: the next due refresh
+	// (20 s after the last one) grows overdue.
+	v.CLI(t, "write", mount+"/test/refresher", "hold_plan=true")
+	a.waitFiring("AWSResilientRefresherStuck", "")
+	v.CLI(t, "write", mount+"/test/refresher", "hold_plan=false")
+	a.waitResolved("AWSResilientRefresherStuck")
+	if st := s.statusOf(t, "app"); st.Str("state") != "fresh" {
+		t.Fatalf("status/app after the plan was released: %s", st.Str("state"))
+	}
+
+	// 4. The scrape answers 500 (storage cannot list the roles): no series,
+	// and the two rules about the scrape itself fire.
+	v.CLI(t, "write", mount+"/test/storage-faults", "fail_role_lists=true")
+	if code, _ := getMetrics(t, v, v.RootToken()); code != 500 {
+		t.Fatalf("metrics with storage failing: HTTP %d, want 500", code)
+	}
+	a.waitFiring("AWSResilientScrapeFailing", "")
+	a.waitFiring("AWSResilientMetricsAbsent", "")
+	v.CLI(t, "write", mount+"/test/storage-faults", "fail_role_lists=false")
+	a.waitResolved("AWSResilientScrapeFailing")
+	a.waitResolved("AWSResilientMetricsAbsent")
+}
+
+// startAlertingPrometheus starts Prometheus scraping v's metrics path every
+// second with the root token and evaluating the shipped rules, with every
+// for: cut to 2s, every second.
+func startAlertingPrometheus(t *testing.T, v *vaulttest.Server) *vaulttest.Prometheus {
+	t.Helper()
+	rules, err := os.ReadFile(filepath.Join(vaulttest.RepoRoot(t), "deploy/prometheus/aws-resilient-rules.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortFor := regexp.MustCompile(`(?m)^(\s+for:) \S+$`)
+	if n := len(shortFor.FindAll(rules, -1)); n < 5 {
+		t.Fatalf("the shipped rules have %d for: lines to shorten, want every alert's", n)
+	}
+	return vaulttest.StartPrometheus(t,
+		vaulttest.ScrapeConfig(v, "token", time.Second, "rules.yml"),
+		map[string]string{"token": v.RootToken(), "rules.yml": string(shortFor.ReplaceAll(rules, []byte("$1 2s")))})
+}
+
+// alertWatch reads Prometheus's alerts API.
+type alertWatch struct {
+	t    *testing.T
+	prom *vaulttest.Prometheus
+}
+
+// is reports whether the alert name (for role, when not "") is in state
+// ("pending" or "firing").
+func (a *alertWatch) is(name, role, state string) bool {
+	a.t.Helper()
+	for _, al := range a.prom.Alerts(a.t) {
+		if al.Labels["alertname"] == name && (role == "" || al.Labels["role"] == role) && al.State == state {
+			return true
+		}
+	}
+	return false
+}
+
+// firing lists the firing alerts as name{role}, sorted.
+func (a *alertWatch) firing() []string {
+	a.t.Helper()
+	var out []string
+	for _, al := range a.prom.Alerts(a.t) {
+		if al.State == "firing" {
+			out = append(out, al.Labels["alertname"]+"{"+al.Labels["role"]+"}")
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (a *alertWatch) waitFiring(name, role string) {
+	a.t.Helper()
+	start := time.Now()
+	vaulttest.WaitFor(a.t, alertWait, name+"{"+role+"} to fire", func() bool { return a.is(name, role, "firing") })
+	a.t.Logf("%s{%s} firing after %s", name, role, time.Since(start).Round(100*time.Millisecond))
+}
+
+// waitResolved waits until no alert of that name is pending or firing.
+func (a *alertWatch) waitResolved(name string) {
+	a.t.Helper()
+	start := time.Now()
+	vaulttest.WaitFor(a.t, alertWait, name+" to resolve", func() bool {
+		for _, al := range a.prom.Alerts(a.t) {
+			if al.Labels["alertname"] == name {
+				return false
+			}
+		}
+		return true
+	})
+	a.t.Logf("%s resolved after %s", name, time.Since(start).Round(100*time.Millisecond))
+}
