@@ -223,6 +223,7 @@ func newBackend(opts backendOptions) *backend {
 	if opts.testHooks {
 		paths = append(paths, testHookPaths(b)...)
 	}
+	refuseFractionalIntegers(paths)
 
 	b.Backend = &framework.Backend{
 		BackendType: logical.TypeLogical,

@@ -409,6 +409,9 @@ func newAWSConfig(ctx context.Context, region, accessKey, secretKey string) (aws
 	if err != nil {
 		return aws.Config{}, nil, &refreshError{Code: "ClientConfigError", Message: sanitizeMessage(err.Error(), secretKey), cause: err}
 	}
+	if accessKey == "" && awsCfg.Credentials != nil {
+		awsCfg.Credentials = identityProvider{awsCfg.Credentials}
+	}
 	// Start from the SDK's own transport, which honours AWS_CA_BUNDLE and
 	// the proxy settings, but own the *http.Transport so that its idle
 	// connections can be closed (the SDK's client wraps its transport in a
@@ -424,6 +427,22 @@ func newAWSConfig(ctx context.Context, region, accessKey, secretKey string) (aws
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return awsCfg, tr, nil
+}
+
+// identityProvider is the default credential chain with its failures typed
+// (noIdentityError): when no source yields credentials the SDK says so in
+// wrapped text only, and classify must tell that set-up error, which no
+// retry mends, from an unreachable STS.
+type identityProvider struct{ aws.CredentialsProvider }
+
+func (p identityProvider) Retrieve(ctx context.Context) (aws.Credentials, error) {
+	c, err := p.CredentialsProvider.Retrieve(ctx)
+	if err != nil && ctx.Err() == nil {
+		// A cancelled or timed-out call is the block's end, not a missing
+		// identity: that one stays a Timeout.
+		return c, &noIdentityError{cause: err}
+	}
+	return c, err
 }
 
 // idleCloser is implemented by *http.Client.

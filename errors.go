@@ -72,6 +72,56 @@ var nonRetryableCodes = map[string]bool{
 	// Ours: the role or the client configuration cannot work as written.
 	"InvalidRole":       true,
 	"ClientConfigError": true,
+	codeNoAWSIdentity:   true,
+}
+
+// codeNoAWSIdentity is ours: no static keys in config/root and nothing in
+// the default credential chain, so no call can even be signed.
+const codeNoAWSIdentity = "NoAWSIdentity"
+
+// noIdentityError marks a failure of the default credential chain (see
+// identityProvider): the SDK reports it as plain wrapped text, so the
+// plugin types it where it asks for the credentials.
+type noIdentityError struct{ cause error }
+
+func (e *noIdentityError) Error() string { return e.cause.Error() }
+func (e *noIdentityError) Unwrap() error { return e.cause }
+
+// operatorCodes are the non-retryable codes that say the operator's set-up
+// is wrong (keys, permissions, trust, the role's definition), not that AWS
+// is down: a creds read answers them with a 400 that says where to look,
+// as a root key rotation does, instead of a 503.
+var operatorCodes = map[string]string{
+	codeNoAWSIdentity: "Vault has no AWS identity to call STS with: write access_key and secret_key to " +
+		"config/root, or give Vault's host an AWS identity (environment, shared credentials file, web " +
+		"identity, ECS task role or EC2 instance profile)",
+	"AccessDenied": "AWS refused the call: a permission problem, not an outage. Check that the target role's trust " +
+		"policy trusts Vault's identity (and allows sts:SetSourceIdentity for cache_scope=entity, " +
+		"sts:TagSession for session_tags), that Vault's identity may call the action on the role, and " +
+		"that role_arn names the right account",
+	"AccessDeniedException": "AWS refused the call: a permission problem, not an outage. Check the target role's " +
+		"trust policy and Vault's identity's permissions",
+	"InvalidClientTokenId": "AWS does not know the access key Vault signs with: a key problem, not an outage. " +
+		"Check access_key in config/root (deleted, inactive or mistyped?) or Vault's host identity",
+	"UnrecognizedClientException": "AWS does not know the access key Vault signs with: a key problem, not an " +
+		"outage. Check access_key in config/root",
+	"SignatureDoesNotMatch": "AWS rejected the signature: secret_key in config/root does not belong to access_key",
+	"ExpiredToken":          "the credentials Vault signs with have expired: check Vault's host identity or config/root",
+	"ExpiredTokenException": "the credentials Vault signs with have expired: check Vault's host identity or config/root",
+	"RegionDisabledException": "STS is not activated in this region for the account: activate it in IAM " +
+		"(Account settings) or set region/sts_endpoint in config/root to another region",
+	"MalformedPolicyDocument": "STS refused the role's policy_document: fix it with a role write",
+	"PackedPolicyTooLarge":    "the role's session policies and tags are too large for STS: shorten policy_document, policy_arns or session_tags",
+	"ValidationError":         "STS refused a parameter of the role: check the role's definition",
+	"InvalidRole":             "the role cannot work as written: fix it with a role write",
+	"ClientConfigError":       "the AWS client could not be configured from config/root",
+}
+
+// operatorHint returns what the operator should do about an error with this
+// code, and whether the code is one the operator must fix (see operatorCodes).
+func operatorHint(code string) (string, bool) {
+	h, ok := operatorCodes[code]
+	return h, ok
 }
 
 // classify turns any error from an attempt into a refreshError. It uses the
@@ -81,6 +131,23 @@ func classify(err error, secretKey string) *refreshError {
 	var re *refreshError
 	if errors.As(err, &re) {
 		return re
+	}
+	// The SDK names the service of a failed operation; the messages below
+	// use it, so that an IAM call's failure does not read as STS's.
+	service := "STS"
+	var opErr *smithy.OperationError
+	if errors.As(err, &opErr) && opErr.Service() != "" {
+		service = opErr.Service()
+	}
+	var noID *noIdentityError
+	if errors.As(err, &noID) {
+		// Checked first: the chain's last source (EC2 IMDS) failing to
+		// connect would otherwise read as a retryable connection error.
+		return &refreshError{
+			Code:    codeNoAWSIdentity,
+			Message: "no AWS credentials: config/root has no access_key and the default credential chain found none (" + sanitizeMessage(noID.Error(), secretKey) + ")",
+			cause:   err,
+		}
 	}
 	var apiErr smithy.APIError
 	if errors.As(err, &apiErr) {
@@ -99,12 +166,12 @@ func classify(err error, secretKey string) *refreshError {
 	// look for them before looking at the status.
 	var netErr net.Error
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
-		return &refreshError{Code: "Timeout", Message: "STS call timed out", Retryable: true, cause: err}
+		return &refreshError{Code: "Timeout", Message: service + " call timed out", Retryable: true, cause: err}
 	}
 	var sendErr *smithyhttp.RequestSendError
 	if errors.As(err, &sendErr) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr) {
-		return &refreshError{Code: "ConnectionError", Message: "could not reach STS: " + sanitizeMessage(rootCause(err).Error(), secretKey), Retryable: true, cause: err}
+		return &refreshError{Code: "ConnectionError", Message: "could not reach " + service + ": " + sanitizeMessage(rootCause(err).Error(), secretKey), Retryable: true, cause: err}
 	}
 	// A body that does not parse (malformed or truncated XML) is a transient
 	// upstream fault. It may hold credential material, so no text is kept.
@@ -113,12 +180,12 @@ func classify(err error, secretKey string) *refreshError {
 	var respErr *awshttp.ResponseError
 	hasResp := errors.As(err, &respErr)
 	if errors.As(err, &deserErr) || errors.As(err, &xmlErr) || (hasResp && respErr.HTTPStatusCode() < 300) {
-		return &refreshError{Code: "MalformedResponse", Message: "STS returned a response that could not be parsed", Retryable: true, cause: err}
+		return &refreshError{Code: "MalformedResponse", Message: service + " returned a response that could not be parsed", Retryable: true, cause: err}
 	}
 	if hasResp {
 		return &refreshError{
 			Code:      fmt.Sprintf("HTTP%d", respErr.HTTPStatusCode()),
-			Message:   fmt.Sprintf("STS answered with HTTP status %d", respErr.HTTPStatusCode()),
+			Message:   fmt.Sprintf("%s answered with HTTP status %d", service, respErr.HTTPStatusCode()),
 			Retryable: true,
 			cause:     err,
 		}

@@ -15,6 +15,7 @@ const (
 	readOK          = "ok"   // served from the cache
 	readCold        = "cold" // served after waiting for a refresh cycle
 	readUnavailable = "503"  // nothing valid to serve: a 503
+	readSetupError  = "400"  // nothing valid to serve, for a set-up error (operatorCodes): a 400
 )
 
 // Results of refresh cycles, counted by aws_resilient_refresh_cycles_total.
@@ -54,8 +55,8 @@ type metrics struct {
 	outcomeMu sync.Mutex
 	outcomes  map[string]bool
 
-	readsOK, readsCold, readsUnavailable prometheus.Counter
-	coldWait                             prometheus.Histogram
+	readsOK, readsCold, readsUnavailable, readsSetupError prometheus.Counter
+	coldWait                                              prometheus.Histogram
 
 	// readsFailedFast counts cold reads answered at once from the key's
 	// last failure (the read budget); budgetRefused those of them that,
@@ -129,11 +130,12 @@ func newMetrics(version string) *metrics {
 	})
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aws_resilient_creds_reads_total",
-		Help: "creds/<name> reads answered, by result: ok (from the cache), cold (after waiting for a refresh) or 503.",
+		Help: "creds/<name> reads answered, by result: ok (from the cache), cold (after waiting for a refresh), 503 (STS failing), or 400 (a set-up error: no AWS identity, a permission, a key).",
 	}, []string{"result"})
 	m.readsOK = reads.WithLabelValues(readOK)
 	m.readsCold = reads.WithLabelValues(readCold)
 	m.readsUnavailable = reads.WithLabelValues(readUnavailable)
+	m.readsSetupError = reads.WithLabelValues(readSetupError)
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "aws_resilient_build_info",
 		Help:        "Always 1; the plugin's version as a label.",

@@ -78,7 +78,7 @@ func pathConfigRoot(b *backend) *framework.Path {
 			OperationSuffix: "root",
 		},
 		Responses: map[int][]framework.Response{
-			http.StatusNoContent: {{Description: "No Content"}},
+			http.StatusOK: {{Description: "The configuration as stored; the secret key is never returned", Fields: configRootResponseFields}},
 		},
 	}
 	return &framework.Path{
@@ -252,7 +252,7 @@ func pathConfigRefresh(b *backend) *framework.Path {
 					OperationSuffix: "refresh",
 				},
 				Responses: map[int][]framework.Response{
-					http.StatusNoContent: {{Description: "No Content"}},
+					http.StatusOK: {{Description: "The policy as stored", Fields: configRefreshResponseFields}},
 				},
 			},
 		},
@@ -348,7 +348,21 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	if msg != "" {
 		return logical.ErrorResponse(msg), nil
 	}
-	return nil, nil
+	return b.writtenAnswer(ctx, req, b.pathConfigRootRead), nil
+}
+
+// writtenAnswer answers a successful write with what a read returns now, so
+// that the sdk's warning about fields it ignored (a mistyped tll=2h) reaches
+// the caller: Vault drops the warnings of an empty answer. The write has
+// landed whatever the read does, so a failed read-back is a warning, never
+// an error.
+func (b *backend) writtenAnswer(ctx context.Context, req *logical.Request, read framework.OperationFunc) *logical.Response {
+	resp, err := read(ctx, req, nil)
+	if err != nil || resp == nil {
+		resp = &logical.Response{}
+		resp.AddWarning(fmt.Sprintf("written; reading it back failed: %v", err))
+	}
+	return resp
 }
 
 func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
@@ -406,7 +420,7 @@ func (b *backend) pathConfigRefreshWrite(ctx context.Context, req *logical.Reque
 	if rule != "" {
 		return logical.ErrorResponse(rule), nil
 	}
-	return nil, nil
+	return b.writtenAnswer(ctx, req, b.pathConfigRefreshRead), nil
 }
 
 // rootConfig is the stored config/root.

@@ -162,7 +162,9 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	if req.EntityID == "" {
 		return logical.ErrorResponse("role %q has cache_scope=entity, and the token has no Vault entity "+
 			"(root tokens and some batch and orphan tokens have none): log in through an auth method, "+
-			"which gives the token an entity, to read a credential of your own", name), nil
+			"which gives the token an entity, to read a credential of your own. If you did log in with "+
+			"the vault CLI, an exported VAULT_TOKEN (such as the dev server's root token) overrides the "+
+			"token vault login stored: unset VAULT_TOKEN", name), nil
 	}
 	key := credKey{role: name, entity: req.EntityID}
 	now := b.clock.Now()
@@ -239,21 +241,21 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 	for pass := 0; pass < 2; pass++ {
 		t := b.flights.read(key, b.clock.Now)
 		if t.failed != nil {
-			return nil, b.failedFast(key, t)
+			return b.failedFast(key, t)
 		}
 		f = t.f
 		f.waiters.Add(1)
 		failed, err := waitTry(ctx, f, t.try)
 		if failed != nil || err != nil {
 			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
-			b.metrics.readsUnavailable.Inc()
 			if err != nil {
+				b.metrics.readsUnavailable.Inc()
 				return nil, logical.CodedError(http.StatusServiceUnavailable,
 					fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
 			}
 			// The block's one call failed: this reader gets that answer
 			// now rather than wait for the cycle's next block.
-			return nil, failureUnavailable(name, failed, b.clock.Now())
+			return b.failureAnswer(name, failed, b.clock.Now())
 		}
 		now = b.clock.Now()
 		if f.res.cred.validAt(now) {
@@ -276,20 +278,28 @@ func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKe
 		}
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
-	var re *refreshError
-	if errors.As(f.res.err, &re) && re.Code == codeTemplateFailed {
-		return templateFailed(name, re.Message), nil
+	var tre *refreshError
+	if errors.As(f.res.err, &tre) && tre.Code == codeTemplateFailed {
+		return templateFailed(name, tre.Message), nil
 	}
-	b.metrics.readsUnavailable.Inc()
 	if lf, ok := b.flights.lastFailed(key, f.gen); ok && f.res.outcome != cycleSuccess {
 		// The last answer from STS, rather than a cycle's own end
 		// (RateLimited: no call was made).
-		return nil, failureUnavailable(name, &lf, b.clock.Now())
+		return b.failureAnswer(name, &lf, b.clock.Now())
 	}
 	reason := "refresh did not complete"
 	if f.res.err != nil {
-		reason = classify(f.res.err, "").Error()
+		re := classify(f.res.err, "")
+		// A set-up error (no identity, a permission, a key) is not an
+		// outage: waiting cannot mend it, so say so, and what to fix.
+		if hint, ok := operatorHint(re.Code); ok {
+			b.metrics.readsSetupError.Inc()
+			return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error)",
+				name, re.Error(), hint, name, name), nil
+		}
+		reason = re.Error()
 	}
+	b.metrics.readsUnavailable.Inc()
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
 }
@@ -320,13 +330,26 @@ func waitTry(ctx context.Context, f *flight, try *tryOutcome) (*lastFailure, err
 // failedFast answers a cold read from the key's last failure (the read
 // budget: its block's one STS call, or a non-retryable answer, is already
 // in) without a call, and counts it.
-func (b *backend) failedFast(key credKey, t readTicket) error {
+func (b *backend) failedFast(key credKey, t readTicket) (*logical.Response, error) {
 	b.metrics.readsFailedFast.Inc()
-	b.metrics.readsUnavailable.Inc()
 	if t.refused {
 		b.metrics.budgetRefused.Inc()
 	}
-	return failureUnavailable(key.role, t.failed, b.clock.Now())
+	return b.failureAnswer(key.role, t.failed, b.clock.Now())
+}
+
+// failureAnswer answers a read with the failure of the attempt it joined
+// or came after: a set-up error (no identity, a permission, a key), which
+// waiting cannot mend, is a 400 saying what to fix; anything else a 503
+// with when the next attempt is allowed.
+func (b *backend) failureAnswer(name string, lf *lastFailure, now time.Time) (*logical.Response, error) {
+	if hint, ok := operatorHint(lf.err.Code); ok {
+		b.metrics.readsSetupError.Inc()
+		return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error)",
+			name, lf.err.Error(), hint, name, name), nil
+	}
+	b.metrics.readsUnavailable.Inc()
+	return nil, failureUnavailable(name, lf, now)
 }
 
 // failureUnavailable is the 503 of a read that a failed attempt answered:

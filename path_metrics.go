@@ -589,7 +589,7 @@ process started, or Vault reloaded the mount): STS calls by
 action, endpoint (primary, fallback_N) and outcome (ok or the AWS error
 code), their latency; refresh cycles by result and their duration; attempts
 refused by the plugin's own rate limiter; credentials rejected by
-validation, by reason; creds reads by result (ok, cold, 503) and the wait
+validation, by reason; creds reads by result (ok, cold, 503, 400) and the wait
 of cold reads.
 
 No label ever holds a secret, a token, an access key or an endpoint URL.

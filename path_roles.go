@@ -83,9 +83,11 @@ func pathsRoles(b *backend) []*framework.Path {
 			},
 			Fields: map[string]*framework.FieldSchema{
 				"name": {
-					Type:        framework.TypeString,
-					Description: "Name of the role.",
-					Required:    true,
+					Type: framework.TypeString,
+					Description: "Name of the role: ASCII letters, digits, _, - and ., beginning and ending with a " +
+						"letter, digit or _ (Vault's pattern \\w(([\\w-.]+)?\\w)?). Any other name, one with a space " +
+						"say, matches no path, and Vault answers 404 unsupported path.",
+					Required: true,
 				},
 				"credential_type": {
 					Type:          framework.TypeString,
@@ -183,7 +185,7 @@ func pathsRoles(b *backend) []*framework.Path {
 					ForwardPerformanceSecondary: true,
 					DisplayAttrs:                &framework.DisplayAttributes{OperationVerb: "write"},
 					Responses: map[int][]framework.Response{
-						http.StatusNoContent: {{Description: "No Content"}},
+						http.StatusOK: {{Description: "The role as stored", Fields: roleResponseFields}},
 					},
 				},
 				logical.UpdateOperation: &framework.PathOperation{
@@ -193,7 +195,7 @@ func pathsRoles(b *backend) []*framework.Path {
 					ForwardPerformanceSecondary: true,
 					DisplayAttrs:                &framework.DisplayAttributes{OperationVerb: "write"},
 					Responses: map[int][]framework.Response{
-						http.StatusNoContent: {{Description: "No Content"}},
+						http.StatusOK: {{Description: "The role as stored", Fields: roleResponseFields}},
 					},
 				},
 				logical.DeleteOperation: &framework.PathOperation{
@@ -334,6 +336,11 @@ func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data 
 	if role == nil {
 		return nil, nil
 	}
+	return &logical.Response{Data: roleData(name, role)}, nil
+}
+
+// roleData is a role as read and as a write answers it.
+func roleData(name string, role *roleEntry) map[string]interface{} {
 	tags := role.SessionTags
 	if tags == nil {
 		tags = map[string]string{}
@@ -356,7 +363,7 @@ func (b *backend) pathRolesRead(ctx context.Context, req *logical.Request, data 
 		d["entity_idle_ttl"] = int64(role.entityIdleTTL() / time.Second)
 		d["max_entities"] = role.maxEntities()
 	}
-	return &logical.Response{Data: d}, nil
+	return d
 }
 
 func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -410,17 +417,25 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	}
 	role.normalize()
 
+	// The answer is the role as stored: a write with a mistyped field
+	// (tll=2h) then shows that nothing changed, and the sdk adds its warning
+	// naming the fields it ignored, which Vault would drop with an empty
+	// answer.
+	resp := &logical.Response{Data: roleData(name, role)}
+	for _, w := range role.warnings() {
+		resp.AddWarning(w)
+	}
 	if old != nil && reflect.DeepEqual(old, role) {
 		// Nothing to change. The comparison is with storage, which a failed
 		// earlier write left as it was or with the new definition complete.
-		return nil, nil
+		return resp, nil
 	}
 	// What the role issues changed (or the role is new): whatever is cached
 	// under this name was issued for another definition, and goes first.
 	if err := b.state.writeRoleLocked(ctx, req.Storage, name, old, role); err != nil {
 		return nil, err
 	}
-	return nil, nil
+	return resp, nil
 }
 
 func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -452,6 +467,10 @@ func applyEntityFields(role *roleEntry, data *framework.FieldData) string {
 		if v.(int) < 0 {
 			return fmt.Sprintf("max_entities must not be negative; got %d", v.(int))
 		}
+		if v.(int) > maxMaxEntities {
+			return fmt.Sprintf("max_entities must be at most %d (the most credentials a mount is measured to hold; "+
+				"each costs about 2 KiB of plugin memory and an STS call per refresh); got %d", maxMaxEntities, v.(int))
+		}
 		role.MaxEntities = v.(int)
 	}
 	switch role.CacheScope {
@@ -472,6 +491,38 @@ func applyEntityFields(role *roleEntry, data *framework.FieldData) string {
 	role.SessionNameTemplate, role.EntityIdleTTL, role.MaxEntities = "", 0, 0
 	return ""
 }
+
+// warnings are what a role write says of values it accepts but that defeat
+// what the cache is for: an idle ttl shorter than a credential's life
+// drops the credentials of ordinary readers, so that each of their reads is
+// a cold STS call; many entities cost memory and STS calls.
+func (r *roleEntry) warnings() []string {
+	if !r.entityScoped() {
+		return nil
+	}
+	var w []string
+	if r.EntityIdleTTL > 0 && r.EntityIdleTTL < r.TTL {
+		w = append(w, fmt.Sprintf("entity_idle_ttl (%ds) is shorter than ttl (%ds): an entity that does not read "+
+			"within %ds of its credential's refresh, or of a reconciler pass (about once a minute), has its "+
+			"credential dropped, and its next read waits for an STS call. The default (0) is 2 x ttl",
+			int64(r.EntityIdleTTL/time.Second), int64(r.TTL/time.Second), int64(r.EntityIdleTTL/time.Second)))
+	}
+	if r.MaxEntities > warnMaxEntities {
+		w = append(w, fmt.Sprintf("max_entities (%d) lets this role hold that many credentials, each about 2 KiB of "+
+			"plugin memory and one STS call per refresh (every %ds x (1 - refresh_fraction)); keep the sum over "+
+			"the mount's roles within sts_rate_limit and the memory you plan for",
+			r.MaxEntities, int64(r.TTL/time.Second)))
+	}
+	return w
+}
+
+const (
+	// maxMaxEntities is the most max_entities a role takes: the mount size
+	// the plugin is measured at (BENCHMARKS.md section f).
+	maxMaxEntities = 100000
+	// warnMaxEntities: above this a write warns of the cost.
+	warnMaxEntities = 10000
+)
 
 // roleEntry is the stored roles/<name>.
 type roleEntry struct {
@@ -617,15 +668,30 @@ func (r *roleEntry) validateSessionTags() string {
 	if len(r.SessionTags) > maxSessionTags {
 		return fmt.Sprintf("session_tags takes at most %d tags; got %d", maxSessionTags, len(r.SessionTags))
 	}
-	for k, v := range r.SessionTags {
+	// In key order, so that the same write always names the same tag.
+	for _, k := range sortedKeys(r.SessionTags) {
+		v := r.SessionTags[k]
 		if n := utf8.RuneCountInString(k); n < 1 || n > 128 || !tagRegex.MatchString(k) {
-			return `session_tags keys must be 1 to 128 characters of letters, digits, spaces and _.:/=+-@`
+			return fmt.Sprintf(`session_tags key %q must be 1 to 128 characters of letters, digits, spaces and _.:/=+-@%s`,
+				k, severalTagsHint(k))
 		}
 		if utf8.RuneCountInString(v) > 256 || !tagRegex.MatchString(v) {
-			return `session_tags values must be at most 256 characters of letters, digits, spaces and _.:/=+-@`
+			return fmt.Sprintf(`session_tags value of key %q must be at most 256 characters of letters, digits, spaces and _.:/=+-@%s`,
+				k, severalTagsHint(v))
 		}
 	}
 	return ""
+}
+
+// severalTagsHint explains a comma in a tag: the CLI's session_tags=a=1,b=2
+// sends one tag, a, whose value is "1,b=2"; several tags are several
+// session_tags=k=v arguments (or a JSON object over the API).
+func severalTagsHint(s string) string {
+	if !strings.Contains(s, ",") {
+		return ""
+	}
+	return fmt.Sprintf(`; got %q. A comma is not allowed: to send several tags, repeat the parameter, `+
+		`session_tags=team=payments session_tags=env=dev (or send a JSON object over the API)`, s)
 }
 
 // normalize stores the policy compacted and empty collections as nil, so

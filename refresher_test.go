@@ -160,7 +160,9 @@ func TestRefresh_NonRetryableStops(t *testing.T) {
 			f := newFixture(t, fixtureOpts{rand: randMax})
 			tc.setup(f)
 			resp, err := f.readCreds(testRole)
-			wantCoded(t, resp, err, 503, tc.code)
+			// A set-up error, not an outage: a 400 that says what to fix
+			// (the messages: TestMessages_ColdReadSetupErrors).
+			wantBadRequest(t, resp, err, tc.code)
 			if n := len(f.log.all()); n != 1 {
 				t.Fatalf("%d attempts, want 1", n)
 			}
@@ -171,7 +173,7 @@ func TestRefresh_NonRetryableStops(t *testing.T) {
 			if cached(t, f.s, testRole) != nil {
 				t.Fatal("a failure reached the cache")
 			}
-			if strings.Contains(err.Error(), "wrong") || strings.Contains(st["last_error"].(string), "wrong") {
+			if strings.Contains(respErr(resp), "wrong") || strings.Contains(st["last_error"].(string), "wrong") {
 				t.Fatal("the configured secret key leaked into an error")
 			}
 		})
@@ -234,7 +236,11 @@ func TestRefresh_FallbackEndpoints(t *testing.T) {
 				t.Fatalf("second attempt at start%+v, want start+5s", calls[2].at.Sub(start))
 			}
 			if !tc.wantOK {
-				wantCoded(t, resp, err, 503, tc.wantCode)
+				if _, setup := operatorHint(tc.wantCode); setup {
+					wantBadRequest(t, resp, err, tc.wantCode)
+				} else {
+					wantCoded(t, resp, err, 503, tc.wantCode)
+				}
 				return
 			}
 			if len(tc.wantCalls) <= 2 && (err != nil || resp.IsError()) {
@@ -569,7 +575,12 @@ func TestRefresh_NeverStoresFailure(t *testing.T) {
 				f := setup()
 				startFault(f)
 				resp, err := f.coldCycle(testRole)
-				wantCoded(t, resp, err, 503, `no valid credential for role "app"`, tc.code)
+				if _, setup := operatorHint(tc.code); setup {
+					// A set-up error: a 400 (TestMessages_ColdReadSetupErrors).
+					wantBadRequest(t, resp, err, `no valid credential for role "app"`, tc.code)
+				} else {
+					wantCoded(t, resp, err, 503, `no valid credential for role "app"`, tc.code)
+				}
 				checkStatus(t, f, f.status(testRole), stateEmpty)
 				if e, _ := f.s.Get(t.Context(), cachePrefix+testRole); e != nil {
 					t.Fatal("a failed cycle wrote a cache entry")

@@ -407,7 +407,14 @@ func awsFailure(step string, err error, secretKey string) *rotationError {
 	if !re.Retryable {
 		status = http.StatusBadRequest
 	}
-	return &rotationError{status: status, msg: fmt.Sprintf("root key rotation failed at %s: %s", step, re.Error())}
+	msg := fmt.Sprintf("root key rotation failed at %s: %s", step, re.Error())
+	if strings.HasPrefix(step, "iam:") && (re.Code == "ConnectionError" || re.Code == "Timeout") {
+		// IAM has one global endpoint, not STS's: a set-up that points STS
+		// elsewhere (a proxy, the emulator) must point IAM there too.
+		msg += "; IAM is reached at config/root's iam_endpoint (default https://iam.amazonaws.com): " +
+			"set iam_endpoint if Vault reaches IAM elsewhere"
+	}
+	return &rotationError{status: status, msg: msg}
 }
 
 // rootClients builds an IAM client and an STS client signing with the given

@@ -39,7 +39,9 @@ func TestDevScriptOnce(t *testing.T) {
 			env = append(env, kv)
 		}
 	}
+	devDir := t.TempDir()
 	cmd.Env = append(env,
+		"DEV_DIR="+devDir,
 		"VAULT_BIN="+vaultBin,
 		"DEV_VAULT_PORT="+strconv.Itoa(vaultPort),
 		"DEV_STS_PORT="+strconv.Itoa(stsPort),
@@ -55,13 +57,28 @@ func TestDevScriptOnce(t *testing.T) {
 	out := stdout.String()
 	for _, want := range []string{"access_key", "ASIA", "secret_key", "security_token", "expiration",
 		"export VAULT_ADDR=http://127.0.0.1:" + strconv.Itoa(vaultPort), "export VAULT_TOKEN=",
-		"/v1/aws-resilient/metrics", "metrics_path: /v1/aws-resilient/metrics", "credentials_file: "} {
+		"/v1/aws-resilient/metrics", "metrics_path: /v1/aws-resilient/metrics", "credentials_file: ",
+		// The README's quick start needs the vault CLI on PATH, and its
+		// monitoring page a complete config with the rules installed.
+		"export PATH=", "rule_files:", "aws-resilient-rules.yml", "promtool check config",
+		"/_emulator/faults"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dev.sh output lacks %q:\n%s", want, redact(out))
 		}
 	}
 	if strings.Contains(out+stderr.String(), vaulttest.EmulatorSecretKey) {
 		t.Error("dev.sh printed the emulator's root secret key")
+	}
+	// The Prometheus config it wrote is one Prometheus accepts, rules
+	// file included (promtool reads and checks the rules it names).
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool is not on PATH (make test installs Debian's prometheus)")
+	}
+	if out, err := exec.Command(promtool, "check", "config", filepath.Join(devDir, "prometheus", "prometheus.yml")).CombinedOutput(); err != nil {
+		t.Errorf("promtool check config on dev.sh's Prometheus config: %v\n%s", err, out)
+	} else if !strings.Contains(string(out), "rules found") {
+		t.Errorf("promtool check config found no rules:\n%s", out)
 	}
 	for _, p := range []int{vaultPort, vaultPort + 1, stsPort} {
 		if isListening(p) {

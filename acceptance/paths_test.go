@@ -285,7 +285,7 @@ func TestPaths(t *testing.T) {
 		}
 	})
 
-	t.Run("a cold read that STS refuses is a 503 with the reason", func(t *testing.T) {
+	t.Run("a cold read that STS refuses is a 400 naming the permission problem", func(t *testing.T) {
 		// A role in another account: the emulator answers AccessDenied.
 		v.CLI(t, "write", mount+"/roles/denied", "credential_type=assumed_role", "role_arn=arn:aws:iam::999999999999:role/denied")
 		var body struct {
@@ -293,14 +293,14 @@ func TestPaths(t *testing.T) {
 		}
 		code := v.API(t, http.MethodGet, mount+"/creds/denied", nil, &body)
 		msg := strings.Join(body.Errors, "; ")
-		if code != 503 || !strings.Contains(msg, "AccessDenied") {
-			t.Fatalf("GET creds/denied: HTTP %d %q, want 503 naming AccessDenied", code, msg)
+		if code != 400 || !strings.Contains(msg, "AccessDenied") || !strings.Contains(msg, "permission problem") {
+			t.Fatalf("GET creds/denied: HTTP %d %q, want 400 naming AccessDenied as a permission problem", code, msg)
 		}
 		if strings.Contains(msg, s.emu.SecretKey) {
 			t.Fatal("the error carries the secret key")
 		}
 		r := v.Exec(t, root, "", "read", mount+"/creds/denied")
-		expectVaultError(t, r, "503", "AccessDenied")
+		expectVaultError(t, r, "400", "AccessDenied")
 		st := s.statusOf(t, "denied")
 		if !strings.Contains(st.Str("last_error"), "AccessDenied") {
 			t.Fatalf("status/denied last_error = %q", st.Str("last_error"))

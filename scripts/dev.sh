@@ -14,7 +14,8 @@
 #   DEV_STS_PORT     STS emulator port (default 8599)
 #   PLUGIN_VERSION   version compiled into and registered for the plugin (default v0.1.0-dev)
 #   VAULT_BIN        a Vault v1.19.0 binary to use instead of building one
-#   DEV_DIR          work directory (default: a new temporary directory, removed on exit)
+#   DEV_DIR          work directory (default /tmp/aws-resilient-dev-<DEV_VAULT_PORT>, made
+#                    afresh and removed on exit): the Prometheus token and config, logs
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -69,7 +70,11 @@ if [[ -n "${DEV_DIR:-}" ]]; then
 	mkdir -p "$work"
 	keep_work=1
 else
-	work=$(mktemp -d "${TMPDIR:-/tmp}/aws-resilient-dev.XXXXXX")
+	# A fixed path, so that the docs can name the files in it; the ports
+	# checked above are free, so no other dev server of this port uses it.
+	work=/tmp/aws-resilient-dev-$vault_port
+	rm -rf "$work"
+	(umask 077 && mkdir -p "$work")
 	keep_work=0
 fi
 mkdir -p "$work/plugins"
@@ -163,9 +168,9 @@ sha=$(sha256sum "$work/plugins/$plugin_bin" | cut -d' ' -f1)
 say "pointing config/root at the emulator, creating role demo"
 "$vault" write "$plugin_name/config/root" \
 	access_key="$sts_access_key" secret_key="$sts_secret_key" \
-	region=us-east-1 sts_endpoint="$sts_url"
+	region=us-east-1 sts_endpoint="$sts_url" iam_endpoint="$sts_url" >/dev/null
 "$vault" write "$plugin_name/roles/demo" \
-	credential_type=assumed_role role_arn=arn:aws:iam::123456789012:role/demo
+	credential_type=assumed_role role_arn=arn:aws:iam::123456789012:role/demo >/dev/null
 
 say "vault read $plugin_name/creds/demo"
 "$vault" read "$plugin_name/creds/demo"
@@ -179,6 +184,25 @@ POLICY
 # Into a file, never onto the terminal.
 (umask 077 && "$vault" token create -policy="$plugin_name-metrics" -field=token >"$work/prometheus-token")
 echo "$work/prometheus-token" >&2
+# A complete Prometheus config for this server, with the alert rules beside
+# it (Prometheus reads rule_files relative to the config file).
+mkdir -p "$work/prometheus"
+install -m 0644 "$root/deploy/prometheus/aws-resilient-rules.yml" "$work/prometheus/"
+cat >"$work/prometheus/prometheus.yml" <<PROM
+global:
+  scrape_interval: 15s
+scrape_configs:
+  - job_name: vault-$plugin_name
+    metrics_path: /v1/$plugin_name/metrics
+    scheme: http
+    authorization:
+      type: Bearer
+      credentials_file: $work/prometheus-token
+    static_configs:
+      - targets: ['127.0.0.1:$vault_port']
+rule_files:
+  - aws-resilient-rules.yml
+PROM
 
 cat <<HINT
 
@@ -201,17 +225,15 @@ Prometheus metrics, through Vault, with the metrics-only token:
 
   curl -s -H "Authorization: Bearer \$(cat $work/prometheus-token)" $VAULT_ADDR/v1/$plugin_name/metrics
 
-A Prometheus scrape config for it (alert rules: deploy/prometheus/):
+A complete Prometheus config for it, $work/prometheus/prometheus.yml,
+with the alert rules beside it (check it with promtool check config):
 
-  scrape_configs:
-    - job_name: vault-$plugin_name
-      metrics_path: /v1/$plugin_name/metrics
-      scheme: http
-      authorization:
-        type: Bearer
-        credentials_file: $work/prometheus-token
-      static_configs:
-        - targets: ['127.0.0.1:$vault_port']
+$(sed 's/^/  /' "$work/prometheus/prometheus.yml")
+
+STS outage on demand (the emulator's fault control; see the README's quick start):
+
+  curl -s -X POST -d '{"probability":{"ServiceUnavailable":1}}' $sts_url/_emulator/faults
+  curl -s -X DELETE $sts_url/_emulator/faults
 
 Logs: $work/vault.log and $work/sts-emulator.log
 HINT
