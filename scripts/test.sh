@@ -59,6 +59,10 @@ finish() {
 	exit "$rc"
 }
 trap finish EXIT
+# A signal must not end in "ALL PASSED": exit with the signal's status, so
+# finish reports the section it stopped in.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 as_root() {
 	if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
