@@ -1094,7 +1094,9 @@ func TestRotation_DrainsBeforeDeletingALeftKey(t *testing.T) {
 	}()
 	<-entered // an attempt signs with the old key, and is held
 	// The first rotation cannot wait long enough: it keeps the old key.
-	resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	// Driven: the old key stays the refreshes' fallback for keySwitchSettle
+	// on the fake clock before the drain.
+	resp, err := f.driven(logical.UpdateOperation, "config/rotate-root")
 	first := wantRotated(t, resp, err)
 	if len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], old) {
 		t.Fatalf("warnings %q, want the old key %s named", resp.Warnings, old)
@@ -1156,7 +1158,7 @@ func TestRotation_OperatorWriteDuringDrain(t *testing.T) {
 	<-entered
 	rotated := make(chan result, 1)
 	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+		resp, err := f.driven(logical.UpdateOperation, "config/rotate-root")
 		rotated <- result{resp, err}
 	}()
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != old })
