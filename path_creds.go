@@ -345,8 +345,8 @@ func (b *backend) failedFast(key credKey, t readTicket) (*logical.Response, erro
 func (b *backend) failureAnswer(name string, lf *lastFailure, now time.Time) (*logical.Response, error) {
 	if hint, ok := operatorHint(lf.err.Code); ok {
 		b.metrics.readsSetupError.Inc()
-		return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error)",
-			name, lf.err.Error(), hint, name, name), nil
+		return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error); next attempt allowed at %s",
+			name, lf.err.Error(), hint, name, name, lf.until.UTC().Format(time.RFC3339)), nil
 	}
 	b.metrics.readsUnavailable.Inc()
 	return nil, failureUnavailable(name, lf, now)
