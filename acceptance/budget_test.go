@@ -18,7 +18,9 @@ import (
 // Vault, beside healthy roles with short credentials whose refreshes alone
 // need about half of sts_rate_limit. Each failing role makes at most one STS call per retry
 // block (the denied one none between its planned cycles), its readers get
-// 503s naming the AWS error code and the next attempt, every healthy role
+// errors naming the AWS error code and the next attempt (a 400 for the
+// denied roles, whose fix is the caller's policy; a 503 for the throttled
+// ones, whose fault is upstream), every healthy role
 // is refreshed before its credential expires on its own schedule, and no
 // healthy read fails.
 func TestReadBudgetIsolation(t *testing.T) {
@@ -137,25 +139,25 @@ func TestReadBudgetIsolation(t *testing.T) {
 		if len(failing[name]) < 10*n {
 			t.Errorf("%s: only %d reads for %d calls: the readers did not hammer", name, len(failing[name]), n)
 		}
-		code := "Throttling"
+		code, status := "Throttling", http.StatusServiceUnavailable
 		if strings.HasPrefix(name, "denied-") {
-			code = "AccessDenied"
+			code, status = "AccessDenied", http.StatusBadRequest
 			// The first read's call, then one per planned cycle (pauses
 			// of at least window/2, growing): far fewer than the blocks.
 			if n > 1+int(elapsed/(window/2)) {
 				t.Errorf("%s: %d STS calls, more than one per planned cycle", name, n)
 			}
 			if msg := failing[name][len(failing[name])-1].msg; !strings.Contains(msg, "next attempt allowed at") {
-				t.Errorf("%s: the 503 does not say when the next attempt is allowed: %q", name, msg)
+				t.Errorf("%s: the 400 does not say when the next attempt is allowed: %q", name, msg)
 			}
 		}
-		// Every read a 503; nearly all with the AWS code (a cycle whose
-		// every attempt our own limiter refused before the role's first
-		// call ends with RateLimited).
+		// Every read the role's status; nearly all with the AWS code (a
+		// cycle whose every attempt our own limiter refused before the
+		// role's first call ends with RateLimited, a 503 without it).
 		withCode := 0
 		for _, r := range failing[name] {
-			if r.code != http.StatusServiceUnavailable {
-				t.Errorf("%s: a read answered HTTP %d %q, want 503", name, r.code, r.msg)
+			if r.code != status && !(r.code == http.StatusServiceUnavailable && !strings.Contains(r.msg, code)) {
+				t.Errorf("%s: a read answered HTTP %d %q, want %d", name, r.code, r.msg, status)
 				break
 			}
 			if strings.Contains(r.msg, code) {

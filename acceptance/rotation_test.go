@@ -48,6 +48,10 @@ const (
 	// firing, one storage read, and (for last_rotated) nothing else, since
 	// the rotation stamps its start.
 	rotLate = 2 * time.Second
+	// rotSettle is the rotation's keySwitchSettle: after storing the new
+	// key it keeps the old one as the refreshes' fallback this long before
+	// deleting it, and only then records the outcome in config/rotation.
+	rotSettle = 15 * time.Second
 	// rotPropagation is the emulator's IAM propagation delay under load:
 	// the first verification attempt (at once) is refused, the second (in
 	// the second 2s block) accepted.
@@ -565,11 +569,11 @@ func (s *scheduledStack) plannedRotation(t *testing.T, t0, t1 time.Time) time.Ti
 }
 
 // waitRotation polls config/rotation from before the planned moment until
-// done holds, at most rotLate plus a few seconds after it.
+// done holds, at most rotLate, the settle and a few seconds after it.
 func (s *scheduledStack) waitRotation(t *testing.T, planned time.Time, done func(rotationRecord) bool) rotationRecord {
 	t.Helper()
 	var rec rotationRecord
-	waitFor(t, planned.Add(rotLate+8*time.Second), "the rotation planned at "+fmtT(planned), func() bool {
+	waitFor(t, planned.Add(rotLate+rotSettle+8*time.Second), "the rotation planned at "+fmtT(planned), func() bool {
 		var err error
 		rec, err = getRotation(s.v)
 		if err != nil {
