@@ -928,7 +928,7 @@ func (v reportView) entities(name string) map[string]entitySummary {
 			if rs.cred.validAt(now) {
 				s.cached = true
 			}
-			if v.active {
+			if v.refreshing {
 				s.overdue = max(s.overdue, v.refreshOverdue(key, rs, r))
 			}
 			if st.LastAttempt.After(s.lastAttempt) {
