@@ -458,6 +458,21 @@ func TestRefresh_HerdYieldsToARefreshCloserToExpiry(t *testing.T) {
 		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
 	}
 	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	// The herd queued in expiry order; r040 goes at +8 s, and the far roles
+	// from there on one slot later each, still in expiry order.
+	var order, want []string
+	for _, c := range calls {
+		order = append(order, strings.TrimPrefix(c.RoleArn, testRoleARN+"-"))
+	}
+	for k := range far {
+		if k == 8 {
+			want = append(want, "r040")
+		}
+		want = append(want, fmt.Sprintf("r%03d", slices.Index(perm, k)))
+	}
+	if !slices.Equal(order, want) {
+		t.Fatalf("calls in the order\n%v\nwant\n%v", order, want)
+	}
 	for k, c := range calls {
 		if at := now.Add(time.Duration(k) * time.Second); !c.Time.Equal(at) || c.Outcome != "ok" {
 			t.Fatalf("call %d (%s) at +%v, %s; want +%v, ok: the limiter was left idle or overrun", k, c.RoleArn, c.Time.Sub(now), c.Outcome, at.Sub(now))
@@ -475,5 +490,10 @@ func TestRefresh_HerdYieldsToARefreshCloserToExpiry(t *testing.T) {
 	}
 	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
 		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+	}
+	// Every call went at its slot: had a displaced holder called at the
+	// slot it lost, the second call there would have been paced.
+	if n := counterValue(t, b.metrics.paced); n != 0 {
+		t.Fatalf("%v calls paced, want 0: two callers used one slot", n)
 	}
 }
