@@ -56,10 +56,10 @@ func (b *backend) wrapStorage(s logical.Storage) logical.Storage {
 // every read of config/refresh by the mount's background work fail (set by
 // test/storage-faults fail_refresh_config_reads). It lives in storage, not
 // in memory like the other hooks, because it must outlive the backend: a
-// plugin reload re-creates the backend, and Vault 1.19 and 1.21 re-launch
-// the plugin process too (even one serving other mounts), so a new backend,
-// in a new process, starts on storage that fails, as after a real storage
-// fault at mount start.
+// plugin reload re-creates the backend, and Vault re-launches the plugin
+// process too (seen on 1.19, even with a second mount on that process, and
+// on 1.21), so a new backend, in a new process, starts on storage that
+// fails, as after a real storage fault at mount start.
 const hookFailConfigReadsKey = "test-hooks/fail-refresh-config-reads"
 
 // hookStorage fails the next cacheWriteFailures writes of cache/ entries,
