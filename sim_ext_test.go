@@ -166,7 +166,7 @@ func (n *nodeStorage) disarm() (ran bool) {
 func keyOfRole(key, role string) bool {
 	for _, p := range []string{rolePrefix, cachePrefix, statusPrefix} {
 		if rest, ok := strings.CutPrefix(key, p); ok {
-			return parseCredKey(rest).role == role
+			return parseCredKey(rest).role() == role
 		}
 	}
 	return false
