@@ -283,6 +283,9 @@ func (r *rotator) writeRoot(ctx context.Context, s logical.Storage, change func(
 	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
 		cfg.KeySetAt = r.clock.Now()
 	}
+	if cfg.AccessKey != before.AccessKey {
+		cfg.KeyRotated = false // the operator's key: no grace for its refusals
+	}
 
 	if err := putRootConfig(ctx, s, cfg); err != nil {
 		return "", err
@@ -1128,7 +1131,7 @@ func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 		return keyOld, nil
 	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
-	cur.KeySetAt = r.clock.Now()
+	cur.KeySetAt, cur.KeyRotated = r.clock.Now(), true
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
 		// The dropped client set becomes the fallback while the new key
