@@ -188,17 +188,52 @@ func createKeyWithSecret(t *testing.T, emu *stsemu.Emulator) (id, secret string)
 // TestRotation_OldKeyIsTheFallbackWhileItSettles: once config/root holds
 // the new key, refreshes get the old key's endpoints after the new ones for
 // keySwitchSettle on the fake clock; then the rotation drains and deletes
-// the old key, and only the new key's endpoints remain.
+// the old key, and only the new key's endpoints remain. That holds whether
+// or not a refresh built the old key's clients since config/root was last
+// written: an operator who sets rotation_period and then rotates at once
+// (before any refresh) must get the fallback too.
 func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
-	f := rotationFixture(t, fixtureOpts{})
-	f.mustReadCreds(testRole) // refreshes have clients with the old key
+	for _, tc := range []struct {
+		name   string
+		before func(f *fixture)
+	}{
+		{"a refresh built the old key's clients", func(f *fixture) { f.mustReadCreds(testRole) }},
+		{"config/root written since the last refresh", func(f *fixture) {
+			f.mustReadCreds(testRole)
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": f.emu.URL()})
+		}},
+		{"no refresh yet", func(*fixture) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := rotationFixture(t, fixtureOpts{})
+			tc.before(f)
+			checkFallbackWhileSettling(t, f)
+		})
+	}
+}
+
+func checkFallbackWhileSettling(t *testing.T, f *fixture) {
+	t.Helper()
 	done := make(chan result, 1)
 	go func() {
 		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
 		done <- result{resp, err}
 	}()
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != stsemu.DefaultAccessKey })
-	waitFor(t, "the rotation to settle", func() bool { _, ok := f.clock.NextSleeper(); return ok })
+	var r result
+	settling := false
+	waitFor(t, "the rotation to settle or end", func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+		}
+		_, settling = f.clock.NextSleeper()
+		return settling
+	})
+	if !settling {
+		t.Fatalf("the rotation ended without keeping the old key as the fallback (rotate-root: %v %v; the user's keys: %v)", r.err, respErr(r.resp), userKeys(t, f.emu))
+	}
 	stored := f.clock.Now()
 	eps, release, err := f.b.clients.acquire(context.Background())
 	if err != nil {
@@ -211,7 +246,6 @@ func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
 	if keys := userKeys(t, f.emu); len(keys) != 2 {
 		t.Fatalf("the old key was deleted before the settle ended: keys %v", keys)
 	}
-	var r result
 	for r.resp == nil && r.err == nil {
 		select {
 		case r = <-done:
