@@ -214,17 +214,12 @@ func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
 
 func checkFallbackWhileSettling(t *testing.T, f *fixture) {
 	t.Helper()
-	done := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		done <- result{resp, err}
-	}()
+	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != stsemu.DefaultAccessKey })
-	var r result
 	settling := false
 	waitFor(t, "the rotation to settle or end", func() bool {
 		select {
-		case r = <-done:
+		case <-rotation.done:
 			return true
 		default:
 		}
@@ -232,7 +227,8 @@ func checkFallbackWhileSettling(t *testing.T, f *fixture) {
 		return settling
 	})
 	if !settling {
-		t.Fatalf("the rotation ended without keeping the old key as the fallback (rotate-root: %v %v; the user's keys: %v)", r.err, respErr(r.resp), userKeys(t, f.emu))
+		t.Fatalf("the rotation ended without keeping the old key as the fallback (rotate-root: %v %v; the user's keys: %v)",
+			rotation.r.err, respErr(rotation.r.resp), userKeys(t, f.emu))
 	}
 	stored := f.clock.Now()
 	eps, release, err := f.b.clients.acquire(context.Background())
@@ -246,16 +242,7 @@ func checkFallbackWhileSettling(t *testing.T, f *fixture) {
 	if keys := userKeys(t, f.emu); len(keys) != 2 {
 		t.Fatalf("the old key was deleted before the settle ended: keys %v", keys)
 	}
-	for r.resp == nil && r.err == nil {
-		select {
-		case r = <-done:
-		default:
-			if at, ok := f.clock.NextSleeper(); ok {
-				f.clock.AdvanceTo(at)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	r := f.await(rotation)
 	if r.err != nil || r.resp.IsError() {
 		t.Fatalf("rotate-root: %v %v", r.err, respErr(r.resp))
 	}
