@@ -127,8 +127,9 @@ type stsClients struct {
 	// the next build keeps as its fallback.
 	previous *clientSet
 	// switchedTo is the key a rotation switched to at switchedAt: sets
-	// built for it have the grace (keySwitchGrace). In memory only: after
-	// a restart or a failover the grace is gone, and a refusal is final.
+	// built for it have the grace (keySwitchGrace). config/root records it
+	// too (KeyRotated, KeySetAt), which is what other nodes and this one
+	// after a restart go by.
 	switchedTo string
 	switchedAt time.Time
 }
@@ -212,9 +213,17 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 
 	urls, regions := stsTargets(cfg)
 	// Only a rotation's new key gets the grace: an operator who writes a
-	// key IAM does not know learns it from the first refusal.
+	// key IAM does not know learns it from the first refusal. config/root
+	// says which key a rotation stored, and when, so a node that did not
+	// run the rotation (the new active node after a failover, or this one
+	// after a restart) gives it the same grace; the switch this node made
+	// covers a config/root written before the record existed.
 	var graceUntil time.Time
-	if cfg.AccessKey != "" && cfg.AccessKey == c.switchedTo {
+	switch {
+	case cfg.AccessKey == "":
+	case cfg.KeyRotated && !cfg.KeySetAt.IsZero():
+		graceUntil = cfg.KeySetAt.Add(keySwitchGrace)
+	case cfg.AccessKey == c.switchedTo:
 		graceUntil = c.switchedAt.Add(keySwitchGrace)
 	}
 	built := make([]*stsEndpoint, 0, len(urls))

@@ -259,3 +259,34 @@ func checkFallbackWhileSettling(t *testing.T, f *fixture) {
 		t.Fatalf("after the rotation the user has %v", keys)
 	}
 }
+
+// A node that did not run the rotation (the new active node after a
+// failover, or the same node after a restart) gives the rotated key the
+// grace from config/root's record: KeyRotated, from KeySetAt. A key an
+// operator wrote gets none, whenever it was written.
+func TestSTSClients_GraceSurvivesAFailover(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		rotated bool
+		want    time.Time
+	}{
+		{"stored by a rotation", true, t0.Add(keySwitchGrace)},
+		{"written by an operator", false, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := &fakeRoot{cfg: testRootConfig("AKIATWO")}
+			root.cfg.KeySetAt, root.cfg.KeyRotated = t0, tc.rotated
+			// A fresh owner: no switchKey ever ran on this node.
+			c := newSTSClients(func() time.Time { return t0.Add(time.Minute) }, root.read, nil)
+			eps, release, err := c.acquire(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			release()
+			if !eps[0].graceUntil.Equal(tc.want) {
+				t.Fatalf("grace until %s, want %s", eps[0].graceUntil, tc.want)
+			}
+		})
+	}
+}

@@ -283,6 +283,9 @@ func (r *rotator) writeRoot(ctx context.Context, s logical.Storage, change func(
 	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
 		cfg.KeySetAt = r.clock.Now()
 	}
+	if cfg.AccessKey != before.AccessKey {
+		cfg.KeyRotated = false // the operator's key: no grace for its refusals
+	}
 
 	if err := putRootConfig(ctx, s, cfg); err != nil {
 		return "", err
@@ -1134,7 +1137,7 @@ func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 		r.logger().Warn("building the old key's STS clients as the refreshes' fallback failed; the rotation goes on without it", "error", err)
 	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
-	cur.KeySetAt = r.clock.Now()
+	cur.KeySetAt, cur.KeyRotated = r.clock.Now(), true
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
 		// The dropped client set becomes the fallback while the new key
