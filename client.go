@@ -317,6 +317,22 @@ func (c *stsClients) reset() {
 	c.previous = nil
 }
 
+// buildCurrent builds the clients of the stored config/root unless they
+// are built already, so that a rotation about to store its new key (under
+// config/root's lock, so they are the old key's) has a set for switchKey to
+// keep as the refreshes' fallback. Sets are built on first use: without
+// this, a rotation that comes before any refresh since config/root was
+// last written, the plugin started or the node became active would keep
+// no fallback, and would not settle either.
+func (c *stsClients) buildCurrent(ctx context.Context) error {
+	_, release, err := c.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	release()
+	return nil
+}
+
 // switchKey is reset after a rotation stored its new key newKey: the
 // dropped set becomes the fallback of the next one (see
 // clientSet.fallback), so that an endpoint still refusing the new key does

@@ -188,13 +188,48 @@ func createKeyWithSecret(t *testing.T, emu *stsemu.Emulator) (id, secret string)
 // TestRotation_OldKeyIsTheFallbackWhileItSettles: once config/root holds
 // the new key, refreshes get the old key's endpoints after the new ones for
 // keySwitchSettle on the fake clock; then the rotation drains and deletes
-// the old key, and only the new key's endpoints remain.
+// the old key, and only the new key's endpoints remain. That holds whether
+// or not a refresh built the old key's clients since config/root was last
+// written: an operator who sets rotation_period and then rotates at once
+// (before any refresh) must get the fallback too.
 func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
-	f := rotationFixture(t, fixtureOpts{})
-	f.mustReadCreds(testRole) // refreshes have clients with the old key
+	for _, tc := range []struct {
+		name   string
+		before func(f *fixture)
+	}{
+		{"a refresh built the old key's clients", func(f *fixture) { f.mustReadCreds(testRole) }},
+		{"config/root written since the last refresh", func(f *fixture) {
+			f.mustReadCreds(testRole)
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": f.emu.URL()})
+		}},
+		{"no refresh yet", func(*fixture) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := rotationFixture(t, fixtureOpts{})
+			tc.before(f)
+			checkFallbackWhileSettling(t, f)
+		})
+	}
+}
+
+func checkFallbackWhileSettling(t *testing.T, f *fixture) {
+	t.Helper()
 	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != stsemu.DefaultAccessKey })
-	waitFor(t, "the rotation to settle", func() bool { _, ok := f.clock.NextSleeper(); return ok })
+	settling := false
+	waitFor(t, "the rotation to settle or end", func() bool {
+		select {
+		case <-rotation.done:
+			return true
+		default:
+		}
+		_, settling = f.clock.NextSleeper()
+		return settling
+	})
+	if !settling {
+		t.Fatalf("the rotation ended without keeping the old key as the fallback (rotate-root: %v %v; the user's keys: %v)",
+			rotation.r.err, respErr(rotation.r.resp), userKeys(t, f.emu))
+	}
 	stored := f.clock.Now()
 	eps, release, err := f.b.clients.acquire(context.Background())
 	if err != nil {

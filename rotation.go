@@ -1130,6 +1130,12 @@ func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	if cur == nil || cur.AccessKey != oldID {
 		return keyOld, nil
 	}
+	if err := r.clients.buildCurrent(ctx); err != nil {
+		// Not a reason to give the new key up: refreshes still retry its
+		// refusals on the next block (keySwitchGrace), only without the
+		// old key to fall back on.
+		r.logger().Warn("building the old key's STS clients as the refreshes' fallback failed; the rotation goes on without it", "error", err)
+	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
 	cur.KeySetAt, cur.KeyRotated = r.clock.Now(), true
 	putErr := putRootConfig(ctx, s, cur)

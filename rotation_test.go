@@ -565,7 +565,18 @@ func TestRotation_OutlivesTheRequest(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	resp, err := f.b.HandleRequest(ctx, &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	var (
+		resp *logical.Response
+		err  error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err = f.b.HandleRequest(ctx, &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	}()
+	// Driven: the old key stays the refreshes' fallback for keySwitchSettle
+	// on the fake clock, even before any refresh built its clients.
+	f.clock.DriveUntil(t, done)
 	if err != nil || resp.IsError() {
 		t.Fatalf("rotate-root with a cancelled request: err=%v resp=%v", err, respErr(resp))
 	}
