@@ -40,6 +40,9 @@ type stsEndpoint struct {
 	// graceUntil ends the few minutes after a rotation switched to this
 	// key during which IAM may still refuse it here (keySwitchGrace).
 	graceUntil time.Time
+	// label names it in the metrics: primary, fallback_N, or, for the
+	// key a rotation just replaced, old_key_primary, old_key_fallback_N.
+	label string
 }
 
 // keySwitchGrace is how long after a rotation switched config/root's key an
@@ -192,6 +195,7 @@ func (c *stsClients) acquireSlow(ctx context.Context) (eps []*stsEndpoint, relea
 		for _, ep := range prev.eps {
 			cp := *ep
 			cp.graceUntil = grace
+			cp.label = oldKeyLabelPrefix + ep.label
 			set.fallbackEps = append(set.fallbackEps, &cp)
 		}
 	}
@@ -243,7 +247,7 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		if c.wrap != nil {
 			api = c.wrap(endpoint, api)
 		}
-		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil})
+		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil, label: endpointLabel(i)})
 	}
 	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
 }

@@ -45,6 +45,9 @@ func TestSTSClients_SwitchKeepsTheOldKeyAsFallback(t *testing.T) {
 	if len(eps) != 2 || eps[0].secretKey != "AKIATWOsecret" || eps[1].secretKey != "AKIAONEsecret" {
 		t.Fatalf("after the switch: %d endpoints (%v), want the new key's then the old key's", len(eps), eps)
 	}
+	if eps[0].label != "primary" || eps[1].label != "old_key_primary" {
+		t.Errorf("metrics labels %q, %q; want primary, old_key_primary (not fallback_1, a configured endpoint's name)", eps[0].label, eps[1].label)
+	}
 	if want := t0.Add(keySwitchGrace); !eps[0].graceUntil.Equal(want) || !eps[1].graceUntil.Equal(want) {
 		t.Errorf("graces end %s and %s, want the switch's %s for both", eps[0].graceUntil, eps[1].graceUntil, want)
 	}

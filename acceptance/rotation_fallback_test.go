@@ -146,10 +146,10 @@ func TestRotateRootFallsBackToOldKey(t *testing.T) {
 		}
 	}
 	fams := parseExposition(t, rotMetrics(t, v))
-	// The old key's clients follow the new key's in each attempt: its
-	// endpoint is the attempt's second, which the metrics call fallback_1.
+	// The old key's clients follow the new key's in each attempt; the
+	// metrics name its endpoint old_key_primary.
 	wantGauge(t, fams, "aws_resilient_sts_calls_total", `action="AssumeRole",endpoint="primary",outcome="InvalidClientTokenId"`, 2*fbRefusals)
-	wantGauge(t, fams, "aws_resilient_sts_calls_total", `action="AssumeRole",endpoint="fallback_1",outcome="ok"`, 2*fbRefusals)
+	wantGauge(t, fams, "aws_resilient_sts_calls_total", `action="AssumeRole",endpoint="old_key_primary",outcome="ok"`, 2*fbRefusals)
 	for _, m := range fams["aws_resilient_refresh_cycles_total"].GetMetric() {
 		if l := labelsOf(m); l["result"] != "success" && m.GetCounter().GetValue() > 0 {
 			t.Errorf("the plugin counted %v refresh cycles with result %s", m.GetCounter().GetValue(), l["result"])
