@@ -167,7 +167,7 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 			"the vault CLI, an exported VAULT_TOKEN (such as the dev server's root token) overrides the "+
 			"token vault login stored: unset VAULT_TOKEN", name), nil
 	}
-	key := credKey{role: name, entity: req.EntityID}
+	key := entityKey(name, req.EntityID)
 	now := b.clock.Now()
 	cached := b.state.peek(key)
 	if rs := cached; rs != nil && !rs.stale && rs.cred.validAt(now) {
@@ -228,7 +228,7 @@ func templateFailed(name, msg string) *logical.Response {
 // coldRead serves a read that found nothing valid cached for key (a role, or
 // a role's entity): it joins or starts a refresh cycle and waits for it.
 func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKey, role *roleEntry) (*logical.Response, error) {
-	name := key.role
+	name := key.role()
 	now := b.clock.Now()
 	// Cold: nothing valid is cached. Only a node that may write storage can
 	// fetch; a performance standby hands the request to the active node.
@@ -336,7 +336,7 @@ func (b *backend) failedFast(key credKey, t readTicket) (*logical.Response, erro
 	if t.refused {
 		b.metrics.budgetRefused.Inc()
 	}
-	return b.failureAnswer(key.role, t.failed, b.clock.Now())
+	return b.failureAnswer(key.role(), t.failed, b.clock.Now())
 }
 
 // failureAnswer answers a read with the failure of the attempt it joined
@@ -408,7 +408,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 	}
 	// Internal data is stored with the lease: the role and the key id only.
 	resp := b.Secret(secretTypeCreds).Response(data, map[string]interface{}{
-		"role":       key.role,
+		"role":       key.role(),
 		"access_key": cred.AccessKey,
 	})
 	ttl := cred.Expiration.Sub(now).Truncate(time.Second)

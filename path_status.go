@@ -256,7 +256,7 @@ func (b *backend) entityBudgetStatus(d map[string]interface{}, name, worstID str
 			continue
 		}
 		answered += lf.answered
-		if key.entity == worstID && now.Before(lf.until) {
+		if key.entity() == worstID && now.Before(lf.until) {
 			next = formatTime(lf.until)
 		}
 	}

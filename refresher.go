@@ -507,7 +507,7 @@ func (rf *refresher) droppedIdle(ctx context.Context, j *cycleJob) bool {
 	}
 	dropped, err := rf.dropEntity(ctx, j.key, j.start, nil)
 	if err != nil {
-		rf.logger().Warn("dropping idle entity credential failed", "role", j.key.role, "error", err)
+		rf.logger().Warn("dropping idle entity credential failed", "role", j.key.role(), "error", err)
 	}
 	return dropped
 }
@@ -526,7 +526,7 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 	if errors.Is(serr, errEntityGone) && j.f.background {
 		// Nobody can read it any more: drop it rather than refresh.
 		if _, err := rf.dropEntity(ctx, j.key, rf.clock.Now(), entityIsGone); err != nil {
-			rf.logger().Warn("dropping entity credential failed", "role", j.key.role, "error", err)
+			rf.logger().Warn("dropping entity credential failed", "role", j.key.role(), "error", err)
 		}
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
 	}
