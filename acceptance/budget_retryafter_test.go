@@ -314,3 +314,117 @@ func auditResponses(t *testing.T, file, suffix string) []auditEntry {
 	}
 	return out
 }
+
+// TestReadBudgetRetryAfterAgent: on every supported Vault, Vault Agent
+// renders a credential from each mount; while STS throttles every call and
+// the cached credential expires, it gets the read budget's 503s (with
+// Retry-After from the tuned mount, whose value the agent's own client
+// honours from Vault 1.21 on), keeps the last good credential in its file,
+// and renders a new one once STS answers again: on both mounts alike.
+func TestReadBudgetRetryAfterAgent(t *testing.T) {
+	vaulttest.SkipUnlessEnabled(t)
+	t.Parallel()
+	for _, version := range vaulttest.VaultVersions(t) {
+		t.Run("vault-"+version, func(t *testing.T) { testRetryAfterAgent(t, vaulttest.VaultBinVersion(t, version)) })
+	}
+}
+
+func testRetryAfterAgent(t *testing.T, bin string) {
+	const lifetime = 20 * time.Second
+	emu := vaulttest.StartEmulator(t, "-max-lifetime", lifetime.String())
+	v := vaulttest.StartServer(t, vaulttest.ServerOptions{Dev: true, Bin: bin})
+	v.SetupPlugin(t, vaulttest.DefaultPluginVersion)
+	v.CLI(t, "secrets", "tune", "-allowed-response-headers=Retry-After", mount+"/")
+	v.EnablePlugin(t, untunedMount, vaulttest.DefaultPluginVersion)
+	mounts := []string{mount, untunedMount}
+	var policy strings.Builder
+	for _, m := range mounts {
+		v.CLI(t, "write", m+"/config/root", "access_key="+emu.AccessKey, "secret_key="+emu.SecretKey,
+			"region=us-east-1", "sts_endpoint="+emu.URL)
+		v.CLI(t, "write", m+"/config/refresh", "retry_window=6", "max_retries=3", "refresh_fraction=0.5")
+		v.CLI(t, "write", m+"/roles/flaky", "credential_type=assumed_role", "role_arn="+roleARN("flaky"))
+		fmt.Fprintf(&policy, "path %q {\n  capabilities = [\"read\"]\n}\n", m+"/creds/flaky")
+	}
+	v.WritePolicy(t, "flaky-reader", policy.String())
+	tok := strings.TrimSpace(v.CLI(t, "token", "create", "-policy=flaky-reader", "-ttl=1h", "-field=token"))
+	var templates []vaulttest.AgentTemplate
+	for _, m := range mounts {
+		templates = append(templates, vaulttest.AgentTemplate{Contents: strings.Replace(agentTemplate, mount+"/creds/app", m+"/creds/flaky", 1)})
+	}
+	a := v.StartAgent(t, tok, templates, "")
+
+	rendered := func(i int) (creds, bool) {
+		b, err := os.ReadFile(a.Destinations[i])
+		if err != nil {
+			return creds{}, false
+		}
+		m := renderedRe.FindStringSubmatch(string(b))
+		if m == nil {
+			t.Fatalf("%s holds something else than a credential (%d bytes)", a.Destinations[i], len(b))
+		}
+		exp, err := time.Parse(time.RFC3339, m[4])
+		if err != nil {
+			t.Fatalf("rendered expiration %q: %v", m[4], err)
+		}
+		return creds{AccessKey: m[1], SecretKey: m[2], SecurityToken: m[3], Expiration: exp}, true
+	}
+	first := make([]creds, len(mounts))
+	eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+		for i := range mounts {
+			c, ok := rendered(i)
+			if !ok {
+				return false, "agent has not rendered " + mounts[i]
+			}
+			first[i] = c
+		}
+		return true, ""
+	})
+
+	// STS throttles every call: the refreshes fail, the credentials
+	// expire, and the agent's reads get 503s. Its files keep the last
+	// good credential meanwhile.
+	emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"Throttling": 1}, Match: "flaky"})
+	outageStart := time.Now()
+	seen503 := func(m string) int {
+		b, _ := os.ReadFile(a.Process.LogPath)
+		return strings.Count(string(b), "URL: GET "+v.Addr+"/v1/"+m+"/creds/flaky\nCode: 503. Errors:\n\n* 1 error occurred:\n\t* no valid credential for role \"flaky\": upstream STS unavailable: Throttling:")
+	}
+	eventually(t, 2*lifetime, 200*time.Millisecond, func() (bool, string) {
+		for i, m := range mounts {
+			if c, _ := rendered(i); c != first[i] {
+				t.Fatalf("%s: the agent replaced the last good credential during the outage", m)
+			}
+		}
+		return seen503(mount) >= 2 && seen503(untunedMount) >= 2, fmt.Sprintf("the agent logged %d and %d 503s", seen503(mount), seen503(untunedMount))
+	})
+	for i, m := range mounts {
+		if !first[i].Expiration.Before(time.Now().Add(2 * time.Second)) {
+			t.Fatalf("%s: a 503 while the rendered credential still had %v: the outage did not reach the agent as planned", m, time.Until(first[i].Expiration))
+		}
+	}
+	t.Logf("outage %v: the agent logged %d 503s from %s, %d from %s", time.Since(outageStart).Round(time.Second), seen503(mount), mount, seen503(untunedMount), untunedMount)
+
+	// STS answers again: the agent renders a new credential from both.
+	emu.ClearFaults(t)
+	recovered := time.Now()
+	done := make([]time.Duration, len(mounts))
+	eventually(t, 2*time.Minute, 200*time.Millisecond, func() (bool, string) {
+		for i, m := range mounts {
+			if done[i] != 0 {
+				continue
+			}
+			if c, _ := rendered(i); c.AccessKey != first[i].AccessKey {
+				if !c.Expiration.After(time.Now()) {
+					t.Fatalf("%s: the agent rendered an expired credential", m)
+				}
+				done[i] = time.Since(recovered)
+			}
+		}
+		return done[0] != 0 && done[1] != 0, fmt.Sprintf("renders after recovery: %v", done)
+	})
+	if !a.Process.Running() {
+		t.Fatalf("the agent exited: %v", a.Process.Err())
+	}
+	t.Logf("after STS recovered, the agent rendered a new credential from %s in %v, from %s in %v",
+		mount, done[0].Round(100*time.Millisecond), untunedMount, done[1].Round(100*time.Millisecond))
+}
