@@ -533,5 +533,7 @@ A failing role makes at most one STS call per retry block, however many read
 it: a reader joins the block's call and gets its answer; once that call
 failed, readers get its failure at once, as a 503 saying when the next
 attempt is allowed (after a non-retryable error such as AccessDenied: the
-role's next planned cycle; refresh/<name> tries again at once).
+role's next planned cycle; refresh/<name> tries again at once), with the
+seconds until then as a Retry-After header where the mount passes it
+(allowed_response_headers=Retry-After).
 `
