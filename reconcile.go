@@ -697,14 +697,14 @@ func (r *reconciler) planOverdue(ctx context.Context, overdue []overdueRole, pas
 	}
 	var errs []error
 	for _, od := range overdue {
-		if err := r.scheduleOverdueRole(ctx, od.key, passStart, idx); err != nil {
+		if err := r.planOverdueRole(ctx, od.key, passStart, idx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errs
 }
 
-func (r *reconciler) scheduleOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
+func (r *reconciler) planOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
 	defer r.state.lockRole(key)()
 	rs, err := r.state.currentLocked(ctx, r.storage(), key)
 	if err != nil {

@@ -732,12 +732,12 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		cancel()
 		took := rf.clock.Now().Sub(called)
 		if err == nil {
-			rf.metrics.observeSTSCall(action, i, "ok", took)
+			rf.metrics.observeSTSCall(action, ep.label, "ok", took)
 			out.cred, out.err = cred, nil
 			return out
 		}
 		out.err = ep.classify(err, rf.clock.Now())
-		rf.metrics.observeSTSCall(action, i, out.err.Code, took)
+		rf.metrics.observeSTSCall(action, ep.label, out.err.Code, took)
 		// Counted here: a fallback's error may replace it.
 		rf.metrics.countRejection(out.err)
 		if ctx.Err() != nil || !out.err.Retryable {
