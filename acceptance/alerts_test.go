@@ -138,10 +138,11 @@ func TestAlertsEndToEnd(t *testing.T) {
 	if le := s.statusOf(t, "team").Str("last_error"); !strings.Contains(le, "RateLimited") {
 		t.Fatalf("status/team last_error %q while starved, want RateLimited", le)
 	}
-	// No cap: raising it would not do, as the slot already granted 100 s
-	// ahead stays granted (ratelimit.SetLimit) and the bucket stays full
-	// until then.
-	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=0", "sts_burst=0")
+	// The runbook's fix: raise sts_rate_limit. It takes effect at once: the
+	// bucket, full of the calls made at one per 100 s, is recounted at the
+	// new rate (ratelimit.SetLimit), so both refreshes get a slot now, not
+	// when the old rate would have drained it.
+	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=10", "sts_burst=5")
 	v.CLI(t, "write", "-f", mount+"/refresh/app")
 	v.CLI(t, "write", "-f", mount+"/refresh/team")
 	a.waitResolved("AWSResilientRateLimiterStarving")
