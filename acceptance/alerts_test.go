@@ -145,7 +145,14 @@ func TestAlertsEndToEnd(t *testing.T) {
 	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=10", "sts_burst=5")
 	v.CLI(t, "write", "-f", mount+"/refresh/app")
 	v.CLI(t, "write", "-f", mount+"/refresh/team")
+	raised := time.Now()
 	a.waitResolved("AWSResilientRateLimiterStarving")
+	// Without the recount the roles stay refused until the old rate has
+	// drained the bucket: the alert resolved after 92 s in that build, and
+	// after 2 s in this one. 30 s tells the two apart on a loaded runner.
+	if took := time.Since(raised); took > 30*time.Second {
+		t.Errorf("AWSResilientRateLimiterStarving resolved %v after sts_rate_limit was raised, want within 30s: raising the limit did not free the starved roles", took.Round(time.Second))
+	}
 
 	// 3. The refresher stops starting its cycles: the next due refresh
 	// (20 s after the last one) grows overdue.
