@@ -192,11 +192,7 @@ func createKeyWithSecret(t *testing.T, emu *stsemu.Emulator) (id, secret string)
 func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	f.mustReadCreds(testRole) // refreshes have clients with the old key
-	done := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		done <- result{resp, err}
-	}()
+	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != stsemu.DefaultAccessKey })
 	waitFor(t, "the rotation to settle", func() bool { _, ok := f.clock.NextSleeper(); return ok })
 	stored := f.clock.Now()
@@ -211,17 +207,7 @@ func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
 	if keys := userKeys(t, f.emu); len(keys) != 2 {
 		t.Fatalf("the old key was deleted before the settle ended: keys %v", keys)
 	}
-	var r result
-	for r.resp == nil && r.err == nil {
-		select {
-		case r = <-done:
-		default:
-			if at, ok := f.clock.NextSleeper(); ok {
-				f.clock.AdvanceTo(at)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	r := f.await(rotation)
 	if r.err != nil || r.resp.IsError() {
 		t.Fatalf("rotate-root: %v %v", r.err, respErr(r.resp))
 	}

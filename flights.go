@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 )
 
 // flights owns the refresh cycles in progress, at most one per role (single
@@ -71,8 +73,10 @@ type flight struct {
 	hint bool
 	// slot, when set, is the sts_rate_limit slot its role took in a herd
 	// (fireDue): the plan starts the cycle there (or just after), and it
-	// makes its first call then.
+	// makes its first call then, unless a more urgent refresh took the
+	// slot over meanwhile (held, the slot's reservation).
 	slot time.Time
+	held ratelimit.Reservation
 	// hurry is closed when a caller starts waiting on the cycle: an attempt
 	// not yet made then goes at once instead of after its jitter.
 	hurry     chan struct{}
@@ -145,12 +149,14 @@ func doneFlight(gen uint64, res cycleResult) *flight {
 }
 
 // planned is how the plan fired a role: slot, when set, is the
-// sts_rate_limit slot a herd's role took (see fireDue), where a new cycle
+// sts_rate_limit slot a herd's role took (see fireDue), held its
+// reservation, where a new cycle
 // starts and makes its first attempt, without jitter; hint says the plan
 // may be a hint from the schedule index, whose role may never have been
 // read on this node.
 type planned struct {
 	slot time.Time
+	held ratelimit.Reservation
 	hint bool
 }
 
@@ -220,7 +226,7 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 		// Not after prev: a cycle that waits for prev to end would reach
 		// its slot late, its blocks counted from a past slot. It takes a
 		// slot of its own as it calls, and the one given is left unused.
-		f.slot = p.slot
+		f.slot, f.held = p.slot, p.held
 	}
 	if urgent {
 		f.hurryUp()

@@ -473,15 +473,41 @@ func (f *fixture) driven(op logical.Operation, path string) (*logical.Response, 
 // drivenReq is driven for a request the test builds (with an EntityID, say).
 func (f *fixture) drivenReq(req *logical.Request) (*logical.Response, error) {
 	f.t.Helper()
-	req.Storage = f.s
-	done := make(chan struct{})
-	var r result
-	go func() {
-		defer close(done)
-		r.resp, r.err = f.b.HandleRequest(context.Background(), req)
-	}()
-	f.clock.DriveUntil(f.t, done)
+	r := f.await(f.startReq(req))
 	return r.resp, r.err
+}
+
+// pending is a request sent by start: done is closed when it has been
+// answered, and r holds the answer from then on.
+type pending struct {
+	done chan struct{}
+	r    result
+}
+
+// start sends a request in a goroutine of its own without driving the
+// clock, so that the test can act while it runs (write config/root during
+// a rotation's verification, say) and then await it.
+func (f *fixture) start(op logical.Operation, path string) *pending {
+	return f.startReq(&logical.Request{Operation: op, Path: path})
+}
+
+// startReq is start for a request the test builds.
+func (f *fixture) startReq(req *logical.Request) *pending {
+	req.Storage = f.s
+	p := &pending{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.r.resp, p.r.err = f.b.HandleRequest(context.Background(), req)
+	}()
+	return p
+}
+
+// await drives the fake clock from one sleeper to the next until p has
+// been answered (clocktest's DriveUntil), and returns the answer.
+func (f *fixture) await(p *pending) result {
+	f.t.Helper()
+	f.clock.DriveUntil(f.t, p.done)
+	return p.r
 }
 
 // drainFlights forgets the cycles started so far.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -415,4 +416,84 @@ func startIndexHerd(t *testing.T, roles int, rate float64, burst int, seed uint6
 	}
 	<-gate.listing
 	return indexHerd{clk: clk, emu: emu, b: b, now: now, gate: gate, perm: perm}
+}
+
+// TestRefresh_HerdYieldsToARefreshCloserToExpiry (deadline first): 40
+// roles whose credentials expire in about 29 minutes fall due at once with
+// sts_rate_limit 1/s, burst 1, and take every slot of the next 40 s. Then
+// r040, whose short credential expires 15 s from the start, falls due at
+// +7.5 s: no slot is free before its credential expires (its queue horizon
+// is +12.5 s). It takes over the slot of the least urgent holder within
+// its block, +8 s, and is refreshed there, before it expires; the holder
+// it displaced, and those displaced in turn, ask again and are refreshed
+// later, each still long before its own expiry. Every call goes one
+// interval apart, none refused by our limiter, none throttled. Without the
+// takeover (main before it) r040's every attempt was refused RateLimited
+// and its credential expired at +15 s, to be refreshed only at +40 s.
+func TestRefresh_HerdYieldsToARefreshCloserToExpiry(t *testing.T) {
+	const far, rate, burst = 40, 1, 1
+	roles := far + 1
+	perm := rand.New(rand.NewPCG(12, 12)).Perm(far)
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	now := clk.Now()
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, Rate: rate, Burst: burst, MaxLifetime: time.Hour})
+	exp := func(i int) time.Time {
+		if i == far {
+			return now.Add(15 * time.Second)
+		}
+		return now.Add(29*time.Minute + time.Duration(perm[i])*time.Second)
+	}
+	storage := herdStorage(t, emu.URL(), roles, exp, rate, burst)
+	// r040's credential lasts 15 s: with refresh_fraction 0.5 it is due
+	// at +7.5 s (randMin: no start jitter).
+	putJSON(t, storage, cachePrefix+"r040", &cacheEntry{
+		AccessKey: "ASIAOLDURGENT0000000", SecretKey: "old-secret", SessionToken: "old-token",
+		IssuedAt: now, Expiration: exp(far),
+	})
+	b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMin, storage: storage})
+	driveUntilRefreshed(t, clk, b, roles, expiringAfter(b, roles, now.Add(30*time.Minute)))
+
+	calls := emu.Calls()
+	if len(calls) != roles {
+		t.Fatalf("%d STS calls for %d roles, want one each", len(calls), roles)
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].Seq < calls[j].Seq })
+	// The herd queued in expiry order; r040 goes at +8 s, and the far roles
+	// from there on one slot later each, still in expiry order.
+	var order, want []string
+	for _, c := range calls {
+		order = append(order, strings.TrimPrefix(c.RoleArn, testRoleARN+"-"))
+	}
+	for k := range far {
+		if k == 8 {
+			want = append(want, "r040")
+		}
+		want = append(want, fmt.Sprintf("r%03d", slices.Index(perm, k)))
+	}
+	if !slices.Equal(order, want) {
+		t.Fatalf("calls in the order\n%v\nwant\n%v", order, want)
+	}
+	for k, c := range calls {
+		if at := now.Add(time.Duration(k) * time.Second); !c.Time.Equal(at) || c.Outcome != "ok" {
+			t.Fatalf("call %d (%s) at +%v, %s; want +%v, ok: the limiter was left idle or overrun", k, c.RoleArn, c.Time.Sub(now), c.Outcome, at.Sub(now))
+		}
+		i := 0
+		if _, err := fmt.Sscanf(strings.TrimPrefix(c.RoleArn, testRoleARN+"-"), "r%03d", &i); err != nil {
+			t.Fatal(err)
+		}
+		if !c.Time.Before(exp(i)) {
+			t.Fatalf("%s refreshed at +%v, after its credential expired at +%v", c.RoleArn, c.Time.Sub(now), exp(i).Sub(now))
+		}
+		if i == far && !c.Time.Equal(now.Add(8*time.Second)) {
+			t.Fatalf("r040 refreshed at +%v, want +8 s: the first slot after it fell due, taken over", c.Time.Sub(now))
+		}
+	}
+	if n := counterValue(t, b.metrics.rateLimited); n != 0 {
+		t.Fatalf("%v attempts refused by our own limiter, want 0", n)
+	}
+	// Every call went at its slot: had a displaced holder called at the
+	// slot it lost, the second call there would have been paced.
+	if n := counterValue(t, b.metrics.paced); n != 0 {
+		t.Fatalf("%v calls paced, want 0: two callers used one slot", n)
+	}
 }

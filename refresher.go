@@ -214,19 +214,23 @@ func (rf *refresher) fireDue(due []dueplan.Entry[credKey]) {
 	now := rf.clock.Now()
 	for _, e := range due {
 		hint := e.Mark&dueplan.Hint != 0
-		var slot time.Time
+		var p planned
 		switch {
 		case e.Mark&dueplan.Reserved != 0:
-			slot = e.At
+			p.slot = e.At
+			p.held, _ = e.Ref.(ratelimit.Reservation)
 		case herd:
-			at, ok := rf.herdSlot(e.Key, hint, now, cfg)
-			if ok && at.After(now) {
-				// Its cycle starts when the plan fires it at its slot.
-				rf.plan.Put(e.Key, at, e.Mark|dueplan.Reserved)
+			res, ok := rf.herdSlot(e.Key, hint, now, cfg)
+			if ok && res.At().After(now) {
+				// Its cycle starts when the plan fires it at its slot,
+				// where it learns whether a more urgent refresh took the
+				// slot over meanwhile (the reservation travels with
+				// the entry).
+				rf.plan.PutRef(e.Key, res.At(), e.Mark|dueplan.Reserved, res)
 				continue
 			}
 			if ok {
-				slot = at
+				p.slot, p.held = res.At(), res
 			} else if hint && !rf.flights.runningLocked(e.Key) && rf.state.peek(e.Key) == nil {
 				// A hint's role is not read yet, so it queues only up to
 				// the start of its last block: how long its credential
@@ -238,25 +242,29 @@ func (rf *refresher) fireDue(due []dueplan.Entry[credKey]) {
 				continue
 			}
 		}
-		rf.flights.firedLocked(e.Key, planned{slot: slot, hint: hint})
+		p.hint = hint
+		rf.flights.firedLocked(e.Key, p)
 	}
 }
 
 // herdSlot takes the sts_rate_limit slot of a herd's role, due now, up to
-// its queue horizon; the flights' lock held (fireDue). It takes none (ok false) when no new
-// cycle would start for the role: one runs already, whose slot it would
-// waste, or the role is gone.
-func (rf *refresher) herdSlot(key credKey, hint bool, now time.Time, cfg refreshConfig) (time.Time, bool) {
+// its queue horizon, with its cached credential's expiry as its urgency
+// (deadline first); the flights' lock held (fireDue). It takes none (ok
+// false) when no new cycle would start for the role: one runs already,
+// whose slot it would waste, or the role is gone. A hint's role is not
+// read yet: it states no urgency, and its slot is first come, first
+// served.
+func (rf *refresher) herdSlot(key credKey, hint bool, now time.Time, cfg refreshConfig) (ratelimit.Reservation, bool) {
 	if rf.flights.runningLocked(key) {
-		return time.Time{}, false
+		return ratelimit.Reservation{}, false
 	}
 	var cred *cacheEntry
 	if rs := rf.state.peek(key); rs != nil {
 		cred = rs.cred
 	} else if !hint {
-		return time.Time{}, false
+		return ratelimit.Reservation{}, false
 	}
-	return rf.limiter.Reserve(now, queueHorizon(now, cfg, cred))
+	return rf.limiter.ReserveRequest(now, ratelimit.Request{Deadline: queueHorizon(now, cfg, cred), Urgency: cred.expiry()})
 }
 
 // unplan drops the role's pending refresh.
@@ -418,6 +426,10 @@ func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow 
 		timeout:  j.timeout,
 		block:    j.block,
 		reserved: reserved,
+		urgency:  cred.expiry(),
+	}
+	if reserved {
+		w.herd = j.f.held
 	}
 	if j.f.background {
 		w.queueUntil = queueHorizon(j.start, j.cfg, cred)
@@ -649,10 +661,16 @@ type attemptWindow struct {
 	queueUntil time.Time
 	// block is the length of a block, which moves with a queued attempt.
 	block time.Duration
-	// reserved says the first call's slot is already taken (a herd's cycle).
+	// reserved says the first call's slot is already taken (a herd's
+	// cycle): herd is its reservation.
 	reserved bool
+	herd     ratelimit.Reservation
 	// priority is the attempt's rank in the rate limiter (callPriority).
 	priority ratelimit.Priority
+	// urgency is the cached credential's expiry (zero without one): a
+	// Deadline call may take over the slot of a less urgent one, and
+	// lose its own to a more urgent one (deadline first).
+	urgency time.Time
 }
 
 // attemptResult is what one attempt got.
@@ -694,16 +712,16 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 	}
 	action := role.stsAction()
 	for i, ep := range eps {
-		at, ok := rf.callSlot(&w, &out, i)
+		ok, err := rf.takeSlot(ctx, key, &w, &out, i)
+		if err != nil {
+			out.err = classify(err, "")
+			return out
+		}
 		if !ok {
 			if out.err == nil {
 				rf.metrics.rateLimited.Inc()
 				out.err = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 			}
-			return out
-		}
-		if err := rf.waitSlot(ctx, at); err != nil {
-			out.err = classify(err, "")
 			return out
 		}
 		d := min(w.timeout, max(w.blockEnd.Sub(rf.clock.Now()), min(w.timeout, minCallTime)))
@@ -729,37 +747,68 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 	return out
 }
 
-// callSlot takes the rate limiter slot of the attempt's call to endpoint i,
-// queueing the first call past the block when w allows it (which moves the
-// block: w and out record its new end). ok is false when no slot was free.
-func (rf *refresher) callSlot(w *attemptWindow, out *attemptResult, i int) (at time.Time, ok bool) {
-	at, ok = rf.clock.Now(), true
-	if i > 0 || !w.reserved {
-		at, ok = rf.limiter.ReserveRequest(rf.clock.Now(), ratelimit.Request{Deadline: w.blockEnd, Priority: w.priority})
+// takeSlot takes the rate limiter slot of the attempt's call to endpoint i
+// (callSlot) and waits for it (waitSlot). When a more urgent refresh takes
+// the slot over before it comes, the attempt asks again under the same
+// rules, its block and queue horizon; ok is false when no slot was free,
+// and the attempt ends RateLimited.
+func (rf *refresher) takeSlot(ctx context.Context, key credKey, w *attemptWindow, out *attemptResult, i int) (ok bool, err error) {
+	for {
+		res, ok := rf.callSlot(w, out, i)
+		if !ok {
+			return false, nil
+		}
+		used, err := rf.waitSlot(ctx, res)
+		if err != nil || used {
+			return true, err
+		}
+		rf.logger().Debug("rate limiter slot taken over by a refresh closer to expiry, asking again", "role", key.String(), "slot", res.At().UTC().Format(time.RFC3339Nano))
 	}
+}
+
+// callSlot takes the rate limiter slot of the attempt's call to endpoint i:
+// the herd's slot for the first call when the cycle has one, otherwise one
+// up to the block's end, queueing the first call past the block when w
+// allows it (which moves the block: w and out record its new end). ok is
+// false when no slot was free.
+func (rf *refresher) callSlot(w *attemptWindow, out *attemptResult, i int) (ratelimit.Reservation, bool) {
+	if i == 0 && w.reserved {
+		// Tried once: a herd slot lost to a more urgent refresh is asked
+		// for again like any other.
+		w.reserved = false
+		return w.herd, true
+	}
+	req := ratelimit.Request{Deadline: w.blockEnd, Priority: w.priority, Urgency: w.urgency}
+	res, ok := rf.limiter.ReserveRequest(rf.clock.Now(), req)
 	if !ok && i == 0 && w.queueUntil.After(w.blockEnd) {
-		if at, ok = rf.limiter.ReserveRequest(rf.clock.Now(), ratelimit.Request{Deadline: w.queueUntil, Priority: w.priority}); ok {
-			w.blockEnd = at.Add(w.block)
+		req.Deadline = w.queueUntil
+		if res, ok = rf.limiter.ReserveRequest(rf.clock.Now(), req); ok {
+			w.blockEnd = res.At().Add(w.block)
 			out.movedEnd = w.blockEnd
 			rf.metrics.queued.Inc()
 		}
 	}
-	return at, ok
+	return res, ok
 }
 
-// waitSlot sleeps until the call's slot at has come; a call that reached it
-// late then waits its turn among the calls actually made
-// (ratelimit.Limiter.Pace).
-func (rf *refresher) waitSlot(ctx context.Context, at time.Time) error {
-	if err := rf.sleepUntil(ctx, at, nil); err != nil {
-		return err
+// waitSlot sleeps until the call's slot has come and claims it (Use); a
+// call that reached it late then waits its turn among the calls actually
+// made (ratelimit.Limiter.Pace). used is false, and no call may go, when a
+// more urgent refresh took the slot over first: the wait ends the moment
+// it does.
+func (rf *refresher) waitSlot(ctx context.Context, res ratelimit.Reservation) (used bool, err error) {
+	if err := rf.sleepUntil(ctx, res.At(), res.Lost()); err != nil {
+		return false, err
+	}
+	if !res.Use() {
+		return false, nil
 	}
 	now := rf.clock.Now()
 	if p := rf.limiter.Pace(now); p.After(now) {
 		rf.metrics.paced.Inc()
-		return rf.sleepUntil(ctx, p, nil)
+		return true, rf.sleepUntil(ctx, p, nil)
 	}
-	return nil
+	return true, nil
 }
 
 // validateCredential accepts a credential only if it can be served: all three

@@ -1042,7 +1042,7 @@ func isNoSuchEntity(err error) bool { return classify(err, "").Code == "NoSuchEn
 // each, since IAM's propagation takes seconds whatever config/refresh says.
 // Each attempt makes one call per endpoint not yet verified, and takes the
 // next free rate limiter slot ahead of the refreshes queued there
-// (ReserveFirst): in a herd those have reserved every slot of the block,
+// (priority First): in a herd those have reserved every slot of the block,
 // and a rotation must not fail RateLimited behind them.
 func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, secretKey, userARN string) error {
 	rcfg := r.settings.policy()
@@ -1064,7 +1064,9 @@ func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 		}
 		var refused []verifyEndpoint
 		for _, ep := range pending {
-			if err := r.sleepUntil(ctx, r.limiter.ReserveFirst(r.clock.Now()), nil); err != nil {
+			// First always grants: it has no deadline.
+			slot, _ := r.limiter.ReserveRequest(r.clock.Now(), ratelimit.Request{Priority: ratelimit.First})
+			if err := r.sleepUntil(ctx, slot.At(), nil); err != nil {
 				return err
 			}
 			c, cancel := context.WithTimeout(ctx, callTimeout(block))

@@ -380,25 +380,11 @@ func TestRotation_OperatorWriteWins(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "720h"})
 	f.emu.SetIAMPropagation(7 * time.Second) // the verification sleeps into block 2
-	done := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		done <- result{resp, err}
-	}()
+	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	// The rotation sleeps in its verification: the operator writes.
 	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok })
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "AKIAOPERATORWRITE000", "secret_key": "operator/secret"})
-	var r result
-	for r.resp == nil && r.err == nil {
-		select {
-		case r = <-done:
-		default:
-			if at, ok := f.clock.NextSleeper(); ok {
-				f.clock.AdvanceTo(at)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	r := f.await(rotation)
 	wantCoded(t, r.resp, r.err, http.StatusConflict, "operator's write wins")
 	if got := rootKeyID(t, f); got != "AKIAOPERATORWRITE000" {
 		t.Fatalf("config/root holds %s, want the operator's key", got)
@@ -461,14 +447,10 @@ func testRotationWaitsForAttempts(t *testing.T, configWrite bool) {
 	if configWrite {
 		mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "24h"})
 	}
-	rotated := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		rotated <- result{resp, err}
-	}()
+	rotated := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != old })
 	select {
-	case <-rotated:
+	case <-rotated.done:
 		t.Fatal("the rotation ended while an attempt still used the old key")
 	case <-time.After(50 * time.Millisecond):
 	}
@@ -482,10 +464,7 @@ func testRotationWaitsForAttempts(t *testing.T, configWrite bool) {
 	}
 	// The rotation keeps the old key as the fallback for keySwitchSettle
 	// on the fake clock before it drains it.
-	var r result
-	ended := make(chan struct{})
-	go func() { r = <-rotated; close(ended) }()
-	f.clock.DriveUntil(t, ended)
+	r := f.await(rotated)
 	if r.err != nil || r.resp.IsError() {
 		t.Fatalf("rotate-root: %v %v", r.err, respErr(r.resp))
 	}
@@ -1121,14 +1100,10 @@ func TestRotation_CleanDuringVerificationDeletesTheNewKey(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	old := rootKeyID(t, f)
 	f.emu.SetIAMPropagation(time.Hour)
-	done := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		done <- result{resp, err}
-	}()
+	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok && len(userKeys(t, f.emu)) == 2 })
 	f.b.Cleanup(context.Background())
-	<-done
+	<-rotation.done
 	wantOnlyKeys(t, f.emu, old)
 	if st := rotationRecord(t, f.s); st.PendingKeyID != "" {
 		t.Fatalf("config/rotation still names %s to delete", st.PendingKeyID)
@@ -1288,24 +1263,10 @@ func TestRotation_SupersededClearsFailures(t *testing.T) {
 	}
 	f.emu.SetIAMPropagation(7 * time.Second)
 	f.pastRepeatWindow()
-	done := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		done <- result{resp, err}
-	}()
+	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok })
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "AKIAOPERATORWRITE000", "secret_key": "operator/secret"})
-	var r result
-	for r.resp == nil && r.err == nil {
-		select {
-		case r = <-done:
-		default:
-			if at, ok := f.clock.NextSleeper(); ok {
-				f.clock.AdvanceTo(at)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	r := f.await(rotation)
 	wantCoded(t, r.resp, r.err, http.StatusConflict, "operator's write wins")
 	if st := rotationRecord(t, f.s); st.Failures != 0 || st.Outcome != rotationSuperseded {
 		t.Fatalf("config/rotation %+v: the operator's new key still carries the old key's failures", st)
@@ -1319,39 +1280,12 @@ func TestRotation_SupersededClearsFailures(t *testing.T) {
 func TestRotation_RepeatedRequestSharesTheResult(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	f.emu.SetIAMPropagation(7 * time.Second)
-	first := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		first <- result{resp, err}
-	}()
+	first := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok })
-	second := make(chan result, 1)
-	go func() {
-		resp, err := f.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
-		second <- result{resp, err}
-	}()
-	var a, b result
-	for a.resp == nil && a.err == nil {
-		select {
-		case a = <-first:
-		default:
-			if at, ok := f.clock.NextSleeper(); ok {
-				f.clock.AdvanceTo(at)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	for b.resp == nil && b.err == nil {
-		select {
-		case b = <-second:
-		default:
-			// Drive a second rotation, if one (wrongly) runs.
-			if at, ok := f.clock.NextSleeper(); ok {
-				f.clock.AdvanceTo(at)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	second := f.start(logical.UpdateOperation, "config/rotate-root")
+	a := f.await(first)
+	// Drives a second rotation too, if one (wrongly) runs.
+	b := f.await(second)
 	id := wantRotated(t, a.resp, a.err)
 	if got := wantRotated(t, b.resp, b.err); got != id {
 		t.Fatalf("the request that arrived during the rotation got %s, want the rotation's %s", got, id)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
 )
 
@@ -37,14 +38,7 @@ func readerPolicy(roles ...string) string {
 // and VAULT_TOKEN when token is not empty.
 func helperEnv(t *testing.T, addr, token string, extra ...string) []string {
 	t.Helper()
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "VAULT_") || strings.HasPrefix(kv, "AWS_") || strings.HasPrefix(kv, "HOME=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	env = append(env, "HOME="+t.TempDir(), "VAULT_ADDR="+addr, "AWS_EC2_METADATA_DISABLED=true")
+	env := testtool.Env([]string{"VAULT_", "AWS_", "HOME="}, "HOME="+t.TempDir(), "VAULT_ADDR="+addr, "AWS_EC2_METADATA_DISABLED=true")
 	if token != "" {
 		env = append(env, "VAULT_TOKEN="+token)
 	}
@@ -120,7 +114,7 @@ func TestCredentialsHelperProcess(t *testing.T) {
 	helper := vaulttest.CredentialsHelperBin(t)
 
 	// The awscli runs the helper as its credential_process.
-	aws := requireCLI(t, "aws", "--version")
+	aws := testtool.Require(t, "aws", "--version")
 	cfgFile := filepath.Join(t.TempDir(), "config")
 	profile := fmt.Sprintf("[profile app]\nregion = us-east-1\ncredential_process = %s credential-process --role app\n", helper)
 	if err := os.WriteFile(cfgFile, []byte(profile), 0o600); err != nil {
@@ -307,7 +301,7 @@ func TestCredentialsHelperServe(t *testing.T) {
 
 	// botocore, an independent SDK, loads the container provider from the
 	// environment.
-	py := requireCLI(t, "python3", "-c", "import botocore")
+	py := testtool.Require(t, "python3", "-c", "import botocore")
 	r := runCmd(t, containerEnv, py, "-c", `
 import sys, botocore.session
 s = botocore.session.get_session()
@@ -404,23 +398,6 @@ print(sts.get_caller_identity()["Arn"])
 	if _, err := os.Stat(sp.authFile); !os.IsNotExist(err) {
 		t.Fatalf("the auth token file it created is still there after shutdown: %v", err)
 	}
-}
-
-// requireCLI returns the path of an external tool, failing in CI and
-// skipping elsewhere when it is missing.
-func requireCLI(t *testing.T, name string, check ...string) string {
-	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil {
-		err = exec.Command(path, check...).Run()
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is required in CI: %v", name, err)
-		}
-		t.Skipf("%s not available: %v", name, err)
-	}
-	return path
 }
 
 // sha256File is the hex sha256 of a file, as sha256sum prints it.

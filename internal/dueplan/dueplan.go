@@ -48,6 +48,10 @@ type Entry[K comparable] struct {
 	Key  K
 	At   time.Time
 	Mark Mark
+	// Ref is what the planner attached to the entry (PutRef), such as the
+	// handle of the call slot a Reserved entry holds; the plan only
+	// stores it, and a later plan of the key replaces it.
+	Ref any
 }
 
 // item is an entry in the heap.
@@ -96,13 +100,16 @@ func New[K comparable](clk clock.Clock, outer sync.Locker, fire func(due []Entry
 func (p *Plan[K]) Set(key K, at time.Time) { p.Put(key, at, 0) }
 
 // Put is Set with a mark.
-func (p *Plan[K]) Put(key K, at time.Time, m Mark) {
+func (p *Plan[K]) Put(key K, at time.Time, m Mark) { p.PutRef(key, at, m, nil) }
+
+// PutRef is Put with a Ref attached to the entry.
+func (p *Plan[K]) PutRef(key K, at time.Time, m Mark, ref any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
 		return
 	}
-	p.h.put(Entry[K]{Key: key, At: at, Mark: m})
+	p.h.put(Entry[K]{Key: key, At: at, Mark: m, Ref: ref})
 	p.armLocked()
 }
 

@@ -455,3 +455,30 @@ func TestDueHeapMatchesModel(t *testing.T) {
 		}
 	}
 }
+
+// TestPlan_RefTravelsWithItsEntry: a Ref put with an entry is what Get and
+// the fire callback hand out, and a later plan of the key (Set, Put)
+// replaces it: the plan never keeps a planner's handle past its entry.
+func TestPlan_RefTravelsWithItsEntry(t *testing.T) {
+	clk := clocktest.NewFake(at(0))
+	var mu sync.Mutex
+	var fired []Entry[string]
+	p := New(clk, nil, func(due []Entry[string]) {
+		mu.Lock()
+		defer mu.Unlock()
+		fired = append(fired, due...)
+	})
+	p.PutRef("a", at(1), Reserved, 7)
+	p.PutRef("b", at(1), Reserved, 8)
+	if e, _ := p.Get("a"); e.Ref != 7 || e.Mark != Reserved {
+		t.Fatalf("Get(a) = %+v, want Ref 7, Reserved", e)
+	}
+	p.Put("b", at(1), Reserved) // replanned without a ref
+	clk.Advance(time.Second)
+	clk.WaitUntil(t, func() bool { return clk.Busy() == 0 }, func() string { return "the plan's callback" })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fired) != 2 || fired[0].Ref != 7 || fired[1].Ref != nil {
+		t.Fatalf("fired %+v, want a with Ref 7 and b with none", fired)
+	}
+}

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -10,83 +11,228 @@ import (
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
 )
 
-func TestLimiter_Slots(t *testing.T) {
+// TestLimiter_Rule is the one slot rule, over every priority: each step
+// asks at now with a priority, deadline (0: none) and urgency (0: none)
+// and gets a slot at want, or is refused (ok false). lost lists the steps
+// whose slots were taken over by the end.
+func TestLimiter_Rule(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	far := t0.Add(time.Hour)
 	ms := time.Millisecond
-
 	type step struct {
 		now      time.Duration // since t0
-		deadline time.Duration // since t0; 0 = far away
+		prio     Priority
+		deadline time.Duration // since t0; 0 = none
+		urgency  time.Duration // since t0; 0 = none
 		want     time.Duration // slot since t0
 		ok       bool
 	}
+	D, B, F := Deadline, BestEffort, First
 	tests := []struct {
 		name  string
 		rate  float64
 		burst int
 		steps []step
+		lost  []int
 	}{
+		// Deadline: queue for the next free slot up to the deadline.
 		{
-			name: "burst at once, then one per interval", rate: 10, burst: 3,
+			name: "deadline: burst at once, then one per interval", rate: 10, burst: 3,
 			steps: []step{
-				{0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 0, true},
-				{0, 0, 100 * ms, true}, {0, 0, 200 * ms, true}, {0, 0, 300 * ms, true},
+				{0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true},
+				{0, D, 0, 0, 100 * ms, true}, {0, D, 0, 0, 200 * ms, true}, {0, D, 0, 0, 300 * ms, true},
 			},
 		},
 		{
-			name: "a slot past the deadline is refused and costs nothing", rate: 10, burst: 1,
+			name: "deadline: a slot past the deadline is refused and costs nothing", rate: 10, burst: 1,
 			steps: []step{
-				{0, 0, 0, true},
-				{0, 50 * ms, 0, false}, // next slot is at 100ms
-				{0, 100 * ms, 100 * ms, true},
-				{0, 150 * ms, 0, false},
-				{0, 0, 200 * ms, true}, // not 300ms: the refusal consumed nothing
+				{0, D, 0, 0, 0, true},
+				{0, D, 50 * ms, 0, 0, false}, // next slot is at 100ms
+				{0, D, 100 * ms, 0, 100 * ms, true},
+				{0, D, 150 * ms, 0, 0, false},
+				{0, D, 0, 0, 200 * ms, true}, // not 300ms: the refusal consumed nothing
 			},
 		},
 		{
-			name: "a quiet period refills the bucket up to burst only", rate: 10, burst: 2,
+			name: "deadline: a quiet period refills the bucket up to burst only", rate: 10, burst: 2,
 			steps: []step{
-				{0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 100 * ms, true},
-				{10 * time.Second, 0, 10 * time.Second, true},
-				{10 * time.Second, 0, 10 * time.Second, true},
-				{10 * time.Second, 0, 10*time.Second + 100*ms, true},
+				{0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true}, {0, D, 0, 0, 100 * ms, true},
+				{10 * time.Second, D, 0, 0, 10 * time.Second, true},
+				{10 * time.Second, D, 0, 0, 10 * time.Second, true},
+				{10 * time.Second, D, 0, 0, 10*time.Second + 100*ms, true},
 			},
 		},
 		{
-			name: "partial refill", rate: 4, burst: 4,
+			name: "deadline: partial refill", rate: 4, burst: 4,
 			steps: []step{
-				{0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 0, true}, {0, 0, 0, true},
-				{500 * ms, 0, 500 * ms, true}, // two tokens back after 500ms at 4/s
-				{500 * ms, 0, 500 * ms, true},
-				{500 * ms, 0, 750 * ms, true},
+				{0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true},
+				{500 * ms, D, 0, 0, 500 * ms, true}, // two tokens back after 500ms at 4/s
+				{500 * ms, D, 0, 0, 500 * ms, true},
+				{500 * ms, D, 0, 0, 750 * ms, true},
 			},
 		},
 		{
 			// A zero-value limiter's burst: one slot at once, then one
 			// per interval, not none ever.
-			name: "a burst below 1 with a rate is 1", rate: 10, burst: 0,
-			steps: []step{{0, 0, 0, true}, {0, 0, 100 * ms, true}, {0, 0, 200 * ms, true}},
+			name: "deadline: a burst below 1 with a rate is 1", rate: 10, burst: 0,
+			steps: []step{{0, D, 0, 0, 0, true}, {0, D, 0, 0, 100 * ms, true}, {0, D, 0, 0, 200 * ms, true}},
 		},
 		{
-			name: "no cap", rate: 0, burst: 0,
-			steps: []step{{0, 0, 0, true}, {0, 0, 0, true}, {0, 1, 0, true}, {0, 1, 0, true}},
+			name: "deadline: no cap", rate: 0, burst: 0,
+			steps: []step{{0, D, 0, 0, 0, true}, {0, D, 0, 0, 0, true}, {0, D, 1, 0, 0, true}, {0, D, 1, 0, 0, true}, {2, D, 1, 0, 0, false}},
+		},
+		// BestEffort: only a slot free at the moment it asks.
+		{
+			name: "best effort: takes a free slot at once", rate: 10, burst: 2,
+			steps: []step{{0, B, 0, 0, 0, true}, {0, B, 0, 0, 0, true}, {0, D, 0, 0, 100 * ms, true}},
+		},
+		{
+			name: "best effort: refused a later slot, costing nothing", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 0, 0, true},
+				{0, B, 0, 0, 0, false}, // the next slot is at 100ms
+				{50 * ms, B, 0, 0, 0, false},
+				{0, D, 0, 0, 100 * ms, true}, // not 200ms: the refusals consumed nothing
+				{0, D, 0, 0, 200 * ms, true},
+				{200 * ms, B, 0, 0, 0, false}, // 300ms is the next free slot
+				{300 * ms, B, 0, 0, 300 * ms, true},
+				{300 * ms, D, 0, 0, 400 * ms, true},
+			},
+		},
+		{
+			name: "best effort: callers with a deadline queue, best effort does not jump them", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 0, 0, true}, {0, D, 0, 0, 100 * ms, true}, {0, D, 0, 0, 200 * ms, true},
+				{100 * ms, B, 0, 0, 0, false},
+				{250 * ms, B, 0, 0, 0, false},
+				{300 * ms, B, 0, 0, 300 * ms, true},
+			},
+		},
+		{
+			name: "best effort: takes nothing over, whatever its urgency", rate: 10, burst: 1,
+			steps: []step{{0, D, 0, 0, 0, true}, {0, D, 0, time.Hour, 100 * ms, true}, {50 * ms, B, 0, time.Second, 0, false}},
+		},
+		{
+			name: "best effort: honours its deadline", rate: 10, burst: 1,
+			steps: []step{{0, B, -1, 0, 0, false}, {0, B, 0, 0, 0, true}},
+		},
+		{
+			name: "best effort: no cap gets now, but not after its deadline", rate: 0, burst: 0,
+			steps: []step{{0, B, 0, 0, 0, true}, {0, B, 0, 0, 0, true}, {5 * ms, B, 0, 0, 5 * ms, true}, {5 * ms, B, 4 * ms, 0, 0, false}},
+		},
+		// First: ahead of every slot already granted.
+		{
+			// Five slots queued to 400ms; a Deadline caller whose block
+			// ends at 250ms finds none, First goes at once, a second one
+			// an interval later (the calls as made), and the queue's
+			// next slot comes after the five and the two.
+			name: "first: ahead of a queue", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 0, 0, true}, {0, D, 0, 0, 100 * ms, true}, {0, D, 0, 0, 200 * ms, true},
+				{0, D, 0, 0, 300 * ms, true}, {0, D, 0, 0, 400 * ms, true},
+				{0, D, 250 * ms, 0, 0, false},
+				{0, F, 0, 0, 0, true},
+				{0, F, 0, 0, 100 * ms, true},
+				{0, D, 0, 0, 700 * ms, true},
+			},
+		},
+		{
+			name: "first: a slot past its deadline is refused and costs nothing", rate: 10, burst: 1,
+			steps: []step{{0, F, 0, 0, 0, true}, {0, F, 50 * ms, 0, 0, false}, {0, F, 0, 0, 100 * ms, true}, {0, D, 0, 0, 200 * ms, true}},
+		},
+		{
+			name: "first: no cap gets now", rate: 0, burst: 0,
+			steps: []step{{0, F, 0, 0, 0, true}, {0, F, 0, 0, 0, true}},
+		},
+		// Deadline first: urgency decides when no free slot is left.
+		{
+			// Slots at 100, 200, 300ms are held by urgencies 20, 30, 15 s;
+			// a caller of urgency 5 s with a block ending at 250ms takes
+			// the least urgent of those by 250ms: 200ms (30 s).
+			name: "deadline first: takes the least urgent slot by its deadline", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 10 * time.Second, 0, true}, // at now: reached, nobody's to take
+				{0, D, 0, 20 * time.Second, 100 * ms, true},
+				{0, D, 0, 30 * time.Second, 200 * ms, true},
+				{0, D, 0, 15 * time.Second, 300 * ms, true},
+				{0, D, 250 * ms, 5 * time.Second, 200 * ms, true},
+				{0, D, 0, 0, 400 * ms, true}, // the takeover consumed nothing
+			},
+			lost: []int{2},
+		},
+		{
+			name: "deadline first: never from a holder as urgent or more", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 10 * time.Second, 0, true},
+				{0, D, 0, 20 * time.Second, 100 * ms, true},
+				{0, D, 150 * ms, 20 * time.Second, 0, false},
+				{0, D, 150 * ms, 25 * time.Second, 0, false},
+				{0, D, 0, 0, 200 * ms, true},
+			},
+		},
+		{
+			name: "deadline first: no urgency takes nothing over and loses nothing", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 0, 0, true},
+				{0, D, 0, 0, 100 * ms, true},
+				{0, D, 150 * ms, 0, 0, false},
+				{0, D, 150 * ms, time.Second, 0, false},
+			},
+		},
+		{
+			name: "deadline first: a slot already reached is not taken", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 0, 0, true},
+				{0, D, 0, time.Hour, 100 * ms, true},
+				{0, D, 0, time.Hour, 200 * ms, true},
+				{150 * ms, D, 150 * ms, time.Second, 0, false}, // 100ms passed, 200ms too late
+				{100 * ms, D, 150 * ms, time.Second, 0, false}, // dropped once passed, even for an earlier now
+				{150 * ms, D, 200 * ms, time.Second, 200 * ms, true},
+			},
+			lost: []int{2},
+		},
+		{
+			name: "deadline first: its own slot is free, nothing is taken", rate: 10, burst: 1,
+			steps: []step{
+				{0, D, 0, 0, 0, true},
+				{0, D, 0, time.Hour, 100 * ms, true},
+				{0, D, 0, time.Second, 200 * ms, true},
+			},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			l := New(tc.rate, tc.burst)
+			got := make([]Reservation, len(tc.steps))
 			for i, s := range tc.steps {
-				deadline := far
+				r := Request{Priority: s.prio}
 				if s.deadline != 0 {
-					deadline = t0.Add(s.deadline)
+					r.Deadline = t0.Add(s.deadline)
 				}
-				at, ok := l.Reserve(t0.Add(s.now), deadline)
-				if ok != s.ok || (ok && !at.Equal(t0.Add(s.want))) {
-					t.Fatalf("step %d: reserve = t0%+v, %v; want t0+%v, %v", i, at.Sub(t0), ok, s.want, s.ok)
+				if s.urgency != 0 {
+					r.Urgency = t0.Add(s.urgency)
+				}
+				res, ok := l.ReserveRequest(t0.Add(s.now), r)
+				if ok != s.ok || (ok && !res.At().Equal(t0.Add(s.want))) {
+					t.Fatalf("step %d: reserve = t0%+v, %v; want t0+%v, %v", i, res.At().Sub(t0), ok, s.want, s.ok)
+				}
+				got[i] = res
+			}
+			for i, res := range got {
+				if lost := closed(res.Lost()); lost != slices.Contains(tc.lost, i) {
+					t.Errorf("step %d: lost = %v, want %v", i, lost, !lost)
 				}
 			}
 		})
+	}
+}
+
+// closed reports whether c is closed (a nil c never is).
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -216,78 +362,4 @@ func TestLimiter_HugeRateStillCaps(t *testing.T) {
 	if got := New(0, 3).Capacity(time.Microsecond); got != int(^uint(0)>>1) {
 		t.Errorf("rate 0: Capacity = %d, want no cap", got)
 	}
-}
-
-// TestLimiter_DeadlineFirst checks the priorities: a best-effort caller
-// gets only a slot free at the moment it asks, is refused (costing nothing)
-// when callers with a deadline have queued the bucket ahead, and so never
-// holds a slot that one of them could have taken.
-func TestLimiter_DeadlineFirst(t *testing.T) {
-	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	far := t0.Add(time.Hour)
-	ms := time.Millisecond
-	type step struct {
-		now  time.Duration // since t0
-		prio Priority
-		want time.Duration // slot since t0
-		ok   bool
-	}
-	tests := []struct {
-		name  string
-		rate  float64
-		burst int
-		steps []step
-	}{
-		{
-			name: "best effort takes a free slot at once", rate: 10, burst: 2,
-			steps: []step{{0, BestEffort, 0, true}, {0, BestEffort, 0, true}, {0, Deadline, 100 * ms, true}},
-		},
-		{
-			name: "best effort is refused a later slot and costs nothing", rate: 10, burst: 1,
-			steps: []step{
-				{0, Deadline, 0, true},
-				{0, BestEffort, 0, false}, // the next slot is at 100ms
-				{50 * ms, BestEffort, 0, false},
-				{0, Deadline, 100 * ms, true}, // not 200ms: the refusals consumed nothing
-				{0, Deadline, 200 * ms, true},
-				{200 * ms, BestEffort, 0, false}, // 300ms is the next free slot
-				{300 * ms, BestEffort, 300 * ms, true},
-				{300 * ms, Deadline, 400 * ms, true},
-			},
-		},
-		{
-			name: "callers with a deadline queue, best effort does not jump them", rate: 10, burst: 1,
-			steps: []step{
-				{0, Deadline, 0, true}, {0, Deadline, 100 * ms, true}, {0, Deadline, 200 * ms, true},
-				{100 * ms, BestEffort, 0, false},
-				{250 * ms, BestEffort, 0, false},
-				{300 * ms, BestEffort, 300 * ms, true},
-			},
-		},
-		{
-			name: "no cap: best effort always gets now", rate: 0, burst: 0,
-			steps: []step{{0, BestEffort, 0, true}, {0, BestEffort, 0, true}, {5 * ms, BestEffort, 5 * ms, true}},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			l := New(tc.rate, tc.burst)
-			for i, s := range tc.steps {
-				at, ok := l.ReserveRequest(t0.Add(s.now), Request{Deadline: far, Priority: s.prio})
-				if ok != s.ok || (ok && !at.Equal(t0.Add(s.want))) {
-					t.Fatalf("step %d: reserve = t0%+v, %v; want t0+%v, %v", i, at.Sub(t0), ok, s.want, s.ok)
-				}
-			}
-		})
-	}
-	t.Run("best effort still honours its deadline", func(t *testing.T) {
-		l := New(0, 0)
-		if _, ok := l.ReserveRequest(t0, Request{Deadline: t0.Add(-time.Nanosecond), Priority: BestEffort}); ok {
-			t.Fatal("granted a best-effort slot after its deadline")
-		}
-		l = New(10, 1)
-		if _, ok := l.ReserveRequest(t0, Request{Deadline: t0.Add(-time.Nanosecond), Priority: BestEffort}); ok {
-			t.Fatal("granted a best-effort slot after its deadline (capped)")
-		}
-	})
 }

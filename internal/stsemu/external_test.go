@@ -8,51 +8,18 @@ package stsemu
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
-
-// requireTool finds an external client. Locally a missing tool skips the
-// test; in CI (CI set) it fails, because the test command installs the
-// tools and a silent skip would hide that these checks never ran.
-func requireTool(t *testing.T, name string, check ...string) string {
-	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil && len(check) > 0 {
-		if out, cerr := exec.Command(path, check...).CombinedOutput(); cerr != nil {
-			err = cerr
-			t.Logf("%s %s: %s", name, strings.Join(check, " "), out)
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is required in CI (install awscli and python3-botocore): %v", name, err)
-		}
-		t.Skipf("%s not available: %v (set CI=1 to make this a failure)", name, err)
-	}
-	return path
-}
-
-// cleanEnv is the process environment without any AWS_ setting, so a
-// developer's own profile or credentials can never leak into the test (or
-// the test reach real AWS).
-func cleanEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "AWS_") {
-			env = append(env, kv)
-		}
-	}
-	return append(env, extra...)
-}
 
 // awsCLI runs the aws command with the given credentials against e.
 func awsCLI(t *testing.T, bin string, e *Emulator, akid, secret, token string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	env := cleanEnv(
+	env := testtool.Env([]string{"AWS_"},
 		"AWS_ACCESS_KEY_ID="+akid,
 		"AWS_SECRET_ACCESS_KEY="+secret,
 		"AWS_DEFAULT_REGION=us-east-1",
@@ -74,7 +41,7 @@ func awsCLI(t *testing.T, bin string, e *Emulator, akid, secret, token string, a
 }
 
 func TestAWSCLI(t *testing.T) {
-	bin := requireTool(t, "aws", "--version")
+	bin := testtool.Require(t, "aws", "--version")
 	e := startEmulator(t, Config{})
 
 	out, stderr, err := awsCLI(t, bin, e, DefaultAccessKey, DefaultSecretKey, "",
@@ -149,7 +116,7 @@ func TestAWSCLI(t *testing.T) {
 // as the emulator reads it, and that the credential it gets back names the
 // session in GetCallerIdentity's assumed-role ARN and UserId.
 func TestAWSCLISourceIdentity(t *testing.T) {
-	bin := requireTool(t, "aws", "--version")
+	bin := testtool.Require(t, "aws", "--version")
 	e := startEmulator(t, Config{})
 
 	out, stderr, err := awsCLI(t, bin, e, DefaultAccessKey, DefaultSecretKey, "",
@@ -202,10 +169,10 @@ func TestAWSCLISourceIdentity(t *testing.T) {
 }
 
 func TestBotocore(t *testing.T) {
-	py := requireTool(t, "python3", "-c", "import botocore")
+	py := testtool.Require(t, "python3", "-c", "import botocore")
 	e := startEmulator(t, Config{})
 	cmd := exec.Command(py, "testdata/botocore_client.py", e.URL(), DefaultAccessKey, DefaultSecretKey)
-	cmd.Env = cleanEnv("AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "AWS_EC2_METADATA_DISABLED=true")
+	cmd.Env = testtool.Env([]string{"AWS_"}, "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "AWS_EC2_METADATA_DISABLED=true")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

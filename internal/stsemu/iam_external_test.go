@@ -13,10 +13,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
 
 func TestAWSCLIIAM(t *testing.T) {
-	bin := requireTool(t, "aws", "--version")
+	bin := testtool.Require(t, "aws", "--version")
 	e := startEmulator(t, Config{})
 	run := func(t *testing.T, akid, secret string, args ...string) string {
 		t.Helper()
@@ -127,10 +129,10 @@ func TestAWSCLIIAM(t *testing.T) {
 }
 
 func TestBotocoreIAM(t *testing.T) {
-	py := requireTool(t, "python3", "-c", "import botocore")
+	py := testtool.Require(t, "python3", "-c", "import botocore")
 	e := startEmulator(t, Config{})
 	cmd := exec.Command(py, "testdata/botocore_iam_client.py", e.URL(), DefaultAccessKey, DefaultSecretKey)
-	cmd.Env = cleanEnv("AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "AWS_EC2_METADATA_DISABLED=true")
+	cmd.Env = testtool.Env([]string{"AWS_"}, "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "AWS_EC2_METADATA_DISABLED=true")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
@@ -139,7 +140,7 @@ func TestLookupPartition(t *testing.T) {
 // implementation) reaches IAM in GovCloud and China when it signs for the
 // partition's IAM region, and is refused when it signs for us-east-1.
 func TestAWSCLIPartitions(t *testing.T) {
-	bin := requireTool(t, "aws", "--version")
+	bin := testtool.Require(t, "aws", "--version")
 	for _, name := range []string{"aws-us-gov", "aws-cn"} {
 		t.Run(name, func(t *testing.T) {
 			p, _ := LookupPartition(name)
