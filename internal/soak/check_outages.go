@@ -55,8 +55,8 @@ func lastGoodBefore(reads []Op, t time.Time) map[credOf]Op {
 }
 
 // otherCauseBetween reports whether something other than the fault except
-// may rightly have made the plugin issue a new credential in [from, to]: an
-// operator action, a rotation or another process fault.
+// happened in [from, to] that may rightly make the plugin issue a new
+// credential: an operator action, a rotation or another process fault.
 func (c *checker) otherCauseBetween(except Op, from, to time.Time) bool {
 	for _, o := range c.ops {
 		switch o.Kind {
@@ -68,7 +68,7 @@ func (c *checker) otherCauseBetween(except Op, from, to time.Time) bool {
 		default:
 			continue
 		}
-		if o.Invoke.Before(to.Add(c.cfg.Skew)) && o.Return.Add(c.cfg.Grace).After(from) {
+		if o.Invoke.Before(to.Add(c.cfg.Skew)) && o.Return.After(from) {
 			return true
 		}
 	}
@@ -112,7 +112,13 @@ func (c *checker) checkRestarts() {
 				continue
 			}
 			due := old.Expiration.Add(-c.cfg.RefreshMargin)
-			if !iss.Time.Before(due.Add(-c.cfg.Skew)) || c.otherCauseBetween(w, w.Invoke, iss.Time) {
+			// Anything since the old credential was issued may have called
+			// for a new one (a set-up's config/refresh before it did not).
+			since := old.Invoke
+			if oldIss, ok := c.issued[old.AccessKey]; ok {
+				since = oldIss.Time
+			}
+			if !iss.Time.Before(due.Add(-c.cfg.Skew)) || c.otherCauseBetween(w, since, iss.Time) {
 				continue
 			}
 			c.violate(RuleRestartCache, fmt.Sprintf("after the cluster restart (%s) %s got %s, issued %s, while %s (valid until %s, not due for refresh until %s) was in storage: the persisted credential was not served",

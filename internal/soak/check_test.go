@@ -16,6 +16,7 @@ const (
 	arnB = "arn:aws:iam::123456789012:role/b"
 	arnC = "arn:aws:iam::123456789012:role/c"
 	arnD = "arn:aws:iam::123456789012:role/d"
+	arnE = "arn:aws:iam::123456789012:role/e"
 )
 
 var cfg = Config{Grace: 5 * time.Second, RestartGrace: 3 * time.Second, RefreshMargin: 30 * time.Second, FallbackGrace: 5 * time.Second,
@@ -252,6 +253,17 @@ func TestEachRuleCatchesItsViolation(t *testing.T) {
 			x.issue(arnA, "vault-a", "ASIA9", 21, 81)
 			x.read("a", "", "ASIA9", 22, 22.1, 81)
 		}, "while ASIA1 (valid until 10:01:01, not due for refresh until 10:00:31) was in storage"},
+		// A config/refresh written before the stored credential was issued
+		// (a run's set-up) does not explain a new one after the restart.
+		// (Seen in a run whose restart came 10 s after its set-up.)
+		{RuleRestartCache, restarted, func(x *h) {
+			x.write("e", arnE, 8, 8.1)
+			x.op(Op{Kind: KindRefreshCfg, Invoke: at(8.2), Return: at(8.3), OK: true})
+			x.issue(arnE, "vault-e", "ASIA10", 9, 69)
+			x.read("e", "", "ASIA10", 9.5, 9.6, 69)
+			x.issue(arnE, "vault-e", "ASIA11", 21, 81)
+			x.read("e", "", "ASIA11", 22, 22.1, 81)
+		}, "the persisted credential was not served"},
 		// Reads failing past the restart's grace: its downtime, nothing more.
 		{RuleAvailable, restarted, func(x *h) { x.fail("a", 23.5, 23.6, 503) }, "no kill or restart explains it"},
 
