@@ -120,6 +120,9 @@ func (a action) nominal() time.Duration {
 		return 20 * time.Second
 	case actStepDown:
 		return 5 * time.Second
+	case actRotate:
+		// config/rotate-root answers after the new key's 15 s settle.
+		return 20 * time.Second
 	case actRoleChange:
 		if a.del {
 			return 3 * time.Second
