@@ -399,6 +399,11 @@ func TestAllowances(t *testing.T) {
 		}},
 
 		{"the AWS client failing with an expired credential in the file", nil, func(x *h) { x.aws("ASIA2", 95, 95.5, 91, false) }},
+		{"the AWS client's success answered by a fault that still answers 200 (seen: empty_key)", nil, func(x *h) {
+			x.fault("sts_malformed", "", 70, 80)
+			x.op(Op{Kind: KindAWSClient, Client: "aws-cli", Invoke: at(75), Return: at(75.5), AccessKey: "ASIA2", Expiration: at(91), OK: true})
+			x.call(STSCall{Time: at(75.2), Action: "GetCallerIdentity", Outcome: "empty_key", AccessKeyID: "ASIA2", Listener: primary})
+		}},
 		{"the AWS client failing during an STS fault", nil, func(x *h) {
 			x.fault("sts_5xx", "", 70, 80)
 			x.aws("ASIA2", 75, 75.5, 91, false)
