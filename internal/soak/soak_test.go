@@ -47,7 +47,7 @@ var checkConfig = soak.Config{
 	Grace: 30 * time.Second, // an election, a plugin restart, a node's rejoin
 	// A cluster restart's window ends when every node serves again: what
 	// is left is the first requests' forwarding and the plugin's start.
-	RestartGrace:     10 * time.Second,
+	RestartGrace:     5 * time.Second,
 	RefreshMargin:    30 * time.Second, // lifetime × refresh_fraction
 	FallbackGrace:    10 * time.Second, // the refresh's first attempt in its retry block
 	MinIssueGap:      10 * time.Second, // a sixth of the lifetime; refreshes are 30 s apart
