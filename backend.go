@@ -173,7 +173,7 @@ func newBackend(opts backendOptions) *backend {
 	logger := func() hclog.Logger { return b.Logger() }
 	// The limiter's rate follows every policy put in force.
 	b.settings = newSettings(storage, logger,
-		func(cfg refreshConfig) { b.limiter.SetLimit(cfg.STSRateLimit, cfg.STSBurst) })
+		func(cfg refreshConfig) { b.limiter.SetLimit(b.clock.Now(), cfg.STSRateLimit, cfg.STSBurst) })
 	cfg := b.settings.policy()
 	b.limiter = ratelimit.New(cfg.STSRateLimit, cfg.STSBurst)
 	b.metrics = newMetrics(opts.version)

@@ -2,6 +2,9 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -352,5 +355,119 @@ func TestReadBudget_RefusedSlotIsNoAnswer(t *testing.T) {
 	}
 	if v := counterValue(t, f.b.metrics.readsFailedFast); v != 0 {
 		t.Errorf("reads failed fast = %v, want 0", v)
+	}
+}
+
+// TestRetryAfter: the wait a 503 states is whole seconds rounded up, so a
+// client that waits it out is never early, and at least one.
+func TestRetryAfter(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		left time.Duration
+		want time.Duration
+	}{
+		{-time.Hour, time.Second}, // the block ended: ask again now, as Retry-After can say
+		{0, time.Second},
+		{time.Nanosecond, time.Second},
+		{time.Second, time.Second},
+		{time.Second + time.Nanosecond, 2 * time.Second},
+		{4500 * time.Millisecond, 5 * time.Second},
+		{5 * time.Minute, 5 * time.Minute},
+	} {
+		if got := retryAfter(now.Add(tc.left), now); got != tc.want {
+			t.Errorf("retryAfter(now%+v) = %v, want %v", tc.left, got, tc.want)
+		}
+	}
+}
+
+// retryAfterOf checks that a read answered a 503 whose message ends with
+// "next attempt allowed at <until> (in <d>)" and returns until, d and the
+// Retry-After header ("" when the response carries none).
+func retryAfterOf(t *testing.T, resp *logical.Response, err error) (until time.Time, in time.Duration, header string) {
+	t.Helper()
+	var coded logical.HTTPCodedError
+	if !errors.As(err, &coded) || coded.Code() != 503 {
+		t.Fatalf("err=%v resp=%v, want a 503", err, respErr(resp))
+	}
+	m := regexp.MustCompile(`next attempt allowed at (\S+) \(in (\S+)\)$`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("the 503 does not end with when the next attempt is allowed: %q", err)
+	}
+	until, perr := time.Parse(time.RFC3339, m[1])
+	in, derr := time.ParseDuration(m[2])
+	if perr != nil || derr != nil {
+		t.Fatalf("the 503's next attempt %q (in %q) does not parse: %v %v", m[1], m[2], perr, derr)
+	}
+	if resp != nil {
+		if vs := resp.Headers["Retry-After"]; len(vs) > 0 {
+			header = vs[0]
+		}
+	}
+	return until, in, header
+}
+
+// A 503 from the read budget carries Retry-After: the seconds to the next
+// attempt (the end of the failed call's block), rounded up, the same number
+// the message gives; nothing else a creds read answers carries a header.
+func TestReadBudget_RetryAfterHeader(t *testing.T) {
+	f := newFixture(t, fixtureOpts{rand: randMax})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+	t0 := f.clock.Now()
+	block := f.b.settings.policy().block()
+	end := t0.Add(block)
+
+	if block != 5*time.Second {
+		t.Fatalf("default retry block %v: the table below is for 5s", block)
+	}
+	for _, tc := range []struct {
+		at   time.Duration // since the block's call
+		want int           // Retry-After, and the message's "in Ns"
+	}{
+		{0, 5},
+		{2500 * time.Millisecond, 3},
+		{2800 * time.Millisecond, 3},
+		{4 * time.Second, 1},
+		{block - time.Nanosecond, 1},
+	} {
+		f.clock.AdvanceTo(t0.Add(tc.at))
+		for i, r := range f.hammer(testRole, "", 5) {
+			until, in, header := retryAfterOf(t, r.resp, r.err)
+			if !until.Equal(end) || in != time.Duration(tc.want)*time.Second || header != strconv.Itoa(tc.want) {
+				t.Fatalf("reader %d at t0+%v: next attempt %v (in %v), Retry-After %q; want %v (in %ds), %q",
+					i, tc.at, until, in, header, end, tc.want, strconv.Itoa(tc.want))
+			}
+		}
+	}
+	if n := len(f.log.all()); n != 1 {
+		t.Fatalf("%d STS calls in one block, want 1", n)
+	}
+
+	// No header on anything else: a set-up error's 400, a caller's
+	// mistake, a served credential.
+	f.emu.ClearFaults()
+	f.emu.SetDeny([]string{"arn:aws:iam::123456789012:role/denied"})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/denied", map[string]interface{}{"role_arn": "arn:aws:iam::123456789012:role/denied"})
+	for _, name := range []string{"denied", "missing"} {
+		resp, err := f.readCreds(name)
+		if err != nil || !resp.IsError() || len(resp.Headers) != 0 {
+			t.Errorf("creds/%s: err=%v resp=%v headers=%v; want a 400 without headers", name, err, respErr(resp), resp.Headers)
+		}
+	}
+	f.clock.AdvanceTo(end)
+	if resp := f.mustReadCreds(testRole); len(resp.Headers) != 0 {
+		t.Errorf("a served credential carries headers %v", resp.Headers)
+	}
+}
+
+// An entity credential's 503 carries Retry-After as a role's does.
+func TestReadBudget_RetryAfterHeaderEntity(t *testing.T) {
+	f, _ := newEntityFixture(t, nil)
+	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+	for range 2 { // the one that made the call, and one answered from it
+		resp, err := f.readAs(entityRole, aliceID)
+		_, in, header := retryAfterOf(t, resp, err)
+		if header == "" || header != strconv.Itoa(int(in/time.Second)) {
+			t.Fatalf("entity 503: Retry-After %q, message says in %v", header, in)
+		}
 	}
 }

@@ -40,6 +40,9 @@ type stsEndpoint struct {
 	// graceUntil ends the few minutes after a rotation switched to this
 	// key during which IAM may still refuse it here (keySwitchGrace).
 	graceUntil time.Time
+	// label names it in the metrics: primary, fallback_N, or, for the
+	// key a rotation just replaced, old_key_primary, old_key_fallback_N.
+	label string
 }
 
 // keySwitchGrace is how long after a rotation switched config/root's key an
@@ -127,8 +130,9 @@ type stsClients struct {
 	// the next build keeps as its fallback.
 	previous *clientSet
 	// switchedTo is the key a rotation switched to at switchedAt: sets
-	// built for it have the grace (keySwitchGrace). In memory only: after
-	// a restart or a failover the grace is gone, and a refusal is final.
+	// built for it have the grace (keySwitchGrace). config/root records it
+	// too (KeyRotated, KeySetAt), which is what other nodes and this one
+	// after a restart go by.
 	switchedTo string
 	switchedAt time.Time
 }
@@ -191,6 +195,7 @@ func (c *stsClients) acquireSlow(ctx context.Context) (eps []*stsEndpoint, relea
 		for _, ep := range prev.eps {
 			cp := *ep
 			cp.graceUntil = grace
+			cp.label = oldKeyLabelPrefix + ep.label
 			set.fallbackEps = append(set.fallbackEps, &cp)
 		}
 	}
@@ -212,9 +217,17 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 
 	urls, regions := stsTargets(cfg)
 	// Only a rotation's new key gets the grace: an operator who writes a
-	// key IAM does not know learns it from the first refusal.
+	// key IAM does not know learns it from the first refusal. config/root
+	// says which key a rotation stored, and when, so a node that did not
+	// run the rotation (the new active node after a failover, or this one
+	// after a restart) gives it the same grace; the switch this node made
+	// covers a config/root written before the record existed.
 	var graceUntil time.Time
-	if cfg.AccessKey != "" && cfg.AccessKey == c.switchedTo {
+	switch {
+	case cfg.AccessKey == "":
+	case cfg.KeyRotated && !cfg.KeySetAt.IsZero():
+		graceUntil = cfg.KeySetAt.Add(keySwitchGrace)
+	case cfg.AccessKey == c.switchedTo:
 		graceUntil = c.switchedAt.Add(keySwitchGrace)
 	}
 	built := make([]*stsEndpoint, 0, len(urls))
@@ -234,7 +247,7 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		if c.wrap != nil {
 			api = c.wrap(endpoint, api)
 		}
-		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil})
+		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil, label: endpointLabel(i)})
 	}
 	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
 }
@@ -306,6 +319,22 @@ func (c *stsClients) reset() {
 	defer c.mu.Unlock()
 	c.resetLocked()
 	c.previous = nil
+}
+
+// buildCurrent builds the clients of the stored config/root unless they
+// are built already, so that a rotation about to store its new key (under
+// config/root's lock, so they are the old key's) has a set for switchKey to
+// keep as the refreshes' fallback. Sets are built on first use: without
+// this, a rotation that comes before any refresh since config/root was
+// last written, the plugin started or the node became active would keep
+// no fallback, and would not settle either.
+func (c *stsClients) buildCurrent(ctx context.Context) error {
+	_, release, err := c.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	release()
+	return nil
 }
 
 // switchKey is reset after a rotation stored its new key newKey: the

@@ -45,6 +45,9 @@ func TestSTSClients_SwitchKeepsTheOldKeyAsFallback(t *testing.T) {
 	if len(eps) != 2 || eps[0].secretKey != "AKIATWOsecret" || eps[1].secretKey != "AKIAONEsecret" {
 		t.Fatalf("after the switch: %d endpoints (%v), want the new key's then the old key's", len(eps), eps)
 	}
+	if eps[0].label != "primary" || eps[1].label != "old_key_primary" {
+		t.Errorf("metrics labels %q, %q; want primary, old_key_primary (not fallback_1, a configured endpoint's name)", eps[0].label, eps[1].label)
+	}
 	if want := t0.Add(keySwitchGrace); !eps[0].graceUntil.Equal(want) || !eps[1].graceUntil.Equal(want) {
 		t.Errorf("graces end %s and %s, want the switch's %s for both", eps[0].graceUntil, eps[1].graceUntil, want)
 	}
@@ -188,13 +191,48 @@ func createKeyWithSecret(t *testing.T, emu *stsemu.Emulator) (id, secret string)
 // TestRotation_OldKeyIsTheFallbackWhileItSettles: once config/root holds
 // the new key, refreshes get the old key's endpoints after the new ones for
 // keySwitchSettle on the fake clock; then the rotation drains and deletes
-// the old key, and only the new key's endpoints remain.
+// the old key, and only the new key's endpoints remain. That holds whether
+// or not a refresh built the old key's clients since config/root was last
+// written: an operator who sets rotation_period and then rotates at once
+// (before any refresh) must get the fallback too.
 func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
-	f := rotationFixture(t, fixtureOpts{})
-	f.mustReadCreds(testRole) // refreshes have clients with the old key
+	for _, tc := range []struct {
+		name   string
+		before func(f *fixture)
+	}{
+		{"a refresh built the old key's clients", func(f *fixture) { f.mustReadCreds(testRole) }},
+		{"config/root written since the last refresh", func(f *fixture) {
+			f.mustReadCreds(testRole)
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": f.emu.URL()})
+		}},
+		{"no refresh yet", func(*fixture) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := rotationFixture(t, fixtureOpts{})
+			tc.before(f)
+			checkFallbackWhileSettling(t, f)
+		})
+	}
+}
+
+func checkFallbackWhileSettling(t *testing.T, f *fixture) {
+	t.Helper()
 	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
 	waitFor(t, "the rotation to store the new key", func() bool { return rootKeyID(t, f) != stsemu.DefaultAccessKey })
-	waitFor(t, "the rotation to settle", func() bool { _, ok := f.clock.NextSleeper(); return ok })
+	settling := false
+	waitFor(t, "the rotation to settle or end", func() bool {
+		select {
+		case <-rotation.done:
+			return true
+		default:
+		}
+		_, settling = f.clock.NextSleeper()
+		return settling
+	})
+	if !settling {
+		t.Fatalf("the rotation ended without keeping the old key as the fallback (rotate-root: %v %v; the user's keys: %v)",
+			rotation.r.err, respErr(rotation.r.resp), userKeys(t, f.emu))
+	}
 	stored := f.clock.Now()
 	eps, release, err := f.b.clients.acquire(context.Background())
 	if err != nil {
@@ -222,5 +260,36 @@ func TestRotation_OldKeyIsTheFallbackWhileItSettles(t *testing.T) {
 	}
 	if keys := userKeys(t, f.emu); len(keys) != 1 || keys[0] != r.resp.Data["access_key"] {
 		t.Fatalf("after the rotation the user has %v", keys)
+	}
+}
+
+// A node that did not run the rotation (the new active node after a
+// failover, or the same node after a restart) gives the rotated key the
+// grace from config/root's record: KeyRotated, from KeySetAt. A key an
+// operator wrote gets none, whenever it was written.
+func TestSTSClients_GraceSurvivesAFailover(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		rotated bool
+		want    time.Time
+	}{
+		{"stored by a rotation", true, t0.Add(keySwitchGrace)},
+		{"written by an operator", false, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := &fakeRoot{cfg: testRootConfig("AKIATWO")}
+			root.cfg.KeySetAt, root.cfg.KeyRotated = t0, tc.rotated
+			// A fresh owner: no switchKey ever ran on this node.
+			c := newSTSClients(func() time.Time { return t0.Add(time.Minute) }, root.read, nil)
+			eps, release, err := c.acquire(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			release()
+			if !eps[0].graceUntil.Equal(tc.want) {
+				t.Fatalf("grace until %s, want %s", eps[0].graceUntil, tc.want)
+			}
+		})
 	}
 }

@@ -280,7 +280,7 @@ func (e errTemplate) Unwrap() error { return e.err }
 // as Vault knows it now (so a renamed entity's new name shows from its next
 // refresh), with the login's name (sessionVars.Name) as SourceIdentity.
 func (b *backend) sessionFor(key credKey, rs *roleState) (stsSession, error) {
-	name, entityID, role := key.role, key.entity, rs.role
+	name, entityID, role := key.role(), key.entity(), rs.role
 	if entityID == "" {
 		return stsSession{name: role.sessionName(name)}, nil
 	}
@@ -553,7 +553,7 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 	if rs := r.peek(key); rs == nil || (rs.role != nil && !rs.known && !rs.stale) {
 		// Not admitted: refuse from the node's own count before reading
 		// anything, when there is no room and none can be made.
-		if role := r.peek(roleKey(key.role)); role != nil && role.role != nil && !role.stale {
+		if role := r.peek(roleKey(key.role())); role != nil && role.role != nil && !role.stale {
 			if _, err := r.makeRoom(ctx, s, key, role.role, now, mountMax, false); err != nil {
 				return nil, err
 			}
@@ -582,11 +582,11 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 	// The mirror may miss what another node admitted before this one
 	// became active (until the first reconciler pass has loaded every
 	// entity credential): storage has the last word on the role's count.
-	ids, err := listEntityIDs(ctx, s, key.role)
+	ids, err := listEntityIDs(ctx, s, key.role())
 	if err != nil {
 		return nil, err
 	}
-	if len(ids) >= rs.role.maxEntities() && !slices.Contains(ids, key.entity) {
+	if len(ids) >= rs.role.maxEntities() && !slices.Contains(ids, key.entity()) {
 		r.mu.Lock()
 		if r.m[key] == rs {
 			r.del(key)
@@ -625,14 +625,14 @@ func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, key credKe
 	count, total := 0, r.entCount
 	var victim credKey
 	var victimRead time.Time
-	for k := range r.ents[key.role] {
+	for k := range r.ents[key.role()] {
 		rs := r.m[k]
 		if k == key {
 			total -= rs.countsAsEntity()
 			continue
 		}
 		count += rs.countsAsEntity()
-		if rs != nil && rs.role != nil && rs.known && rs.idle(now) && (victim.entity == "" || rs.use.last().Before(victimRead)) {
+		if rs != nil && rs.role != nil && rs.known && rs.idle(now) && (victim.entity() == "" || rs.use.last().Before(victimRead)) {
 			victim, victimRead = k, rs.use.last()
 		}
 	}
@@ -646,7 +646,7 @@ func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, key credKe
 	default:
 		return false, nil
 	}
-	if victim.entity == "" {
+	if victim.entity() == "" {
 		return false, full
 	}
 	if !evict {
@@ -666,7 +666,7 @@ func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, key credKe
 // new entity.
 func (b *backend) entityEvicted(key credKey) {
 	b.metrics.entityDropped(dropEvicted)
-	b.Logger().Info("dropped entity credential", "role", key.role, "entity_id", key.entity, "reason", dropEvicted)
+	b.Logger().Info("dropped entity credential", "role", key.role(), "entity_id", key.entity(), "reason", dropEvicted)
 }
 
 // entityKeys returns the mirrored entity keys of the role, sorted by entity.
@@ -677,7 +677,7 @@ func (r *roleStates) entityKeys(name string) []credKey {
 	for k := range r.ents[name] {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].entity < keys[j].entity })
+	sort.Slice(keys, func(i, j int) bool { return keys[i].entity() < keys[j].entity() })
 	return keys
 }
 
@@ -716,7 +716,7 @@ func (rf *refresher) dropEntity(ctx context.Context, key credKey, now time.Time,
 		return false, err
 	}
 	rf.metrics.entityDropped(reason)
-	rf.logger().Info("dropped entity credential", "role", key.role, "entity_id", key.entity, "reason", reason)
+	rf.logger().Info("dropped entity credential", "role", key.role(), "entity_id", key.entity(), "reason", reason)
 	return true, nil
 }
 
@@ -746,7 +746,7 @@ func entityDropReason(rs *roleState, now time.Time, gone func() bool) string {
 func passDropReason(checks *entityChecks, entityGone func(string) bool, key credKey, rs *roleState, now time.Time) string {
 	var gone func() bool
 	if checks.picked(key) {
-		gone = func() bool { return entityGone(key.entity) }
+		gone = func() bool { return entityGone(key.entity()) }
 	}
 	if rs.idle(now) && rs.cred.validAt(now) {
 		if gone != nil && gone() {
@@ -805,10 +805,10 @@ func (c *entityChecks) picked(key credKey) bool {
 
 // credKeyLess orders keys by role, then entity.
 func credKeyLess(a, b credKey) bool {
-	if a.role != b.role {
-		return a.role < b.role
+	if a.role() != b.role() {
+		return a.role() < b.role()
 	}
-	return a.entity < b.entity
+	return a.entity() < b.entity()
 }
 
 // entityIsGone is gone for a caller that already knows the entity is gone
@@ -923,12 +923,12 @@ func (v reportView) entities(name string) map[string]entitySummary {
 				s.starved++
 			}
 			if t := st.RateLimitedSince; !t.IsZero() && (s.rateLimitedSince.IsZero() || t.Before(s.rateLimitedSince)) {
-				s.rateLimitedSince, s.rateLimitedID = t, key.entity
+				s.rateLimitedSince, s.rateLimitedID = t, key.entity()
 			}
 			if rs.cred.validAt(now) {
 				s.cached = true
 			}
-			if v.active {
+			if v.refreshing {
 				s.overdue = max(s.overdue, v.refreshOverdue(key, rs, r))
 			}
 			if st.LastAttempt.After(s.lastAttempt) {
@@ -949,7 +949,7 @@ func (v reportView) entities(name string) map[string]entitySummary {
 			}
 			if w := s.worst; w == nil || st.FailedCycles > w.FailedCycles ||
 				st.FailedCycles == w.FailedCycles && st.LastAttempt.After(w.LastAttempt) {
-				s.worst, s.worstID = st, key.entity
+				s.worst, s.worstID = st, key.entity()
 			}
 		}
 		if s.worst == nil {

@@ -652,4 +652,4 @@ func waitFor(tb testing.TB, what string, cond func() bool) {
 func newFakeClock(start time.Time) *clocktest.Fake { return clocktest.NewFake(start) }
 
 // entityCred is the key of the role's credential for the entity.
-func entityCred(role, entityID string) credKey { return credKey{role: role, entity: entityID} }
+func entityCred(role, entityID string) credKey { return entityKey(role, entityID) }

@@ -74,7 +74,7 @@ func newMetrics(version string) *metrics {
 		outcomes: map[string]bool{"ok": true, "other": true},
 		stsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_sts_calls_total",
-			Help: "STS calls made, by action, endpoint (primary or fallback_N) and outcome (ok or the AWS error code).",
+			Help: "STS calls made, by action, endpoint (primary or fallback_N; old_key_primary or old_key_fallback_N for the key a rotation just replaced, while it settles) and outcome (ok or the AWS error code).",
 		}, []string{"action", "endpoint", "outcome"}),
 		stsDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "aws_resilient_sts_call_duration_seconds",
@@ -177,9 +177,10 @@ var rejectionReasons = []string{
 // can invent new ones.
 const maxOutcomes = 32
 
-// observeSTSCall counts one STS call. endpoint is the endpoint's index: 0 is
-// the primary, i the i-th fallback; a URL never becomes a label.
-func (m *metrics) observeSTSCall(action string, endpoint int, outcome string, d time.Duration) {
+// observeSTSCall counts one STS call. endpoint is the endpoint's label
+// (stsEndpoint.label: endpointLabel, or the old key's during a rotation's
+// settle); a URL never becomes a label.
+func (m *metrics) observeSTSCall(action string, endpoint string, outcome string, d time.Duration) {
 	outcome = outcomeLabel(outcome)
 	m.outcomeMu.Lock()
 	if !m.outcomes[outcome] {
@@ -190,10 +191,16 @@ func (m *metrics) observeSTSCall(action string, endpoint int, outcome string, d 
 		}
 	}
 	m.outcomeMu.Unlock()
-	m.stsCalls.WithLabelValues(action, endpointLabel(endpoint), outcome).Inc()
+	m.stsCalls.WithLabelValues(action, endpoint, outcome).Inc()
 	m.stsDuration.WithLabelValues(action).Observe(d.Seconds())
 }
 
+// oldKeyLabelPrefix marks the endpoints of the key a rotation just
+// replaced, tried after the new key's while it settles.
+const oldKeyLabelPrefix = "old_key_"
+
+// endpointLabel names the configured endpoint of index i: 0 is the
+// primary, i the i-th fallback.
 func endpointLabel(i int) string {
 	if i == 0 {
 		return "primary"

@@ -1,6 +1,7 @@
 package awsresilient
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +235,67 @@ func TestMetrics_RefreshOverdue(t *testing.T) {
 	next, _ := f.b.refresher.plannedAt(key)
 	f.clock.AdvanceTo(next.Add(time.Minute))
 	overdue(time.Minute)
+}
+
+// TestMetrics_NoRefresher: a mount whose refresher cannot start (storage
+// fails every read of config/refresh, so the start and each retry fail)
+// still answers the scrape, with aws_resilient_refresher_running 0 and
+// nothing scheduled. Its refreshes fall due unplanned, and the scrape does
+// not call them overdue: aws_resilient_refresh_overdue_seconds is about a
+// refresher that runs (AWSResilientRefresherStuck says "is running"), and
+// AWSResilientNoRefresher is the alert for this. Once storage heals, the
+// reconciler's own retry starts the refresher.
+func TestMetrics_NoRefresher(t *testing.T) {
+	f, ents := newEntityFixture(t, nil)
+	f.mustReadCreds(testRole)
+	f.mustReadAs(entityRole, aliceID)
+	appDue := statusTime(t, f.status(testRole), "next_refresh")
+	aliceDue, ok := f.b.refresher.plannedAt(entityCred(entityRole, aliceID))
+	if !ok {
+		t.Fatal("alice's credential has no refresh planned")
+	}
+	f.b.Cleanup(context.Background())
+
+	// The mount starts again on storage that fails config/refresh reads.
+	fs := newFaultStorage(f.s, 1)
+	fs.failNext("get", configRefreshPath, 1<<30, false)
+	g, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMin, storage: fs, wrapSTS: f.log.wrap, entities: ents})
+	// Alice reads her cached credential: her entity credential is in this
+	// node's memory, as a role is.
+	if resp, err := g.HandleRequest(context.Background(), &logical.Request{
+		Operation: logical.ReadOperation, Path: "creds/" + entityRole, EntityID: aliceID, Storage: fs,
+	}); err != nil || resp.IsError() {
+		t.Fatalf("alice's cached read with the refresher down: err=%v resp=%v", err, respErr(resp))
+	}
+
+	// Both refreshes fall due and pass by far, the retries failing.
+	f.clock.AdvanceTo(later(appDue, aliceDue).Add(2 * time.Minute))
+	waitFor(t, "a retried start to fail", func() bool { return fs.injectedTotal() >= 3 })
+	if g.life.running() {
+		t.Fatal("the refresher runs although config/refresh cannot be read")
+	}
+	sc := scrapeMetrics(t, g, fs, "")
+	sc.want("aws_resilient_refresher_running", nil, 0)
+	sc.want("aws_resilient_roles_scheduled", nil, 0)
+	sc.want("aws_resilient_refresh_overdue_seconds", nil, 0)
+	for _, name := range []string{testRole, entityRole} {
+		sc.want("aws_resilient_role_state", map[string]string{"role": name, "state": stateStale}, 1)
+		if next, ok := sc.value("aws_resilient_role_next_refresh_timestamp_seconds", role(name)); ok {
+			t.Fatalf("role %s: next refresh %v exported, but nothing will refresh it", name, next)
+		}
+	}
+
+	// Storage heals: the next retry (within the backoff's cap) starts it.
+	fs.heal()
+	f.clock.Advance(maxStartBackoff)
+	waitFor(t, "the refresher to start", g.life.running)
+	scrapeMetrics(t, g, fs, "").want("aws_resilient_refresher_running", nil, 1)
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

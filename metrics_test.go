@@ -456,9 +456,9 @@ func TestMetrics_FallbackEndpoint(t *testing.T) {
 func TestMetrics_OutcomeCardinality(t *testing.T) {
 	b, s := getTestBackend(t)
 	for i := 0; i < 1000; i++ {
-		b.metrics.observeSTSCall("AssumeRole", 0, fmt.Sprintf("Invented%d", i), time.Millisecond)
+		b.metrics.observeSTSCall("AssumeRole", endpointLabel(0), fmt.Sprintf("Invented%d", i), time.Millisecond)
 	}
-	b.metrics.observeSTSCall("AssumeRole", 0, "ok", time.Millisecond)
+	b.metrics.observeSTSCall("AssumeRole", endpointLabel(0), "ok", time.Millisecond)
 	sc := scrapeMetrics(t, b, s, "")
 	if n := len(sc.families["aws_resilient_sts_calls_total"].GetMetric()); n > maxOutcomes {
 		t.Fatalf("%d outcome series after 1000 invented codes, want at most %d", n, maxOutcomes)

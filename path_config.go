@@ -441,6 +441,12 @@ type rootConfig struct {
 	// KeySetAt is when AccessKey was stored (by an operator or a rotation),
 	// or when rotation was turned on for a key stored before: the key's age.
 	KeySetAt time.Time `json:"key_set_at,omitempty"`
+	// KeyRotated: AccessKey was stored by a rotation (at KeySetAt), not
+	// written by an operator. For keySwitchGrace after KeySetAt a refusal
+	// of it is IAM still propagating it, on whichever node builds the
+	// clients: stored, so that a failover or a restart right after a
+	// rotation keeps the grace.
+	KeyRotated bool `json:"key_rotated,omitempty"`
 }
 
 func defaultRootConfig() *rootConfig {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -166,7 +167,7 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 			"the vault CLI, an exported VAULT_TOKEN (such as the dev server's root token) overrides the "+
 			"token vault login stored: unset VAULT_TOKEN", name), nil
 	}
-	key := credKey{role: name, entity: req.EntityID}
+	key := entityKey(name, req.EntityID)
 	now := b.clock.Now()
 	cached := b.state.peek(key)
 	if rs := cached; rs != nil && !rs.stale && rs.cred.validAt(now) {
@@ -227,7 +228,7 @@ func templateFailed(name, msg string) *logical.Response {
 // coldRead serves a read that found nothing valid cached for key (a role, or
 // a role's entity): it joins or starts a refresh cycle and waits for it.
 func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKey, role *roleEntry) (*logical.Response, error) {
-	name := key.role
+	name := key.role()
 	now := b.clock.Now()
 	// Cold: nothing valid is cached. Only a node that may write storage can
 	// fetch; a performance standby hands the request to the active node.
@@ -335,7 +336,7 @@ func (b *backend) failedFast(key credKey, t readTicket) (*logical.Response, erro
 	if t.refused {
 		b.metrics.budgetRefused.Inc()
 	}
-	return b.failureAnswer(key.role, t.failed, b.clock.Now())
+	return b.failureAnswer(key.role(), t.failed, b.clock.Now())
 }
 
 // failureAnswer answers a read with the failure of the attempt it joined
@@ -349,19 +350,40 @@ func (b *backend) failureAnswer(name string, lf *lastFailure, now time.Time) (*l
 			name, lf.err.Error(), hint, name, name, lf.until.UTC().Format(time.RFC3339)), nil
 	}
 	b.metrics.readsUnavailable.Inc()
-	return nil, failureUnavailable(name, lf, now)
+	return failureUnavailable(name, lf, now)
 }
 
 // failureUnavailable is the 503 of a read that a failed attempt answered:
-// the AWS error code and message, and when the next attempt is allowed.
-func failureUnavailable(name string, lf *lastFailure, now time.Time) error {
-	wait := lf.until.Sub(now)
-	if wait < 0 {
-		wait = 0
-	}
-	return logical.CodedError(http.StatusServiceUnavailable,
+// the AWS error code and message, and when the next attempt is allowed,
+// in the message and as a Retry-After header.
+func failureUnavailable(name string, lf *lastFailure, now time.Time) (*logical.Response, error) {
+	wait := retryAfter(lf.until, now)
+	return retryAfterResponse(wait), logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s; next attempt allowed at %s (in %s)",
-			name, lf.err.Error(), lf.until.UTC().Format(time.RFC3339), wait.Round(time.Second)))
+			name, lf.err.Error(), lf.until.UTC().Format(time.RFC3339), wait))
+}
+
+// retryAfter is how long a client should wait, at now, for an attempt
+// allowed at until: whole seconds, rounded up so that a client that waits
+// it out is not early, and at least one, as Retry-After has no "now".
+func retryAfter(until, now time.Time) time.Duration {
+	return max(until.Sub(now)+time.Second-1, time.Second).Truncate(time.Second)
+}
+
+// retryAfterResponse is the response that goes with a 503's coded error to
+// carry its Retry-After header. Vault writes the headers of a response that
+// comes with an error before the error itself (http/handler.go, request()),
+// so the answer stays the coded error that clients, the CLI and Vault Agent
+// know, but only the headers named in the mount's allowed_response_headers
+// pass (vault/router.go): without that tune Vault drops this one, and the
+// message alone says when. A raw response (logical.HTTPRawBody) would pass
+// the header too, but it is no error to Vault: the audit log would lose the
+// error, and the body would lack the wrapping Vault puts around a plugin's
+// error message.
+func retryAfterResponse(wait time.Duration) *logical.Response {
+	return &logical.Response{Headers: map[string][]string{
+		"Retry-After": {strconv.FormatInt(int64(wait/time.Second), 10)},
+	}}
 }
 
 // credsResponse builds the answer from the mirrored role and credential: a
@@ -386,7 +408,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 	}
 	// Internal data is stored with the lease: the role and the key id only.
 	resp := b.Secret(secretTypeCreds).Response(data, map[string]interface{}{
-		"role":       key.role,
+		"role":       key.role(),
 		"access_key": cred.AccessKey,
 	})
 	ttl := cred.Expiration.Sub(now).Truncate(time.Second)
@@ -511,5 +533,7 @@ A failing role makes at most one STS call per retry block, however many read
 it: a reader joins the block's call and gets its answer; once that call
 failed, readers get its failure at once, as a 503 saying when the next
 attempt is allowed (after a non-retryable error such as AccessDenied: the
-role's next planned cycle; refresh/<name> tries again at once).
+role's next planned cycle; refresh/<name> tries again at once), with the
+seconds until then as a Retry-After header where the mount passes it
+(allowed_response_headers=Retry-After).
 `

@@ -108,6 +108,13 @@ func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg ref
 // planned or running, the time the reconciler would plan it at. 0 when it
 // is not late, runs now, or is cold. A refresher that stops firing its plan
 // (or loses it) shows here long before credentials expire.
+//
+// Callers ask only where the refresher runs (v.refreshing). Where it does
+// not, even on the active node while its start is retried, every warm key
+// is unplanned and would count as overdue; but nothing there is stuck, it
+// never started: AWSResilientNoRefresher says so, from
+// aws_resilient_refresher_running, and AWSResilientRefresherStuck (whose
+// text says the refresher runs) stays quiet.
 func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) time.Duration {
 	now, cfg := v.now, v.cfg
 	if r.state == stateRefreshing {
@@ -295,7 +302,7 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 			}
 			fig = entityScopedFigures(entities[name])
 			t.overdue = max(t.overdue, entities[name].overdue)
-		} else if t.active {
+		} else if t.refreshing {
 			t.overdue = max(t.overdue, t.refreshOverdue(roleKey(name), rs, r))
 		}
 		t.add(name, &fig)

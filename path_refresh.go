@@ -58,7 +58,7 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 		for key := range b.state.entityEntries(name)[name] {
 			keys = append(keys, key)
 		}
-		sort.Slice(keys, func(i, j int) bool { return keys[i].entity < keys[j].entity })
+		sort.Slice(keys, func(i, j int) bool { return keys[i].entity() < keys[j].entity() })
 	}
 	flights := make([]*flight, len(keys))
 	for i, key := range keys {

@@ -256,7 +256,7 @@ func (b *backend) entityBudgetStatus(d map[string]interface{}, name, worstID str
 			continue
 		}
 		answered += lf.answered
-		if key.entity == worstID && now.Before(lf.until) {
+		if key.entity() == worstID && now.Before(lf.until) {
 			next = formatTime(lf.until)
 		}
 	}
@@ -275,20 +275,23 @@ type roleReport struct {
 }
 
 // reportView is the refresher's report on its roles as of one moment:
-// the time, the policy in force, and whether this node runs the refresher
-// (active; the caller asks Vault once, not once per role). status/ and the
-// metrics take one per request (refresher.view).
+// the time, the policy in force, whether this node is the one to refresh
+// (active; the caller asks Vault once, not once per role), and whether its
+// refresher runs (refreshing: false while its start is retried after a
+// storage error). status/ and the metrics take one per request
+// (refresher.view).
 type reportView struct {
-	rf     *refresher
-	now    time.Time
-	cfg    refreshConfig
-	active bool
+	rf         *refresher
+	now        time.Time
+	cfg        refreshConfig
+	active     bool
+	refreshing bool
 }
 
 // view returns the refresher's report view as of now; active says whether
-// this node runs the refresher (WriteSafeReplicationState).
+// this node is the one to refresh (WriteSafeReplicationState).
 func (rf *refresher) view(active bool) reportView {
-	return reportView{rf: rf, now: rf.clock.Now(), cfg: rf.settings.policy(), active: active}
+	return reportView{rf: rf, now: rf.clock.Now(), cfg: rf.settings.policy(), active: active, refreshing: active && rf.life.running()}
 }
 
 // report derives a role's state from its mirrored entry and this node's

@@ -404,7 +404,7 @@ func (r *reconciler) passEntities(ctx context.Context, p *pass) {
 		}
 		keys := make([]credKey, len(ids))
 		for j, id := range ids {
-			keys[j] = credKey{role: name, entity: id}
+			keys[j] = entityKey(name, id)
 			p.listed.addEntity(keys[j])
 		}
 		byRole[i] = keys
@@ -511,7 +511,7 @@ func (l *listedKeys) has(key credKey) bool {
 		_, ok := l.entities[key]
 		return ok
 	}
-	_, ok := slices.BinarySearch(l.roles, key.role)
+	_, ok := slices.BinarySearch(l.roles, key.role())
 	return ok
 }
 
@@ -529,7 +529,7 @@ func (s keySet) add(key credKey) {
 	if key.isEntity() {
 		s.entities[key] = struct{}{}
 	} else {
-		s.roles[key.role] = struct{}{}
+		s.roles[key.role()] = struct{}{}
 	}
 }
 
@@ -538,7 +538,7 @@ func (s keySet) has(key credKey) bool {
 	if key.isEntity() {
 		_, ok = s.entities[key]
 	} else {
-		_, ok = s.roles[key.role]
+		_, ok = s.roles[key.role()]
 	}
 	return ok
 }
@@ -644,7 +644,7 @@ func (r *reconciler) reconcileRole(ctx context.Context, key credKey, reread bool
 	if err := r.state.flushLocked(ctx, r.storage(), key, rs); err != nil {
 		return nil, err
 	}
-	if entityID := key.entity; entityID != "" {
+	if entityID := key.entity(); entityID != "" {
 		// An entity credential whose entity Vault deleted or disabled, or
 		// that nobody read for entity_idle_ttl and has nothing valid left,
 		// costs no more STS calls.
@@ -653,7 +653,7 @@ func (r *reconciler) reconcileRole(ctx context.Context, key credKey, reread bool
 				return nil, err
 			}
 			r.metrics.entityDropped(reason)
-			r.logger().Info("dropped entity credential", "role", key.role, "entity_id", entityID, "reason", reason)
+			r.logger().Info("dropped entity credential", "role", key.role(), "entity_id", entityID, "reason", reason)
 			idx.reach(key)
 			return nil, nil
 		}
@@ -697,14 +697,14 @@ func (r *reconciler) planOverdue(ctx context.Context, overdue []overdueRole, pas
 	}
 	var errs []error
 	for _, od := range overdue {
-		if err := r.scheduleOverdueRole(ctx, od.key, passStart, idx); err != nil {
+		if err := r.planOverdueRole(ctx, od.key, passStart, idx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errs
 }
 
-func (r *reconciler) scheduleOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
+func (r *reconciler) planOverdueRole(ctx context.Context, key credKey, passStart time.Time, idx *passIndex) error {
 	defer r.state.lockRole(key)()
 	rs, err := r.state.currentLocked(ctx, r.storage(), key)
 	if err != nil {

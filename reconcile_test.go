@@ -83,12 +83,12 @@ func TestReconciler_RetryBackoffAndStop(t *testing.T) {
 func TestPass_KeySets(t *testing.T) {
 	cases := map[credKey]bool{
 		roleKey("a"): true, roleKey("c"): true, roleKey("bb"): false, roleKey(""): false,
-		{role: "b", entity: "e1"}: true, {role: "b", entity: "e2"}: false, {role: "a", entity: "e1"}: false,
+		entityKey("b", "e1"): true, entityKey("b", "e2"): false, entityKey("a", "e1"): false,
 	}
 	for _, names := range [][]string{{"a", "b", "c"}, {"c", "a", "b"}} {
 		given := slices.Clone(names)
 		l := newListedKeys(names)
-		l.addEntity(credKey{role: "b", entity: "e1"})
+		l.addEntity(entityKey("b", "e1"))
 		s := newKeySet()
 		for key, in := range cases {
 			if in {

@@ -507,7 +507,7 @@ func (rf *refresher) droppedIdle(ctx context.Context, j *cycleJob) bool {
 	}
 	dropped, err := rf.dropEntity(ctx, j.key, j.start, nil)
 	if err != nil {
-		rf.logger().Warn("dropping idle entity credential failed", "role", j.key.role, "error", err)
+		rf.logger().Warn("dropping idle entity credential failed", "role", j.key.role(), "error", err)
 	}
 	return dropped
 }
@@ -526,7 +526,7 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 	if errors.Is(serr, errEntityGone) && j.f.background {
 		// Nobody can read it any more: drop it rather than refresh.
 		if _, err := rf.dropEntity(ctx, j.key, rf.clock.Now(), entityIsGone); err != nil {
-			rf.logger().Warn("dropping entity credential failed", "role", j.key.role, "error", err)
+			rf.logger().Warn("dropping entity credential failed", "role", j.key.role(), "error", err)
 		}
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}, true
 	}
@@ -732,12 +732,12 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		cancel()
 		took := rf.clock.Now().Sub(called)
 		if err == nil {
-			rf.metrics.observeSTSCall(action, i, "ok", took)
+			rf.metrics.observeSTSCall(action, ep.label, "ok", took)
 			out.cred, out.err = cred, nil
 			return out
 		}
 		out.err = ep.classify(err, rf.clock.Now())
-		rf.metrics.observeSTSCall(action, i, out.err.Code, took)
+		rf.metrics.observeSTSCall(action, ep.label, out.err.Code, took)
 		// Counted here: a fallback's error may replace it.
 		rf.metrics.countRejection(out.err)
 		if ctx.Err() != nil || !out.err.Retryable {

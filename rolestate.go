@@ -100,10 +100,10 @@ func (r *roleStates) put(key credKey, rs *roleState) {
 	r.m[key] = rs
 	if key.isEntity() {
 		r.entCount += rs.countsAsEntity() - old.countsAsEntity()
-		set := r.ents[key.role]
+		set := r.ents[key.role()]
 		if set == nil {
 			set = map[credKey]struct{}{}
-			r.ents[key.role] = set
+			r.ents[key.role()] = set
 		}
 		set[key] = struct{}{}
 	}
@@ -115,10 +115,10 @@ func (r *roleStates) del(key credKey) {
 	delete(r.m, key)
 	if key.isEntity() {
 		r.entCount -= old.countsAsEntity()
-		if set := r.ents[key.role]; set != nil {
+		if set := r.ents[key.role()]; set != nil {
 			delete(set, key)
 			if len(set) == 0 {
-				delete(r.ents, key.role)
+				delete(r.ents, key.role())
 			}
 		}
 	}
@@ -226,7 +226,7 @@ func newRoleStates(planner planner, now func() time.Time, index credIndex) *role
 // lockFor returns the store lock of the key's role: an entity credential
 // shares its role's lock, so a role change and an entity commit cannot cross.
 func (r *roleStates) lockFor(key credKey) *locksutil.LockEntry {
-	return locksutil.LockForKey(r.locks, key.role)
+	return locksutil.LockForKey(r.locks, key.role())
 }
 
 // lockRole takes the store lock of the key's role (lockFor) and returns
@@ -292,7 +292,7 @@ func (r *roleStates) currentLocked(ctx context.Context, s logical.Storage, key c
 func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
 	pl := &pendingLoad{key: key}
 	r.mu.Lock()
-	r.loading[key.role] = pl
+	r.loading[key.role()] = pl
 	r.mu.Unlock()
 	rs, err := r.readLocked(ctx, s, key, pl)
 	if err != nil {
@@ -306,14 +306,14 @@ func (r *roleStates) loadLocked(ctx context.Context, s logical.Storage, key cred
 // endLoad ends the load's watch for invalidations; r.mu must be held for
 // writing.
 func (r *roleStates) endLoad(pl *pendingLoad) {
-	if r.loading[pl.key.role] == pl {
-		delete(r.loading, pl.key.role)
+	if r.loading[pl.key.role()] == pl {
+		delete(r.loading, pl.key.role())
 	}
 }
 
 // readLocked is loadLocked's reads and publish, for the load pl.
 func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key credKey, pl *pendingLoad) (*roleState, error) {
-	role, err := getRole(ctx, s, key.role)
+	role, err := getRole(ctx, s, key.role())
 	if err != nil {
 		return nil, err
 	}
@@ -466,19 +466,19 @@ func (r *roleStates) forget(key credKey, definition bool) {
 	if definition && r.planner != nil {
 		// Asked before mu is taken: the refresher takes its locks first.
 		keep = map[credKey]bool{}
-		for _, k := range append([]credKey{key}, r.entityKeys(key.role)...) {
+		for _, k := range append([]credKey{key}, r.entityKeys(key.role())...) {
 			keep[k] = r.planner.busy(k)
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pl := r.loading[key.role]; pl != nil && (pl.key == key || definition && pl.key.role == key.role) {
+	if pl := r.loading[key.role()]; pl != nil && (pl.key == key || definition && pl.key.role() == key.role()) {
 		pl.forgotten = true
 		pl.definition = pl.definition || definition
 	}
 	keys := []credKey{key}
 	if definition {
-		for k := range r.ents[key.role] {
+		for k := range r.ents[key.role()] {
 			keys = append(keys, k)
 		}
 	}

@@ -283,6 +283,9 @@ func (r *rotator) writeRoot(ctx context.Context, s logical.Storage, change func(
 	if cfg.AccessKey != before.AccessKey || cfg.KeySetAt.IsZero() && cfg.RotationPeriod > 0 {
 		cfg.KeySetAt = r.clock.Now()
 	}
+	if cfg.AccessKey != before.AccessKey {
+		cfg.KeyRotated = false // the operator's key: no grace for its refusals
+	}
 
 	if err := putRootConfig(ctx, s, cfg); err != nil {
 		return "", err
@@ -1127,8 +1130,14 @@ func (r *rotator) storeRotatedKey(ctx context.Context, s logical.Storage, oldID,
 	if cur == nil || cur.AccessKey != oldID {
 		return keyOld, nil
 	}
+	if err := r.clients.buildCurrent(ctx); err != nil {
+		// Not a reason to give the new key up: refreshes still retry its
+		// refusals on the next block (keySwitchGrace), only without the
+		// old key to fall back on.
+		r.logger().Warn("building the old key's STS clients as the refreshes' fallback failed; the rotation goes on without it", "error", err)
+	}
 	cur.AccessKey, cur.SecretKey = newID, newSecret
-	cur.KeySetAt = r.clock.Now()
+	cur.KeySetAt, cur.KeyRotated = r.clock.Now(), true
 	putErr := putRootConfig(ctx, s, cur)
 	if putErr == nil {
 		// The dropped client set becomes the fallback while the new key

@@ -565,7 +565,18 @@ func TestRotation_OutlivesTheRequest(t *testing.T) {
 	f := rotationFixture(t, fixtureOpts{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	resp, err := f.b.HandleRequest(ctx, &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	var (
+		resp *logical.Response
+		err  error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err = f.b.HandleRequest(ctx, &logical.Request{Operation: logical.UpdateOperation, Path: "config/rotate-root", Storage: f.s})
+	}()
+	// Driven: the old key stays the refreshes' fallback for keySwitchSettle
+	// on the fake clock, even before any refresh built its clients.
+	f.clock.DriveUntil(t, done)
 	if err != nil || resp.IsError() {
 		t.Fatalf("rotate-root with a cancelled request: err=%v resp=%v", err, respErr(resp))
 	}
@@ -1456,5 +1467,37 @@ func TestRotation_StorageFaultsNeverLoseAKey(t *testing.T) {
 			wantOnlyKeys(t, f.emu, id)
 			wantWorkingKey(t, f)
 		})
+	}
+}
+
+// config/root records that its key was stored by a rotation (the grace a
+// failover keeps, TestSTSClients_GraceSurvivesAFailover): a rotation sets
+// the record, a write that keeps the key keeps it, and an operator's new
+// key clears it.
+func TestRotation_RecordsThatTheKeyWasRotated(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	rotated := func() bool {
+		t.Helper()
+		cfg, err := getRootConfig(context.Background(), f.s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.KeyRotated
+	}
+	if rotated() {
+		t.Fatal("the operator's first key is recorded as rotated")
+	}
+	resp, err := f.rotate()
+	wantRotated(t, resp, err)
+	if !rotated() {
+		t.Fatal("the rotated key is not recorded as rotated")
+	}
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"rotation_period": "720h"})
+	if !rotated() {
+		t.Fatal("a write that kept the key cleared the record")
+	}
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "AKIAOPERATORWRITE000", "secret_key": "operator/secret"})
+	if rotated() {
+		t.Fatal("the operator's new key is recorded as rotated")
 	}
 }

@@ -375,7 +375,7 @@ func TestScheduleIndex_ManyEntityCredentialsFitRaft(t *testing.T) {
 	shards := 0
 	for shard, keys := range storedShards(t, mem) {
 		for _, k := range keys {
-			if parseCredKey(k).role == entityRole {
+			if parseCredKey(k).role() == entityRole {
 				shards++
 				break
 			}

@@ -166,7 +166,7 @@ func (n *nodeStorage) disarm() (ran bool) {
 func keyOfRole(key, role string) bool {
 	for _, p := range []string{rolePrefix, cachePrefix, statusPrefix} {
 		if rest, ok := strings.CutPrefix(key, p); ok {
-			return parseCredKey(rest).role == role
+			return parseCredKey(rest).role() == role
 		}
 	}
 	return false
@@ -503,7 +503,12 @@ func (s *sim) newActive() (*backend, *nodeStorage) {
 //   - finding 5: after a lease-only write whose Put is applied but reported
 //     failed (the retry then reports success and changes nothing), a read
 //     that cannot reload the role is served from the mirror (fallback) in
-//     the lease shape the role had before the write.
+//     the lease shape the role had before the write;
+//   - finding 6 (in the simulation itself): the check that an operation on
+//     one mount leaves the other unchanged read the other mount's policy
+//     through policy(), which reloads a stale one; a reload that a storage
+//     fault failed before the operation and that succeeded after it was
+//     blamed on the operation (seen at step 133 of this seed).
 func simDefectRuns() []struct {
 	name  string
 	seed  uint64
@@ -525,6 +530,7 @@ func simDefectRuns() []struct {
 		{"defect3_index_shard_size", 13, 6, simKnobs{entities: 13000}},
 		{"finding4_overlap_index", 5, 120, simKnobs{overlap: 30}},
 		{"finding5_lease_fallback", 16, 40, simKnobs{leaseFault: 40}},
+		{"finding6_snapshot_reloads_policy", 1796218629636036872, 160, simKnobs{midLoad: 4, leaseFault: 3, overlap: 2, mounts: 2}},
 	}
 }
 
@@ -557,7 +563,15 @@ func (s *sim) snapshot() string {
 	}
 	walk("")
 	for node, b := range map[string]*backend{"active": s.b, "standby": s.standby} {
-		out = append(out, fmt.Sprintf("%s config %+v", node, b.settings.policy()))
+		// The policy in force and its stale mark as they are: policy()
+		// would reload a stale one, so that looking would change what is
+		// looked at (a reload that a storage fault failed before another
+		// mount's operation, and that succeeds after it, is not that
+		// operation's doing).
+		b.settings.mu.RLock()
+		cfg := b.settings.cfg
+		b.settings.mu.RUnlock()
+		out = append(out, fmt.Sprintf("%s config %+v stale %v", node, cfg, b.settings.stale.Load()))
 		for _, k := range b.state.keys() {
 			rs := b.state.peek(k)
 			if rs == nil {

@@ -895,10 +895,10 @@ func (s *sim) checkEntityIndex(b *backend) {
 	scan := map[string]map[credKey]struct{}{}
 	for k := range r.m {
 		if k.isEntity() {
-			if scan[k.role] == nil {
-				scan[k.role] = map[credKey]struct{}{}
+			if scan[k.role()] == nil {
+				scan[k.role()] = map[credKey]struct{}{}
 			}
-			scan[k.role][k] = struct{}{}
+			scan[k.role()][k] = struct{}{}
 		}
 	}
 	s.fig.checks++
@@ -1041,7 +1041,7 @@ func (s *sim) check() {
 	// Storage is healthy and a periodic pass has run since: memory agrees
 	// with storage, and every warm role has a cycle scheduled or in flight.
 	for _, name := range s.b.state.keys() {
-		role := roles[name.role]
+		role := roles[name.role()]
 		if role == nil || name.isEntity() && !role.entityScoped() {
 			if rs := s.b.state.peek(name); rs != nil && !rs.stale {
 				s.failf("%s is deleted (or its role not entity-scoped) in storage but mirrored", name)
@@ -1232,7 +1232,7 @@ func (w *simSTS) setDuring(name string, f func()) {
 func (w *simSTS) takeDuring(name string) func() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.during == nil || w.duringRole != parseCredKey(name).role {
+	if w.during == nil || w.duringRole != parseCredKey(name).role() {
 		return nil
 	}
 	f := w.during

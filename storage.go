@@ -35,18 +35,48 @@ const (
 	statusPrefix       = "status/"
 )
 
-// credKey names one cached credential: a role's own (entity == "") or an
+// credKey names one cached credential: a role's own (entity "") or an
 // entity's under an entity-scoped role (cache_scope=entity). The mirror, the
 // flights, the plan and the owners' functions take it; only the storage
 // keys here and the schedule index's entries (schedindex.go) use its String
 // form, and parseCredKey is the one way back.
-type credKey struct{ role, entity string }
+//
+// It holds that String form, "role" or "role/entity", and nothing else: a
+// key is one string (16 bytes) in every map and plan entry that holds it,
+// half of a pair of strings, which at 100 000 roles is several MB of the
+// plan's and the mirror's maps. role and entity read its two parts.
+type credKey struct{ s string }
 
 // roleKey is the key of the role's own credential.
-func roleKey(role string) credKey { return credKey{role: role} }
+func roleKey(role string) credKey { return credKey{s: role} }
+
+// entityKey is the key of an entity's credential under role; an empty
+// entity is the role's own.
+func entityKey(role, entity string) credKey {
+	if entity == "" {
+		return roleKey(role)
+	}
+	return credKey{s: role + entitySep + entity}
+}
+
+// role is the name of the key's role.
+func (k credKey) role() string {
+	if i := strings.Index(k.s, entitySep); i >= 0 {
+		return k.s[:i]
+	}
+	return k.s
+}
+
+// entity is the key's entity ID, "" for a role's own credential.
+func (k credKey) entity() string {
+	if i := strings.Index(k.s, entitySep); i >= 0 {
+		return k.s[i+len(entitySep):]
+	}
+	return ""
+}
 
 // isEntity reports whether the key names an entity credential.
-func (k credKey) isEntity() bool { return k.entity != "" }
+func (k credKey) isEntity() bool { return strings.Contains(k.s, entitySep) }
 
 // entitySep joins a role name and an entity ID in a key's String form. Role
 // names match framework.GenericNameRegex, which has no slash, and Vault's
@@ -55,19 +85,14 @@ const entitySep = "/"
 
 // String is the key as storage (cache/<key>, status/<key>) and the schedule
 // index hold it: "role", or "role/entity".
-func (k credKey) String() string {
-	if k.entity == "" {
-		return k.role
-	}
-	return k.role + entitySep + k.entity
-}
+func (k credKey) String() string { return k.s }
 
 // parseCredKey reads a key's String form (a storage key below cache/ or
 // status/, an index entry): the role is what precedes the first slash, the
-// entity all that follows it.
+// entity all that follows it. A trailing slash names no entity.
 func parseCredKey(s string) credKey {
 	role, entity, _ := strings.Cut(s, entitySep)
-	return credKey{role: role, entity: entity}
+	return entityKey(role, entity)
 }
 
 // entityFolder reports whether a listing entry under cache/ or status/ is

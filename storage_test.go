@@ -12,9 +12,9 @@ func TestCredKeyString(t *testing.T) {
 		same bool // String gives s back
 	}{
 		{"app", roleKey("app"), true},
-		{"app/0f8fad5b-d9cb-469f-a165-70867728950e", credKey{role: "app", entity: "0f8fad5b-d9cb-469f-a165-70867728950e"}, true},
+		{"app/0f8fad5b-d9cb-469f-a165-70867728950e", entityKey("app", "0f8fad5b-d9cb-469f-a165-70867728950e"), true},
 		// Not a Vault entity ID, but kept whole after the first slash.
-		{"app/a/b", credKey{role: "app", entity: "a/b"}, true},
+		{"app/a/b", entityKey("app", "a/b"), true},
 		// An empty entity is the role's own credential.
 		{"app/", roleKey("app"), false},
 		{"", credKey{}, true},

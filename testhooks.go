@@ -5,6 +5,7 @@ package awsresilient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -51,7 +52,18 @@ func (b *backend) wrapStorage(s logical.Storage) logical.Storage {
 	return &hookStorage{Storage: s}
 }
 
-// hookStorage fails the next cacheWriteFailures writes of cache/ entries.
+// hookFailConfigReadsKey, while it exists in the mount's storage, makes
+// every read of config/refresh by the mount's background work fail (set by
+// test/storage-faults fail_refresh_config_reads). It lives in storage, not
+// in memory like the other hooks, because it must outlive the backend: a
+// plugin reload re-creates the backend, and Vault re-launches the plugin
+// process too (seen on 1.19, even with a second mount on that process, and
+// on 1.21), so a new backend, in a new process, starts on storage that
+// fails, as after a real storage fault at mount start.
+const hookFailConfigReadsKey = "test-hooks/fail-refresh-config-reads"
+
+// hookStorage fails the next cacheWriteFailures writes of cache/ entries,
+// and every read of config/refresh while hookFailConfigReadsKey is stored.
 type hookStorage struct {
 	logical.Storage
 	// cacheWriteFailures is the count of cache writes still to fail, set
@@ -87,6 +99,29 @@ func (r *roleListFailing) List(ctx context.Context, prefix string) ([]string, er
 		return nil, errors.New("listing roles failed (injected by test hook)")
 	}
 	return r.Storage.List(ctx, prefix)
+}
+
+// Get fails a read of config/refresh while the stored hook says so: the
+// refresher cannot start (its start and every reconciler pass read it
+// first), while roles, credentials and the scrape's reads work.
+func (h *hookStorage) Get(ctx context.Context, key string) (*logical.StorageEntry, error) {
+	if key == configRefreshPath {
+		fail, err := failConfigReads(ctx, h.Storage)
+		if err != nil {
+			return nil, err
+		}
+		if fail {
+			return nil, errors.New("reading config/refresh failed (injected by test hook)")
+		}
+	}
+	return h.Storage.Get(ctx, key)
+}
+
+// failConfigReads reports whether the hook that fails reads of
+// config/refresh is set in s.
+func failConfigReads(ctx context.Context, s logical.Storage) (bool, error) {
+	e, err := s.Get(ctx, hookFailConfigReadsKey)
+	return e != nil, err
 }
 
 func (h *hookStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
@@ -134,21 +169,26 @@ func pathTestStorageFaults(b *backend) *framework.Path {
 				Type:        framework.TypeBool,
 				Description: "While true, every LIST of roles/ fails (the metrics path answers 500).",
 			},
+			"fail_refresh_config_reads": {
+				Type:        framework.TypeBool,
+				Description: "While true, every read of config/refresh by the mount's background work fails, so a refresher that starts now (after a plugin reload) cannot. Kept in the mount's storage: it outlives the backend and the plugin process.",
+			},
 		},
 		Operations: map[logical.Operation]framework.OperationHandler{
 			logical.ReadOperation: &framework.PathOperation{
 				Callback: b.pathTestStorageFaultsRead,
-				Summary:  "Read how many cache writes are still set to fail.",
+				Summary:  "Read the storage failures set.",
 				Responses: map[int][]framework.Response{
 					http.StatusOK: {{Description: "OK", Fields: map[string]*framework.FieldSchema{
-						"cache_write_failures": {Type: framework.TypeInt, Description: "Cache writes still set to fail.", Required: true},
-						"fail_role_lists":      {Type: framework.TypeBool, Description: "Whether LISTs of roles/ fail.", Required: true},
+						"cache_write_failures":      {Type: framework.TypeInt, Description: "Cache writes still set to fail.", Required: true},
+						"fail_role_lists":           {Type: framework.TypeBool, Description: "Whether LISTs of roles/ fail.", Required: true},
+						"fail_refresh_config_reads": {Type: framework.TypeBool, Description: "Whether the background's reads of config/refresh fail.", Required: true},
 					}}},
 				},
 			},
 			logical.UpdateOperation: &framework.PathOperation{
 				Callback:                    b.pathTestStorageFaultsWrite,
-				Summary:                     "Make the next N cache writes fail.",
+				Summary:                     "Set storage failures: the next N cache writes, LISTs of roles/, reads of config/refresh.",
 				ForwardPerformanceStandby:   true,
 				ForwardPerformanceSecondary: true,
 				Responses: map[int][]framework.Response{
@@ -156,27 +196,33 @@ func pathTestStorageFaults(b *backend) *framework.Path {
 				},
 			},
 		},
-		HelpSynopsis:    "Test hook: inject cache write failures.",
-		HelpDescription: "Present only in a plugin built with -tags testhooks and run with AWS_RESILIENT_TEST_HOOKS=1. Makes the next cache_write_failures cache writes after a successful STS call fail, as a storage error would.",
+		HelpSynopsis:    "Test hook: inject storage failures.",
+		HelpDescription: "Present only in a plugin built with -tags testhooks and run with AWS_RESILIENT_TEST_HOOKS=1. Makes the next cache_write_failures cache writes after a successful STS call fail, as a storage error would; fail_role_lists fails LISTs of roles/; fail_refresh_config_reads fails the background's reads of config/refresh, across plugin reloads.",
 	}
 }
 
-func (b *backend) pathTestStorageFaultsRead(context.Context, *logical.Request, *framework.FieldData) (*logical.Response, error) {
+func (b *backend) pathTestStorageFaultsRead(ctx context.Context, req *logical.Request, _ *framework.FieldData) (*logical.Response, error) {
 	h := b.hooks()
 	if h == nil {
 		return nil, errors.New("the mount's storage is not set up")
 	}
+	failConfig, err := failConfigReads(ctx, req.Storage)
+	if err != nil {
+		return nil, err
+	}
 	return &logical.Response{Data: map[string]interface{}{
-		"cache_write_failures": int(h.cacheWriteFailures.Load()),
-		"fail_role_lists":      h.failRoleLists.Load(),
+		"cache_write_failures":      int(h.cacheWriteFailures.Load()),
+		"fail_role_lists":           h.failRoleLists.Load(),
+		"fail_refresh_config_reads": failConfig,
 	}}, nil
 }
 
-func (b *backend) pathTestStorageFaultsWrite(_ context.Context, _ *logical.Request, data *framework.FieldData) (*logical.Response, error) {
+func (b *backend) pathTestStorageFaultsWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	n, setWrites := data.GetOk("cache_write_failures")
 	fail, setLists := data.GetOk("fail_role_lists")
-	if !setWrites && !setLists {
-		return logical.ErrorResponse("cache_write_failures is required (0 to 1000), or fail_role_lists"), nil
+	failConfig, setConfig := data.GetOk("fail_refresh_config_reads")
+	if !setWrites && !setLists && !setConfig {
+		return logical.ErrorResponse("cache_write_failures is required (0 to 1000), or fail_role_lists, or fail_refresh_config_reads"), nil
 	}
 	if setWrites && (n.(int) < 0 || n.(int) > 1000) {
 		return logical.ErrorResponse("cache_write_failures must be between 0 and 1000; got %d", n.(int)), nil
@@ -184,6 +230,17 @@ func (b *backend) pathTestStorageFaultsWrite(_ context.Context, _ *logical.Reque
 	h := b.hooks()
 	if h == nil {
 		return nil, errors.New("the mount's storage is not set up")
+	}
+	if setConfig {
+		var err error
+		if failConfig.(bool) {
+			err = req.Storage.Put(ctx, &logical.StorageEntry{Key: hookFailConfigReadsKey, Value: []byte("true")})
+		} else {
+			err = req.Storage.Delete(ctx, hookFailConfigReadsKey)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("storing the config/refresh read fault: %w", err)
+		}
 	}
 	if setWrites {
 		h.cacheWriteFailures.Store(int64(n.(int)))

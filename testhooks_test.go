@@ -3,6 +3,7 @@
 package awsresilient
 
 import (
+	"context"
 	"testing"
 
 	"github.com/hashicorp/vault/sdk/logical"
@@ -56,5 +57,38 @@ func TestHooks_StorageFailureThenSuccess(t *testing.T) {
 	wantOneAttemptLost(t, f)
 	if got := mustDo(t, f.b, f.s, logical.ReadOperation, "test/storage-faults", nil).Data["cache_write_failures"]; got != 0 {
 		t.Fatalf("cache_write_failures = %v after use, want 0", got)
+	}
+}
+
+// TestHooks_FailRefreshConfigReadsOutlivesTheBackend: the hook that fails
+// config/refresh reads is kept in storage, so a backend created after it
+// was set (as a plugin reload creates one, in a new process) cannot start
+// its refresher: the scrape answers, with aws_resilient_refresher_running 0.
+// Cleared through the new backend, the reconciler's retry starts it.
+func TestHooks_FailRefreshConfigReadsOutlivesTheBackend(t *testing.T) {
+	f := newFixture(t, fixtureOpts{testHooks: true})
+	f.mustReadCreds(testRole)
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"fail_refresh_config_reads": true})
+	f.b.Cleanup(context.Background())
+
+	g, _ := newTestBackend(t, testOpts{clock: f.clock, rand: randMin, storage: f.s, wrapSTS: f.log.wrap, testHooks: true})
+	if got := mustDo(t, g, f.s, logical.ReadOperation, "test/storage-faults", nil).Data["fail_refresh_config_reads"]; got != true {
+		t.Fatalf("fail_refresh_config_reads = %v on the new backend, want true", got)
+	}
+	f.clock.Advance(maxStartBackoff) // a retry, failing too
+	if g.life.running() {
+		t.Fatal("the refresher started although config/refresh cannot be read")
+	}
+	sc := scrapeMetrics(t, g, f.s, "")
+	sc.want("aws_resilient_refresher_running", nil, 0)
+	sc.want("aws_resilient_roles_defined", nil, 1)
+	// A request's own reads are not the background's: config/refresh reads.
+	mustDo(t, g, f.s, logical.ReadOperation, "config/refresh", nil)
+
+	mustDo(t, g, f.s, logical.UpdateOperation, "test/storage-faults", map[string]interface{}{"fail_refresh_config_reads": false})
+	f.clock.Advance(maxStartBackoff)
+	waitFor(t, "the refresher to start", g.life.running)
+	if _, ok := g.refresher.plannedAt(roleKey(testRole)); !ok {
+		t.Fatal("the refresher started without planning the role")
 	}
 }

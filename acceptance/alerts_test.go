@@ -41,6 +41,15 @@ const alertWait = 2 * time.Minute
 //   - the refresher's plan stopped (test hook): AWSResilientRefresherStuck.
 //   - the scrape answering 500 (test hook: storage LIST fails):
 //     AWSResilientScrapeFailing and AWSResilientMetricsAbsent.
+//   - no refresher: storage fails every read of config/refresh (test hook,
+//     kept in storage) and the mount is reloaded with the runbook's command,
+//     so the new backend's refresher cannot start and the reconciler's
+//     retries fail too: AWSResilientNoRefresher, while the scrape answers
+//     with aws_resilient_refresher_running 0. As both credentials fall due
+//     unrefreshed, no refresh counts as overdue at any look (that series
+//     and AWSResilientRefresherStuck are for a refresher that runs). Once
+//     storage heals, the reconciler's own retry starts the refresher, and
+//     every alert resolves.
 func TestAlertsEndToEnd(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()
@@ -129,13 +138,21 @@ func TestAlertsEndToEnd(t *testing.T) {
 	if le := s.statusOf(t, "team").Str("last_error"); !strings.Contains(le, "RateLimited") {
 		t.Fatalf("status/team last_error %q while starved, want RateLimited", le)
 	}
-	// No cap: raising it would not do, as the slot already granted 100 s
-	// ahead stays granted (ratelimit.SetLimit) and the bucket stays full
-	// until then.
-	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=0", "sts_burst=0")
+	// The runbook's fix: raise sts_rate_limit. It takes effect at once: the
+	// bucket, full of the calls made at one per 100 s, is recounted at the
+	// new rate (ratelimit.SetLimit), so both refreshes get a slot now, not
+	// when the old rate would have drained it.
+	v.CLI(t, "write", mount+"/config/refresh", "sts_rate_limit=10", "sts_burst=5")
 	v.CLI(t, "write", "-f", mount+"/refresh/app")
 	v.CLI(t, "write", "-f", mount+"/refresh/team")
+	raised := time.Now()
 	a.waitResolved("AWSResilientRateLimiterStarving")
+	// Without the recount the roles stay refused until the old rate has
+	// drained the bucket: the alert resolved after 92 s in that build, and
+	// after 2 s in this one. 30 s tells the two apart on a loaded runner.
+	if took := time.Since(raised); took > 30*time.Second {
+		t.Errorf("AWSResilientRateLimiterStarving resolved %v after sts_rate_limit was raised, want within 30s: raising the limit did not free the starved roles", took.Round(time.Second))
+	}
 
 	// 3. The refresher stops starting its cycles: the next due refresh
 	// (20 s after the last one) grows overdue.
@@ -143,9 +160,11 @@ func TestAlertsEndToEnd(t *testing.T) {
 	a.waitFiring("AWSResilientRefresherStuck", "")
 	v.CLI(t, "write", mount+"/test/refresher", "hold_plan=false")
 	a.waitResolved("AWSResilientRefresherStuck")
-	if st := s.statusOf(t, "app"); st.Str("state") != "fresh" {
-		t.Fatalf("status/app after the plan was released: %s", st.Str("state"))
-	}
+	// The overdue cycle has started (the alert resolves as it does); its
+	// attempt goes at a random point of its first 1 s block.
+	vaulttest.WaitFor(t, 10*time.Second, "status/app fresh after the plan was released", func() bool {
+		return s.statusOf(t, "app").Str("state") == "fresh"
+	})
 
 	// 4. The scrape answers 500 (storage cannot list the roles): no series,
 	// and the two rules about the scrape itself fire.
@@ -158,6 +177,107 @@ func TestAlertsEndToEnd(t *testing.T) {
 	v.CLI(t, "write", mount+"/test/storage-faults", "fail_role_lists=false")
 	a.waitResolved("AWSResilientScrapeFailing")
 	a.waitResolved("AWSResilientMetricsAbsent")
+
+	// 5. No refresher: see noRefresher.
+	noRefresher(t, s, prom, a, carol)
+}
+
+// noRefresher is TestAlertsEndToEnd's last step: the refresher cannot start
+// because storage fails at its start, and AWSResilientNoRefresher fires;
+// storage heals, the plugin's own retry starts it, and the alert resolves.
+//
+// The fault must outlive the backend: a reload of the mount re-creates it,
+// and Vault re-launches the plugin process too (seen on 1.19 and 1.21), so
+// the hook keeps it in the mount's storage.
+func noRefresher(t *testing.T, s *stack, prom *vaulttest.Prometheus, a *alertWatch, carol string) {
+	v := s.vault
+	startFailed := regexp.MustCompile(`refresher start failed`)
+	if v.LogMatches(startFailed) {
+		t.Fatal(`Vault's log says "refresher start failed" before any storage fault`)
+	}
+	pids := v.PluginPIDs(t)
+	v.CLI(t, "write", mount+"/test/storage-faults", "fail_refresh_config_reads=true")
+	// The runbook's command (`vault plugin reload -mounts=...` goes to a
+	// path that answers 404 in the root namespace on Vault 1.19 and 1.21).
+	v.CLI(t, "write", "sys/plugins/reload/backend", "mounts="+mount)
+	t.Logf("plugin processes %v before the reload, %v after", pids, v.PluginPIDs(t))
+	if hooks := v.Read(t, mount+"/test/storage-faults"); hooks.Data["fail_refresh_config_reads"] != true {
+		t.Fatalf("after the reload test/storage-faults says %v, want fail_refresh_config_reads true", hooks.Data)
+	}
+	// The scrape answers, and says what is true: no refresher runs, nothing
+	// is scheduled.
+	code, body := getMetrics(t, v, v.RootToken())
+	if code != 200 {
+		t.Fatalf("metrics while the refresher cannot start: HTTP %d, want 200", code)
+	}
+	fams := parseExposition(t, body)
+	wantGauge(t, fams, "aws_resilient_refresher_running", ``, 0)
+	wantGauge(t, fams, "aws_resilient_roles_scheduled", ``, 0)
+	a.waitFiring("AWSResilientNoRefresher", "")
+	if !v.LogMatches(startFailed) {
+		t.Fatal(`AWSResilientNoRefresher fires but Vault's log has no "refresher start failed", which its runbook says to look for`)
+	}
+	// Reads are served from the cache meanwhile; carol's loads her entity
+	// credential into the new backend's memory.
+	app := s.readCreds(t, "app")
+	team := s.readCredsAs(t, carol, "team")
+
+	// Both fall due (20 s before expiry, plus up to 2 s) and stay
+	// unrefreshed for more than two retry windows (4 s): a running
+	// refresher this late would count them in
+	// aws_resilient_refresh_overdue_seconds, the series behind
+	// AWSResilientRefresherStuck. None runs, and nothing is stuck: at
+	// every look AWSResilientNoRefresher fires, the overdue series is 0,
+	// and AWSResilientRefresherStuck is neither pending nor firing. (That
+	// alert's threshold here is the default retry window's, 2 × 30 s: the
+	// node could not read config/refresh's 2 s. The series is what tells.)
+	until := app.Expiration
+	if team.Expiration.After(until) {
+		until = team.Expiration
+	}
+	until = until.Add(-8 * time.Second)
+	looks := 0
+	vaulttest.WaitFor(t, alertWait, "both credentials to be overdue by more than two retry windows", func() bool {
+		looks++
+		if got := prom.Query(t, `aws_resilient_refresh_overdue_seconds`); len(got) != 1 || got[0].Value != 0 {
+			t.Fatalf("aws_resilient_refresh_overdue_seconds = %v in Prometheus while no refresher runs, want 0", got)
+		}
+		for _, al := range prom.Alerts(t) {
+			if al.Labels["alertname"] == "AWSResilientRefresherStuck" {
+				t.Fatalf("AWSResilientRefresherStuck is %s while no refresher runs; alerts: %v", al.State, a.firing())
+			}
+		}
+		if !a.is("AWSResilientNoRefresher", "", "firing") {
+			t.Fatalf("AWSResilientNoRefresher stopped firing while no refresher runs; alerts: %v", a.firing())
+		}
+		return time.Now().After(until)
+	})
+	t.Logf("AWSResilientNoRefresher fired, and no refresh counted overdue, at each of %d looks", looks)
+	for query, want := range map[string]float64{
+		`aws_resilient_refresher_running`: 0,
+		`aws_resilient_roles_scheduled`:   0,
+	} {
+		if got := prom.Query(t, query); len(got) != 1 || got[0].Value != want {
+			t.Fatalf("%s = %v in Prometheus while no refresher runs, want %v", query, got, want)
+		}
+	}
+	if st := s.statusOf(t, "app"); st.Str("next_refresh") != "" || st.Str("state") == "fresh" {
+		t.Fatalf("status/app claims a refresh is scheduled (state %s, next_refresh %q) while no refresher runs",
+			st.Str("state"), st.Str("next_refresh"))
+	}
+
+	// Storage heals: the reconciler's next retry (at most a minute of
+	// backoff away) starts the refresher, which refreshes both at once.
+	v.CLI(t, "write", mount+"/test/storage-faults", "fail_refresh_config_reads=false")
+	a.waitResolved("AWSResilientNoRefresher")
+	vaulttest.WaitFor(t, alertWait, "aws_resilient_refresher_running 1", func() bool {
+		got := prom.Query(t, `aws_resilient_refresher_running`)
+		return len(got) == 1 && got[0].Value == 1
+	})
+	vaulttest.WaitFor(t, alertWait, "app and team fresh", func() bool {
+		return s.statusOf(t, "app").Str("state") == "fresh" && s.statusOf(t, "team").Str("state") == "fresh"
+	})
+	vaulttest.WaitFor(t, alertWait, "every alert to resolve", func() bool { return len(a.firing()) == 0 })
 }
 
 // startAlertingPrometheus starts Prometheus scraping v's metrics path every

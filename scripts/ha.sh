@@ -267,7 +267,7 @@ for n in "${nodes[@]}"; do
 	cp "$work/$plugin_bin" "$work/node$n/plugins/$plugin_bin"
 done
 v 1 plugin register -sha256="$sha" -version="$version" -command="$plugin_bin" secret "$plugin_name"
-v 1 secrets enable -path="$plugin_name" -plugin-version="$version" "$plugin_name"
+v 1 secrets enable -path="$plugin_name" -plugin-version="$version" -allowed-response-headers=Retry-After "$plugin_name"
 v 1 write "$plugin_name/config/root" access_key="$sts_access_key" secret_key="$sts_secret_key" \
 	region=us-east-1 sts_endpoint="$sts_url" >/dev/null
 v 1 write "$plugin_name/config/refresh" refresh_fraction="$refresh_fraction" retry_window=6s max_retries=3

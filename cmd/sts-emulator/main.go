@@ -94,7 +94,10 @@ IAM:
   IAM's eventual consistency: -iam-propagation refuses a new key entirely
   for a while; then -iam-inconsistency refuses it in some calls only (each
   with probability -iam-inconsistency-refusal, drawn from -seed per key, so
-  a seeded run refuses the same calls); -iam-revocation keeps a deleted key
+  a seeded run refuses the same calls); -iam-refuse-first N makes that
+  certain: the first N calls issuing credentials with each new key are
+  refused, whenever they come, while GetCallerIdentity (a rotation's
+  verification) and IAM accept it; -iam-revocation keeps a deleted key
   signing for a while although it is no longer listed.
 
 Fault plans (-faults), comma-separated items:
@@ -121,7 +124,8 @@ Control API (JSON, unsigned, loopback clients only):
   POST /_emulator/reset               clear stats and calls
   GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny",
                                        "iam_propagation","iam_inconsistency","iam_inconsistency_refusal",
-                                       "iam_revocation","partition" (read only),"iam_region" (read only)};
+                                       "iam_revocation","iam_refuse_first","partition" (read only),
+                                       "iam_region" (read only)};
                                        POST applies only the fields sent
   GET|POST /_emulator/listeners       [{"addr","url","state"}]; POST {"addr":"127.0.0.1:8600","state":S}
                                        sets a listener's state S: up, refused (connections refused,
@@ -132,7 +136,8 @@ Control API (JSON, unsigned, loopback clients only):
                                        "actions":["iam:*"]}
   GET  /_emulator/iam/users           [{"user_name","user_id","arn","path","create_date",
                                         "access_keys":[{"access_key_id","status","create_date",
-                                                        "usable_at","usable"}]}]; never a secret
+                                                        "usable_at","usable","settled_at",
+                                                        "refusals_left"}]}]; never a secret
 
 Listeners:
   -also-listen adds listeners that share everything (IAM users and keys,
@@ -180,6 +185,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.cfg.IAMWindows.Inconsistency, "iam-inconsistency", 0, "how long after propagating a new key is still refused by some STS and IAM calls (each with probability -iam-inconsistency-refusal, drawn from -seed)")
 	fs.Float64Var(&o.cfg.IAMWindows.Refusal, "iam-inconsistency-refusal", 0, "probability that a call in the -iam-inconsistency window refuses the new key (0 = 0.5)")
 	fs.DurationVar(&o.cfg.IAMWindows.Revocation, "iam-revocation", 0, "how long a deleted key still signs STS and IAM calls (it is unlisted at once)")
+	fs.IntVar(&o.cfg.IAMWindows.RefuseFirst, "iam-refuse-first", 0, "refuse (InvalidClientTokenId) the first `N` AssumeRole, GetSessionToken and GetFederationToken calls signed with each new key once it propagated, whenever they come; GetCallerIdentity and IAM calls accept it")
 	fs.Uint64Var(&o.cfg.Seed, "seed", 0, "seed of the random draws (probabilistic faults, latency, -iam-inconsistency); 0 = random")
 	fs.StringVar(&o.cfg.Partition, "partition", stsemu.DefaultPartition, "AWS `partition` played: aws, aws-us-gov or aws-cn (ARNs name it; IAM calls must be signed for us-east-1, us-gov-west-1 or cn-north-1)")
 	fs.DurationVar(&o.cfg.MaxLifetime, "max-lifetime", stsemu.DefaultMaxLifetime, "cap on the lifetime of issued credentials; they expire at min(DurationSeconds, this)")
@@ -224,6 +230,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usageError{fmt.Errorf("-iam-inconsistency-refusal: %v is not a probability in [0, 1]", o.cfg.IAMWindows.Refusal)}
 	case o.cfg.IAMWindows.Revocation < 0:
 		return o, usageError{fmt.Errorf("-iam-revocation: negative %s", o.cfg.IAMWindows.Revocation)}
+	case o.cfg.IAMWindows.RefuseFirst < 0:
+		return o, usageError{fmt.Errorf("-iam-refuse-first: negative %d", o.cfg.IAMWindows.RefuseFirst)}
 	case o.cfg.IAMPropagation < 0:
 		return o, usageError{fmt.Errorf("-iam-propagation: negative %s", o.cfg.IAMPropagation)}
 	case partitionErr(o.cfg.Partition) != nil:

@@ -45,12 +45,13 @@ func TestParseFlags(t *testing.T) {
 			"-max-lifetime", "30s", "-rate", "2.5", "-burst", "4", "-latency", "10ms-50ms",
 			"-faults", "Throttling:2,reset=0.5,hang=1s,match=app", "-deny", "bad-*, arn:aws:iam::*:role/x", "-quiet",
 			"-iam-inconsistency", "3s", "-iam-inconsistency-refusal", "0.25", "-iam-revocation", "2s", "-seed", "9", "-partition", "aws-us-gov",
+			"-iam-refuse-first", "3",
 		}, check: func(t *testing.T, o options) {
 			want := options{listen: "127.0.0.1:0", quiet: true, cfg: stsemu.Config{
 				Account: "210987654321", AccessKey: "AKIAOTHER", SecretKey: "s3cr3t", MaxLifetime: 30 * time.Second,
 				Rate: 2.5, Burst: 4, LatencyMin: 10 * time.Millisecond, LatencyMax: 50 * time.Millisecond,
 				Deny:       []string{"bad-*", "arn:aws:iam::*:role/x"},
-				IAMWindows: stsemu.IAMWindows{Inconsistency: 3 * time.Second, Refusal: 0.25, Revocation: 2 * time.Second},
+				IAMWindows: stsemu.IAMWindows{Inconsistency: 3 * time.Second, Refusal: 0.25, Revocation: 2 * time.Second, RefuseFirst: 3},
 				Seed:       9, Partition: "aws-us-gov",
 			}, faults: stsemu.FaultPlan{
 				Sequence:    []stsemu.FaultStep{{Fault: stsemu.FaultThrottling, Count: 2}},
@@ -82,6 +83,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "unknown partition", args: []string{"-partition", "aws-iso"}, wantErr: true},
 		{name: "refusal above 1", args: []string{"-iam-inconsistency-refusal", "1.5"}, wantErr: true},
 		{name: "negative revocation", args: []string{"-iam-revocation", "-1s"}, wantErr: true},
+		{name: "negative refuse-first", args: []string{"-iam-refuse-first", "-1"}, wantErr: true},
 		{name: "negative rate", args: []string{"-rate", "-1"}, wantErr: true},
 		{name: "zero max lifetime", args: []string{"-max-lifetime", "0s"}, wantErr: true},
 		{name: "unknown flag", args: []string{"-nope"}, wantErr: true},

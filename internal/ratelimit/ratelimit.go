@@ -36,7 +36,14 @@
 //     or be refused at no cost. A caller that states no urgency neither
 //     takes a slot over nor loses one: it is first come, first served, as
 //     before. A holder that Used or Released its slot never loses it.
-//   - Slots already granted stay granted when the limit changes.
+//   - Slots already granted stay granted when the limit changes, and what
+//     they owe the bucket is carried over at the new rate: the backlog
+//     (slots granted ahead of now) is counted in calls and spaced at the
+//     new interval from now, after the last slot granted (SetLimit).
+//     Raising the rate thus frees slots at once for callers the old rate
+//     starved (the bucket is full of calls already made, not of slots to
+//     come), instead of when the old rate would have drained it; lowering
+//     it keeps the calls already promised from counting for less.
 //   - A slot is a promise made before the call; calls that reach their slots
 //     late are spaced out again by a second bucket of the same rate and
 //     burst, taken at the moment of the call (Pace).
@@ -48,6 +55,8 @@
 package ratelimit
 
 import (
+	"math"
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -75,6 +84,10 @@ type Limiter struct {
 	tat time.Time
 	// callTat is tat for the calls as made (Pace).
 	callTat time.Time
+	// last is the latest slot granted by the reservations' bucket: a
+	// change of the limit lets no new slots in among the ones granted at
+	// the old rate (SetLimit).
+	last time.Time
 	// holds are the granted slots still to come that a more urgent caller
 	// may take over.
 	holds holdSet
@@ -83,15 +96,21 @@ type Limiter struct {
 // New returns a limiter of rate calls per second (0 means no cap) and burst.
 func New(rate float64, burst int) *Limiter {
 	l := &Limiter{}
-	l.SetLimit(rate, burst)
+	l.SetLimit(time.Time{}, rate, burst)
 	return l
 }
 
-// SetLimit changes the rate (calls per second; 0 means no cap) and burst.
-// Slots already granted stay granted, and so do their holders.
-func (l *Limiter) SetLimit(rate float64, burst int) {
+// SetLimit changes the rate (calls per second; 0 means no cap) and burst at
+// now. Slots already granted stay granted; when both the old and the new
+// limit have a cap, the backlog of the two buckets (their theoretical
+// arrival times ahead of now) is rescaled from the old interval to the
+// new one, rounded up to the nanosecond, so the calls granted or made ahead
+// of now are owed at the new rate; and the bucket empties no earlier than a
+// new interval after the last slot granted at the old rate.
+func (l *Limiter) SetLimit(now time.Time, rate float64, burst int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	from := l.interval
 	if rate <= 0 {
 		l.interval = 0
 	} else {
@@ -103,6 +122,41 @@ func (l *Limiter) SetLimit(rate float64, burst int) {
 	// The plugin's config validation requires a burst of at least 1 with a
 	// rate; the floor only guards against a zero-value limiter.
 	l.burst = int64(max(burst, 1))
+	if from > 0 && l.interval > 0 && from != l.interval {
+		l.tat = rescale(l.tat, now, from, l.interval)
+		l.callTat = rescale(l.callTat, now, from, l.interval)
+		// Slots granted at the old rate stay where they are: the bucket
+		// empties no earlier than a new interval after the last of them,
+		// so new slots do not fill in among them (no window holds the old
+		// slots and a new rate's worth of new ones besides).
+		if after := l.last.Add(l.interval); l.tat.Before(after) {
+			l.tat = after
+		}
+	}
+}
+
+// rescale returns the theoretical arrival time tat, of a bucket whose
+// calls cost from each, for calls costing to: the backlog tat-now is
+// (tat-now)/from calls, spaced at to from now, rounded up. A tat not after
+// now has no backlog and stays. The product is taken in 128 bits: a backlog
+// of hours at a rate of a call a minute overflows 64.
+func rescale(tat, now time.Time, from, to time.Duration) time.Time {
+	if !tat.After(now) {
+		return tat
+	}
+	backlog := uint64(tat.Sub(now))
+	calls, rem := backlog/uint64(from), backlog%uint64(from)
+	hi, lo := bits.Mul64(rem, uint64(to))
+	part, r := bits.Div64(hi, lo, uint64(from)) // hi < from since rem < from
+	if r != 0 {
+		part++
+	}
+	hiC, loC := bits.Mul64(calls, uint64(to))
+	d := loC + part
+	if hiC != 0 || d < loC || d > math.MaxInt64 {
+		return now.Add(math.MaxInt64) // beyond any deadline: nothing more is granted
+	}
+	return now.Add(time.Duration(d))
 }
 
 // Priority says how a call ranks when callers compete for slots.
@@ -254,6 +308,9 @@ func (l *Limiter) ReserveRequest(now time.Time, r Request) (Reservation, bool) {
 		return l.takeOver(r)
 	}
 	l.tat = next
+	if at.After(l.last) {
+		l.last = at
+	}
 	res := Reservation{at: at}
 	if r.Priority == Deadline && !r.Urgency.IsZero() && at.After(now) {
 		// A slot at now is reached as it is granted: nobody takes it.

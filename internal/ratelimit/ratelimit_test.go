@@ -248,17 +248,71 @@ func TestLimiter_ChangeLimit(t *testing.T) {
 	if at, _ := l.Reserve(t0, far); !at.Equal(t0.Add(time.Second)) {
 		t.Fatalf("second slot at t0%+v, want t0+1s", at.Sub(t0))
 	}
-	l.SetLimit(0, 0)
+	l.SetLimit(t0, 0, 0)
 	if at, _ := l.Reserve(t0, far); !at.Equal(t0) {
 		t.Fatalf("uncapped slot at t0%+v, want t0", at.Sub(t0))
 	}
-	l.SetLimit(2, 1)
+	l.SetLimit(t0, 2, 1)
 	// Slots already granted stay granted: the bucket is busy until t0+2s.
 	if at, _ := l.Reserve(t0, far); !at.Equal(t0.Add(2 * time.Second)) {
 		t.Fatalf("slot after the change at t0%+v, want t0+2s", at.Sub(t0))
 	}
 	if at, _ := l.Reserve(t0, far); !at.Equal(t0.Add(2*time.Second + 500*time.Millisecond)) {
 		t.Fatalf("next slot at t0%+v, want t0+2.5s", at.Sub(t0))
+	}
+}
+
+// TestLimiter_ChangeLimitRescalesTheBacklog: slots granted ahead of now are
+// owed at the new rate. Raising the rate frees a slot at once for a caller
+// the old rate starved (the runbook's advice for a starved limiter), and
+// lowering it keeps the calls already promised from counting for less.
+func TestLimiter_ChangeLimitRescalesTheBacklog(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		rate                 float64
+		burst, granted       int
+		change               time.Duration // after t0
+		newRate              float64
+		newBurst             int
+		wantNext, wantCalled time.Duration // the next slot, the next call as made (Pace), after t0
+	}{
+		// One call per 100 s, one granted and made at t0: the bucket owes
+		// 99 s at t0+1s, 0.99 calls, 99 ms at 10/s.
+		{"raise, a call made", 0.01, 1, 1, time.Second, 10, 1, time.Second + 99*time.Millisecond, time.Second + 99*time.Millisecond},
+		// Two granted (t0, t0+100s): the new slots come after the last
+		// one granted at the old rate, not in among the old ones.
+		{"raise, a slot to come", 0.01, 1, 2, time.Second, 10, 1, 100*time.Second + 100*time.Millisecond, time.Second + 99*time.Millisecond},
+		// Ten calls granted in the first second at 10/s: at 1/s they are
+		// owed ten seconds; one made at t0 is owed one.
+		{"lower", 10, 1, 10, 0, 1, 1, 10 * time.Second, time.Second},
+		// The bucket empties one new interval after the last slot granted
+		// (t0+4.5s), and a burst lets the next slot come burst-1 intervals
+		// before that.
+		{"raise with burst", 1, 1, 5, 0, 2, 3, 3500 * time.Millisecond, 0},
+		// The same interval: nothing is rescaled; the burst applies.
+		{"burst only", 1, 1, 3, 0, 1, 2, 2 * time.Second, 0},
+		// Hours of backlog at a call a minute, then ten a second: no
+		// overflow; after the last slot granted (t0+120 min).
+		{"long backlog", 1.0 / 60, 1, 121, 0, 10, 1, 120*time.Minute + 100*time.Millisecond, 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			far := t0.Add(1000 * time.Hour)
+			l := New(tc.rate, tc.burst)
+			for range tc.granted {
+				if _, ok := l.Reserve(t0, far); !ok {
+					t.Fatal("refused before the change")
+				}
+			}
+			l.Pace(t0) // one call made at t0
+			now := t0.Add(tc.change)
+			l.SetLimit(now, tc.newRate, tc.newBurst)
+			if got := l.NextFree(now).Sub(t0); got != tc.wantNext {
+				t.Errorf("next free slot at t0+%v, want t0+%v", got, tc.wantNext)
+			}
+			if got := l.Pace(now).Sub(t0); got != max(tc.wantCalled, tc.change) {
+				t.Errorf("next call as made at t0+%v, want t0+%v", got, max(tc.wantCalled, tc.change))
+			}
+		})
 	}
 }
 
@@ -361,5 +415,63 @@ func TestLimiter_HugeRateStillCaps(t *testing.T) {
 	}
 	if got := New(0, 3).Capacity(time.Microsecond); got != int(^uint(0)>>1) {
 		t.Errorf("rate 0: Capacity = %d, want no cap", got)
+	}
+}
+
+// TestLimiter_WindowsAcrossLimitChanges: a seeded herd reserves while the
+// limit is changed at random moments, up and down, rate and burst. At each
+// change, the slots granted after it keep to the new limit alone, and with
+// every slot still to come at that moment they keep to the larger of the
+// two limits: a raised rate frees slots, but never lets new ones crowd in
+// among the old ones.
+func TestLimiter_WindowsAcrossLimitChanges(t *testing.T) {
+	type limit struct {
+		rate  float64
+		burst int
+	}
+	for seed := uint64(1); seed <= 8; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+			pick := func() limit { return limit{[]float64{1, 2, 5, 10, 20}[r.IntN(5)], 1 + r.IntN(6)} }
+			cur := pick()
+			l := New(cur.rate, cur.burst)
+			var slots []time.Time
+			now := t0
+			changes := 0
+			for i := 0; i < 3000; i++ {
+				now = now.Add(time.Duration(r.Int64N(int64(30 * time.Millisecond))))
+				if i%500 == 499 {
+					next := pick()
+					var ahead []time.Time // granted, still to come
+					for _, s := range slots {
+						if s.After(now) {
+							ahead = append(ahead, s)
+						}
+					}
+					l.SetLimit(now, next.rate, next.burst)
+					changes++
+					var granted []time.Time
+					for range 200 {
+						if at, ok := l.Reserve(now, now.Add(time.Hour)); ok {
+							granted = append(granted, at)
+						}
+					}
+					// The new limit alone: what it grants, with the slots
+					// it inherited still to come.
+					ratelimittest.CheckWindows(t, append(ahead, granted...), max(next.rate, cur.rate), max(next.burst, cur.burst))
+					ratelimittest.CheckWindows(t, granted, next.rate, next.burst)
+					slots = append(slots, granted...)
+					now = slots[len(slots)-1]
+					cur = next
+					continue
+				}
+				if at, ok := l.Reserve(now, now.Add(time.Duration(r.Int64N(int64(3*time.Second))))); ok {
+					slots = append(slots, at)
+				}
+			}
+			if changes < 5 || len(slots) < 1000 {
+				t.Fatalf("%d changes, %d slots: the test shows nothing", changes, len(slots))
+			}
+		})
 	}
 }

@@ -194,7 +194,7 @@ func TestLimiter_BoundUnderTakeovers(t *testing.T) {
 			for step := 0; step < 4000; step++ {
 				now = now.Add(time.Duration(r.Int64N(int64(20 * time.Millisecond))))
 				if step == 2000 {
-					l.SetLimit(tc.rate*2, tc.burst+3)
+					l.SetLimit(now, tc.rate*2, tc.burst+3)
 					changed = true
 				}
 				for _, c := range cs {

@@ -24,6 +24,7 @@ type ConfigView struct {
 	IAMInconsistency        string  `json:"iam_inconsistency"`
 	IAMInconsistencyRefusal float64 `json:"iam_inconsistency_refusal"`
 	IAMRevocation           string  `json:"iam_revocation"`
+	IAMRefuseFirst          int     `json:"iam_refuse_first"`
 	Partition               string  `json:"partition"`
 	IAMRegion               string  `json:"iam_region"`
 }
@@ -42,6 +43,7 @@ type configUpdate struct {
 	IAMInconsistency        *string  `json:"iam_inconsistency"`
 	IAMInconsistencyRefusal *float64 `json:"iam_inconsistency_refusal"`
 	IAMRevocation           *string  `json:"iam_revocation"`
+	IAMRefuseFirst          *int     `json:"iam_refuse_first"`
 }
 
 // ConfigView returns the current runtime settings.
@@ -54,6 +56,7 @@ func (e *Emulator) ConfigView() ConfigView {
 		IAMInconsistency:        w.Inconsistency.String(),
 		IAMInconsistencyRefusal: w.Refusal,
 		IAMRevocation:           w.Revocation.String(),
+		IAMRefuseFirst:          w.RefuseFirst,
 		Partition:               e.partition.Name,
 		IAMRegion:               e.partition.IAMRegion,
 		Rate:                    e.rateLimit,
@@ -209,6 +212,9 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	if r := u.IAMInconsistencyRefusal; r != nil && (*r < 0 || *r > 1) {
 		return fmt.Errorf("iam_inconsistency_refusal: %v is not a probability in [0, 1]", *r)
 	}
+	if n := u.IAMRefuseFirst; n != nil && *n < 0 {
+		return fmt.Errorf("iam_refuse_first: negative %d", *n)
+	}
 	if u.Rate != nil && *u.Rate < 0 {
 		return fmt.Errorf("rate: negative %v", *u.Rate)
 	}
@@ -247,7 +253,7 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	if u.IAMPropagation != nil {
 		e.iam.setPropagation(propagation)
 	}
-	if u.IAMInconsistency != nil || u.IAMInconsistencyRefusal != nil || u.IAMRevocation != nil {
+	if u.IAMInconsistency != nil || u.IAMInconsistencyRefusal != nil || u.IAMRevocation != nil || u.IAMRefuseFirst != nil {
 		w := e.iam.getWindows()
 		if u.IAMInconsistency != nil {
 			w.Inconsistency = inconsistency
@@ -257,6 +263,9 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 		}
 		if u.IAMRevocation != nil {
 			w.Revocation = revocation
+		}
+		if u.IAMRefuseFirst != nil {
+			w.RefuseFirst = *u.IAMRefuseFirst
 		}
 		e.iam.setWindows(w)
 	}

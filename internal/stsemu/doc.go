@@ -96,6 +96,14 @@
 //     hash of Seed, the key's ordinal and its use count, so a seeded
 //     emulator refuses the same calls of each key), as when some of IAM's
 //     endpoints have not seen the key yet;
+//   - Config.IAMWindows.RefuseFirst is the same inconsistency made
+//     certain: the first N AssumeRole, GetSessionToken and
+//     GetFederationToken calls signed with each new key that would
+//     otherwise be served (well signed, past the propagation delay) are
+//     refused with InvalidClientTokenId, whenever they come, while
+//     GetCallerIdentity and IAM calls accept the key and do not count, as
+//     when the endpoint that verified the key has seen it and the one
+//     serving credentials has not; the configured key is never refused;
 //   - for Config.IAMWindows.Revocation after DeleteAccessKey the deleted key
 //     still signs STS and IAM calls, although it is no longer listed nor
 //     counted against the quota, as a deleted key "may keep working for a
@@ -124,7 +132,8 @@
 // lists users and keys (GET /_emulator/iam/users, never a secret) and sets
 // the propagation delay and the windows (POST /_emulator/config
 // {"iam_propagation": "5s", "iam_inconsistency": "10s",
-// "iam_inconsistency_refusal": 0.5, "iam_revocation": "5s"}).
+// "iam_inconsistency_refusal": 0.5, "iam_revocation": "5s",
+// "iam_refuse_first": 3}).
 //
 // # Partitions
 //

@@ -575,6 +575,11 @@ func (e *Emulator) serveAction(r *http.Request, body []byte, params url.Values, 
 			return rep
 		}
 	}
+	if issuingActions[action] && caller.kind == kindUser && e.iam.refuseIssue(caller.accessKeyID) {
+		// IAMWindows.RefuseFirst: checked once the call is known to be
+		// well signed, so that only calls STS would serve are counted.
+		return a.errorReply(reqID, invalidToken())
+	}
 	out, ae := handler(e, &call{params: params, caller: caller, now: now, set: s})
 	if ae != nil {
 		return a.errorReply(reqID, ae)
@@ -637,6 +642,10 @@ func (e *Emulator) wait(ctx context.Context, d time.Duration) bool {
 // has neither, and GetFederationToken's Name names a federated user, not a
 // session.
 var sessionActions = map[string]bool{"AssumeRole": true}
+
+// issuingActions are the STS actions that issue credentials, which
+// IAMWindows.RefuseFirst refuses.
+var issuingActions = map[string]bool{"AssumeRole": true, "GetSessionToken": true, "GetFederationToken": true}
 
 // finish records the call c and logs one line about it.
 func (e *Emulator) finish(c Call, started time.Time, status int) {

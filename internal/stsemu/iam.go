@@ -59,6 +59,9 @@ type IAMAccessKey struct {
 	// Config.IAMInconsistency): from UsableAt until then, some calls with
 	// it are refused. Equal to UsableAt without a window.
 	SettledAt time.Time `json:"settled_at"`
+	// RefusalsLeft is how many of the key's next credential-issuing calls
+	// are still to be refused (see IAMWindows.RefuseFirst).
+	RefusalsLeft int `json:"refusals_left"`
 }
 
 // iamUser is a user of the directory. Its fields other than keys never change.
@@ -86,6 +89,9 @@ type iamKey struct {
 	refusal   float64
 	seed      uint64
 	uses      uint64
+	// refuseLeft counts down the calls issuing credentials that are still
+	// to be refused (IAMWindows.RefuseFirst); refuseIssue decrements it.
+	refuseLeft int
 	// deadAt is set when the key is deleted: it is no longer listed nor
 	// counted, but it still authenticates until deadAt (the revocation
 	// delay in force at the deletion), as a deleted key "may keep working
@@ -157,10 +163,21 @@ type IAMWindows struct {
 	Refusal       float64
 	// Revocation is how long a deleted key still authenticates.
 	Revocation time.Duration
+	// RefuseFirst is the deterministic model of the same inconsistency:
+	// the first RefuseFirst calls issuing credentials (AssumeRole,
+	// GetSessionToken, GetFederationToken) signed with a new key that
+	// would otherwise be served are refused with InvalidClientTokenId,
+	// whenever they come after its propagation. GetCallerIdentity and IAM
+	// calls are neither refused nor counted: the endpoint that verified
+	// the key has seen it, the one serving credentials has not yet. A
+	// test that must meet the refusals (a rotation's fallback to its old
+	// key) gets them on its first calls, however the timing falls.
+	RefuseFirst int
 }
 
 func (w IAMWindows) normalised() IAMWindows {
 	w.Inconsistency, w.Revocation = max(w.Inconsistency, 0), max(w.Revocation, 0)
+	w.RefuseFirst = max(w.RefuseFirst, 0)
 	if w.Inconsistency > 0 && w.Refusal <= 0 {
 		w.Refusal = 0.5
 	}
@@ -205,6 +222,20 @@ func (d *iamDirectory) signingKey(id string, now time.Time) (p principal, secret
 	}
 	u := k.user
 	return principal{kind: kindUser, arn: u.arn, userID: u.id, accessKeyID: k.id, userName: u.name}, k.secret, true
+}
+
+// refuseIssue reports whether a call issuing credentials, signed with the
+// long-term key id and authenticated, is refused by the key's RefuseFirst
+// count, and counts it when it is.
+func (d *iamDirectory) refuseIssue(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := d.keys[id]
+	if k == nil || k.refuseLeft <= 0 {
+		return false
+	}
+	k.refuseLeft--
+	return true
 }
 
 // owner returns the user a key id belongs to, whatever its status, for
@@ -260,6 +291,7 @@ func (d *iamDirectory) view(now time.Time) []IAMUser {
 			}
 			v.AccessKeys = append(v.AccessKeys, IAMAccessKey{
 				AccessKeyID: k.id, Status: k.status, CreateDate: k.created, UsableAt: usableAt, Usable: k.signs(now), SettledAt: settledAt,
+				RefusalsLeft: k.refuseLeft,
 			})
 		}
 		out = append(out, v)

@@ -224,7 +224,7 @@ func (e *Emulator) createAccessKey(c *call) (any, *apiError) {
 		id: d.newLongTermKeyID(), secret: newSecretKey(), status: keyActive,
 		created: c.now, usableAt: usableAt, user: u,
 		settledAt: usableAt.Add(d.windows.Inconsistency), refusal: d.windows.Refusal,
-		seed: splitmix64(d.seed ^ d.made),
+		seed: splitmix64(d.seed ^ d.made), refuseLeft: d.windows.RefuseFirst,
 	}
 	u.keys = append(u.keys, k)
 	d.keys[k.id] = k

@@ -178,3 +178,124 @@ func postJSON(t *testing.T, e *Emulator, path, body string, want int, out any) {
 		}
 	}
 }
+
+// issuing returns, for n AssumeRole calls signed with the key, which were
+// served ('+') and which refused with InvalidClientTokenId ('-').
+func issuing(t *testing.T, e *Emulator, id, secret string, n int) string {
+	t.Helper()
+	var out []byte
+	c := newClient(e, id, secret, "")
+	for range n {
+		_, err := c.AssumeRole(ctx, assumeInput("app"))
+		switch code := errorCode(err); {
+		case err == nil:
+			out = append(out, '+')
+		case code == "InvalidClientTokenId":
+			out = append(out, '-')
+		default:
+			t.Fatalf("AssumeRole: %v", err)
+		}
+	}
+	return string(out)
+}
+
+// refusalsLeft is the key's refusals_left in the control API's view.
+func refusalsLeft(t *testing.T, e *Emulator, id string) int {
+	t.Helper()
+	for _, u := range e.IAMUsers() {
+		for _, k := range u.AccessKeys {
+			if k.AccessKeyID == id {
+				return k.RefusalsLeft
+			}
+		}
+	}
+	t.Fatalf("no key %s", id)
+	return 0
+}
+
+// TestIAMRefuseFirst: with RefuseFirst 3, the first three calls issuing
+// credentials with a new key, once it propagated, are refused whenever they
+// come, whichever of the three actions they are; calls refused for another
+// reason (not propagated yet, a bad signature) and GetCallerIdentity do
+// not count; the configured key and keys made without the setting are
+// never refused; the control API sets and shows it.
+func TestIAMRefuseFirst(t *testing.T) {
+	clock := newFakeClock()
+	e := startEmulator(t, Config{Now: clock.Now, SigningNow: time.Now, IAMPropagation: time.Second,
+		IAMWindows: IAMWindows{RefuseFirst: 3}})
+	id, secret := createKey(t, e)
+	if got := issuing(t, e, id, secret, 2); got != "--" {
+		t.Fatalf("before propagation: %s, want refused", got)
+	}
+	if n := refusalsLeft(t, e, id); n != 3 {
+		t.Fatalf("propagation's refusals counted: %d left, want 3", n)
+	}
+	clock.Advance(time.Hour) // long past any window: the count has no end in time
+	if got := acceptance(t, e, id, secret, 2); got != "++" {
+		t.Errorf("GetCallerIdentity: %s, want accepted (a rotation's verification passes)", got)
+	}
+	_, err := newClient(e, id, "not-the-secret", "").AssumeRole(ctx, assumeInput("app"))
+	if errorCode(err) != "SignatureDoesNotMatch" {
+		t.Errorf("a mis-signed AssumeRole: %v, want SignatureDoesNotMatch", err)
+	}
+	if n := refusalsLeft(t, e, id); n != 3 {
+		t.Fatalf("after GetCallerIdentity and a bad signature %d refusals left, want 3", n)
+	}
+
+	c := newClient(e, id, secret, "")
+	_, err = c.GetSessionToken(ctx, &sts.GetSessionTokenInput{})
+	if errorCode(err) != "InvalidClientTokenId" {
+		t.Errorf("first GetSessionToken: %v, want InvalidClientTokenId", err)
+	}
+	_, err = c.GetFederationToken(ctx, &sts.GetFederationTokenInput{Name: aws.String("fed")})
+	if errorCode(err) != "InvalidClientTokenId" {
+		t.Errorf("first GetFederationToken: %v, want InvalidClientTokenId", err)
+	}
+	if got := issuing(t, e, id, secret, 3); got != "-++" {
+		t.Errorf("AssumeRole after two refusals: %s, want the third refused, then served", got)
+	}
+	if _, err := c.GetSessionToken(ctx, &sts.GetSessionTokenInput{}); err != nil {
+		t.Errorf("GetSessionToken after the refusals: %v", err)
+	}
+	if n := refusalsLeft(t, e, id); n != 0 {
+		t.Errorf("%d refusals left, want 0", n)
+	}
+	var refused int
+	for _, call := range e.Calls() {
+		if call.AccessKeyID == id && call.Outcome == "InvalidClientTokenId" && issuingActions[call.Action] {
+			refused++
+		}
+	}
+	if refused != 5 { // 2 before propagation, 3 counted
+		t.Errorf("the call log has %d refused issuing calls with the key, want 5", refused)
+	}
+
+	if got := issuing(t, e, DefaultAccessKey, DefaultSecretKey, 3); got != "+++" {
+		t.Errorf("the configured key: %s, want never refused", got)
+	}
+
+	// The control API: the setting applies to keys made from now on.
+	var cv ConfigView
+	postJSON(t, e, "/_emulator/config", `{"iam_refuse_first":1}`, 200, &cv)
+	if cv.IAMRefuseFirst != 1 || e.IAMWindows().RefuseFirst != 1 {
+		t.Errorf("config view %+v, windows %+v; want iam_refuse_first 1", cv, e.IAMWindows())
+	}
+	postJSON(t, e, "/_emulator/config", `{"iam_refuse_first":-1}`, 400, nil)
+	if _, err := rootIAM(e).DeleteAccessKey(ctx, &iam.DeleteAccessKeyInput{AccessKeyId: aws.String(id)}); err != nil {
+		t.Fatal(err)
+	}
+	id2, secret2 := createKey(t, e)
+	clock.Advance(time.Second)
+	if got := issuing(t, e, id2, secret2, 2); got != "-+" {
+		t.Errorf("a key made with iam_refuse_first 1: %s, want one refusal", got)
+	}
+	e.SetIAMWindows(IAMWindows{})
+	if _, err := rootIAM(e).DeleteAccessKey(ctx, &iam.DeleteAccessKeyInput{AccessKeyId: aws.String(id2)}); err != nil {
+		t.Fatal(err)
+	}
+	id3, secret3 := createKey(t, e)
+	clock.Advance(time.Second)
+	if got := issuing(t, e, id3, secret3, 2); got != "++" {
+		t.Errorf("a key made without the setting: %s, want never refused", got)
+	}
+}

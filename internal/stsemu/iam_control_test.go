@@ -66,7 +66,7 @@ func TestIAMControlAPI(t *testing.T) {
 		}
 		keys, _ := generic[0]["access_keys"].([]any)
 		if len(keys) != 2 || !reflect.DeepEqual(sortedKeys(keys[1].(map[string]any)),
-			[]string{"access_key_id", "create_date", "settled_at", "status", "usable", "usable_at"}) {
+			[]string{"access_key_id", "create_date", "refusals_left", "settled_at", "status", "usable", "usable_at"}) {
 			t.Fatalf("access_keys = %v", generic[0]["access_keys"])
 		}
 		var users []IAMUser

@@ -22,6 +22,9 @@ type ClusterOptions struct {
 	LogLevel string
 	// Env is extra environment for every server.
 	Env []string
+	// Bin is the Vault binary of every node (default VaultBin: $VAULT_BIN
+	// or the pinned version).
+	Bin string
 }
 
 // Cluster is a set of Vault servers sharing integrated Raft storage: node 1
@@ -52,7 +55,10 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 	if opts.LogLevel == "" {
 		opts.LogLevel = "info"
 	}
-	bin := VaultBin(tb)
+	bin := opts.Bin
+	if bin == "" {
+		bin = VaultBin(tb)
+	}
 	ports := freePorts(tb, 2*opts.Nodes)
 	c := &Cluster{}
 	for i := 0; i < opts.Nodes; i++ {
