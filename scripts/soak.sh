@@ -2,13 +2,15 @@
 # soak.sh: the chaos soak (`make soak DURATION=1h SEED=7`).
 #
 # A 3-node Vault cluster with integrated Raft storage and the plugin, the STS
-# emulator, and a seeded schedule of overlapping faults (STS throttling,
-# 5xx, resets, hangs, malformed and expired credentials, STS down; SIGKILL
-# of the plugin, SIGKILL of the active node with its restart and rejoin),
-# operator actions (role_arn changes, role deletes and re-creates,
-# config/refresh changes, config/rotate-root) and clients (readers of
-# role-scoped and entity-scoped roles through the HTTP API with their own
-# tokens, a Vault Agent rendering a file). Every operation is recorded in
+# emulator with a second listener (the mount's fallback endpoint), and a
+# seeded schedule of faults (STS throttling, 5xx, resets, hangs, malformed
+# and expired credentials, STS down, the primary STS region down with the
+# fallback up; SIGKILL of the plugin, SIGKILL of the active node with its
+# restart and rejoin, a step-down, a full cluster restart), operator
+# actions (role_arn changes, role deletes and re-creates, config/refresh
+# changes, config/rotate-root) and clients (readers of role-scoped and
+# entity-scoped roles through the HTTP API with their own tokens, a Vault
+# Agent rendering a shared-credentials file, the awscli calling STS with it). Every operation is recorded in
 # OUT/history.jsonl and every STS and IAM call in OUT/calls.jsonl; then
 # cmd/soak-check proves the guarantees offline and prints the figures
 # (OUT/report.txt). Exits non-zero when a rule is broken.
@@ -16,10 +18,16 @@
 #   DURATION  how long the schedule runs (default 2m)
 #   SEED      the schedule's seed (default 1)
 #   OUT       output directory (default soak-out/<seed>-<time>)
-#   BROKEN    run a deliberately broken plugin build instead, to show the
-#             checker catches it: serve-expired (the cache serves a
-#             credential past its expiry) or cycle-per-read (every read
-#             finds the cache stale and starts a new cycle)
+#   BROKEN    run a deliberately broken plugin build or soak instead, to show
+#             the checker catches it:
+#               serve-expired         the cache serves a credential past its expiry
+#               cycle-per-read        every read finds the cache stale and
+#                                     starts a new cycle
+#               forget-storage        the plugin never reads the credentials it
+#                                     stored: every start (a restart) is cold
+#               no-fallback           the mount has no fallback STS endpoint,
+#                                     so a region down leaves nothing to refresh through
+#               aws-ignores-failures  the AWS client records every call as a success
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${DURATION:-2m}
@@ -27,25 +35,37 @@ seed=${SEED:-1}
 out=${OUT:-soak-out/${seed}-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-if [[ -n "${BROKEN:-}" ]]; then
-	# The broken build: path_creds.go's validity rule patched through a
-	# build overlay; the working tree is not touched.
+# broken_plugin FILE SED: build the plugin with FILE patched by the sed
+# expression SED through a build overlay; the working tree is not touched.
+broken_plugin() {
+	local tmp
 	tmp=$(mktemp -d)
-	case "$BROKEN" in
-	serve-expired) rule='return c != nil' ;;
-	cycle-per-read) rule='return false' ;;
-	*) echo "soak.sh: BROKEN must be serve-expired or cycle-per-read" >&2; exit 2 ;;
-	esac
-	sed "s/return c != nil \&\& c.Expiration.Sub(now) >= minServeValidity/${rule}/" path_creds.go >"$tmp/path_creds.go"
-	if cmp -s path_creds.go "$tmp/path_creds.go"; then
-		echo "soak.sh: the BROKEN patch no longer applies to path_creds.go (validAt changed); update scripts/soak.sh" >&2
+	sed "$2" "$1" >"$tmp/$1"
+	if cmp -s "$1" "$tmp/$1"; then
+		echo "soak.sh: the BROKEN=$BROKEN patch no longer applies to $1; update scripts/soak.sh" >&2
 		exit 2
 	fi
-	printf '{"Replace":{"%s":"%s"}}' "$PWD/path_creds.go" "$tmp/path_creds.go" >"$tmp/overlay.json"
+	printf '{"Replace":{"%s":"%s"}}' "$PWD/$1" "$tmp/$1" >"$tmp/overlay.json"
 	go build -overlay "$tmp/overlay.json" -ldflags "-X main.version=v0.1.0-dev" -o "$tmp/plugin" ./cmd/vault-plugin-secrets-aws-resilient
 	export PLUGIN_BIN="$tmp/plugin"
 	echo "soak: BROKEN=$BROKEN plugin build" >&2
-fi
+}
+valid_at='return c != nil \&\& c.Expiration.Sub(now) >= minServeValidity'
+case "${BROKEN:-}" in
+"") ;;
+serve-expired) broken_plugin path_creds.go "s/${valid_at}/return c != nil/" ;;
+cycle-per-read) broken_plugin path_creds.go "s/${valid_at}/return false/" ;;
+forget-storage) broken_plugin storage.go 's/^\tc := new(cacheEntry)$/\treturn nil, nil \/\/ BROKEN\n&/' ;;
+no-fallback | aws-ignores-failures)
+	# The soak's own side (internal/soak's driver) breaks, not the plugin.
+	export SOAK_BROKEN="$BROKEN"
+	echo "soak: BROKEN=$BROKEN" >&2
+	;;
+*)
+	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, no-fallback or aws-ignores-failures" >&2
+	exit 2
+	;;
+esac
 VAULT_BIN=$(./scripts/vault.sh)
 export VAULT_BIN VAULT_ACC=1 SOAK=1 SOAK_DURATION="$duration" SOAK_SEED="$seed" SOAK_OUT="$out"
 echo "soak: ${duration}, seed ${seed}, output in ${out}" >&2

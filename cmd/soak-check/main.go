@@ -21,7 +21,10 @@ func main() {
 	callLog := flag.String("calls", "", "the emulator's call log (JSON lines)")
 	var cfg soak.Config
 	// The defaults are the soak's own (internal/soak/soak_test.go).
-	flag.DurationVar(&cfg.Grace, "grace", 30*time.Second, "reads failing this long after a kill or restart are attributed to it")
+	flag.DurationVar(&cfg.Grace, "grace", 30*time.Second, "reads failing this long after a kill or step-down are attributed to it")
+	flag.DurationVar(&cfg.RestartGrace, "restart-grace", 5*time.Second, "reads failing this long after a cluster restart re-formed the cluster are attributed to it")
+	flag.DurationVar(&cfg.RefreshMargin, "refresh-margin", 30*time.Second, "how long before expiry the plugin refreshes (refresh_fraction × lifetime)")
+	flag.DurationVar(&cfg.FallbackGrace, "fallback-grace", 10*time.Second, "how long a credential due during a region down may take to be renewed through the fallback")
 	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")

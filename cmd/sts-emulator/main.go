@@ -6,7 +6,9 @@
 //
 //	sts-emulator listening on http://127.0.0.1:8599
 //
-// which scripts wait for; the per-call log goes to stderr. SIGINT or SIGTERM
+// which scripts wait for, preceded by one "sts-emulator also listening on
+// URL" line per -also-listen address (so that the line waited for means
+// every listener is up); the per-call log goes to stderr. SIGINT or SIGTERM
 // stops it cleanly. Run `sts-emulator -h` for the flags.
 package main
 
@@ -17,8 +19,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"regexp"
@@ -50,6 +50,9 @@ type usageError struct{ error }
 // options is the parsed command line.
 type options struct {
 	listen string
+	// also are the -also-listen addresses: more listeners sharing the
+	// emulator's state, each of which the control API can take down.
+	also   []string
 	cfg    stsemu.Config
 	faults stsemu.FaultPlan
 	quiet  bool
@@ -65,7 +68,8 @@ users' keys and every credential it issues, plus throttling, faults and
 latency on demand. It never talks to AWS.
 
 On start it prints "sts-emulator listening on http://ADDR" to stdout; each
-call is logged to stderr (action, outcome, status, latency; never a secret).
+call is logged to stderr (action, outcome, status, latency, the listener it
+came through; never a secret).
 
 Flags:
 `
@@ -116,13 +120,17 @@ Fault plans (-faults), comma-separated items:
 
 Control API (JSON, unsigned, loopback clients only):
   GET  /_emulator/stats               counts per action and outcome, per-second timeline
-  GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id
+  GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id, listener
   POST /_emulator/reset               clear stats and calls
   GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny",
                                        "iam_propagation","iam_inconsistency","iam_inconsistency_refusal",
                                        "iam_revocation","iam_refuse_first","partition" (read only),
                                        "iam_region" (read only)};
                                        POST applies only the fields sent
+  GET|POST /_emulator/listeners       [{"addr","url","state"}]; POST {"addr":"127.0.0.1:8600","state":S}
+                                       sets a listener's state S: up, refused (connections refused,
+                                       open ones cut; send it through another listener) or unavailable
+                                       (every STS and IAM call 503 ServiceUnavailable, control API up)
   GET|POST|DELETE /_emulator/faults   {"sequence":[{"fault":"Throttling","count":3}],
                                        "probability":{"InternalFailure":0.2},"hang":"20s","match":"app",
                                        "actions":["iam:*"]}
@@ -130,6 +138,13 @@ Control API (JSON, unsigned, loopback clients only):
                                         "access_keys":[{"access_key_id","status","create_date",
                                                         "usable_at","usable","settled_at",
                                                         "refusals_left"}]}]; never a secret
+
+Listeners:
+  -also-listen adds listeners that share everything (IAM users and keys,
+  issued credentials, faults, call log): a second "region" whose keys are
+  the same, for a client's fallback endpoint. Each call in /_emulator/calls
+  and the log names its listener (listener=ADDR). Taking one down:
+    curl -d '{"addr":"127.0.0.1:8599","state":"refused"}' http://127.0.0.1:8600/_emulator/listeners
 
 Example:
   sts-emulator -listen 127.0.0.1:8599 -rate 50 -burst 10 -latency 5ms-20ms
@@ -153,6 +168,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprint(stderr, usageFooter)
 	}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8599", "`address` to listen on (host:port; port 0 picks a free one)")
+	fs.Func("also-listen", "another `address` to listen on, sharing all state (repeatable; see Listeners below)", func(s string) error {
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.also = append(o.also, a)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&o.cfg.Account, "account", stsemu.DefaultAccount, "AWS account `id` the emulator plays; roles in other accounts get AccessDenied")
 	fs.StringVar(&o.cfg.AccessKey, "access-key", stsemu.DefaultAccessKey, "access key `id` of the IAM user the emulator starts with (-iam-user); AWS's documentation example")
 	fs.StringVar(&o.cfg.SecretKey, "secret-key", stsemu.DefaultSecretKey, "secret `key` paired with -access-key; AWS's documentation example")
@@ -260,30 +283,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	e := stsemu.New(o.cfg)
 	e.SetFaults(o.faults)
 
-	ln, err := net.Listen("tcp", o.listen)
+	// The -listen address is the first listener (GET /_emulator/listeners
+	// lists it first), announced last.
+	url, err := e.Listen(o.listen)
 	if err != nil {
+		e.Close()
 		return err
 	}
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "sts-emulator listening on http://%s\n", ln.Addr())
+	var also []string
+	for _, a := range o.also {
+		u, err := e.Listen(a)
+		if err != nil {
+			e.Close()
+			return err
+		}
+		also = append(also, u)
+	}
+	for _, u := range also {
+		fmt.Fprintf(stdout, "sts-emulator also listening on %s\n", u)
+	}
+	fmt.Fprintf(stdout, "sts-emulator listening on %s\n", url)
 
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	// Release hung and delayed requests first so Shutdown need not wait
-	// for a 30s hang fault.
-	e.Close()
+	<-ctx.Done()
+	// Shutdown releases hung and delayed requests first, so that it need
+	// not wait for a 30s hang fault, then lets the rest finish.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		_ = srv.Close()
-	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return e.Shutdown(shutdownCtx)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -61,6 +62,11 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("got %+v\nwant %+v", o, want)
 			}
 		}},
+		{name: "also listen", args: []string{"-also-listen", "127.0.0.1:0, 127.0.0.1:8600", "-also-listen", "[::1]:0"}, check: func(t *testing.T, o options) {
+			if want := []string{"127.0.0.1:0", "127.0.0.1:8600", "[::1]:0"}; !reflect.DeepEqual(o.also, want) {
+				t.Errorf("also %q, want %q", o.also, want)
+			}
+		}},
 		{name: "fixed latency", args: []string{"-latency", "50ms"}, check: func(t *testing.T, o options) {
 			if o.cfg.LatencyMin != 50*time.Millisecond || o.cfg.LatencyMax != 50*time.Millisecond {
 				t.Errorf("latency %v-%v, want 50ms-50ms", o.cfg.LatencyMin, o.cfg.LatencyMax)
@@ -110,6 +116,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		"-listen", "-account", "-access-key", "-secret-key", "-max-lifetime", "-rate", "-burst", "-latency",
 		"-faults", "-deny", "-quiet", "127.0.0.1:8599", "123456789012", "AKIAIOSFODNN7EXAMPLE",
 		"/_emulator/stats", "/_emulator/faults", "Throttling", "empty_key", "match=STR",
+		"-also-listen", "/_emulator/listeners", "refused", "unavailable",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h output lacks %q", want)
@@ -209,6 +216,64 @@ func TestRun(t *testing.T) {
 	case extra := <-stdout.lines:
 		t.Errorf("stdout has more than the listening line: %q", extra)
 	default:
+	}
+}
+
+// TestRunAlsoListen: -also-listen serves the same emulator on another
+// address, announced before the listening line; taking the first down
+// through the second leaves the second serving, and the log names the
+// listener of every call.
+func TestRunAlsoListen(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout := &lineWriter{lines: make(chan string, 4)}
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-also-listen", "127.0.0.1:0"}, stdout, &stderr)
+	}()
+	var lines []string
+	for len(lines) < 2 {
+		select {
+		case line := <-stdout.lines:
+			lines = append(lines, line)
+		case err := <-done:
+			t.Fatalf("run returned early: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("stdout %q, want two lines", lines)
+		}
+	}
+	second, ok := strings.CutPrefix(lines[0], "sts-emulator also listening on ")
+	if !ok {
+		t.Fatalf("first line %q, want the -also-listen announcement", lines[0])
+	}
+	primary := listeningURL(t, lines[1])
+	for _, u := range []string{primary, second} {
+		if _, err := callerArn(u); err != nil {
+			t.Fatalf("GetCallerIdentity through %s: %v", u, err)
+		}
+	}
+	body := strings.NewReader(`{"addr":"` + primary + `","state":"refused"}`)
+	resp, err := http.Post(second+"/_emulator/listeners", "application/json", body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("refusing the first listener through the second: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if _, err := callerArn(primary); err == nil {
+		t.Error("the refused listener answered")
+	}
+	if _, err := callerArn(second); err != nil {
+		t.Errorf("the second listener during the outage: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run after cancel: %v", err)
+	}
+	logged := stderr.String()
+	for _, u := range []string{primary, second} {
+		if !strings.Contains(logged, "listener="+strings.TrimPrefix(u, "http://")) {
+			t.Errorf("the log names no call through %s:\n%s", u, logged)
+		}
 	}
 }
 

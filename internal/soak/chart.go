@@ -8,9 +8,9 @@ import (
 )
 
 // WriteSVG draws the run's timeline: one row per fault kind with its
-// windows, a row of failed reads (red where a valid credential was cached
-// and a kill explains it, grey where nothing valid was there to serve),
-// the unavailable windows, and the plugin's RSS as a line.
+// windows, a row of failed reads, the unavailable windows (failed reads
+// with a valid credential cached, which a kill or restart explains), the
+// AWS client's failed calls, and the plugin's RSS as a line.
 func WriteSVG(w io.Writer, ops []Op, r *Report) {
 	const width, left, rowH, rssH = 1000.0, 150.0, 18.0, 120.0
 	span := r.End.Sub(r.Start).Seconds()
@@ -23,7 +23,7 @@ func WriteSVG(w io.Writer, ops []Op, r *Report) {
 		kinds = append(kinds, k)
 	}
 	sort.Strings(kinds)
-	rows := append(kinds, "failed reads", "unavailable")
+	rows := append(kinds, "failed reads", "unavailable", "AWS client failed")
 	height := float64(len(rows))*rowH + rssH + 50
 	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="11">`+"\n", width, height)
 	fmt.Fprintf(w, `<text x="4" y="12">chaos soak %s .. %s (%s)</text>`+"\n", r.Start.Format(time.RFC3339), r.End.Format("15:04:05"), r.End.Sub(r.Start).Round(time.Second))
@@ -39,6 +39,8 @@ func WriteSVG(w io.Writer, ops []Op, r *Report) {
 			fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.0f" fill="#e69f00"/>`+"\n", x(o.Invoke), row[o.Fault]+3, max(1, x(o.Return)-x(o.Invoke)), rowH-6)
 		case o.Kind == KindRead && !o.OK:
 			fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="1" height="%.0f" fill="#999"/>`+"\n", x(o.Invoke), row["failed reads"]+3, rowH-6)
+		case o.Kind == KindAWSClient && !o.OK:
+			fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="2" height="%.0f" fill="#999"/>`+"\n", x(o.Invoke), row["AWS client failed"]+3, rowH-6)
 		}
 	}
 	for _, u := range r.Unavailable {

@@ -14,23 +14,40 @@ const (
 	RuleDeletedRole     = "no_key_of_deleted_role"
 	RuleEntityIsolation = "entity_isolation"
 	RuleAvailable       = "available_while_cached"
+	RuleRestartCache    = "restart_serves_cache"
+	RuleRegionDown      = "region_down_fallback"
 	RuleOneIssuance     = "one_issuance_per_period"
 	RuleOwnIAMKeys      = "iam_deletes_only_own_keys"
 	RuleRootKeyWorks    = "root_key_works"
 	RuleAgentFileFresh  = "agent_file_fresh"
+	RuleAWSClient       = "aws_client_works"
 	RuleHistoryWellMade = "history_well_formed"
 )
 
 // Rules lists every rule, in report order.
 var Rules = []string{RuleNoExpiredRead, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
-	RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks, RuleAgentFileFresh, RuleHistoryWellMade}
+	RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks, RuleAgentFileFresh,
+	RuleAWSClient, RuleHistoryWellMade}
 
 // Config holds the tolerances of a run.
 type Config struct {
-	// Grace extends each node or plugin kill and cluster restart: reads that
-	// fail up to Grace after the fault ended are attributed to it (the
-	// election, the plugin's restart).
+	// Grace extends each node or plugin kill and step-down: reads that fail
+	// up to Grace after the fault ended are attributed to it (the election,
+	// the plugin's restart).
 	Grace time.Duration
+	// RestartGrace extends a cluster restart, whose window already holds
+	// the whole downtime (every node stopped, started, unsealed, the
+	// cluster re-formed): only the first requests' forwarding to the new
+	// active node and its plugin's start are left to it.
+	RestartGrace time.Duration
+	// RefreshMargin is how long before its expiry the plugin refreshes a
+	// credential (refresh_fraction × lifetime), less its start jitter of up
+	// to a tenth of it: a credential with more left is not due yet.
+	RefreshMargin time.Duration
+	// FallbackGrace is how long after a credential fell due during a region
+	// down its renewal through the fallback endpoint may take (the first
+	// attempt's place in its retry block, the call).
+	FallbackGrace time.Duration
 	// MinIssueGap: two credentials issued for the same session closer than
 	// this, with no role change, rotation or process fault between them,
 	// are a duplicate issuance.
@@ -100,6 +117,35 @@ type Report struct {
 	STSCalls, STSIssued map[string]int
 	// RSS samples: first, max and last, in bytes.
 	RSSFirst, RSSMax, RSSLast float64
+	// Restarts are the cluster restarts, with what reads found after them.
+	Restarts []Restart
+	// RegionsDown are the region_down windows, with the calls each
+	// listener answered meanwhile.
+	RegionsDown []RegionDown
+	// AWSClient counts the AWS client's calls: failed ones, and of those
+	// the ones with an expired credential in the file and the ones during
+	// an STS fault.
+	AWSCalls, AWSFailed, AWSExpired, AWSDuringFault int
+}
+
+// Restart is one cluster restart as the reads saw it.
+type Restart struct {
+	Detail     string
+	Start, End time.Time
+	// Resumed counts the credentials (role, or role and entity) whose first
+	// read after the restart returned the credential read before it;
+	// Renewed those that got a newer one, due or issued since.
+	Resumed, Renewed int
+}
+
+// RegionDown is one region_down window.
+type RegionDown struct {
+	Detail, Endpoint string
+	Start, End       time.Time
+	// FallbackCalls and FallbackIssued count the STS calls answered through
+	// the other listeners, and the credentials they issued; DownCalls the
+	// calls that reached the downed one (answered 503 when unavailable).
+	FallbackCalls, FallbackIssued, DownCalls int
 }
 
 // Check checks a history and the emulator's call log against every rule.
@@ -117,6 +163,9 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 	c.checkIssuance()
 	c.checkIAM()
 	c.checkAgentFile()
+	c.checkRestarts()
+	c.checkRegionsDown()
+	c.checkAWSClient()
 	sort.SliceStable(c.rep.Violations, func(i, j int) bool {
 		return ruleIndex(c.rep.Violations[i].Rule) < ruleIndex(c.rep.Violations[j].Rule)
 	})
@@ -141,6 +190,7 @@ type checker struct {
 	issued    map[string]STSCall // credential key id -> the STS call that issued it
 	roleOps   map[string][]Op    // role -> its role_write and role_delete ops, by Invoke
 	procFault []Op               // kill and restart faults
+	stsFault  []Op               // the others: STS faults, region down
 	rotations []Op
 }
 
@@ -170,6 +220,11 @@ func (c *checker) index() {
 			c.rep.FaultsByKind[o.Fault]++
 			if isProcessFault(o.Fault) {
 				c.procFault = append(c.procFault, o)
+			} else {
+				c.stsFault = append(c.stsFault, o)
+			}
+			if o.Fault == FaultRegionDown && o.Endpoint == "" {
+				c.violate(RuleHistoryWellMade, "a region_down names no endpoint: which listener went down is unknown", []Op{o}, nil)
 			}
 		case KindRotate:
 			c.rotations = append(c.rotations, o)
@@ -288,14 +343,23 @@ func keys(m map[string]bool) string {
 	return strings.Join(ks, " or ")
 }
 
-// excusedBy is the process fault whose window (plus Grace) r overlaps.
+// excusedBy is the process fault whose window (plus its grace) r overlaps.
 func (c *checker) excusedBy(r Op) (Op, bool) {
 	for _, f := range c.procFault {
-		if r.Return.After(f.Invoke) && r.Invoke.Before(f.Return.Add(c.cfg.Grace)) {
+		if r.Return.After(f.Invoke) && r.Invoke.Before(f.Return.Add(c.graceAfter(f))) {
 			return f, true
 		}
 	}
 	return Op{}, false
+}
+
+// graceAfter is how long after process fault f ended a failure is still
+// attributed to it.
+func (c *checker) graceAfter(f Op) time.Duration {
+	if f.Fault == FaultClusterRestart {
+		return c.cfg.RestartGrace
+	}
+	return c.cfg.Grace
 }
 
 // changedBetween reports whether role was written or deleted in (from, to).

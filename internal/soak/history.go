@@ -3,10 +3,12 @@
 //
 // A soak run (scripts/soak.sh, `make soak`) writes two logs: the client
 // history, one Op per line, recorded by the driver for every read, operator
-// action, fault and sample; and the emulator's log of every STS and IAM call
-// it answered (stsemu.Call), which names every credential it issued and
-// every IAM key it created or deleted. Check reads both and reports each
-// violation with the operations involved, plus the run's figures.
+// action, fault, sample of Vault Agent's file and call of the AWS client
+// that uses that file; and the emulator's log of every STS and IAM call it
+// answered (stsemu.Call), which names every credential it issued, every IAM
+// key it created or deleted and the listener (the "region") each call came
+// through. Check reads both and reports each violation with the operations
+// involved, plus the run's figures.
 //
 // Times are wall-clock times of one host (the driver and the emulator run
 // side by side), compared directly.
@@ -31,16 +33,30 @@ const (
 	KindAgentFile  = "agent_file" // a sample of the file Vault Agent renders
 	KindFault      = "fault"      // an injected fault; its window is [Invoke, Return]
 	KindSample     = "sample"     // a resource sample (RSS)
+	// KindAWSClient is one call of an independent AWS client (the awscli's
+	// sts get-caller-identity) signed with the credential of Vault Agent's
+	// file: AccessKey and Expiration are the file's, ARN the identity STS
+	// answered, OK whether the call succeeded.
+	KindAWSClient = "aws_client"
 )
 
 // Faults that stop a node or plugin: reads failing inside their windows
-// (plus Grace) are attributed to an election or a plugin restart.
+// (plus Grace, or RestartGrace after a cluster restart) are attributed to
+// an election, a plugin restart or the cluster's restart.
 const (
-	FaultKillPlugin     = "kill_plugin"
-	FaultKillActive     = "kill_active"
+	FaultKillPlugin = "kill_plugin"
+	FaultKillActive = "kill_active"
+	// FaultClusterRestart stops every node (Detail "stop": SIGTERM; "kill":
+	// SIGKILL) and starts and unseals them again; its window ends when the
+	// cluster has re-formed (one node active, the others standbys).
 	FaultClusterRestart = "cluster_restart"
 	FaultStepDown       = "step_down"
 )
+
+// FaultRegionDown takes the emulator's listener named by Endpoint down
+// (Detail "refused": connections refused; "unavailable": every call 503)
+// while the fallback listener, the same STS and IAM, stays up.
+const FaultRegionDown = "region_down"
 
 // Op is one operation of the history.
 type Op struct {
@@ -71,8 +87,13 @@ type Op struct {
 	Expiration time.Time `json:"expiration,omitempty"`
 	ARN        string    `json:"arn,omitempty"`
 	Error      string    `json:"error,omitempty"`
-	// Fault names the fault of a fault op.
-	Fault string `json:"fault,omitempty"`
+	// Fault names the fault of a fault op, and Detail how it was made (see
+	// FaultClusterRestart, FaultRegionDown).
+	Fault  string `json:"fault,omitempty"`
+	Detail string `json:"detail,omitempty"`
+	// Endpoint is the emulator listener a region_down took down, host:port
+	// as the call log's STSCall.Listener names it.
+	Endpoint string `json:"endpoint,omitempty"`
 	// Value is a sample's value (RSS in bytes).
 	Value float64 `json:"value,omitempty"`
 }
@@ -91,14 +112,23 @@ func (o Op) String() string {
 	if o.Fault != "" {
 		s += " fault=" + o.Fault
 	}
+	if o.Detail != "" {
+		s += " (" + o.Detail + ")"
+	}
+	if o.Endpoint != "" {
+		s += " endpoint=" + o.Endpoint
+	}
 	s += fmt.Sprintf(" [%s .. %s]", o.Invoke.Format("15:04:05.000"), o.Return.Format("15:04:05.000"))
-	if o.Kind == KindRead || o.Kind == KindAgentFile {
-		if o.OK || o.Kind == KindAgentFile {
-			s += fmt.Sprintf(" key=%s expires=%s", o.AccessKey, o.Expiration.Format("15:04:05"))
-		} else {
-			s += fmt.Sprintf(" status=%d err=%q", o.Status, o.Error)
-		}
-	} else if !o.OK {
+	switch {
+	case o.Kind == KindAWSClient && o.OK:
+		s += fmt.Sprintf(" file key=%s expires=%s: ok %s", o.AccessKey, o.Expiration.Format("15:04:05"), o.ARN)
+	case o.Kind == KindAWSClient:
+		s += fmt.Sprintf(" file key=%s expires=%s: err=%q", o.AccessKey, o.Expiration.Format("15:04:05"), o.Error)
+	case o.Kind == KindAgentFile || (o.Kind == KindRead && o.OK):
+		s += fmt.Sprintf(" key=%s expires=%s", o.AccessKey, o.Expiration.Format("15:04:05"))
+	case o.Kind == KindRead:
+		s += fmt.Sprintf(" status=%d err=%q", o.Status, o.Error)
+	case !o.OK:
 		s += " (not acknowledged)"
 	}
 	return s
@@ -119,6 +149,8 @@ type STSCall struct {
 	// IAM key created or deleted.
 	IssuedKeyID      string    `json:"issued_key_id"`
 	IssuedExpiration time.Time `json:"issued_expiration"`
+	// Listener is the emulator listener the call came through (host:port).
+	Listener string `json:"listener"`
 }
 
 // ReadOps reads a history, one JSON Op per line.

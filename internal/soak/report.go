@@ -23,6 +23,15 @@ func (r *Report) Write(w io.Writer) {
 	for _, u := range r.Unavailable {
 		fmt.Fprintf(w, "  %-16s %s .. %s  %s, %d reads\n", u.Fault, u.Start.Format("15:04:05.000"), u.End.Format("15:04:05.000"), u.End.Sub(u.Start).Round(time.Millisecond), u.Reads)
 	}
+	fmt.Fprintf(w, "cluster restarts    %d (every node stopped, started, unsealed; failed reads in the windows above)\n", len(r.Restarts))
+	for _, x := range r.Restarts {
+		fmt.Fprintf(w, "  %-16s %s .. %s  %s, then %d credentials served from storage as before, %d renewed\n", orNone(x.Detail), x.Start.Format("15:04:05.000"), x.End.Format("15:04:05.000"), x.End.Sub(x.Start).Round(time.Millisecond), x.Resumed, x.Renewed)
+	}
+	fmt.Fprintf(w, "regions down        %d (the primary STS listener down, the fallback up)\n", len(r.RegionsDown))
+	for _, x := range r.RegionsDown {
+		fmt.Fprintf(w, "  %-16s %s .. %s  %s, %s: fallback %d STS calls, %d credentials issued; %d calls reached the downed listener\n", orNone(x.Detail), x.Start.Format("15:04:05.000"), x.End.Format("15:04:05.000"), x.End.Sub(x.Start).Round(time.Millisecond), x.Endpoint, x.FallbackCalls, x.FallbackIssued, x.DownCalls)
+	}
+	fmt.Fprintf(w, "AWS client          %d calls with Vault Agent's file, failed %d (%d with an expired credential in the file, %d during STS faults)\n", r.AWSCalls, r.AWSFailed, r.AWSExpired, r.AWSDuringFault)
 	calls, issued, worst, worstS := 0, 0, 0.0, ""
 	for s, n := range r.STSCalls {
 		calls += n

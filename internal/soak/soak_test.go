@@ -2,12 +2,14 @@ package soak_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/soak"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
 )
 
@@ -32,13 +35,21 @@ const (
 	readers         = 4
 	readEvery       = 250 * time.Millisecond
 	agentEvery      = time.Second
-	sampleEvery     = 5 * time.Second
+	// awsEvery: the AWS client (the awscli, about half a second of CPU a
+	// call) uses the agent's file every 5 s.
+	awsEvery    = 5 * time.Second
+	sampleEvery = 5 * time.Second
 )
 
 // Check's tolerances for this run's shape, also what scripts/soak.sh
 // passes to cmd/soak-check.
 var checkConfig = soak.Config{
-	Grace:            30 * time.Second, // an election, a plugin restart, a node's rejoin
+	Grace: 30 * time.Second, // an election, a plugin restart, a node's rejoin
+	// A cluster restart's window ends when every node serves again: what
+	// is left is the first requests' forwarding and the plugin's start.
+	RestartGrace:     5 * time.Second,
+	RefreshMargin:    30 * time.Second, // lifetime × refresh_fraction
+	FallbackGrace:    10 * time.Second, // the refresh's first attempt in its retry block
 	MinIssueGap:      10 * time.Second, // a sixth of the lifetime; refreshes are 30 s apart
 	RenderInterval:   30 * time.Second, // the agent re-reads within the lease's last 15 %, plus its own retries
 	PropagationGrace: 30 * time.Second,
@@ -108,35 +119,50 @@ func TestSoak(t *testing.T) {
 	}
 	defer hf.Close()
 	rec := &recorder{start: time.Now(), enc: json.NewEncoder(hf)}
+	broken := os.Getenv("SOAK_BROKEN")
+	switch broken {
+	case "", brokenNoFallback, brokenAWSIgnoresFailures:
+	default:
+		t.Fatalf("SOAK_BROKEN=%q: want %s or %s (scripts/soak.sh BROKEN)", broken, brokenNoFallback, brokenAWSIgnoresFailures)
+	}
 	t.Logf("soak: %s, seed %d, output in %s", duration, seed, out)
 
-	run := newRun(t, rec, seed)
+	run := newRun(t, rec, broken)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := 0; i < readers; i++ {
 		wg.Add(1)
 		go func(i int) { defer wg.Done(); run.reader(i, stop) }(i)
 	}
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); run.rotationObserver(stop) }()
 	go func() { defer wg.Done(); run.agentSampler(stop) }()
+	go func() { defer wg.Done(); run.awsClient(stop) }()
 	go func() { defer wg.Done(); run.rssSampler(stop) }()
 
 	// The schedule runs on this goroutine (the harness's kills and restarts
 	// may fail the test, which only the test's goroutine may do): an action
-	// every 5 to 15 s, drawn from the seed.
+	// every 5 to 15 s, drawn from the seed (draw). An action that would not
+	// end before the run's end is not started: the run then idles to its
+	// end, so that a 2-minute run takes 2 minutes, not 2 plus a 70 s outage.
 	end := time.Now().Add(duration)
 	rng := rand.New(rand.NewPCG(seed, 0x50a4))
-	for time.Now().Before(end) {
-		time.Sleep(5*time.Second + time.Duration(rng.Int64N(int64(10*time.Second))))
-		if !time.Now().Before(end) {
+	for {
+		a := draw(rng)
+		if time.Until(end) < a.wait+a.nominal() {
 			break
 		}
-		run.step(rng)
+		time.Sleep(a.wait)
+		t.Logf("%s %s", time.Now().UTC().Format("15:04:05"), a.name())
+		run.step(a)
 	}
+	time.Sleep(time.Until(end))
 	close(stop)
 	wg.Wait()
 	run.emu.ClearFaults(t)
+	if n := run.awsCalls.Load(); n == 0 && duration > 30*time.Second {
+		t.Errorf("the AWS client made no call in %s: is the agent's file rendered? (%s)", duration, run.agent.Destinations[0])
+	}
 
 	calls := run.emu.Calls(t)
 	cf, err := os.Create(filepath.Join(out, "calls.jsonl"))
@@ -189,16 +215,35 @@ func readCalls(path string) ([]soak.STSCall, error) {
 	return soak.ReadCalls(f)
 }
 
+// Deliberate breakages of the soak's own side (SOAK_BROKEN, scripts/soak.sh
+// BROKEN), to show the checker catches them.
+const (
+	// brokenNoFallback configures the mount without the fallback endpoint:
+	// a region down then leaves nothing to refresh through.
+	brokenNoFallback = "no-fallback"
+	// brokenAWSIgnoresFailures: the AWS client records every call as a
+	// success, whatever it got.
+	brokenAWSIgnoresFailures = "aws-ignores-failures"
+)
+
 // run is the soak's stack and its clients.
 type run struct {
-	t     *testing.T
-	rec   *recorder
+	t      *testing.T
+	rec    *recorder
+	broken string // SOAK_BROKEN
+	// emu has a second listener, AlsoURLs[0]: the mount's fallback STS
+	// endpoint, the same STS and IAM.
 	emu   *vaulttest.Emulator
 	c     *vaulttest.Cluster
 	agent *vaulttest.Agent
 	// agentNode is the node the agent talks to; the schedule does not kill
 	// it (a Vault Agent has one address).
 	agentNode *vaulttest.Server
+	// awsBin is the AWS CLI; awsDir holds the copy of the agent's file it
+	// reads; awsCalls counts its calls.
+	awsBin   string
+	awsDir   string
+	awsCalls atomic.Int64
 
 	readerToken string
 	userTokens  []string // one per userpass user: tokens with an entity
@@ -218,20 +263,29 @@ func arn(name string) string {
 	return "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + name
 }
 
-func newRun(t *testing.T, rec *recorder, seed uint64) *run {
-	r := &run{t: t, rec: rec, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
-	r.emu = vaulttest.StartEmulator(t, "-max-lifetime", lifetime.String())
+func newRun(t *testing.T, rec *recorder, broken string) *run {
+	r := &run{t: t, rec: rec, broken: broken, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
+	// The AWS client is the awscli (`make test` installs it); without it
+	// the soak skips, which scripts/soak.sh reports as a failure.
+	r.awsBin, r.awsDir = testtool.Require(t, "aws", "--version"), t.TempDir()
+	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String())
 	r.c = vaulttest.StartCluster(t, vaulttest.ClusterOptions{})
 	active := r.c.WaitActive(t, 60*time.Second)
 	r.c.SetupPlugin(t, vaulttest.DefaultPluginVersion)
+	root := map[string]any{
+		"access_key": r.emu.AccessKey, "secret_key": r.emu.SecretKey, "region": "us-east-1",
+		"sts_endpoint": r.emu.URL, "iam_endpoint": r.emu.URL,
+		// The emulator's second listener: a second region of the same STS.
+		"sts_fallback_endpoints": []string{r.emu.AlsoURLs[0]},
+		// The shortest period a production build accepts: a one-hour
+		// soak sees a scheduled rotation near its end.
+		"rotation_period": "1h",
+	}
+	if broken == brokenNoFallback {
+		delete(root, "sts_fallback_endpoints")
+	}
 	r.operator("root", soak.KindRootWrite, "", "", vaulttest.EmulatorAccessKey, func(n *vaulttest.Server) (int, []byte, error) {
-		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/root", map[string]any{
-			"access_key": r.emu.AccessKey, "secret_key": r.emu.SecretKey, "region": "us-east-1",
-			"sts_endpoint": r.emu.URL, "iam_endpoint": r.emu.URL,
-			// The shortest period a production build accepts: a one-hour
-			// soak sees a scheduled rotation near its end.
-			"rotation_period": "1h",
-		})
+		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/root", root)
 	})
 	r.operator("refresh", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
 		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{
@@ -254,13 +308,18 @@ func newRun(t *testing.T, rec *recorder, seed uint64) *run {
 		r.entityIDs = append(r.entityIDs, active.EntityOf(t, tok).ID)
 	}
 
-	// Vault Agent renders one role's credential, with its expiry, to a
-	// file an AWS client would read; it talks to a standby (forwarded).
+	// Vault Agent renders one role's credential to an AWS shared
+	// credentials file, its expiry in a comment, which the AWS client
+	// uses; it talks to a standby (forwarded).
 	r.agentNode = r.c.Standbys(active)[0]
 	r.agent = r.agentNode.StartAgent(t, r.readerToken, []vaulttest.AgentTemplate{{Contents: fmt.Sprintf(`{{ with secret %q -}}
+[default]
 aws_access_key_id = {{ .Data.access_key }}
-expiration = {{ .Data.expiration }}
-{{- end }}`, vaulttest.MountPath+"/creds/"+roleName(0))}}, "")
+aws_secret_access_key = {{ .Data.secret_key }}
+aws_session_token = {{ .Data.security_token }}
+# expiration = {{ .Data.expiration }}
+{{- end }}
+`, vaulttest.MountPath+"/creds/"+roleName(0))}}, "")
 	return r
 }
 
@@ -418,7 +477,9 @@ func (r *run) rotationObserver(stop <-chan struct{}) {
 	}
 }
 
-var agentFileRe = regexp.MustCompile(`aws_access_key_id = (\S+)\nexpiration = (\S+)`)
+// agentFileRe finds the key id and the expiry in the agent's file (never
+// the secret key or the session token, which nothing here records).
+var agentFileRe = regexp.MustCompile(`(?s)aws_access_key_id = (\S+)\n.*# expiration = (\S+)`)
 
 // agentSampler records what the agent's file holds every agentEvery.
 func (r *run) agentSampler(stop <-chan struct{}) {
@@ -439,6 +500,71 @@ func (r *run) agentSampler(stop <-chan struct{}) {
 		}
 		exp, _ := time.Parse(time.RFC3339, string(m[2]))
 		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Role: roleName(0), Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
+	}
+}
+
+// awsClient is an AWS client independent of the plugin, the awscli: every
+// awsEvery it runs `aws sts get-caller-identity` against the emulator's
+// primary endpoint with the agent's file as its shared credentials file,
+// and records the call with the key and expiry the file held.
+func (r *run) awsClient(stop <-chan struct{}) {
+	// The client reads a copy taken with the sample, so that the key
+	// recorded is the one it signed with, even if the agent renders anew
+	// meanwhile.
+	creds := filepath.Join(r.awsDir, "credentials")
+	env := testtool.Env([]string{"AWS_", "VAULT_"},
+		"AWS_SHARED_CREDENTIALS_FILE="+creds,
+		"AWS_CONFIG_FILE="+filepath.Join(r.awsDir, "no-config"),
+		// One attempt, short timeouts: the call's outcome is the
+		// emulator's answer, not the CLI's retries.
+		"AWS_MAX_ATTEMPTS=1", "AWS_RETRY_MODE=standard", "AWS_EC2_METADATA_DISABLED=true")
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(awsEvery):
+		}
+		b, err := os.ReadFile(r.agent.Destinations[0])
+		if err != nil {
+			continue // not rendered yet
+		}
+		m := agentFileRe.FindSubmatch(b)
+		if m == nil {
+			continue
+		}
+		if err := os.WriteFile(creds, b, 0o600); err != nil {
+			continue
+		}
+		exp, _ := time.Parse(time.RFC3339, string(m[2]))
+		o := soak.Op{Client: "aws-cli", Kind: soak.KindAWSClient, Role: roleName(0), AccessKey: string(m[1]), Expiration: exp, Invoke: time.Now()}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cmd := exec.CommandContext(ctx, r.awsBin, "sts", "get-caller-identity", "--endpoint-url", r.emu.URL, "--region", "us-east-1",
+			"--output", "json", "--cli-connect-timeout", "5", "--cli-read-timeout", "10")
+		cmd.Env = env
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err = cmd.Run()
+		cancel()
+		o.Return = time.Now()
+		var ident struct{ Arn string }
+		if err == nil && json.Unmarshal(stdout.Bytes(), &ident) == nil && ident.Arn != "" {
+			o.OK, o.ARN = true, ident.Arn
+		} else {
+			// The awscli's error names the AWS error code; it never holds
+			// the secret key or the token.
+			o.Error = strings.TrimSpace(stderr.String())
+			if o.Error == "" && err != nil {
+				o.Error = err.Error()
+			}
+			if len(o.Error) > 300 {
+				o.Error = o.Error[:300]
+			}
+		}
+		if r.broken == brokenAWSIgnoresFailures {
+			o.OK = true
+		}
+		r.awsCalls.Add(1)
+		r.rec.add(o)
 	}
 }
 
@@ -496,37 +622,35 @@ var stsFaults = []struct {
 }
 
 // step runs one scheduled action.
-func (r *run) step(rng *rand.Rand) {
+func (r *run) step(a action) {
 	t := r.t
-	switch k := rng.IntN(11); {
-	case k == 10: // STS down for 70 s, longer than a credential lives:
+	switch a.kind {
+	case actSTSDownLong: // STS down for 70 s, longer than a credential lives:
 		// credentials expire, and must stop being served when they do.
 		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_down_long", Invoke: time.Now()}
 		r.emu.SetFaults(t, vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}})
-		time.Sleep(70 * time.Second)
+		time.Sleep(a.hold)
 		r.emu.ClearFaults(t)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
-	case k < 4: // an STS fault or a latency spike, for 5-20 s
-		i := rng.IntN(len(stsFaults) + 1)
-		hold := 5*time.Second + time.Duration(rng.Int64N(int64(15*time.Second)))
-		if i == len(stsFaults) {
+	case actSTSFault: // an STS fault or a latency spike
+		if a.fault == len(stsFaults) {
 			o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: "sts_latency", Invoke: time.Now()}
 			r.emu.SetConfig(t, map[string]any{"latency_min": "500ms", "latency_max": "4s"})
-			time.Sleep(hold)
+			time.Sleep(a.hold)
 			r.emu.SetConfig(t, map[string]any{"latency_min": "0s", "latency_max": "0s"})
 			o.Return, o.OK = time.Now(), true
 			r.rec.add(o)
 			return
 		}
-		f := stsFaults[i]
+		f := stsFaults[a.fault]
 		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: f.name, Invoke: time.Now()}
 		r.emu.SetFaults(t, f.plan)
-		time.Sleep(hold)
+		time.Sleep(a.hold)
 		r.emu.ClearFaults(t)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
-	case k == 4 && rng.IntN(2) == 0: // the active node steps down: an election without a kill
+	case actStepDown: // the active node steps down: an election without a kill
 		active := r.c.WaitActive(t, 60*time.Second)
 		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultStepDown, Invoke: time.Now()}
 		code, body, err := do(active, active.RootToken(), http.MethodPut, "sys/step-down", nil)
@@ -536,7 +660,7 @@ func (r *run) step(rng *rand.Rand) {
 		r.c.WaitActive(t, 60*time.Second)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
-	case k < 5: // SIGKILL the active node's plugin process
+	case actKillPlugin: // SIGKILL the active node's plugin process
 		active := r.c.WaitActive(t, 60*time.Second)
 		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultKillPlugin, Invoke: time.Now()}
 		for _, pid := range active.PluginPIDs(t) {
@@ -544,7 +668,7 @@ func (r *run) step(rng *rand.Rand) {
 		}
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
-	case k < 6: // SIGKILL the active node, wait for the election, restart it
+	case actKillActive: // SIGKILL the active node, wait for the election, restart it
 		active := r.c.WaitActive(t, 60*time.Second)
 		if active == r.agentNode {
 			return
@@ -561,12 +685,16 @@ func (r *run) step(rng *rand.Rand) {
 		r.mu.Unlock()
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
-	case k < 8: // change a role's role_arn, or delete and re-create it
-		role := roleName(1 + rng.IntN(roleCount-1)) // soak-0 stays as it is: the agent renders it
+	case actClusterRestart:
+		r.clusterRestart(a.mode)
+	case actRegionDown:
+		r.regionDown(a.mode, a.hold)
+	case actRoleChange: // change a role's role_arn, or delete and re-create it
+		role := roleName(a.role)
 		r.mu.Lock()
 		cur := r.arns[role]
 		r.mu.Unlock()
-		if rng.IntN(2) == 0 {
+		if !a.del {
 			next := arn(role)
 			if cur == next {
 				next = arn(role + "-alt")
@@ -583,17 +711,16 @@ func (r *run) step(rng *rand.Rand) {
 		}
 		time.Sleep(2 * time.Second)
 		r.writeRole(role, arn(role))
-	case k < 9: // rotate the root key
+	case actRotate: // rotate the root key
 		r.operator("operator", soak.KindRotate, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
 			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/rotate-root", map[string]any{})
 		})
-	default: // a config/refresh change, and a user logging in again (a new token for the same entity)
+	case actRefreshCfg: // a config/refresh change, and a user logging in again (a new token for the same entity)
 		r.operator("operator", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
-			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{"max_retries": 3 + rng.IntN(2)})
+			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{"max_retries": a.retries})
 		})
-		u := rng.IntN(users)
 		n := r.c.WaitActive(t, 60*time.Second)
-		code, body, err := do(n, "", http.MethodPost, fmt.Sprintf("auth/userpass/login/user%d", u), map[string]any{"password": fmt.Sprintf("user%d-pw", u)})
+		code, body, err := do(n, "", http.MethodPost, fmt.Sprintf("auth/userpass/login/user%d", a.user), map[string]any{"password": fmt.Sprintf("user%d-pw", a.user)})
 		var login struct {
 			Auth struct {
 				ClientToken string `json:"client_token"`
@@ -602,8 +729,42 @@ func (r *run) step(rng *rand.Rand) {
 		}
 		if err == nil && code == 200 && json.Unmarshal(body, &login) == nil && login.Auth.ClientToken != "" {
 			r.mu.Lock()
-			r.userTokens[u], r.entityIDs[u] = login.Auth.ClientToken, login.Auth.EntityID
+			r.userTokens[a.user], r.entityIDs[a.user] = login.Auth.ClientToken, login.Auth.EntityID
 			r.mu.Unlock()
 		}
+	default:
+		t.Fatalf("unknown scheduled action %q", a.kind)
 	}
+}
+
+// clusterRestart stops every node (mode "stop": SIGTERM; "kill": SIGKILL,
+// a power loss), starts them again and unseals them; its window ends when
+// the cluster has re-formed. The readers keep reading through every node
+// meanwhile: their failures are the restart's downtime, which the checker
+// measures.
+func (r *run) clusterRestart(mode string) {
+	t := r.t
+	o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultClusterRestart, Detail: mode, Invoke: time.Now()}
+	if mode == "kill" {
+		r.c.KillAll(t)
+	} else {
+		r.c.StopAll(t)
+	}
+	r.c.StartAll(t)
+	o.Return, o.OK = time.Now(), true
+	r.rec.add(o)
+}
+
+// regionDown takes the emulator's primary listener down (mode "refused" or
+// "unavailable") for hold; the mount's fallback endpoint, its second
+// listener, stays up.
+func (r *run) regionDown(mode string, hold time.Duration) {
+	t := r.t
+	o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultRegionDown, Detail: mode,
+		Endpoint: strings.TrimPrefix(r.emu.URL, "http://"), Invoke: time.Now()}
+	r.emu.SetListener(t, r.emu.URL, mode)
+	time.Sleep(hold)
+	r.emu.SetListener(t, r.emu.URL, vaulttest.ListenerUp)
+	o.Return, o.OK = time.Now(), true
+	r.rec.add(o)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -118,6 +119,32 @@ func (e *Emulator) serveControl(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet) {
 			writeJSON(w, http.StatusOK, e.IAMUsers())
 		}
+	case controlPrefix + "listeners":
+		switch r.Method {
+		case http.MethodGet:
+			writeJSON(w, http.StatusOK, e.Listeners())
+		case http.MethodPost:
+			var u struct {
+				Addr  string `json:"addr"`
+				State string `json:"state"`
+			}
+			if err := decodeBody(r, &u); err != nil {
+				writeJSONError(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			if via, _ := e.listenerOf(r); u.State == ListenerRefused && via != "" && via == strings.TrimPrefix(u.Addr, "http://") {
+				// Closing it would cut this very request before its answer.
+				writeJSONError(w, http.StatusBadRequest, "this request came through "+via+": send it through another listener to refuse that one")
+				return
+			}
+			if err := e.SetListenerState(u.Addr, u.State); err != nil {
+				writeJSONError(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			writeJSON(w, http.StatusOK, e.Listeners())
+		default:
+			allow(w, r, http.MethodGet, http.MethodPost)
+		}
 	case controlPrefix + "faults":
 		switch r.Method {
 		case http.MethodGet:
@@ -138,7 +165,7 @@ func (e *Emulator) serveControl(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		writeJSONError(w, http.StatusNotFound,
-			"unknown control path; try stats, calls, reset, config, faults or iam/users under "+controlPrefix)
+			"unknown control path; try stats, calls, reset, config, faults, listeners or iam/users under "+controlPrefix)
 	}
 }
 

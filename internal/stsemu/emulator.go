@@ -169,10 +169,9 @@ type Emulator struct {
 	stats recorder      // has its own lock: recorded on every call, read rarely
 	iam   *iamDirectory // users and access keys; has its own lock
 
-	// Set only by Start.
-	srv      *http.Server
-	url      string
-	serveErr chan error
+	lmu       sync.Mutex  // guards listeners and closed
+	listeners []*listener // every address served (Listen), in order
+	closed    bool        // Close or Shutdown ran: no listener may open
 }
 
 // New returns an Emulator configured by cfg. It does not listen; serve it
@@ -243,34 +242,44 @@ func New(cfg Config) *Emulator {
 }
 
 // Start returns an Emulator serving on a random port of 127.0.0.1, like
-// httptest.NewServer. Call Close when done.
+// httptest.NewServer. Call Close when done. Listen adds more listeners.
 func Start(cfg Config) (*Emulator, error) {
 	e := New(cfg)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if _, err := e.Listen("127.0.0.1:0"); err != nil {
 		return nil, err
 	}
-	e.url = "http://" + ln.Addr().String()
-	e.srv = &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
-	e.serveErr = make(chan error, 1)
-	go func() { e.serveErr <- e.srv.Serve(ln) }()
 	return e, nil
 }
 
-// URL returns the base URL ("http://127.0.0.1:PORT") of an Emulator started
-// with Start, and "" for one made with New.
-func (e *Emulator) URL() string { return e.url }
+// URL returns the base URL ("http://127.0.0.1:PORT") of the emulator's first
+// listener (Start's), and "" for one made with New and never listening.
+func (e *Emulator) URL() string {
+	e.lmu.Lock()
+	defer e.lmu.Unlock()
+	if len(e.listeners) == 0 {
+		return ""
+	}
+	return "http://" + e.listeners[0].addr
+}
 
-// Close releases requests held by the hang fault or latency and, for an
-// Emulator made by Start, stops the server and closes its connections.
+// Close releases requests held by the hang fault or latency and stops
+// every listener, closing its connections.
 func (e *Emulator) Close() {
 	e.closeOnce.Do(func() {
 		close(e.done)
-		if e.srv != nil {
-			_ = e.srv.Close()
-			<-e.serveErr
-		}
+		_ = e.closeListeners(context.Background(), false)
 	})
+}
+
+// Shutdown releases requests held by the hang fault or latency, then stops
+// every listener gracefully: requests in flight finish, until ctx ends.
+func (e *Emulator) Shutdown(ctx context.Context) error {
+	var err error
+	e.closeOnce.Do(func() {
+		close(e.done)
+		err = e.closeListeners(ctx, true)
+	})
+	return err
 }
 
 // SetFaults replaces the fault plan; its Sequence starts from the beginning.
@@ -399,7 +408,8 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	action := params.Get("Action")
 	roleArn := params.Get("RoleArn")
 	authz := r.Header.Get("Authorization")
-	rec := Call{Time: now, Action: action, RoleArn: roleArn, AccessKeyID: credentialKeyID(authz)}
+	listenerAddr, unavailable := e.listenerOf(r)
+	rec := Call{Time: now, Action: action, RoleArn: roleArn, AccessKeyID: credentialKeyID(authz), Listener: listenerAddr}
 	if sessionActions[action] {
 		rec.RoleSessionName, rec.SourceIdentity = params.Get("RoleSessionName"), params.Get("SourceIdentity")
 	}
@@ -413,7 +423,7 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	case parseErr != nil:
 		rep = a.errorReply(reqID, apiErr(http.StatusBadRequest, "MalformedQueryString", parseErr.Error()))
 	default:
-		s = e.callSettings(now, a, handler != nil, action, roleArn)
+		s = e.callSettings(now, a, handler != nil, unavailable, action, roleArn)
 		rep = e.process(r, body, params, a, handler, action, reqID, now, s)
 	}
 
@@ -451,8 +461,10 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 }
 
 // callSettings takes the throttling decision, picks a fault and copies the
-// knobs this call needs, all under one short critical section.
-func (e *Emulator) callSettings(now time.Time, a *api, known bool, action, roleArn string) settings {
+// knobs this call needs, all under one short critical section. A call to an
+// unavailable listener is a 503 that never reached STS: it takes no token
+// and no fault of the plan.
+func (e *Emulator) callSettings(now time.Time, a *api, known, unavailable bool, action, roleArn string) settings {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := settings{maxLifetime: e.maxLifetime, deny: e.deny}
@@ -464,6 +476,10 @@ func (e *Emulator) callSettings(now time.Time, a *api, known bool, action, roleA
 	}
 	if !known {
 		return s // unknown actions are neither throttled nor faulted
+	}
+	if unavailable {
+		s.fault = FaultServiceUnavailable
+		return s
 	}
 	// The bucket is STS's request rate. AWS limits IAM separately, and a
 	// rotation's few IAM calls must not eat the refreshes' tokens; throttle
@@ -647,6 +663,9 @@ func (e *Emulator) finish(c Call, started time.Time, status int) {
 			if !c.IssuedExpiration.IsZero() {
 				line += " issued_expiration=" + c.IssuedExpiration.UTC().Format(time.RFC3339)
 			}
+		}
+		if c.Listener != "" {
+			line += " listener=" + c.Listener
 		}
 		e.logger.Print(line)
 	}

@@ -58,11 +58,12 @@ func TestStatsAndCalls(t *testing.T) {
 	}
 
 	calls := e.Calls()
+	ln := strings.TrimPrefix(e.URL(), "http://")
 	want := []Call{
 		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey, RoleSessionName: "test-session",
-			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC()},
-		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey},
-		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId)},
+			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC(), Listener: ln},
+		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey, Listener: ln},
+		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId), Listener: ln},
 	}
 	for i := range calls {
 		calls[i].Time = time.Time{}
@@ -257,9 +258,9 @@ func TestLogLines(t *testing.T) {
 	logged := buf.String()
 	lines := strings.Split(strings.TrimSpace(logged), "\n")
 	wantLines := []*regexp.Regexp{
-		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity="" issued_key_id=ASIA[A-Z0-9]+ issued_expiration=\S+Z$`),
-		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE$`),
-		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16}$`),
+		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity="" issued_key_id=ASIA[A-Z0-9]+ issued_expiration=\S+Z listener=127\.0\.0\.1:\d+$`),
+		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE listener=127\.0\.0\.1:\d+$`),
+		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16} listener=127\.0\.0\.1:\d+$`),
 	}
 	if len(lines) != len(wantLines) {
 		t.Fatalf("%d log lines, want %d:\n%s", len(lines), len(wantLines), logged)

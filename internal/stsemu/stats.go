@@ -62,6 +62,9 @@ type Call struct {
 	// or deleted. Never a secret: key ids only.
 	IssuedKeyID      string    `json:"issued_key_id,omitempty"`
 	IssuedExpiration time.Time `json:"issued_expiration,omitzero"`
+	// Listener is the address of the listener the call came through
+	// (ListenerView.Addr); "" when served without one (a test's recorder).
+	Listener string `json:"listener,omitempty"`
 }
 
 // maxCalls bounds the call log: a long-lived dev server or a benchmark that

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -305,3 +306,85 @@ func (s *Server) NodeID() string { return s.opts.NodeID }
 
 // Running returns the nodes whose process is running.
 func (c *Cluster) Running() []*Server { return c.Standbys(nil) }
+
+// StopAll stops every running node at once (SIGTERM, as an operator's
+// restart does; SIGKILL after 30 s): the whole cluster is down. (A full
+// seal through sys/seal is not possible: Vault refuses to seal a standby,
+// and the last node has no quorum to become active.)
+func (c *Cluster) StopAll(tb testing.TB) {
+	tb.Helper()
+	c.downAll(func(p *Process) { p.Stop(30 * time.Second) })
+}
+
+// KillAll SIGKILLs every running node at once, as a power loss would.
+func (c *Cluster) KillAll(tb testing.TB) {
+	tb.Helper()
+	c.downAll((*Process).Kill)
+}
+
+func (c *Cluster) downAll(stop func(*Process)) {
+	var wg sync.WaitGroup
+	for _, s := range c.Nodes {
+		if !s.Process.Running() {
+			continue
+		}
+		wg.Add(1)
+		go func(p *Process) {
+			defer wg.Done()
+			stop(p)
+		}(s.Process)
+	}
+	wg.Wait()
+}
+
+// StartAll starts every stopped node again on its configuration and raft
+// data, unseals each and waits until the cluster has re-formed
+// (WaitFormed). Raft needs a quorum before any node can be active, so the
+// nodes are all started before any is unsealed.
+func (c *Cluster) StartAll(tb testing.TB) {
+	tb.Helper()
+	for _, s := range c.Nodes {
+		if !s.Process.Running() {
+			s.Process.Restart(tb)
+		}
+	}
+	c.UnsealAll(tb)
+}
+
+// UnsealAll unseals every node (each waits for its API first) and waits
+// until the cluster has re-formed (WaitFormed).
+func (c *Cluster) UnsealAll(tb testing.TB) {
+	tb.Helper()
+	for _, s := range c.Nodes {
+		s.waitHealth(tb, 60*time.Second, func(code int) bool { return code != 0 })
+		s.Unseal(tb)
+	}
+	c.WaitFormed(tb, 90*time.Second)
+}
+
+// WaitFormed waits until one node is active and every other one is an
+// unsealed standby (sys/health 429, or 473 for a performance standby): the
+// cluster serves again through every node.
+func (c *Cluster) WaitFormed(tb testing.TB, timeout time.Duration) *Server {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var active *Server
+		standbys := 0
+		for _, s := range c.Nodes {
+			switch s.Health() {
+			case 200:
+				active = s
+			case 429, 473:
+				standbys++
+			}
+		}
+		if active != nil && standbys == len(c.Nodes)-1 {
+			return active
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the cluster did not re-form within %s: active %v, %d of %d standbys", timeout, active != nil, standbys, len(c.Nodes)-1)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

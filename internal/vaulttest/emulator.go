@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,8 +25,15 @@ type Emulator struct {
 	AccessKey, SecretKey string
 	// Process is the emulator process (its log holds one line per call).
 	Process *Process
+	// AlsoURLs are the emulator's other listeners (StartEmulatorListeners):
+	// the same STS and IAM, for a fallback endpoint.
+	AlsoURLs []string
 
 	client *http.Client
+	mu     sync.Mutex
+	// refused are the listeners SetListener refused: the control API goes
+	// through another one meanwhile.
+	refused map[string]bool
 }
 
 // EmulatorStats is GET /_emulator/stats: the emulator's own type, decoded
@@ -57,17 +66,33 @@ type FaultStep struct {
 	Count int    `json:"count"`
 }
 
-var emulatorListening = regexp.MustCompile(`sts-emulator listening on (http://127\.0\.0\.1:\d+)`)
+var (
+	emulatorListening = regexp.MustCompile(`sts-emulator listening on (http://127\.0\.0\.1:\d+)`)
+	emulatorAlso      = regexp.MustCompile(`sts-emulator also listening on (http://127\.0\.0\.1:\d+)`)
+)
 
 // StartEmulator starts cmd/sts-emulator on a free loopback port with the
 // given extra flags (for example "-max-lifetime", "40s") and waits until it
 // listens. It is stopped in tb.Cleanup.
 func StartEmulator(tb testing.TB, flags ...string) *Emulator {
 	tb.Helper()
+	return StartEmulatorListeners(tb, 0, flags...)
+}
+
+// StartEmulatorListeners is StartEmulator with also more listeners
+// (-also-listen) on free loopback ports, sharing the emulator's state:
+// their URLs are e.AlsoURLs, and SetListener takes any of them down.
+func StartEmulatorListeners(tb testing.TB, also int, flags ...string) *Emulator {
+	tb.Helper()
 	bin := EmulatorBin(tb)
 	dir := tb.TempDir()
-	args := append([]string{"-listen", fmt.Sprintf("127.0.0.1:%d", FreePort(tb))}, flags...)
-	p := StartProcess(tb, "sts-emulator", dir, cleanEnv(), bin, args...)
+	ports := freePorts(tb, 1+also)
+	args := []string{"-listen", fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	for _, p := range ports[1:] {
+		args = append(args, "-also-listen", fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	p := StartProcess(tb, "sts-emulator", dir, cleanEnv(), bin, append(args, flags...)...)
+	// The -also-listen lines come before the listening line.
 	url := p.WaitLog(tb, emulatorListening, 30*time.Second)
 	e := &Emulator{
 		URL:       url,
@@ -75,6 +100,19 @@ func StartEmulator(tb testing.TB, flags ...string) *Emulator {
 		SecretKey: EmulatorSecretKey,
 		Process:   p,
 		client:    &http.Client{Timeout: 10 * time.Second},
+		refused:   map[string]bool{},
+	}
+	if also > 0 {
+		b, err := os.ReadFile(p.LogPath)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, m := range emulatorAlso.FindAllSubmatch(b, -1) {
+			e.AlsoURLs = append(e.AlsoURLs, string(m[1]))
+		}
+		if len(e.AlsoURLs) != also {
+			tb.Fatalf("sts-emulator announced %d more listeners, want %d", len(e.AlsoURLs), also)
+		}
 	}
 	for i := 0; i+1 < len(flags); i++ {
 		switch flags[i] {
@@ -97,7 +135,7 @@ func (e *Emulator) control(tb testing.TB, method, path string, body, out any) {
 		}
 		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, e.URL+"/_emulator/"+path, r)
+	req, err := http.NewRequest(method, e.controlURL()+"/_emulator/"+path, r)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -118,6 +156,45 @@ func (e *Emulator) control(tb testing.TB, method, path string, body, out any) {
 			tb.Fatalf("emulator %s %s: decoding %q: %v", method, path, b, err)
 		}
 	}
+}
+
+// controlURL is the first listener not refused.
+func (e *Emulator) controlURL() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, u := range append([]string{e.URL}, e.AlsoURLs...) {
+		if !e.refused[u] {
+			return u
+		}
+	}
+	return e.URL
+}
+
+// Listener states for SetListener (see cmd/sts-emulator -h).
+const (
+	ListenerUp          = stsemu.ListenerUp
+	ListenerRefused     = stsemu.ListenerRefused
+	ListenerUnavailable = stsemu.ListenerUnavailable
+)
+
+// SetListener sets the state of the listener at url (e.URL or one of
+// e.AlsoURLs): ListenerRefused refuses connections, ListenerUnavailable
+// answers every STS and IAM call 503, ListenerUp serves again. The control
+// API goes through a listener that is not refused.
+func (e *Emulator) SetListener(tb testing.TB, url, state string) {
+	tb.Helper()
+	mark := func() {
+		e.mu.Lock()
+		e.refused[url] = state == ListenerRefused
+		e.mu.Unlock()
+	}
+	// The request goes through another listener while this one is refused
+	// and while it is being refused: marked before a refusal, after the rest.
+	if state == ListenerRefused {
+		mark()
+	}
+	e.control(tb, http.MethodPost, "listeners", map[string]string{"addr": url, "state": state}, nil)
+	mark()
 }
 
 // Stats returns the emulator's call counts.

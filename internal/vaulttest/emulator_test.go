@@ -80,3 +80,39 @@ func TestEmulatorControl(t *testing.T) {
 		t.Fatalf("stats after reset: %+v", st)
 	}
 }
+
+// TestEmulatorListeners: the harness starts the emulator with a second
+// listener, refuses the first (its control API then goes through the
+// second) and brings it back; each call names the listener it came through.
+func TestEmulatorListeners(t *testing.T) {
+	SkipUnlessEnabled(t)
+	t.Parallel()
+	e := StartEmulatorListeners(t, 1)
+	if len(e.AlsoURLs) != 1 || e.AlsoURLs[0] == e.URL {
+		t.Fatalf("AlsoURLs %v (URL %s)", e.AlsoURLs, e.URL)
+	}
+	identity := func(url string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := sts.New(sts.Options{
+			Region: "us-east-1", BaseEndpoint: aws.String(url), Retryer: aws.NopRetryer{},
+			Credentials: credentials.NewStaticCredentialsProvider(e.AccessKey, e.SecretKey, ""),
+		}).GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{})
+		return err
+	}
+	e.SetListener(t, e.URL, ListenerRefused)
+	if err := identity(e.URL); err == nil {
+		t.Fatal("the refused listener answered")
+	}
+	if err := identity(e.AlsoURLs[0]); err != nil {
+		t.Fatalf("the second listener while the first is refused: %v", err)
+	}
+	calls := e.Calls(t) // through the second listener
+	e.SetListener(t, e.URL, ListenerUp)
+	if err := identity(e.URL); err != nil {
+		t.Fatalf("the first listener back up: %v", err)
+	}
+	if len(calls) != 1 || "http://"+calls[0].Listener != e.AlsoURLs[0] {
+		t.Fatalf("calls while refused: %+v, want one through %s", calls, e.AlsoURLs[0])
+	}
+}

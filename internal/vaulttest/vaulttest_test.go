@@ -65,3 +65,37 @@ func TestRestartKeepsData(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterFullRestart: a 3-node raft cluster stopped entirely and
+// started again, then killed entirely and started again, re-forms each time
+// with its data.
+func TestClusterFullRestart(t *testing.T) {
+	SkipUnlessEnabled(t)
+	t.Parallel()
+	c := StartCluster(t, ClusterOptions{})
+	a := c.WaitActive(t, 60*time.Second)
+	a.CLI(t, "secrets", "enable", "-version=1", "-path=kv", "kv")
+	a.CLI(t, "write", "kv/demo", "value=kept")
+
+	for _, step := range []struct {
+		name       string
+		down, back func(testing.TB)
+	}{
+		{"stop", c.StopAll, c.StartAll},
+		{"kill", c.KillAll, c.StartAll},
+	} {
+		step.down(t)
+		for _, s := range c.Nodes {
+			if h := s.Health(); h == 200 || h == 429 || h == 473 {
+				t.Fatalf("%s: %s still serves (sys/health %d)", step.name, s.NodeID(), h)
+			}
+		}
+		step.back(t)
+		for _, s := range c.Nodes {
+			if got := s.Read(t, "kv/demo").Str("value"); got != "kept" {
+				t.Fatalf("%s: %s reads value %q, want kept", step.name, s.NodeID(), got)
+			}
+		}
+	}
+	c.WaitVoters(t, 60*time.Second)
+}
