@@ -278,6 +278,11 @@ func TestMetrics_NoRefresher(t *testing.T) {
 	sc.want("aws_resilient_refresher_running", nil, 0)
 	sc.want("aws_resilient_roles_scheduled", nil, 0)
 	sc.want("aws_resilient_refresh_overdue_seconds", nil, 0)
+	// The node never read config/refresh: the policy it would export is
+	// the defaults, not the mount's, so it exports none.
+	if v, ok := sc.value("aws_resilient_retry_window_seconds", nil); ok {
+		t.Fatalf("aws_resilient_retry_window_seconds %v exported by a node that could not read config/refresh", v)
+	}
 	for _, name := range []string{testRole, entityRole} {
 		sc.want("aws_resilient_role_state", map[string]string{"role": name, "state": stateStale}, 1)
 		if next, ok := sc.value("aws_resilient_role_next_refresh_timestamp_seconds", role(name)); ok {
@@ -289,7 +294,9 @@ func TestMetrics_NoRefresher(t *testing.T) {
 	fs.heal()
 	f.clock.Advance(maxStartBackoff)
 	waitFor(t, "the refresher to start", g.life.running)
-	scrapeMetrics(t, g, fs, "").want("aws_resilient_refresher_running", nil, 1)
+	sc = scrapeMetrics(t, g, fs, "")
+	sc.want("aws_resilient_refresher_running", nil, 1)
+	sc.want("aws_resilient_retry_window_seconds", nil, f.b.settings.policy().RetryWindow.Seconds())
 }
 
 // later is the later of two times.

@@ -376,7 +376,11 @@ func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
 	w.gauge("aws_resilient_refresher_running", "1 on the node that runs the refresher (the active node), 0 elsewhere.", bool01(b.life.running()))
 	w.gauge("aws_resilient_refresh_overdue_seconds", "How long the most overdue refresh cycle on this node is past its due time and not started (0 when none is late, and on a node that does not run the refresher).", t.overdue.Seconds())
 	w.gauge("aws_resilient_roles_scheduled", "Roles the refresher on this node has in hand: a next cycle planned or one running (0 on a standby).", float64(b.refresher.rolesInPlan()))
-	w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle.", t.cfg.RetryWindow.Seconds())
+	if t.cfgKnown {
+		// Absent, not the defaults, while this node has not been able to
+		// read config/refresh.
+		w.gauge("aws_resilient_retry_window_seconds", "config/refresh retry_window: the length of one refresh cycle (absent while this node cannot read config/refresh).", t.cfg.RetryWindow.Seconds())
+	}
 	w.gauge("aws_resilient_role_series_exported", "1 when per-role series are exported, 0 when the mount has more roles than metrics_max_roles.", bool01(t.perRole))
 }
 

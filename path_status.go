@@ -281,9 +281,12 @@ type roleReport struct {
 // storage error). status/ and the metrics take one per request
 // (refresher.view).
 type reportView struct {
-	rf         *refresher
-	now        time.Time
-	cfg        refreshConfig
+	rf  *refresher
+	now time.Time
+	cfg refreshConfig
+	// cfgKnown: cfg was read from storage, not the defaults of a node
+	// that could not read config/refresh yet (settings.known).
+	cfgKnown   bool
 	active     bool
 	refreshing bool
 }
@@ -291,7 +294,8 @@ type reportView struct {
 // view returns the refresher's report view as of now; active says whether
 // this node is the one to refresh (WriteSafeReplicationState).
 func (rf *refresher) view(active bool) reportView {
-	return reportView{rf: rf, now: rf.clock.Now(), cfg: rf.settings.policy(), active: active, refreshing: active && rf.life.running()}
+	cfg := rf.settings.policy()
+	return reportView{rf: rf, now: rf.clock.Now(), cfg: cfg, cfgKnown: rf.settings.known(), active: active, refreshing: active && rf.life.running()}
 }
 
 // report derives a role's state from its mirrored entry and this node's

@@ -45,6 +45,9 @@ type settings struct {
 	stale atomic.Bool
 	// warned is the rule a stored config breaks, once logged (loadMu).
 	warned string
+	// read: a policy read from storage (or written to it) is in force, not
+	// only the defaults newSettings starts with.
+	read atomic.Bool
 }
 
 // newSettings returns the owner with the default policy in force, not
@@ -67,6 +70,12 @@ func (st *settings) policy() refreshConfig {
 	defer st.mu.RUnlock()
 	return st.cfg
 }
+
+// known reports whether the policy in force was read from storage (or
+// written to it), rather than the defaults of a node that has not yet been
+// able to read config/refresh: what is exported as the mount's policy must
+// be it.
+func (st *settings) known() bool { return st.read.Load() }
 
 // load reads config/refresh from storage and puts it in force. A read that
 // fails leaves the current policy in force, and the stale mark as it was.
@@ -136,5 +145,6 @@ func (st *settings) set(cfg refreshConfig) {
 	st.mu.Lock()
 	st.cfg = cfg
 	st.mu.Unlock()
+	st.read.Store(true)
 	st.onChange(cfg)
 }

@@ -228,9 +228,10 @@ func noRefresher(t *testing.T, s *stack, prom *vaulttest.Prometheus, a *alertWat
 	// aws_resilient_refresh_overdue_seconds, the series behind
 	// AWSResilientRefresherStuck. None runs, and nothing is stuck: at
 	// every look AWSResilientNoRefresher fires, the overdue series is 0,
-	// and AWSResilientRefresherStuck is neither pending nor firing. (That
-	// alert's threshold here is the default retry window's, 2 × 30 s: the
-	// node could not read config/refresh's 2 s. The series is what tells.)
+	// and AWSResilientRefresherStuck is neither pending nor firing. (The
+	// node could not read config/refresh, so it exports no
+	// aws_resilient_retry_window_seconds and that alert's expression has
+	// nothing to compare: the overdue series is what tells.)
 	until := app.Expiration
 	if team.Expiration.After(until) {
 		until = team.Expiration
