@@ -42,22 +42,13 @@ func (r *run) sectionB() {
 	var reads, failed atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(25 * time.Millisecond):
-			}
-			_, err := a.read(mount + "/creds/" + names[rand.IntN(len(names))])
-			reads.Add(1)
-			if err != nil {
-				failed.Add(1)
-			}
+	every(&wg, stop, 25*time.Millisecond, func() {
+		_, err := a.read(mount + "/creds/" + names[rand.IntN(len(names))])
+		reads.Add(1)
+		if err != nil {
+			failed.Add(1)
 		}
-	}()
+	})
 
 	seen := map[string][]time.Time{} // role -> distinct expirations in order
 	end := time.Now().Add(r.o.steadyDur)

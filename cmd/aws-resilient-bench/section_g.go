@@ -184,28 +184,19 @@ func (r *run) sectionG() {
 	)
 	stopMem := make(chan struct{})
 	var memWG sync.WaitGroup
-	memWG.Add(1)
-	go func() {
-		defer memWG.Done()
-		for {
-			select {
-			case <-stopMem:
-				return
-			case <-time.After(5 * time.Second):
-			}
-			m, err := bench.ReadMem(pid)
-			if err != nil {
-				continue
-			}
-			memMu.Lock()
-			n := 0
-			if filled {
-				n = pairs
-			}
-			samples = append(samples, entityMem{Secs: time.Since(t0).Seconds(), RSS: m.RSS, Anon: m.Anon, Entries: n})
-			memMu.Unlock()
+	every(&memWG, stopMem, 5*time.Second, func() {
+		m, err := bench.ReadMem(pid)
+		if err != nil {
+			return
 		}
-	}()
+		memMu.Lock()
+		n := 0
+		if filled {
+			n = pairs
+		}
+		samples = append(samples, entityMem{Secs: time.Since(t0).Seconds(), RSS: m.RSS, Anon: m.Anon, Entries: n})
+		memMu.Unlock()
+	})
 
 	var (
 		readsMu sync.Mutex

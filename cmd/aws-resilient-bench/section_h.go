@@ -115,44 +115,26 @@ func (r *run) isolationRun(budget, bin string) isoResult {
 	var lat []time.Duration
 	var healthyReads, healthyFailed, failingReads atomic.Int64
 	for _, name := range healthy {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(200 * time.Millisecond):
-				}
-				t0 := time.Now()
-				_, err := a.read(mount + "/creds/" + name)
-				d := time.Since(t0)
-				healthyReads.Add(1)
-				if err != nil {
-					healthyFailed.Add(1)
-					continue
-				}
-				mu.Lock()
-				lat = append(lat, d)
-				mu.Unlock()
+		every(&wg, stop, 200*time.Millisecond, func() {
+			t0 := time.Now()
+			_, err := a.read(mount + "/creds/" + name)
+			d := time.Since(t0)
+			healthyReads.Add(1)
+			if err != nil {
+				healthyFailed.Add(1)
+				return
 			}
-		}()
+			mu.Lock()
+			lat = append(lat, d)
+			mu.Unlock()
+		})
 	}
 	for _, name := range failing {
 		for range o.isoReaders {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-					_, _ = a.read(mount + "/creds/" + name)
-					failingReads.Add(1)
-				}
-			}()
+			every(&wg, stop, 20*time.Millisecond, func() {
+				_, _ = a.read(mount + "/creds/" + name)
+				failingReads.Add(1)
+			})
 		}
 	}
 	time.Sleep(o.isoDur)

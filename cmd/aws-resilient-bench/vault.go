@@ -200,6 +200,23 @@ func must(tb *bench.TB, err error) {
 }
 
 // waitUntil polls cond every interval until it holds or timeout passes.
+// every runs f in a goroutine that wg counts, once per period (the first
+// after one period), until stop is closed.
+func every(wg *sync.WaitGroup, stop <-chan struct{}, period time.Duration, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(period):
+			}
+			f()
+		}
+	}()
+}
+
 func waitUntil(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for {
