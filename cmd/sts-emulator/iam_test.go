@@ -81,21 +81,8 @@ func TestHelpDocumentsIAM(t *testing.T) {
 func TestRunIAM(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdout := &lineWriter{lines: make(chan string, 4)}
-	var stderr syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-iam-user", "vault-root", "-iam-propagation", "1s"}, stdout, &stderr)
-	}()
-	var url string
-	select {
-	case line := <-stdout.lines:
-		url = listeningURL(t, line)
-	case err := <-done:
-		t.Fatalf("run returned early: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no listening line")
-	}
+	r := startRun(ctx, "-listen", "127.0.0.1:0", "-iam-user", "vault-root", "-iam-propagation", "1s")
+	url := listeningURL(t, r.line(t))
 	creds := func(id, secret string) aws.CredentialsProvider {
 		return credentials.NewStaticCredentialsProvider(id, secret, "")
 	}
@@ -141,14 +128,14 @@ func TestRunIAM(t *testing.T) {
 
 	cancel()
 	select {
-	case err := <-done:
+	case err := <-r.done:
 		if err != nil {
 			t.Errorf("run after cancel: %v", err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not stop after cancel")
 	}
-	logged := stderr.String()
+	logged := r.stderr.String()
 	if !strings.Contains(logged, "action=CreateAccessKey outcome=ok") || !strings.Contains(logged, "action=DeleteAccessKey outcome=ok") {
 		t.Errorf("stderr log:\n%s\nwant a line per IAM call", logged)
 	}

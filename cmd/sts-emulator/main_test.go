@@ -167,24 +167,40 @@ func callerArn(url string) (string, error) {
 	return aws.ToString(out.Arn), nil
 }
 
+// running is run, started in a goroutine of its own by startRun.
+type running struct {
+	stdout *lineWriter
+	stderr *syncBuffer
+	done   chan error
+}
+
+// startRun starts run with args until ctx ends.
+func startRun(ctx context.Context, args ...string) *running {
+	r := &running{stdout: &lineWriter{lines: make(chan string, 4)}, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	go func() { r.done <- run(ctx, args, r.stdout, r.stderr) }()
+	return r
+}
+
+// line returns run's next line on stdout; t fails if run returns first or
+// no line comes within 10 s.
+func (r *running) line(t *testing.T) string {
+	t.Helper()
+	select {
+	case line := <-r.stdout.lines:
+		return line
+	case err := <-r.done:
+		t.Fatalf("run returned early: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no line on stdout within 10 s")
+	}
+	return ""
+}
+
 func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdout := &lineWriter{lines: make(chan string, 4)}
-	var stderr syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-faults", "AccessDenied:1"}, stdout, &stderr)
-	}()
-	var url string
-	select {
-	case line := <-stdout.lines:
-		url = listeningURL(t, line)
-	case err := <-done:
-		t.Fatalf("run returned early: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no listening line")
-	}
+	r := startRun(ctx, "-listen", "127.0.0.1:0", "-faults", "AccessDenied:1")
+	url := listeningURL(t, r.line(t))
 
 	// The -faults plan is in force from the start.
 	_, err := callerArn(url)
@@ -198,14 +214,14 @@ func TestRun(t *testing.T) {
 
 	cancel()
 	select {
-	case err := <-done:
+	case err := <-r.done:
 		if err != nil {
 			t.Errorf("run after cancel: %v", err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not stop after cancel")
 	}
-	logged := stderr.String()
+	logged := r.stderr.String()
 	if strings.Count(logged, "action=GetCallerIdentity") != 2 || !strings.Contains(logged, "outcome=AccessDenied") {
 		t.Errorf("stderr log:\n%s\nwant one line per call", logged)
 	}
@@ -213,7 +229,7 @@ func TestRun(t *testing.T) {
 		t.Error("stderr log contains the secret key")
 	}
 	select {
-	case extra := <-stdout.lines:
+	case extra := <-r.stdout.lines:
 		t.Errorf("stdout has more than the listening line: %q", extra)
 	default:
 	}
@@ -226,23 +242,8 @@ func TestRun(t *testing.T) {
 func TestRunAlsoListen(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdout := &lineWriter{lines: make(chan string, 4)}
-	var stderr syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-also-listen", "127.0.0.1:0"}, stdout, &stderr)
-	}()
-	var lines []string
-	for len(lines) < 2 {
-		select {
-		case line := <-stdout.lines:
-			lines = append(lines, line)
-		case err := <-done:
-			t.Fatalf("run returned early: %v", err)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("stdout %q, want two lines", lines)
-		}
-	}
+	r := startRun(ctx, "-listen", "127.0.0.1:0", "-also-listen", "127.0.0.1:0")
+	lines := []string{r.line(t), r.line(t)}
 	second, ok := strings.CutPrefix(lines[0], "sts-emulator also listening on ")
 	if !ok {
 		t.Fatalf("first line %q, want the -also-listen announcement", lines[0])
@@ -266,10 +267,10 @@ func TestRunAlsoListen(t *testing.T) {
 		t.Errorf("the second listener during the outage: %v", err)
 	}
 	cancel()
-	if err := <-done; err != nil {
+	if err := <-r.done; err != nil {
 		t.Errorf("run after cancel: %v", err)
 	}
-	logged := stderr.String()
+	logged := r.stderr.String()
 	for _, u := range []string{primary, second} {
 		if !strings.Contains(logged, "listener="+strings.TrimPrefix(u, "http://")) {
 			t.Errorf("the log names no call through %s:\n%s", u, logged)
