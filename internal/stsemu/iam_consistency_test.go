@@ -18,17 +18,27 @@ import (
 // were accepted ('+') and which refused with InvalidClientTokenId ('-').
 func acceptance(t *testing.T, e *Emulator, id, secret string, n int) string {
 	t.Helper()
-	var out []byte
 	c := newClient(e, id, secret, "")
-	for range n {
+	return pattern(t, "GetCallerIdentity", n, func() error {
 		_, err := c.GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{})
-		switch code := errorCode(err); {
+		return err
+	})
+}
+
+// pattern makes n calls of action with call and returns which succeeded
+// ('+') and which were refused with InvalidClientTokenId ('-'); any other
+// error fails t.
+func pattern(t *testing.T, action string, n int, call func() error) string {
+	t.Helper()
+	var out []byte
+	for range n {
+		switch err := call(); {
 		case err == nil:
 			out = append(out, '+')
-		case code == "InvalidClientTokenId":
+		case errorCode(err) == "InvalidClientTokenId":
 			out = append(out, '-')
 		default:
-			t.Fatalf("GetCallerIdentity: %v", err)
+			t.Fatalf("%s: %v", action, err)
 		}
 	}
 	return string(out)
@@ -183,20 +193,11 @@ func postJSON(t *testing.T, e *Emulator, path, body string, want int, out any) {
 // served ('+') and which refused with InvalidClientTokenId ('-').
 func issuing(t *testing.T, e *Emulator, id, secret string, n int) string {
 	t.Helper()
-	var out []byte
 	c := newClient(e, id, secret, "")
-	for range n {
+	return pattern(t, "AssumeRole", n, func() error {
 		_, err := c.AssumeRole(ctx, assumeInput("app"))
-		switch code := errorCode(err); {
-		case err == nil:
-			out = append(out, '+')
-		case code == "InvalidClientTokenId":
-			out = append(out, '-')
-		default:
-			t.Fatalf("AssumeRole: %v", err)
-		}
-	}
-	return string(out)
+		return err
+	})
 }
 
 // refusalsLeft is the key's refusals_left in the control API's view.
