@@ -203,7 +203,7 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	if _, err := role.entitySession(name, e, login); err != nil {
 		return templateFailed(name, err.Error()), nil
 	}
-	rs, err := b.state.admit(ctx, req.Storage, key, now, login, b.settings.policy().MaxEntityCredentials)
+	rs, err := b.state.admit(ctx, req.Storage, admission{key: key, now: now, login: login, mountMax: b.settings.policy().MaxEntityCredentials})
 	var tooMany errTooManyEntities
 	switch {
 	case errors.As(err, &tooMany):
