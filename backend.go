@@ -242,6 +242,13 @@ func newBackend(opts backendOptions) *backend {
 	return b
 }
 
+// entityEvicted counts and logs an entity credential evicted to admit a
+// new entity.
+func (b *backend) entityEvicted(key credKey) {
+	b.metrics.entityDropped(dropEvicted)
+	b.Logger().Info("dropped entity credential", "role", key.role(), "entity_id", key.entity(), "reason", dropEvicted)
+}
+
 // fieldErrorRegex finds the field in the framework's own 400 for a value that
 // does not convert to the field's type.
 var fieldErrorRegex = regexp.MustCompile(`error converting input for field "([^"]+)"`)

@@ -541,6 +541,16 @@ func (rs *roleState) countsAsEntity() int {
 // entity gone, or a new entity needed its place (dropEvicted).
 const dropEvicted = "evicted"
 
+// admission is an entity's read that admit records: the entity credential's
+// key, when, the entity's login mount, and the mount's
+// max_entity_credentials (0 for none).
+type admission struct {
+	key      credKey
+	now      time.Time
+	login    string
+	mountMax int
+}
+
 // admitLocked is admit's work, under the role's store lock (rolestate.go).
 // A known entity's read is recorded. A new entity is counted against the
 // role's max_entities and the mount's max_entity_credentials (mountMax, 0
@@ -549,12 +559,13 @@ const dropEvicted = "evicted"
 // room, or the entity is refused. Its entry is created with a status
 // recording the read, so that two new entities cannot both take the last
 // place.
-func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key credKey, now time.Time, login string, mountMax int) (*roleState, error) {
+func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, a admission) (*roleState, error) {
+	key, now, login := a.key, a.now, a.login
 	if rs := r.peek(key); rs == nil || (rs.role != nil && !rs.known && !rs.stale) {
 		// Not admitted: refuse from the node's own count before reading
 		// anything, when there is no room and none can be made.
 		if role := r.peek(roleKey(key.role())); role != nil && role.role != nil && !role.stale {
-			if _, err := r.makeRoom(ctx, s, key, role.role, now, mountMax, false); err != nil {
+			if _, err := r.makeRoom(ctx, s, a, role.role, false); err != nil {
 				return nil, err
 			}
 		}
@@ -570,7 +581,7 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 	}
 	r.admitMu.Lock()
 	defer r.admitMu.Unlock()
-	if _, err := r.makeRoom(ctx, s, key, rs.role, now, mountMax, true); err != nil {
+	if _, err := r.makeRoom(ctx, s, a, rs.role, true); err != nil {
 		// Keep no entry in memory for an entity refused.
 		r.mu.Lock()
 		if r.m[key] == rs {
@@ -582,11 +593,11 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 	// The mirror may miss what another node admitted before this one
 	// became active (until the first reconciler pass has loaded every
 	// entity credential): storage has the last word on the role's count.
-	ids, err := listEntityIDs(ctx, s, key.role())
+	stored, err := listEntityKeys(ctx, s, key.role())
 	if err != nil {
 		return nil, err
 	}
-	if len(ids) >= rs.role.maxEntities() && !slices.Contains(ids, key.entity()) {
+	if len(stored) >= rs.role.maxEntities() && !slices.Contains(stored, key) {
 		r.mu.Lock()
 		if r.m[key] == rs {
 			r.del(key)
@@ -614,13 +625,14 @@ func (r *roleStates) admitLocked(ctx context.Context, s logical.Storage, key cre
 	return &next, nil
 }
 
-// makeRoom makes sure a new entity of role fits under max_entities and the
-// mount's mountMax, counted from the mirror: when either is full it evicts
+// makeRoom makes sure a's new entity of role fits under max_entities and
+// the mount's a.mountMax, counted from the mirror: when either is full it evicts
 // the role's least recently read credential that is idle (unread for
 // entity_idle_ttl), when evict, else reports errTooManyEntities. It
 // returns whether it evicted. Under the role's store lock (and admitMu when
 // evict).
-func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, key credKey, role *roleEntry, now time.Time, mountMax int, evict bool) (bool, error) {
+func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, a admission, role *roleEntry, evict bool) (bool, error) {
+	key, now, mountMax := a.key, a.now, a.mountMax
 	r.mu.RLock()
 	count, total := 0, r.entCount
 	var victim credKey
@@ -660,13 +672,6 @@ func (r *roleStates) makeRoom(ctx context.Context, s logical.Storage, key credKe
 	}
 	// One eviction makes room under both caps: each counts one fewer.
 	return true, nil
-}
-
-// entityEvicted counts and logs an entity credential evicted to admit a
-// new entity.
-func (b *backend) entityEvicted(key credKey) {
-	b.metrics.entityDropped(dropEvicted)
-	b.Logger().Info("dropped entity credential", "role", key.role(), "entity_id", key.entity(), "reason", dropEvicted)
 }
 
 // entityKeys returns the mirrored entity keys of the role, sorted by entity.

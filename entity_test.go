@@ -77,9 +77,18 @@ func (f *fixture) fireAllDue(at time.Time, n int) {
 // storedEntities lists the entity IDs with a cached credential or a status.
 func storedEntities(t *testing.T, s logical.Storage, role string) []string {
 	t.Helper()
-	ids, err := listEntityIDs(context.Background(), s, role)
+	keys, err := listEntityKeys(context.Background(), s, role)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return entityIDs(keys)
+}
+
+// entityIDs returns the entity IDs of keys, in their order.
+func entityIDs(keys []credKey) []string {
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.entity()
 	}
 	return ids
 }

@@ -154,7 +154,7 @@ func driveHerd(t *testing.T, clk *clocktest.Fake, b *backend, roles int, refresh
 	t.Helper()
 	waiting := func() int { return clk.Sleepers() + b.refresher.plannedCount() }
 	for step := 0; ; step++ {
-		clk.WaitUntil(t, func() bool { return waiting() >= roles && clk.Busy() == 0 }, func() string {
+		clk.WaitUntil(t, clk.Settled(func() bool { return waiting() >= roles }), func() string {
 			return fmt.Sprintf("%d of %d roles idle", waiting(), roles)
 		})
 		idle()
@@ -249,7 +249,7 @@ func TestRefresh_HerdFromIndexKeepsItsSlotsThroughThePass(t *testing.T) {
 	// The first slot is now; the others wait in the plan. Five more slots
 	// pass before the pass may read the roles.
 	for k := 1; k <= 6; k++ {
-		clk.WaitUntil(t, func() bool { return refreshed() == k && b.refresher.plannedCount() == roles && clk.Busy() == 0 }, func() string {
+		clk.WaitUntil(t, clk.Settled(func() bool { return refreshed() == k && b.refresher.plannedCount() == roles }), func() string {
 			return fmt.Sprintf("%d refreshed, %d planned, want %d and %d", refreshed(), b.refresher.plannedCount(), k, roles)
 		})
 		if k < 6 {
@@ -353,7 +353,7 @@ func TestRefresh_HerdLateForItsSlotsIsPacedAgain(t *testing.T) {
 	// The first slot is now: that role calls at once, the others wait in
 	// the plan at their slots.
 	waiting := func() int { return b.refresher.plannedCount() - expiringAfter(b, roles, now.Add(30*time.Minute))() }
-	clk.WaitUntil(t, func() bool { return waiting() >= roles-1 && len(emu.Calls()) == 1 && clk.Busy() == 0 }, func() string {
+	clk.WaitUntil(t, clk.Settled(func() bool { return waiting() >= roles-1 && len(emu.Calls()) == 1 }), func() string {
 		return fmt.Sprintf("%d of %d roles waiting for their slots, %d called", waiting(), roles-1, len(emu.Calls()))
 	})
 	clk.Advance(3 * time.Second) // the stall: slots 0 to 3 s all passed

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -202,7 +203,7 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	if _, err := role.entitySession(name, e, login); err != nil {
 		return templateFailed(name, err.Error()), nil
 	}
-	rs, err := b.state.admit(ctx, req.Storage, key, now, login, b.settings.policy().MaxEntityCredentials)
+	rs, err := b.state.admit(ctx, req.Storage, admission{key: key, now: now, login: login, mountMax: b.settings.policy().MaxEntityCredentials})
 	var tooMany errTooManyEntities
 	switch {
 	case errors.As(err, &tooMany):
@@ -440,7 +441,10 @@ type cacheEntry struct {
 // decoded when it is canonical base64 (as STS's are; anything else is kept
 // as it came), and without RoleHash, which only storage needs (a credential
 // is checked against its role when it is loaded, and one committed was
-// issued for the role it is mirrored with). c itself is not changed.
+// issued for the role it is mirrored with). Its strings are copied into one
+// allocation, so the mirror keeps alive none of the decoder's strings (the
+// SDK's XML parse or storage's JSON) and holds one object where it held
+// four. c itself is not changed.
 func (c *cacheEntry) mirrored() *cacheEntry {
 	if c == nil || c.tokenRaw != "" {
 		return c
@@ -452,8 +456,26 @@ func (c *cacheEntry) mirrored() *cacheEntry {
 	}
 	m := *c
 	m.RoleHash = ""
+	token := c.SessionToken
 	if decoded {
-		m.tokenRaw, m.SessionToken = string(raw), ""
+		token = unsafe.String(unsafe.SliceData(raw), len(raw)) // read once, below
+	}
+	var one strings.Builder
+	one.Grow(len(c.AccessKey) + len(c.SecretKey) + len(c.ARN) + len(token))
+	for _, part := range []string{c.AccessKey, c.SecretKey, c.ARN, token} {
+		one.WriteString(part)
+	}
+	all := one.String()
+	next := func(n int) string {
+		part := all[:n]
+		all = all[n:]
+		return part
+	}
+	m.AccessKey, m.SecretKey, m.ARN = next(len(c.AccessKey)), next(len(c.SecretKey)), next(len(c.ARN))
+	if decoded {
+		m.tokenRaw, m.SessionToken = next(len(raw)), ""
+	} else {
+		m.SessionToken = next(len(token))
 	}
 	return &m
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/vault/sdk/logical"
 
@@ -210,7 +211,8 @@ func TestMirroredCredential(t *testing.T) {
 		{"url alphabet", base64.URLEncoding.EncodeToString(raw), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "secret", SessionToken: tc.token, RoleHash: "abc", Expiration: time.Now()}
+			c := &cacheEntry{AccessKey: "ASIAEXAMPLE", SecretKey: "secret", SessionToken: tc.token, RoleHash: "abc", Expiration: time.Now(),
+				ARN: "arn:aws:sts::123456789012:assumed-role/app/s"}
 			before := *c
 			m := c.mirrored()
 			if *c != before {
@@ -219,8 +221,24 @@ func TestMirroredCredential(t *testing.T) {
 			if got := m.sessionToken(); got != tc.token {
 				t.Fatalf("sessionToken() = %q, want %q", got, tc.token)
 			}
-			if m.RoleHash != "" || m.AccessKey != c.AccessKey || m.SecretKey != c.SecretKey || !m.Expiration.Equal(c.Expiration) {
+			if m.RoleHash != "" || m.AccessKey != c.AccessKey || m.SecretKey != c.SecretKey || m.ARN != c.ARN || !m.Expiration.Equal(c.Expiration) {
 				t.Fatalf("mirrored = %+v", *m)
+			}
+			// One allocation holds every string the mirror keeps, none of them
+			// the caller's (the decoder's strings are left to the GC).
+			token := m.tokenRaw
+			if token == "" {
+				token = m.SessionToken
+			}
+			base, offset := unsafe.StringData(m.AccessKey), 0
+			for i, part := range []string{m.AccessKey, m.SecretKey, m.ARN, token} {
+				if at := unsafe.Pointer(unsafe.StringData(part)); at != unsafe.Add(unsafe.Pointer(base), offset) {
+					t.Fatalf("part %d of the mirrored credential is not at +%d of its one allocation", i, offset)
+				}
+				offset += len(part)
+			}
+			if unsafe.StringData(m.AccessKey) == unsafe.StringData(c.AccessKey) {
+				t.Fatal("the mirror keeps the caller's access key string")
 			}
 			if (m.tokenRaw != "") != tc.decoded || (m.SessionToken == "") != tc.decoded {
 				t.Fatalf("decoded = %v (raw %d bytes, token %q), want %v", m.tokenRaw != "", len(m.tokenRaw), m.SessionToken, tc.decoded)

@@ -185,7 +185,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		d["expiration"] = formatTime(cred.Expiration)
 		d["issued_at"] = formatTime(cred.IssuedAt)
 	}
-	b.budgetStatus(d, roleKey(name), rs.gen, &st, b.clock.Now())
+	b.budgetStatus(d, roleKey(name), rs.gen, &st, v.now)
 	d["cache_scope"] = cacheScopeRole
 	if rs.role.entityScoped() {
 		// The role's own entry holds no credential: its entities' do.
@@ -219,7 +219,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 			d["last_error"] = fmt.Sprintf("entity %s: %s: no STS call slot free for this entity credential since %s (sts_rate_limit, sts_burst)",
 				sum.rateLimitedID, codeRateLimited, formatTime(sum.rateLimitedSince))
 		}
-		b.entityBudgetStatus(d, name, sum.worstID, b.clock.Now())
+		b.entityBudgetStatus(d, name, sum.worstID, v.now)
 	}
 	return d, nil
 }

@@ -397,15 +397,13 @@ func (r *reconciler) passEntities(ctx context.Context, p *pass) {
 	byRole := make([][]credKey, len(p.entityRoles))
 	var all []credKey
 	for i, name := range p.entityRoles {
-		ids, err := listEntityIDs(ctx, r.storage(), name)
+		keys, err := listEntityKeys(ctx, r.storage(), name)
 		if err != nil {
 			p.fail(err)
 			continue
 		}
-		keys := make([]credKey, len(ids))
-		for j, id := range ids {
-			keys[j] = entityKey(name, id)
-			p.listed.addEntity(keys[j])
+		for _, key := range keys {
+			p.listed.addEntity(key)
 		}
 		byRole[i] = keys
 		all = append(all, keys...)

@@ -666,11 +666,11 @@ type successCommit struct {
 // read, before a cold read fetches the entity's first credential
 // (admitLocked, in entity.go), under the role's store lock. It returns nil,
 // nil when the role is gone or no longer entity-scoped.
-func (r *roleStates) admit(ctx context.Context, s logical.Storage, key credKey, now time.Time, login string, mountMax int) (*roleState, error) {
-	lock := r.lockFor(key)
+func (r *roleStates) admit(ctx context.Context, s logical.Storage, a admission) (*roleState, error) {
+	lock := r.lockFor(a.key)
 	lock.Lock()
 	defer lock.Unlock()
-	return r.admitLocked(ctx, s, key, now, login, mountMax)
+	return r.admitLocked(ctx, s, a)
 }
 
 // commitSuccess stores a cycle's new credential and status and schedules the

@@ -968,10 +968,11 @@ func (s *sim) check() {
 	// current definition and to their own entity, never going back.
 	entityKeys := map[string]bool{}
 	for _, name := range simRoleNames {
-		ids, err := listEntityIDs(ctx, s.mem, name)
+		keys, err := listEntityKeys(ctx, s.mem, name)
 		if err != nil {
 			s.failf("%v", err)
 		}
+		ids := entityIDs(keys)
 		role := roles[name]
 		s.fig.checks++
 		if len(ids) > 0 && (role == nil || !role.entityScoped()) {

@@ -265,9 +265,10 @@ func deleteOrphan(ctx context.Context, s logical.Storage, prefix, name string) e
 	return deleteKey(ctx, s, prefix+name, "orphaned "+prefix+name)
 }
 
-// listEntityIDs returns the IDs of the entities the role has an entry for in
-// storage (a cached credential, a status or both), sorted.
-func listEntityIDs(ctx context.Context, s logical.Storage, name string) ([]string, error) {
+// listEntityKeys returns the keys of the entity credentials the role has an
+// entry for in storage (a cached credential, a status or both), sorted by
+// entity.
+func listEntityKeys(ctx context.Context, s logical.Storage, name string) ([]credKey, error) {
 	seen := map[string]bool{}
 	for _, prefix := range []string{cachePrefix, statusPrefix} {
 		keys, err := s.List(ctx, prefix+name+entitySep)
@@ -285,7 +286,11 @@ func listEntityIDs(ctx context.Context, s logical.Storage, name string) ([]strin
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	return ids, nil
+	keys := make([]credKey, len(ids))
+	for i, id := range ids {
+		keys[i] = entityKey(name, id)
+	}
+	return keys, nil
 }
 
 // deleteEntityData deletes every entity entry of the role from storage.

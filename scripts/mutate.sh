@@ -36,11 +36,15 @@
 # armed timer's identity; ratelimit's burst floor became max(burst, 1);
 # schedindex's Repair adds what fit left out, 0 included, without a guard).
 # What is left, with why:
-#   internal/dueplan   dueplan.go, dueOrder.Less: a.seq < b.seq as <=.
-#                      Every entry's seq is unique and container/heap never
-#                      compares an entry with itself (up stops at i == j,
-#                      down compares distinct children), so < and <= agree
-#                      on every call.
+#   internal/dueplan   dueplan.go, dueHeap.less: a.seq < b.seq as <=.
+#                      Every entry's seq is unique and the heap never
+#                      compares an entry with itself (up compares a child
+#                      with its parent, down distinct children and a child
+#                      with its parent), so < and <= agree on every call.
+#                      dueplan.go, dueHeap.up: i > 0 as i >= 0. At the root
+#                      the parent computed is the root itself ((0-1)/2 is 0
+#                      in Go), and an item is never earlier than itself, so
+#                      the extra turn returns at once.
 #   internal/schedindex  schedindex.go, fit: 1+size <= MaxShardBytes as <.
 #                      When the shard is exactly at the bound the slower
 #                      path runs instead, keeps every entry (each fits as

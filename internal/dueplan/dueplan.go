@@ -24,7 +24,6 @@
 package dueplan
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 
@@ -54,14 +53,16 @@ type Entry[K comparable] struct {
 	Ref any
 }
 
-// item is an entry in the heap.
+// item is an entry in the heap, held by value: a plan of 100 000 keys is
+// one slice, not 100 000 small objects replaced at every plan (BENCHMARKS.md,
+// "The plan's entries by value"). Its Ref, which few entries carry, lives in
+// the heap's refs map.
 type item[K comparable] struct {
-	Entry[K]
+	key K
+	at  time.Time
 	// seq orders entries due at the same instant: the earlier plan first.
-	seq uint64
-	// idx is the item's place in the heap while it is in it (an item that
-	// left it is no longer in byKey, so its idx is never read again).
-	idx int
+	seq  uint64
+	mark Mark
 }
 
 // Plan is a plan of due times with one timer. It is safe for concurrent use.
@@ -93,7 +94,7 @@ type armedTimer struct {
 // plan's other methods while expecting the timer's callback to make
 // progress, and it is taken before the plan's own lock.
 func New[K comparable](clk clock.Clock, outer sync.Locker, fire func(due []Entry[K])) *Plan[K] {
-	return &Plan[K]{clock: clk, outer: outer, fire: fire, h: dueHeap[K]{byKey: make(map[K]*item[K])}}
+	return &Plan[K]{clock: clk, outer: outer, fire: fire, h: dueHeap[K]{byKey: make(map[K]int)}}
 }
 
 // Set plans key at at, replacing any earlier plan of it (and its mark).
@@ -119,7 +120,7 @@ func (p *Plan[K]) PutRef(key K, at time.Time, m Mark, ref any) {
 func (p *Plan[K]) Add(key K, at time.Time, m Mark) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.stopped || p.h.byKey[key] != nil {
+	if _, planned := p.h.byKey[key]; p.stopped || planned {
 		return false
 	}
 	p.h.put(Entry[K]{Key: key, At: at, Mark: m})
@@ -142,8 +143,8 @@ func (p *Plan[K]) Drop(key K) bool {
 func (p *Plan[K]) Get(key K) (Entry[K], bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if it := p.h.byKey[key]; it != nil {
-		return it.Entry, true
+	if i, ok := p.h.byKey[key]; ok {
+		return p.h.entry(i), true
 	}
 	return Entry[K]{}, false
 }
@@ -160,8 +161,8 @@ func (p *Plan[K]) Entries() []Entry[K] {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	out := make([]Entry[K], 0, len(p.h.items))
-	for _, it := range p.h.items {
-		out = append(out, it.Entry)
+	for i := range p.h.items {
+		out = append(out, p.h.entry(i))
 	}
 	return out
 }
@@ -251,31 +252,44 @@ func (p *Plan[K]) expire(a *armedTimer) {
 // dueHeap is the plan's entries in one min-heap of due times, with an index
 // by key. It is not safe for concurrent use: Plan guards it.
 type dueHeap[K comparable] struct {
-	items []*item[K]
-	byKey map[K]*item[K]
-	seq   uint64
+	items []item[K]
+	// byKey is each planned key's place in items.
+	byKey map[K]int
+	// refs holds the Ref of the entries that carry one (nil until one does).
+	refs map[K]any
+	seq  uint64
 }
 
 // put plans e, replacing any earlier plan of its key.
 func (h *dueHeap[K]) put(e Entry[K]) {
 	h.seq++
-	if it := h.byKey[e.Key]; it != nil {
-		it.Entry, it.seq = e, h.seq
-		heap.Fix((*dueOrder[K])(h), it.idx)
+	it := item[K]{key: e.Key, at: e.At, seq: h.seq, mark: e.Mark}
+	if e.Ref != nil {
+		if h.refs == nil {
+			h.refs = make(map[K]any)
+		}
+		h.refs[e.Key] = e.Ref
+	} else {
+		delete(h.refs, e.Key)
+	}
+	if i, ok := h.byKey[e.Key]; ok {
+		h.items[i] = it
+		h.fix(i)
 		return
 	}
-	it := &item[K]{Entry: e, seq: h.seq}
-	h.byKey[e.Key] = it
-	heap.Push((*dueOrder[K])(h), it)
+	h.items = append(h.items, it)
+	i := len(h.items) - 1
+	h.byKey[e.Key] = i
+	h.up(i)
 }
 
 // drop removes key's plan and reports whether there was one.
 func (h *dueHeap[K]) drop(key K) bool {
-	it := h.byKey[key]
-	if it == nil {
+	i, ok := h.byKey[key]
+	if !ok {
 		return false
 	}
-	heap.Remove((*dueOrder[K])(h), it.idx)
+	h.remove(i)
 	return true
 }
 
@@ -284,15 +298,16 @@ func (h *dueHeap[K]) earliest() (time.Time, bool) {
 	if len(h.items) == 0 {
 		return time.Time{}, false
 	}
-	return h.items[0].At, true
+	return h.items[0].at, true
 }
 
 // popDue removes and returns the entries due at or before now, earliest
 // first (ties in the order they were planned).
 func (h *dueHeap[K]) popDue(now time.Time) []Entry[K] {
 	var due []Entry[K]
-	for len(h.items) > 0 && !h.items[0].At.After(now) {
-		due = append(due, heap.Pop((*dueOrder[K])(h)).(*item[K]).Entry)
+	for len(h.items) > 0 && !h.items[0].at.After(now) {
+		due = append(due, h.entry(0))
+		h.remove(0)
 	}
 	return due
 }
@@ -301,38 +316,84 @@ func (h *dueHeap[K]) popDue(now time.Time) []Entry[K] {
 func (h *dueHeap[K]) clear() {
 	h.items = nil
 	clear(h.byKey)
+	h.refs = nil
 }
 
-// dueOrder is dueHeap seen by container/heap.
-type dueOrder[K comparable] dueHeap[K]
+// entry is the i-th item as the plan hands it out.
+func (h *dueHeap[K]) entry(i int) Entry[K] {
+	it := &h.items[i]
+	return Entry[K]{Key: it.key, At: it.at, Mark: it.mark, Ref: h.refs[it.key]}
+}
 
-func (o *dueOrder[K]) Len() int { return len(o.items) }
+// remove takes the i-th item out of the heap, its key out of the index.
+func (h *dueHeap[K]) remove(i int) {
+	key := h.items[i].key
+	last := len(h.items) - 1
+	if i != last {
+		h.swap(i, last)
+	}
+	h.items[last] = item[K]{} // no key kept alive by the spare capacity
+	h.items = h.items[:last]
+	delete(h.byKey, key)
+	delete(h.refs, key)
+	if i != last {
+		h.fix(i)
+	}
+}
 
-func (o *dueOrder[K]) Less(i, j int) bool {
-	a, b := o.items[i], o.items[j]
-	if !a.At.Equal(b.At) {
-		return a.At.Before(b.At)
+// less orders items by due time, then by plan order.
+func (h *dueHeap[K]) less(i, j int) bool {
+	a, b := &h.items[i], &h.items[j]
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
 	}
 	return a.seq < b.seq
 }
 
-func (o *dueOrder[K]) Swap(i, j int) {
-	o.items[i], o.items[j] = o.items[j], o.items[i]
-	o.items[i].idx = i
-	o.items[j].idx = j
+// swap exchanges two items and their places in the index.
+func (h *dueHeap[K]) swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	h.byKey[h.items[i].key] = i
+	h.byKey[h.items[j].key] = j
 }
 
-func (o *dueOrder[K]) Push(x any) {
-	it := x.(*item[K])
-	it.idx = len(o.items)
-	o.items = append(o.items, it)
+// fix restores the heap order after the i-th item's time changed.
+func (h *dueHeap[K]) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
 }
 
-func (o *dueOrder[K]) Pop() any {
-	n := len(o.items) - 1
-	it := o.items[n]
-	o.items[n] = nil
-	o.items = o.items[:n]
-	delete(o.byKey, it.Key)
-	return it
+// up moves the i-th item towards the root while it is earlier than its
+// parent.
+func (h *dueHeap[K]) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !h.less(i, parent) {
+			return
+		}
+		h.swap(i, parent)
+		i = parent
+	}
+}
+
+// down moves the i-th item towards the leaves while a child is earlier; it
+// reports whether the item moved.
+func (h *dueHeap[K]) down(i int) bool {
+	start, n := i, len(h.items)
+	for {
+		child := 2*i + 1
+		if child >= n {
+			break
+		}
+		if r := child + 1; r < n && h.less(r, child) {
+			child = r
+		}
+		if !h.less(child, i) {
+			break
+		}
+		h.swap(i, child)
+		i = child
+	}
+	return i > start
 }

@@ -383,10 +383,11 @@ func TestDueHeapMatchesModel(t *testing.T) {
 	type plan struct {
 		at  time.Time
 		seq int
+		ref any
 	}
 	for seed := uint64(1); seed <= 20; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 0))
-		h := &dueHeap[string]{byKey: map[string]*item[string]{}}
+		h := &dueHeap[string]{byKey: map[string]int{}}
 		model := map[string]plan{}
 		seq := 0
 		now := time.Unix(1_700_000_000, 0)
@@ -401,8 +402,12 @@ func TestDueHeapMatchesModel(t *testing.T) {
 				// Coarse times, so that ties are common.
 				at := now.Add(time.Duration(rng.IntN(20)) * time.Second)
 				seq++
-				h.put(Entry[string]{Key: name, At: at})
-				model[name] = plan{at, seq}
+				var ref any
+				if rng.IntN(3) == 0 {
+					ref = seq
+				}
+				h.put(Entry[string]{Key: name, At: at, Ref: ref})
+				model[name] = plan{at, seq, ref}
 			case r < 7:
 				_, planned := model[name]
 				if h.drop(name) != planned {
@@ -427,6 +432,9 @@ func TestDueHeapMatchesModel(t *testing.T) {
 				var got []string
 				for _, e := range h.popDue(now) {
 					got = append(got, e.Key)
+					if e.Ref != model[e.Key].ref {
+						t.Fatalf("seed %d step %d: %s popped with Ref %v, want %v", seed, step, e.Key, e.Ref, model[e.Key].ref)
+					}
 				}
 				if !slices.Equal(got, want) {
 					t.Fatalf("seed %d step %d: popDue(%v) = %v, want %v", seed, step, now, got, want)
@@ -439,10 +447,27 @@ func TestDueHeapMatchesModel(t *testing.T) {
 				t.Fatalf("seed %d step %d: %d planned, want %d", seed, step, len(h.items), len(model))
 			}
 			for _, n := range names {
-				it := h.byKey[n]
+				i, planned := h.byKey[n]
 				p, want := model[n]
-				if (it != nil) != want || (it != nil && !it.At.Equal(p.at)) {
-					t.Fatalf("seed %d step %d: %s planned %v, want %v %v", seed, step, n, it, p.at, want)
+				if planned != want || (planned && (h.items[i].key != n || !h.items[i].at.Equal(p.at))) {
+					t.Fatalf("seed %d step %d: %s planned %v at %d, want %v %v", seed, step, n, planned, i, p.at, want)
+				}
+			}
+			refs := 0
+			for _, p := range model {
+				if p.ref != nil {
+					refs++
+				}
+			}
+			if len(h.refs) != refs {
+				t.Fatalf("seed %d step %d: %d refs kept, want %d (one per planned entry that carries one)", seed, step, len(h.refs), refs)
+			}
+			if spare := h.items[len(h.items):cap(h.items)]; slices.ContainsFunc(spare, func(it item[string]) bool { return it.key != "" }) {
+				t.Fatalf("seed %d step %d: the slice's spare capacity still holds a removed key", seed, step)
+			}
+			for i := 1; i < len(h.items); i++ {
+				if h.less(i, (i-1)/2) {
+					t.Fatalf("seed %d step %d: item %d (%s) is earlier than its parent", seed, step, i, h.items[i].key)
 				}
 			}
 			if first, ok := h.earliest(); ok {

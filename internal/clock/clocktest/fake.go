@@ -24,8 +24,10 @@ const WaitLimit = 20 * time.Second
 // Fake is a clock.Clock that moves only when the test says so. It is safe
 // for concurrent use. The zero value is not usable: call NewFake.
 type Fake struct {
-	// busy counts AfterFunc callbacks that fired and have not returned.
+	// busy counts AfterFunc callbacks that fired and have not returned;
+	// started counts every one that fired.
 	busy    atomic.Int32
+	started atomic.Uint64
 	mu      sync.Mutex
 	now     time.Time
 	seq     int
@@ -100,6 +102,7 @@ func (t *fakeTimer) Stop() bool {
 
 func (t *fakeTimer) fire(now time.Time) {
 	if t.fn != nil {
+		t.c.started.Add(1)
 		t.c.busy.Add(1)
 		go func() {
 			defer func() {
@@ -121,6 +124,23 @@ func (c *Fake) notifyLocked() {
 // Busy returns the number of AfterFunc callbacks that fired and have not
 // returned yet.
 func (c *Fake) Busy() int { return int(c.busy.Load()) }
+
+// Settled wraps cond for WaitUntil so that it holds only when no callback
+// ran while cond was evaluated: none was running when it began or when it
+// ended, and none fired in between. A cond that reads several things at
+// different moments (how many roles are planned, how many sleep) could
+// otherwise see one of them before a callback and another after it, and
+// hold in a state that never was.
+func (c *Fake) Settled(cond func() bool) func() bool {
+	return func() bool {
+		before := c.started.Load()
+		if c.busy.Load() != 0 {
+			return false
+		}
+		ok := cond()
+		return ok && c.busy.Load() == 0 && c.started.Load() == before
+	}
+}
 
 // Poke wakes every waiter so that it checks its condition again. Code under
 // test that changes state a waiter looks at without touching the clock's

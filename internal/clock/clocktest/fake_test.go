@@ -88,3 +88,33 @@ func TestFakeDriveUntilFiresSleepersOnly(t *testing.T) {
 		t.Fatalf("now %v, want t0+2s: driven from sleeper to sleeper", c.Now())
 	}
 }
+
+// TestSettled: a condition holds only when no callback ran while it was
+// evaluated: not when one runs, nor when one fired and finished during it.
+func TestSettled(t *testing.T) {
+	c := NewFake(t0)
+	if !c.Settled(func() bool { return true })() {
+		t.Fatal("no callback anywhere: want settled")
+	}
+	if c.Settled(func() bool { return false })() {
+		t.Fatal("the condition itself is false: want not settled")
+	}
+	release := make(chan struct{})
+	c.AfterFunc(0, func() { <-release })
+	if c.Settled(func() bool { return true })() {
+		t.Fatal("a callback is running: want not settled")
+	}
+	close(release)
+	c.WaitUntil(t, func() bool { return c.Busy() == 0 }, func() string { return "the callback" })
+	// A callback that fires and returns while the condition is read.
+	during := c.Settled(func() bool {
+		done := make(chan struct{})
+		c.AfterFunc(0, func() { close(done) })
+		<-done
+		c.WaitUntil(t, func() bool { return c.Busy() == 0 }, func() string { return "the callback" })
+		return true
+	})
+	if during() {
+		t.Fatal("a callback ran while the condition was read: want not settled")
+	}
+}
