@@ -55,8 +55,8 @@ type Entry[K comparable] struct {
 
 // item is an entry in the heap, held by value: a plan of 100 000 keys is
 // one slice, not 100 000 small objects replaced at every plan (BENCHMARKS.md,
-// "The plan's entries by value"). Its Ref, which few entries carry, lives in
-// the heap's refs map.
+// "The mirror's strings and the plan's entries"). Its Ref, which few
+// entries carry, lives in the heap's refs map.
 type item[K comparable] struct {
 	key K
 	at  time.Time
