@@ -80,8 +80,8 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 	dir := fs.String("dir", ".", "the package to measure")
 	module := fs.String("module", "", "the module root for the module-wide measures (default: where -dir's go.mod is)")
 	verbose := fs.Bool("v", false, "list the items behind each measure")
-	structName := fs.String("struct", "backend", "the main struct")
-	mechs := fs.String("mechanisms", "clock,ratelimit,dueplan,schedindex,memlimit", "the mechanism packages under internal/, comma-separated")
+	structName := fs.String("struct", pluginConfig.Struct, "the main struct")
+	mechs := fs.String("mechanisms", strings.Join(pluginConfig.Mechanisms, ","), "the mechanism packages under internal/, comma-separated")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()

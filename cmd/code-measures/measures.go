@@ -28,6 +28,10 @@ type config struct {
 	Mechanisms []string // packages under internal/ that should stand alone
 }
 
+// pluginConfig is this plugin's: the flags' defaults, and what its tests
+// measure.
+var pluginConfig = config{Struct: "backend", Mechanisms: []string{"clock", "ratelimit", "dueplan", "schedindex", "memlimit"}}
+
 // Thresholds, from the issue ("Owners, not a god object").
 const (
 	fieldFilesMin = 3  // a field selected from this many files has no one owner

@@ -20,7 +20,7 @@ func TestMeasuresOnFixture(t *testing.T) {
 	if len(p.typeErrs) > 0 {
 		t.Fatalf("fixture does not type-check: %v", p.typeErrs)
 	}
-	ms, err := run(p, "testdata/module", config{Struct: "backend", Mechanisms: []string{"clock", "ratelimit", "dueplan", "schedindex", "memlimit"}})
+	ms, err := run(p, "testdata/module", pluginConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ func TestPluginMeetsTheTargets(t *testing.T) {
 	if len(p.typeErrs) > 0 {
 		t.Fatalf("the plugin does not type-check: %v", p.typeErrs)
 	}
-	ms, err := run(p, "../..", config{Struct: "backend", Mechanisms: []string{"clock", "ratelimit", "dueplan", "schedindex", "memlimit"}})
+	ms, err := run(p, "../..", pluginConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
