@@ -8,6 +8,12 @@
 // and writes a heap profile, heap-<unix seconds>.pprof, every 20 s. Release
 // builds carry none of it.
 //
+// A file named heapdump.request in that directory asks for a full heap
+// dump (runtime/debug.WriteHeapDump after a GC, every live object with its
+// address, size and contents): the plugin writes heap.dump there and removes
+// the request. It shows which pages of which size class hold how little,
+// what the heap profile's sampled sizes cannot.
+//
 //	go build -tags memtrace -ldflags "-X main.version=v0.1.0-dev" -o plugin ./cmd/vault-plugin-secrets-aws-resilient
 package main
 
@@ -16,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"runtime/pprof"
 	"strconv"
@@ -76,6 +83,9 @@ func memtrace(dir string) {
 			row = append(row, strconv.FormatUint(v, 10))
 		}
 		fmt.Fprintln(f, strings.Join(row, "\t"))
+		if _, err := os.Stat(filepath.Join(dir, "heapdump.request")); err == nil {
+			heapDump(dir)
+		}
 		if now.Sub(lastProfile) >= 20*time.Second {
 			lastProfile = now
 			if p, err := os.Create(filepath.Join(dir, fmt.Sprintf("heap-%d.pprof", now.Unix()))); err == nil {
@@ -83,6 +93,22 @@ func memtrace(dir string) {
 				p.Close()
 			}
 		}
+	}
+}
+
+// heapDump writes heap.dump in dir (through a temporary name, so a reader
+// never sees half of it) and removes the request.
+func heapDump(dir string) {
+	_ = os.Remove(filepath.Join(dir, "heapdump.request"))
+	tmp := filepath.Join(dir, "heap.dump.tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return
+	}
+	runtime.GC()
+	debug.WriteHeapDump(f.Fd())
+	if f.Close() == nil {
+		_ = os.Rename(tmp, filepath.Join(dir, "heap.dump"))
 	}
 }
 
