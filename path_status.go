@@ -393,8 +393,10 @@ the next cycle starts; last_attempt, last_success, attempts_last_cycle,
 failed_cycles (consecutive, since the last success) and last_error (AWS error
 code and message, never a secret) describe the refresher's recent work.
 rate_limited_since says since when every attempt for the role was refused a
-slot by the plugin's own sts_rate_limit; after a whole retry window of that,
-state is stale and last_error says so.
+slot by the plugin's own sts_rate_limit; such a cycle made no STS call, so
+last_error keeps the role's last AWS error (RateLimited only when there was
+none); after a whole retry window of that, state is stale and last_error
+says so.
 
 The read budget (one STS call per role, or per role and entity, per retry
 block, however many read it): while the last attempt failed,

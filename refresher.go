@@ -628,8 +628,15 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 		// 62 s). The next cycle starts as soon as the limiter has a slot
 		// free, without counting a failed cycle; the status shows since when
 		// the role has been starved.
+		// Nor does it replace the role's last AWS error: last_error keeps
+		// saying why STS refused the role (AccessDenied, say), and says
+		// RateLimited only when there was none, or (status) once the role
+		// has been starved a whole retry window.
 		if st.RateLimitedSince.IsZero() {
 			st.RateLimitedSince = j.start
+		}
+		if prev.LastError != "" {
+			st.LastError = prev.LastError
 		}
 		st.NextRefresh = rf.limiter.NextFree(now)
 		return st, st.NextRefresh

@@ -699,3 +699,25 @@ func TestSelfHeal_FiringTimerStaysScheduled(t *testing.T) {
 	default:
 	}
 }
+
+// TestSelfHeal_LimiterKeepsTheAWSError: a cycle that our own limiter
+// refused every attempt of made no STS call, so it does not replace the
+// role's last AWS error in status: last_error still names AccessDenied,
+// and rate_limited_since says since when the role has been starved.
+func TestSelfHeal_LimiterKeepsTheAWSError(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"sts_rate_limit": 0.01, "sts_burst": 1}})
+	f.emu.SetDeny([]string{testRoleARN})
+	resp, err := f.coldCycle(testRole) // takes the one slot for the next 100s
+	if err != nil || !resp.IsError() || !strings.Contains(respErr(resp), "AccessDenied") {
+		t.Fatalf("read of a denied role: resp=%v err=%v, want AccessDenied", respErr(resp), err)
+	}
+	f.emu.SetDeny(nil)
+	start := f.fireScheduled(roleKey(testRole))
+	st := f.status(testRole)
+	if since := statusTime(t, st, "rate_limited_since"); since.Before(start) {
+		t.Fatalf("rate_limited_since = %v after a cycle refused a slot, want at or after %v: %v", since, start, st)
+	}
+	if le, _ := st["last_error"].(string); !strings.HasPrefix(le, "AccessDenied: ") {
+		t.Fatalf("last_error after a cycle that made no STS call = %q, want the last AWS error (AccessDenied): %v", le, st)
+	}
+}
