@@ -184,6 +184,14 @@ type roleState struct {
 	okAttempts uint8
 }
 
+// noStatus is the empty record, shared by every entry that has none yet (a
+// role just written, a placeholder): a published roleState is immutable,
+// and nothing writes through its fullStatus, so one value serves them all.
+// One allocated per new role was garbage in the size class of the role
+// definitions the mirror keeps (176 bytes), among which it left holes
+// (BENCHMARKS.md, the heap dump of section f).
+var noStatus = &statusEntry{}
+
 // status returns the refresher's record of the role.
 func (rs *roleState) status() statusEntry {
 	if rs.fullStatus != nil {
@@ -392,7 +400,7 @@ func (r *roleStates) readLocked(ctx context.Context, s logical.Storage, key cred
 // write back.
 func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
 	if st == nil {
-		st = &statusEntry{}
+		st = noStatus
 		if cred == nil {
 			return st, false
 		}
@@ -421,7 +429,7 @@ func (r *roleStates) markLocked(key credKey, bump bool) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rs := r.m[key]
-	next := &roleState{fullStatus: &statusEntry{}, stale: true}
+	next := &roleState{fullStatus: noStatus, stale: true}
 	if rs != nil {
 		copied := *rs
 		next = &copied
@@ -585,7 +593,7 @@ func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, nam
 		return err
 	}
 	r.mu.Lock()
-	r.put(roleKey(name), &roleState{role: role, fullStatus: &statusEntry{}, gen: gen})
+	r.put(roleKey(name), &roleState{role: role, fullStatus: noStatus, gen: gen})
 	for _, k := range ents {
 		r.del(k)
 	}
