@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/vault/sdk/logical"
 )
 
 // The reconciler alone: a failed pass arms one retry after backoff(n), n
@@ -173,5 +176,36 @@ func TestReconciler_DeletesWhatAGoneRoleLeft(t *testing.T) {
 		if e, err := f.s.Get(ctx, key); err != nil || e == nil {
 			t.Errorf("%s: gone (error %v), want the live role's kept", key, err)
 		}
+	}
+}
+
+// TestReconcile_EveryPassIsLogged: the first pass that completes (the one
+// the mount's start runs) is logged at info, every later one at debug with
+// its roles, duration and error count. Section f of the benchmarks finds
+// the passes by this line to keep its scheduler-cost window clear of them.
+func TestReconcile_EveryPassIsLogged(t *testing.T) {
+	var buf syncBuffer
+	fs := newFaultStorage(new(logical.InmemStorage), 1)
+	f := newFixture(t, fixtureOpts{storage: fs, logger: hclog.New(&hclog.LoggerOptions{Output: &buf, Level: hclog.Debug})})
+	count := func(s string) int { return strings.Count(buf.String(), s) }
+	if n, m := count("[INFO]  first reconciler pass done"), count("reconciler pass done"); n != 1 || m != 1 {
+		t.Fatalf("after the start: %d first-pass lines and %d pass lines, want 1 and 1:\n%s", n, m, buf.String())
+	}
+	periodicPass(t, f.b, f.s)
+	periodicPass(t, f.b, f.s)
+	if n := count("[DEBUG] reconciler pass done: roles=1 took=0s errors=0"); n != 2 {
+		t.Fatalf("%d debug lines for two clean passes of one role, want 2:\n%s", n, buf.String())
+	}
+	// A pass that got its roles but failed a later step says how many
+	// steps failed; one that could not list the roles did not pass.
+	fs.failNext("list", "cache/", 1, false)
+	periodicPass(t, f.b, f.s)
+	fs.failNext("list", "roles/", 1, false)
+	periodicPass(t, f.b, f.s)
+	if n := count("reconcile pass failed, retrying"); n != 2 {
+		t.Fatalf("%d warnings of a failed pass, want 2:\n%s", n, buf.String())
+	}
+	if n, failed := count("[DEBUG] reconciler pass done"), count("errors=1"); n != 3 || failed != 1 || count("first reconciler pass done") != 1 {
+		t.Fatalf("after a partly failed pass and one that could not list the roles: %d debug lines (want 3), %d with errors=1 (want 1):\n%s", n, failed, buf.String())
 	}
 }

@@ -60,6 +60,13 @@ type tickResult struct {
 	Refreshes int     `json:"refreshes"`
 	PluginMs  float64 `json:"plugin_cpu_ms_per_refresh"`
 	VaultMs   float64 `json:"vault_cpu_ms_per_refresh"`
+	// Passes is how many reconciler passes ran (in part) inside the
+	// window, -1 when the log could not say; PassCPUTook is the longest
+	// one's duration. The window opens right after a pass, so that the
+	// once-a-minute pass over every role (a cost per mount and minute,
+	// not per refresh) stays out of the per-refresh figure.
+	Passes   int     `json:"reconciler_passes_in_window"`
+	PassTook float64 `json:"longest_pass_seconds"`
 }
 
 // startResult is one mount start: from T0 (the reload call, or Vault active
@@ -204,7 +211,9 @@ func roundPhases(p map[string]float64) map[string]int {
 func (r *run) scaleSingle(sr *scaleRun) {
 	o, tb := r.o, r.tb
 	t := time.Now()
-	sr.s = vaulttest.StartServer(tb, vaulttest.ServerOptions{Storage: "raft", LogLevel: "info"})
+	// At debug the plugin logs the end of every reconciler pass, which the
+	// scheduler-cost windows are placed by; it logs little else there.
+	sr.s = vaulttest.StartServer(tb, vaulttest.ServerOptions{Storage: "raft", LogLevel: "debug"})
 	sr.s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{Env: r.scalePluginEnv()})
 	r.logf("f: vault %s (raft): log %s", sr.s.Addr, sr.s.Process.LogPath)
 	sr.a = newAPI(sr.s)
@@ -345,8 +354,11 @@ func (r *run) scaleTick(sr *scaleRun, tickers []string, roles int) tickResult {
 		return err
 	}))
 	// Every ticker has been refreshed once by the schedule before the
-	// window opens.
+	// window opens, and a reconciler pass has just ended.
 	time.Sleep(7 * time.Second)
+	if !r.awaitPass(sr, time.Now(), 75*time.Second) {
+		r.logf("f: scheduler cost, %d roles: no reconciler pass seen in 75s; the window opens anyway", roles)
+	}
 	pid := r.scalePID(sr.s)
 	cpu := func() (p, v time.Duration) {
 		var err error
@@ -372,10 +384,70 @@ func (r *run) scaleTick(sr *scaleRun, tickers []string, roles int) tickResult {
 		res.PluginMs = 1000 * (p1 - p0).Seconds() / float64(res.Refreshes)
 		res.VaultMs = 1000 * (v1 - v0).Seconds() / float64(res.Refreshes)
 	}
-	r.logf("f: scheduler cost, %d roles: %d refreshes of %d tickers in %.1fs; plugin CPU %.2f ms, Vault CPU %.2f ms per refresh",
-		roles, res.Refreshes, res.Tickers, res.Seconds, res.PluginMs, res.VaultMs)
+	// A pass under way when the window closed is logged when it ends.
 	time.Sleep(7 * time.Second)
+	res.Passes, res.PassTook = passesIn(sr.s.Process.LogPath, t0, t0.Add(el))
+	r.logf("f: scheduler cost, %d roles: %d refreshes of %d tickers in %.1fs; plugin CPU %.2f ms, Vault CPU %.2f ms per refresh; %d reconciler passes inside (longest %.2fs)",
+		roles, res.Refreshes, res.Tickers, res.Seconds, res.PluginMs, res.VaultMs, res.Passes, res.PassTook)
 	return res
+}
+
+// scaleEveryPassLine is what the plugin logs, at debug, at the end of each
+// reconciler pass after the first ("first reconciler pass done" contains it
+// too).
+const scaleEveryPassLine = "reconciler pass done"
+
+// awaitPass waits up to timeout for a reconciler pass to end after from.
+func (r *run) awaitPass(sr *scaleRun, from time.Time, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		lines, _ := bench.LogLines(sr.s.Process.LogPath, scaleEveryPassLine)
+		for _, ln := range lines {
+			if ln.Time.After(from) {
+				return true
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
+}
+
+// passesIn counts the reconciler passes in the log at path that ran, at
+// least in part, inside [t0, t1], and the longest one's duration; -1 when
+// the log cannot be read.
+func passesIn(path string, t0, t1 time.Time) (int, float64) {
+	lines, err := bench.LogLines(path, scaleEveryPassLine)
+	if err != nil {
+		return -1, 0
+	}
+	n, longest := 0, 0.0
+	for _, ln := range lines {
+		took := logTook(ln.Text)
+		start := ln.Time.Add(-time.Duration(took * float64(time.Second)))
+		if ln.Time.Before(t0) || start.After(t1) {
+			continue
+		}
+		n++
+		longest = max(longest, took)
+	}
+	return n, longest
+}
+
+// logTook is the took= field of a plugin log line, in seconds (0 if none).
+func logTook(line string) float64 {
+	v, ok := bench.LogField(line, "took")
+	if !ok {
+		return 0
+	}
+	// hclog writes a Duration as its nanoseconds ("3.86e+09") through the
+	// plugin's gRPC logger.
+	if d, err := time.ParseDuration(v); err == nil {
+		return d.Seconds()
+	}
+	if ns, err := strconv.ParseFloat(v, 64); err == nil {
+		return ns / 1e9
+	}
+	return 0
 }
 
 // readProbe reads creds/<name> every 10 ms from now until one read
@@ -497,15 +569,7 @@ func startLogAfter(path string, t0 time.Time, timeout time.Duration) startLog {
 				if v, ok := bench.LogField(ln.Text, "roles"); ok {
 					l.PassRoles, _ = strconv.Atoi(v)
 				}
-				if v, ok := bench.LogField(ln.Text, "took"); ok {
-					// hclog writes a Duration as its nanoseconds
-					// ("3.86e+09") through the plugin's gRPC logger.
-					if d, err := time.ParseDuration(v); err == nil {
-						l.PassTook = d.Seconds()
-					} else if ns, err := strconv.ParseFloat(v, 64); err == nil {
-						l.PassTook = ns / 1e9
-					}
-				}
+				l.PassTook = logTook(ln.Text)
 				break
 			}
 		}
