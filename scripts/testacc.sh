@@ -18,4 +18,9 @@ done
 export VAULT_ACC=1
 # Each test starts its own servers and mostly waits on timers, so they run
 # side by side regardless of the core count; -parallel defaults to GOMAXPROCS.
-exec go test -count=1 -v -parallel 8 -timeout 40m "$@" ./acceptance/... ./internal/vaulttest/...
+# Their Vault logs fill the output, so a failure's message can sit far above
+# the end: cmd/test-failures repeats each failed test's own lines there
+# (pipefail keeps go test's exit status).
+go build -o "${TMPDIR:-/tmp}/aws-resilient-test-failures" ./cmd/test-failures
+go test -count=1 -v -parallel 8 -timeout 40m "$@" ./acceptance/... ./internal/vaulttest/... 2>&1 |
+	"${TMPDIR:-/tmp}/aws-resilient-test-failures"
