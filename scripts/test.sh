@@ -5,7 +5,7 @@
 #                the independent STS clients the emulator is checked against;
 #                Debian's prometheus (prometheus and promtool) when missing
 #  2. rules      promtool check/test of the shipped alert rules
-#  3. gofmt      formatting check
+#  3. gofmt      formatting check; no binary or file over 1 MiB tracked
 #  4. vet        go vet ./...
 #  5. unit       go test -race -count=1 ./... (acceptance tests skip here),
 #                including the seeded fault simulation (TestSimulation), and
@@ -117,11 +117,26 @@ section rules "promtool check and test of deploy/prometheus"
 promtool check rules deploy/prometheus/aws-resilient-rules.yml
 (cd deploy/prometheus && promtool test rules aws-resilient-rules_test.yml)
 
-section gofmt "gofmt -l"
+section gofmt "gofmt -l; no build output tracked"
 unformatted=$(git ls-files -z --cached --others --exclude-standard '*.go' | xargs -0 -r gofmt -l)
 if [[ -n "$unformatted" ]]; then
 	echo "not gofmt-formatted (run make fmt):"
 	echo "$unformatted"
+	exit 1
+fi
+# A `go build ./cmd/<name>` in the root once left a 39 MB binary in a
+# commit: no tracked file may be an executable (ELF) or over 1 MiB.
+built=$(git ls-files -z --cached | python3 -c '
+import os, sys
+for f in sys.stdin.buffer.read().split(b"\0"):
+    if f and os.path.isfile(f):
+        with open(f, "rb") as fh:
+            if fh.read(4) == b"\x7fELF" or os.path.getsize(f) > 1 << 20:
+                print(f.decode(errors="replace"))
+')
+if [[ -n "$built" ]]; then
+	echo "tracked build output or oversized files (remove them; .gitignore lists the usual binaries):"
+	echo "$built"
 	exit 1
 fi
 echo ok
