@@ -61,7 +61,7 @@ type tickResult struct {
 	PluginMs  float64 `json:"plugin_cpu_ms_per_refresh"`
 	VaultMs   float64 `json:"vault_cpu_ms_per_refresh"`
 	// Passes is how many reconciler passes ran (in part) inside the
-	// window, -1 when the log could not say; PassCPUTook is the longest
+	// window, -1 when the log could not say; PassTook is the longest
 	// one's duration. The window opens right after a pass, so that the
 	// once-a-minute pass over every role (a cost per mount and minute,
 	// not per refresh) stays out of the per-refresh figure.
