@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -356,7 +357,7 @@ func (r *run) scaleTick(sr *scaleRun, tickers []string, roles int) tickResult {
 	// Every ticker has been refreshed once by the schedule before the
 	// window opens, and a reconciler pass has just ended.
 	time.Sleep(7 * time.Second)
-	if !r.awaitPass(sr, time.Now(), 75*time.Second) {
+	if !awaitPass(sr.s.Process.LogPath, time.Now(), 75*time.Second) {
 		r.logf("f: scheduler cost, %d roles: no reconciler pass seen in 75s; the window opens anyway", roles)
 	}
 	pid := r.scalePID(sr.s)
@@ -397,19 +398,13 @@ func (r *run) scaleTick(sr *scaleRun, tickers []string, roles int) tickResult {
 // too).
 const scaleEveryPassLine = "reconciler pass done"
 
-// awaitPass waits up to timeout for a reconciler pass to end after from.
-func (r *run) awaitPass(sr *scaleRun, from time.Time, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		lines, _ := bench.LogLines(sr.s.Process.LogPath, scaleEveryPassLine)
-		for _, ln := range lines {
-			if ln.Time.After(from) {
-				return true
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return false
+// awaitPass waits up to timeout for a reconciler pass to end, in the log at
+// path, after from.
+func awaitPass(path string, from time.Time, timeout time.Duration) bool {
+	return waitUntil(timeout, 200*time.Millisecond, func() bool {
+		lines, _ := bench.LogLines(path, scaleEveryPassLine)
+		return slices.ContainsFunc(lines, func(ln bench.LogLine) bool { return ln.Time.After(from) })
+	})
 }
 
 // passesIn counts the reconciler passes in the log at path that ran, at
