@@ -23,10 +23,7 @@ func TestDevScriptOnce(t *testing.T) {
 	t.Parallel()
 	root := vaulttest.RepoRoot(t)
 	vaultBin := vaulttest.VaultBin(t)
-	vaultPort := vaulttest.FreePort(t)
-	for isListening(vaultPort+1) || isListening(vaultPort) {
-		vaultPort = vaulttest.FreePort(t)
-	}
+	vaultPort := vaulttest.FreePortPair(t)
 	stsPort := vaulttest.FreePort(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -141,10 +141,7 @@ func TestDocsExamples(t *testing.T) {
 		t.Fatal("README.md has no runnable block: the quick start must be one")
 	}
 
-	vaultPort := vaulttest.FreePort(t)
-	for isListening(vaultPort+1) || isListening(vaultPort) {
-		vaultPort = vaulttest.FreePort(t)
-	}
+	vaultPort := vaulttest.FreePortPair(t)
 	stsPort := vaulttest.FreePort(t)
 	promPort := vaulttest.FreePort(t)
 	devDir := fmt.Sprintf("/tmp/aws-resilient-dev-%d", vaultPort)

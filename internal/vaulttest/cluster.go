@@ -2,7 +2,6 @@ package vaulttest
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -145,26 +144,14 @@ func clusterNodeHCL(s *Server, join []string) string {
 	return b.String()
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago;
-// all listeners are held until every port is chosen, so none repeats.
+// freePorts returns n distinct loopback ports that were free a moment ago.
 func freePorts(tb testing.TB, n int) []int {
 	tb.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	var ps []int
+	for range n {
+		ps = append(ps, FreePort(tb))
 	}
-	return ports
+	return ps
 }
 
 // Active returns the node that reports itself active in sys/health, or nil

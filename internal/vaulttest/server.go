@@ -115,7 +115,7 @@ func StartServer(tb testing.TB, opts ServerOptions) *Server {
 		// -dev-plugin-dir would also register every binary in the directory
 		// without a version; plugin_directory in a config file only points
 		// Vault at it, and the harness registers by sha256 and version.
-		port := freePortPair(tb)
+		port := FreePortPair(tb)
 		s.Addr = fmt.Sprintf("http://127.0.0.1:%d", port)
 		s.token = randomToken(tb)
 		args = []string{"server", "-dev",

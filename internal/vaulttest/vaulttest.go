@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -280,33 +281,84 @@ func goBuild(root, out string, args ...string) error {
 	return nil
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago. Another
-// process can take it before it is used; callers that bind it themselves
-// retry, and the servers here fail loudly when it is taken.
-func FreePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+// Ports are drawn at random from below the kernel's ephemeral range. A port
+// that net.Listen(":0") picked comes from inside that range, and once it is
+// closed again the kernel may hand it to any outgoing connection as its local
+// port (the many Vault, plugin and client connections of a parallel suite
+// make that likely), after which the server it was meant for cannot bind it.
+// Below the range only another listener can take a port, and every port
+// handed out is remembered so this process never hands it out twice.
+var ports = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
 
-// freePortPair returns a port p such that p and p+1 are both free: a Vault
-// dev server puts its cluster listener on the API port + 1.
-func freePortPair(tb testing.TB) int {
-	tb.Helper()
-	for i := 0; i < 50; i++ {
-		p := FreePort(tb)
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
-		if err == nil {
-			l.Close()
-			return p
+// portRange returns the range [lo, hi) ports are drawn from: from 10000 up to
+// the start of the ephemeral range (ip_local_port_range, 32768 by default).
+func portRange() (lo, hi int) {
+	lo, hi = 10000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > lo+1000 {
+				hi = n
+			}
 		}
 	}
-	tb.Fatal("no two adjacent free loopback ports")
+	return lo, hi
+}
+
+// reservePorts returns the first of n adjacent loopback ports that are free
+// now and were never handed out by this process.
+func reservePorts(tb testing.TB, n int) int {
+	tb.Helper()
+	lo, hi := portRange()
+	ports.Lock()
+	defer ports.Unlock()
+next:
+	for range 1000 {
+		p := lo + mrand.IntN(hi-lo-n)
+		for i := range n {
+			if ports.given[p+i] {
+				continue next
+			}
+		}
+		var ls []net.Listener
+		for i := range n {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
+			if err != nil {
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		if len(ls) < n {
+			continue
+		}
+		for i := range n {
+			ports.given[p+i] = true
+		}
+		return p
+	}
+	tb.Fatalf("no %d adjacent free loopback ports in [%d, %d)", n, lo, hi)
 	return 0
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago and that
+// the kernel does not hand to outgoing connections. Another process can
+// still bind it before it is used; the servers here fail loudly when that
+// happens.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	return reservePorts(tb, 1)
+}
+
+// FreePortPair returns a port p such that p and p+1 are both free: a Vault
+// dev server puts its cluster listener on the API port + 1.
+func FreePortPair(tb testing.TB) int {
+	tb.Helper()
+	return reservePorts(tb, 2)
 }
 
 // randomToken returns a token-like random string used as a dev root token id.

@@ -1,8 +1,10 @@
 package vaulttest
 
 import (
+	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,4 +100,58 @@ func TestClusterFullRestart(t *testing.T) {
 		}
 	}
 	c.WaitVoters(t, 60*time.Second)
+}
+
+// TestFreePorts: every port handed out lies below the kernel's ephemeral
+// range (where outgoing connections never take it), is free to bind, and is
+// never handed out twice, a pair's second port included; a port another
+// listener holds is never handed out.
+func TestFreePorts(t *testing.T) {
+	lo, hi := 10000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			hi, _ = strconv.Atoi(f[0])
+		}
+	}
+	// Occupy most of the range's first ports so that they would be drawn.
+	var busy []net.Listener
+	for p := lo; p < lo+50; p++ {
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			busy = append(busy, l)
+		}
+	}
+	defer func() {
+		for _, l := range busy {
+			l.Close()
+		}
+	}()
+	isBusy := map[int]bool{}
+	for _, l := range busy {
+		isBusy[l.Addr().(*net.TCPAddr).Port] = true
+	}
+	seen := map[int]bool{}
+	take := func(p int) {
+		t.Helper()
+		if p < lo || p >= hi {
+			t.Fatalf("port %d outside [%d, %d), below the ephemeral range", p, lo, hi)
+		}
+		if seen[p] || isBusy[p] {
+			t.Fatalf("port %d handed out twice or while held", p)
+		}
+		seen[p] = true
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("port %d: %v", p, err)
+		}
+		l.Close()
+	}
+	for range 300 {
+		take(FreePort(t))
+		p := FreePortPair(t)
+		take(p)
+		take(p + 1)
+	}
+	for _, p := range freePorts(t, 20) {
+		take(p)
+	}
 }
