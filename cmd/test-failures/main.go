@@ -3,7 +3,9 @@
 // t.Error calls wrote, each message cut to its first lines) again, under one
 // heading. The acceptance suite runs many tests side by side, each with
 // Vault servers whose logs fill the output, so a failure's message can sit
-// thousands of lines above the end that a CI summary shows:
+// thousands of lines above the end that a CI summary shows. A failed test's
+// long messages (the server log tails its cleanup prints) come first and its
+// short ones (where an assertion's message usually is) last, nearest the end:
 //
 //	go test -v ./acceptance/... 2>&1 | go run ./cmd/test-failures
 package main
@@ -17,9 +19,13 @@ import (
 	"strings"
 )
 
-// maxLines is how many lines of one message are repeated (a message that
-// carries a server log is cut).
-const maxLines = 12
+const (
+	// maxLines is how many lines of one message are repeated (a message that
+	// carries a server log is cut).
+	maxLines = 12
+	// shortLines is the most lines a short message has.
+	shortLines = 4
+)
 
 var (
 	// "=== RUN   TestX/y", "=== CONT  TestX", "=== NAME  TestX": the test
@@ -97,14 +103,22 @@ func summarize(in io.Reader, out io.Writer) ([]string, error) {
 	fmt.Fprintf(w, "\n==================== failed tests, their own lines again ====================\n")
 	for _, name := range failed {
 		fmt.Fprintf(w, "--- FAIL: %s\n", name)
-		for _, m := range msgs[name] {
-			for _, l := range m.lines {
-				fmt.Fprintln(w, l)
-			}
-			if m.cut > 0 {
-				fmt.Fprintf(w, "%s    ... (%d more lines)\n", strings.Repeat(" ", m.indent), m.cut)
+		for _, long := range []bool{true, false} {
+			for _, m := range msgs[name] {
+				if (len(m.lines) > shortLines) == long {
+					m.write(w)
+				}
 			}
 		}
 	}
 	return failed, nil
+}
+
+func (m *message) write(w io.Writer) {
+	for _, l := range m.lines {
+		fmt.Fprintln(w, l)
+	}
+	if m.cut > 0 {
+		fmt.Fprintf(w, "%s    ... (%d more lines)\n", strings.Repeat(" ", m.indent), m.cut)
+	}
 }

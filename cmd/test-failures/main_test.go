@@ -7,7 +7,8 @@ import (
 
 // TestSummarize: the output passes through unchanged, and after it each
 // failed test's own messages come again, attributed across the switches of
-// parallel tests, a long message cut; a passing test's lines do not.
+// parallel tests, a long message cut and put before the short ones (which
+// keep their order); a passing test's lines do not.
 func TestSummarize(t *testing.T) {
 	in := `=== RUN   TestA
 === PAUSE TestA
@@ -16,6 +17,11 @@ func TestSummarize(t *testing.T) {
 === CONT  TestA
 === RUN   TestA/one
     a_test.go:10: a-one first
+    process.go:55: --- last lines of vault ---
+        v1
+        v2
+        v3
+        v4
 === NAME  TestB
     b_test.go:20: b says
         continued b
@@ -34,6 +40,8 @@ func TestSummarize(t *testing.T) {
         l10
         l11
         l12
+    a_test.go:12: a-one short
+        second line
 2026-12-03T06:28:00.851Z [INFO]  core: a server line outside any message
 --- FAIL: TestA (1.00s)
     --- FAIL: TestA/one (1.00s)
@@ -56,7 +64,11 @@ FAIL
 ==================== failed tests, their own lines again ====================
 --- FAIL: TestA
 --- FAIL: TestA/one
-    a_test.go:10: a-one first
+    process.go:55: --- last lines of vault ---
+        v1
+        v2
+        v3
+        v4
     a_test.go:11: a-one failed: want 3
         got:
         l1
@@ -70,6 +82,9 @@ FAIL
         l9
         l10
         ... (2 more lines)
+    a_test.go:10: a-one first
+    a_test.go:12: a-one short
+        second line
 `
 	if tail := strings.TrimPrefix(got, in); tail != want {
 		t.Errorf("summary:\n%s\nwant:\n%s", tail, want)
