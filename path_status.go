@@ -164,8 +164,13 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 	v := b.refresher.view(b.WriteSafeReplicationState())
 	r := v.report(roleKey(name), rs)
 
+	// Starvation by our own limiter is said in last_error unless an AWS
+	// error is pending (failed_cycles > 0): that is the cause to fix first,
+	// since a slot would only get the same answer; rate_limited_since shows
+	// the starvation either way. The entity-scoped summary below does the
+	// same.
 	lastErr := st.LastError
-	if r.starved {
+	if r.starved && st.FailedCycles == 0 {
 		lastErr = fmt.Sprintf("%s: no STS call slot free for this role since %s (sts_rate_limit, sts_burst)",
 			codeRateLimited, formatTime(st.RateLimitedSince))
 	}
@@ -395,7 +400,8 @@ code and message, never a secret) describe the refresher's recent work.
 rate_limited_since says since when every attempt for the role was refused a
 slot by the plugin's own sts_rate_limit; such a cycle made no STS call, so
 last_error keeps the role's last AWS error (RateLimited only when there was
-none); after a whole retry window of that, state is stale and last_error
+none); after a whole retry window of that, state is stale and, unless an AWS
+error is pending (failed_cycles above 0, the cause to fix first), last_error
 says so.
 
 The read budget (one STS call per role, or per role and entity, per retry

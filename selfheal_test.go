@@ -284,6 +284,32 @@ func TestSelfHeal_StarvedByOwnLimiter(t *testing.T) {
 	}
 }
 
+// TestSelfHeal_StarvedAfterAWSErrorKeepsIt: a role that STS denied and whose
+// next cycles our own limiter then refuses keeps saying AccessDenied in its
+// status, however long it is starved: the AWS error is the cause to fix
+// first (a slot would only get the same answer), and rate_limited_since
+// shows the starvation, as for an entity-scoped role.
+func TestSelfHeal_StarvedAfterAWSErrorKeepsIt(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, refresh: map[string]interface{}{"sts_rate_limit": 0.01, "sts_burst": 1}})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/denied", map[string]interface{}{"role_arn": testRoleARN + "-denied"})
+	f.emu.SetDeny([]string{"*-denied"})
+	resp, err := f.coldCycle("denied") // takes the one slot for the next 100s
+	wantBadRequest(t, resp, err, "AccessDenied")
+	st := f.status("denied")
+	f.drainFlights()
+	f.clock.AdvanceTo(statusTime(t, st, "next_refresh"))
+	start := f.clock.Now()
+	f.clock.DriveUntil(t, f.nextFlight().done)
+	f.clock.AdvanceTo(start.Add(31 * time.Second)) // a whole retry window
+	st = f.status("denied")
+	if since := statusTime(t, st, "rate_limited_since"); !since.Equal(start) {
+		t.Fatalf("rate_limited_since = %v, want the refused cycle's start %v: %v", since, start, st)
+	}
+	if st["failed_cycles"] != 1 || !strings.HasPrefix(st["last_error"].(string), "AccessDenied: ") {
+		t.Fatalf("status of a denied role starved a whole window: %v", st)
+	}
+}
+
 // farFutureSTS makes the next n AssumeRole answers expire a century late,
 // as a misbehaving proxy might.
 type farFutureSTS struct {
