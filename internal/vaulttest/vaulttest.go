@@ -361,6 +361,13 @@ func FreePortPair(tb testing.TB) int {
 	return reservePorts(tb, 2)
 }
 
+// FreePortRun returns a port p such that p to p+n-1 are all free (a script
+// that takes its first port and counts up from it).
+func FreePortRun(tb testing.TB, n int) int {
+	tb.Helper()
+	return reservePorts(tb, n)
+}
+
 // randomToken returns a token-like random string used as a dev root token id.
 func randomToken(tb testing.TB) string {
 	tb.Helper()
