@@ -343,14 +343,21 @@ func keys(m map[string]bool) string {
 	return strings.Join(ks, " or ")
 }
 
-// excusedBy is the process fault whose window (plus its grace) r overlaps.
+// excusedBy is the process fault whose window (plus its grace) r overlaps,
+// the one that began last when more than one does.
 func (c *checker) excusedBy(r Op) (Op, bool) {
+	// The fault that began last before the read returned: with two kills
+	// inside one grace, the first one's window would otherwise stretch over
+	// the second's failed reads (the 18 s "kill" of the one-hour soak was
+	// two kills 16 s apart).
+	var best Op
+	found := false
 	for _, f := range c.procFault {
-		if r.Return.After(f.Invoke) && r.Invoke.Before(f.Return.Add(c.graceAfter(f))) {
-			return f, true
+		if r.Return.After(f.Invoke) && r.Invoke.Before(f.Return.Add(c.graceAfter(f))) && (!found || f.Invoke.After(best.Invoke)) {
+			best, found = f, true
 		}
 	}
-	return Op{}, false
+	return best, found
 }
 
 // graceAfter is how long after process fault f ended a failure is still

@@ -518,3 +518,33 @@ func TestRegionDownRenewalThroughTheDownedListener(t *testing.T) {
 		t.Fatalf("want the downed listener's issuance and the missing fallback renewal; got:\n%s", b.String())
 	}
 }
+
+// TestUnavailableWindowPerFault: two kills of the active node inside one
+// grace (5 s here) make two windows, each over its own failed reads, not
+// one stretched from the first kill's first failure to the second's last.
+func TestUnavailableWindowPerFault(t *testing.T) {
+	x := &h{}
+	x.write("a", arnA, 0, 0.1)
+	x.issue(arnA, "vault-a", "ASIA1", 1, 61)
+	x.read("a", "", "ASIA1", 1, 1.2, 61)
+	x.fault(FaultKillActive, "", 10, 12)
+	x.fail("a", 10.5, 10.6, 307)
+	x.fail("a", 11.5, 11.6, 307)
+	x.read("a", "", "ASIA1", 12.5, 12.6, 61)
+	x.fault(FaultKillActive, "", 14, 16)
+	x.fail("a", 14.5, 14.6, 307)
+	x.fail("a", 16.5, 16.6, 307)
+	x.read("a", "", "ASIA1", 17, 17.1, 61)
+	r := check(x)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %+v", r.Violations)
+	}
+	if len(r.Unavailable) != 2 {
+		t.Fatalf("unavailable windows %+v, want two, one per kill", r.Unavailable)
+	}
+	for i, want := range []Window{{Fault: FaultKillActive, Start: at(10.5), End: at(11.6), Reads: 2}, {Fault: FaultKillActive, Start: at(14.5), End: at(16.6), Reads: 2}} {
+		if got := r.Unavailable[i]; got != want {
+			t.Errorf("window %d = %+v, want %+v", i, got, want)
+		}
+	}
+}
