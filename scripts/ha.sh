@@ -443,6 +443,7 @@ wait "${readers[@]}" 2>/dev/null || true
 readers=()
 
 read -r due refreshed dup late total < <(call_figures "$kill_at")
+((total >= roles)) || die "the emulator's call log ($sts_url/_emulator/calls) holds $total successful calls for $roles roles"
 lost_note=
 if ((dup > 0)); then
 	lost_note=" (fetched by node$active just before the kill but not yet stored: lost with it)"
