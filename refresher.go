@@ -462,8 +462,16 @@ func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycle
 	}
 	for i := 0; i < cfg.MaxRetries; i++ {
 		reserved := i == 0 && !f.slot.IsZero()
-		if err := rf.sleepUntil(ctx, attemptAt(rf.rand, j.start, j.block, i, reserved), rf.attemptHurry(j, i, reserved)); err != nil {
+		at := attemptAt(rf.rand, j.start, j.block, i, reserved)
+		if err := rf.sleepUntil(ctx, at, rf.attemptHurry(j, i, reserved)); err != nil {
 			return rf.cycleStopped()
+		}
+		if l := rf.logger(); l.IsDebug() {
+			// When the attempt was drawn for, and when it woke: earlier
+			// means a reader hurried it, later a busy process.
+			l.Debug("refresh attempt starts", "role", key.String(), "attempt", i+1,
+				"block_start", j.start.Add(time.Duration(i)*j.block).UTC().Format(time.RFC3339Nano),
+				"drawn", at.UTC().Format(time.RFC3339Nano), "woke", rf.clock.Now().UTC().Format(time.RFC3339Nano))
 		}
 		rs, err := rf.state.current(ctx, rf.storage(), key)
 		if err != nil {

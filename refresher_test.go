@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
@@ -758,5 +759,31 @@ func TestRefresh_RateLimitHerd(t *testing.T) {
 	}
 	if span := last.Sub(now); span > 30*time.Second {
 		t.Fatalf("the herd took %v, longer than one retry window", span)
+	}
+}
+
+// TestRefresher_AttemptStartIsLogged: at debug level every attempt logs
+// when it was drawn for and when it woke, so that a late or hurried
+// attempt shows in Vault's log. A cold read hurries the first attempt (it
+// wakes at its block's start, before the time drawn for it); the retries
+// keep their draw, which the fake clock meets exactly.
+func TestRefresher_AttemptStartIsLogged(t *testing.T) {
+	var buf syncBuffer
+	f := newFixture(t, fixtureOpts{rand: randMax, refresh: map[string]interface{}{"max_retries": 3, "retry_window": 6},
+		logger: hclog.New(&hclog.LoggerOptions{Output: &buf, Level: hclog.Debug})})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+	start := f.clock.Now()
+	resp, err := f.coldCycle(testRole)
+	wantCoded(t, resp, err, 503, "Throttling")
+	ts := func(d time.Duration) string { return start.Add(d).UTC().Format(time.RFC3339Nano) }
+	last := 2*time.Second - time.Nanosecond // randMax: the block's last nanosecond
+	for i, want := range []string{
+		"attempt=1 block_start=" + ts(0) + " drawn=" + ts(last) + " woke=" + ts(0),
+		"attempt=2 block_start=" + ts(2*time.Second) + " drawn=" + ts(2*time.Second+last) + " woke=" + ts(2*time.Second+last),
+		"attempt=3 block_start=" + ts(4*time.Second) + " drawn=" + ts(4*time.Second+last) + " woke=" + ts(4*time.Second+last),
+	} {
+		if !strings.Contains(buf.String(), "[DEBUG] refresh attempt starts: role="+testRole+" "+want) {
+			t.Errorf("attempt %d: no debug line with %q:\n%s", i+1, want, buf.String())
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -169,6 +170,14 @@ func runFaultCase(t *testing.T, v *vaulttest.Server, tc faultCase) {
 	s.arn = "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + s.role
 	s.emu = vaulttest.StartEmulator(t, "-max-lifetime", fmLifetime.String())
 	v.EnablePlugin(t, s.mount, vaulttest.DefaultPluginVersion)
+	// The shared Vault's log tail is mostly other cases': on a failure,
+	// this role's own refresher lines (each attempt's drawn and woken
+	// times, its outcome) say what its cycles did.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the plugin's log lines for role %s:\n%s", s.role, linesWith(v.Process.LogPath, "role="+s.role+" ", 40))
+		}
+	})
 	v.CLI(t, "write", s.mount+"/config/root", "access_key="+s.emu.AccessKey, "secret_key="+s.emu.SecretKey,
 		"region=us-east-1", "sts_endpoint="+s.emu.URL)
 	v.CLI(t, "write", s.mount+"/config/refresh", "max_retries="+strconv.Itoa(fmRetries),
@@ -559,4 +568,19 @@ func checkServed(t *testing.T, w *watcher, want servedExpect) {
 		lastExp = r.Expiration
 	}
 	t.Logf("creds reads: %d served, %d answered 503, longest gap %s; storage reads: %d", served, errs503, maxGap.Round(time.Millisecond), stored)
+}
+
+// linesWith returns the last n lines of the file at path that contain sub.
+func linesWith(path, sub string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out[max(0, len(out)-n):], "\n")
 }
