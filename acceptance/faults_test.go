@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/bench"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
 )
 
@@ -175,7 +175,12 @@ func runFaultCase(t *testing.T, v *vaulttest.Server, tc faultCase) {
 	// times, its outcome) say what its cycles did.
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("the plugin's log lines for role %s:\n%s", s.role, linesWith(v.Process.LogPath, "role="+s.role+" ", 40))
+			lines, err := bench.LogLines(v.Process.LogPath, "role="+s.role+" ")
+			var text []string
+			for _, l := range lines[max(0, len(lines)-40):] {
+				text = append(text, l.Text)
+			}
+			t.Logf("the plugin's log lines for role %s (%v):\n%s", s.role, err, strings.Join(text, "\n"))
 		}
 	})
 	v.CLI(t, "write", s.mount+"/config/root", "access_key="+s.emu.AccessKey, "secret_key="+s.emu.SecretKey,
@@ -568,19 +573,4 @@ func checkServed(t *testing.T, w *watcher, want servedExpect) {
 		lastExp = r.Expiration
 	}
 	t.Logf("creds reads: %d served, %d answered 503, longest gap %s; storage reads: %d", served, errs503, maxGap.Round(time.Millisecond), stored)
-}
-
-// linesWith returns the last n lines of the file at path that contain sub.
-func linesWith(path, sub string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out[max(0, len(out)-n):], "\n")
 }
