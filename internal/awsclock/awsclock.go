@@ -78,7 +78,17 @@ type Estimate struct {
 	Samples int
 	// At is the local time of the newest of them.
 	At time.Time
+	// Ahead, when an answer agreeing with none of the samples (held as
+	// odd, not yet confirmed by a second) put AWS's clock further ahead,
+	// is how much further ahead it may be than Offset, at most MaxAhead.
+	// A decision that must not err late (serving a credential AWS may
+	// take for expired) allows for it until the next answer settles it.
+	Ahead time.Duration
 }
+
+// MaxAhead bounds Estimate.Ahead: a step further than STS's signature
+// tolerance (5 minutes) is refused as skewed, and adopted at once.
+const MaxAhead = 15 * time.Minute
 
 // Measured reports whether the estimate rests on at least one sample.
 func (e Estimate) Measured() bool { return e.Samples > 0 }
@@ -159,7 +169,14 @@ func (e *Estimator) Add(s Sample) (Estimate, bool) {
 	default:
 		e.odd = &n
 		e.refused.Add(1)
-		return e.Current(), false
+		cur := e.Current()
+		if ahead := n.hi - cur.Offset; n.lo > cur.Offset+cur.Error && ahead > cur.Ahead {
+			// AWS may have stepped ahead: until a second answer says,
+			// allow for it where being late matters.
+			cur.Ahead = min(ahead, MaxAhead)
+			e.cur.Store(&cur)
+		}
+		return cur, false
 	}
 	e.odd = nil
 	old := e.Current()

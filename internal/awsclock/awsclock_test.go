@@ -201,3 +201,30 @@ func TestIsSkewError(t *testing.T) {
 		}
 	}
 }
+
+// An odd answer that puts AWS ahead moves nothing but is allowed for
+// (Ahead) until the next answer settles it; one that puts it behind is not.
+func TestEstimator_OddAheadIsAllowedFor(t *testing.T) {
+	var e Estimator
+	e.Add(answer(t0, 10*time.Millisecond, 0, 0.5))
+	e.Add(answer(t0.Add(1300*time.Millisecond), 10*time.Millisecond, 0, 0.5))
+	est, _ := e.Add(answer(t0.Add(3*time.Second), 10*time.Millisecond, 60*time.Second, 0.5))
+	if est.Offset != 0 || est.Ahead < 60*time.Second || est.Ahead > 62*time.Second {
+		t.Fatalf("odd answer 60 s ahead: %+v, want offset 0 with about 61 s ahead allowed for", est)
+	}
+	if e.Current() != est {
+		t.Fatalf("Current %+v differs from what Add returned %+v", e.Current(), est)
+	}
+	// The next answer agrees with the old estimate: the odd one was odd.
+	if est, _ = e.Add(answer(t0.Add(5*time.Second), 10*time.Millisecond, 0, 0.5)); est.Ahead != 0 {
+		t.Fatalf("after a kept sample: %+v, want nothing ahead", est)
+	}
+	if est, _ = e.Add(answer(t0.Add(7*time.Second), 10*time.Millisecond, -60*time.Second, 0.5)); est.Ahead != 0 {
+		t.Fatalf("odd answer behind: %+v, want nothing ahead", est)
+	}
+	var far Estimator
+	far.Add(answer(t0, 10*time.Millisecond, 0, 0.5))
+	if est, _ = far.Add(answer(t0.Add(time.Second), 10*time.Millisecond, 3*time.Hour, 0.5)); est.Ahead != MaxAhead {
+		t.Fatalf("odd answer 3 h ahead: Ahead %s, want the bound %s", est.Ahead, MaxAhead)
+	}
+}
