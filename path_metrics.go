@@ -100,7 +100,7 @@ func expiryWarning(c *cacheEntry, cfg refreshConfig) time.Duration {
 // "expired" without a gap, until a cycle succeeds.
 func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg refreshConfig) bool {
 	failing := st.FailedCycles >= 1 || !st.RateLimitedSince.IsZero()
-	return failing && c != nil && c.Expiration.Sub(now) < expiryWarning(c, cfg)
+	return failing && c != nil && c.remaining(now) < expiryWarning(c, cfg)
 }
 
 // refreshOverdue is how long the key's next cycle is past due on the node
@@ -127,7 +127,7 @@ func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) tim
 		}
 		due = rs.status().NextRefresh
 		if due.IsZero() && rs.cred != nil {
-			due = rs.cred.Expiration.Add(-rs.cred.refreshMargin(cfg.RefreshFraction))
+			due = rs.cred.expires().Add(-rs.cred.refreshMargin(cfg.RefreshFraction))
 		}
 	}
 	if due.IsZero() || !now.After(due) {
@@ -199,6 +199,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	}
 	b.writeAggregates(w, tally)
 	writeRootGauges(w, root, rot, now)
+	writeClockGauges(w, b.clients.awsTime())
 	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
 		entityStates(v))
 	w.stateFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.", tally.byState)
@@ -340,7 +341,7 @@ func newRoleSample(name string, fig *roleFigures) roleSample {
 	if c := fig.cred; c != nil {
 		smp.cached, smp.exp = true, unixSeconds(c.Expiration)
 		if !c.IssuedAt.IsZero() {
-			smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
+			smp.issued, smp.lifetime = true, c.Expiration.Sub(c.awsIssuedAt()).Seconds()
 		}
 	}
 	if t := fig.status.LastSuccess; !t.IsZero() {
@@ -400,6 +401,29 @@ func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, 
 	}
 }
 
+// writeClockGauges writes this node's estimate of AWS's clock per endpoint
+// it has measured (AWSResilientClockSkew watches the offset).
+func writeClockGauges(w *expositionWriter, clocks *awsClocks) {
+	readings := clocks.readings()
+	families := []struct {
+		name, help string
+		value      func(r clockReading) float64
+	}{
+		{"aws_resilient_aws_clock_offset_seconds", "Seconds AWS's clock (this endpoint's, from the Date of its answers) is ahead of this Vault host's; negative: behind. Credentials are judged and requests signed on it. Absent until this node has an answer from the endpoint.",
+			func(r clockReading) float64 { return r.est.Offset.Seconds() }},
+		{"aws_resilient_aws_clock_offset_error_seconds", "The most aws_resilient_aws_clock_offset_seconds can be off by.",
+			func(r clockReading) float64 { return r.est.Error.Seconds() }},
+	}
+	for _, f := range families {
+		w.family(f.name, f.help)
+		for _, r := range readings {
+			if r.est.Measured() {
+				w.sample(f.name, f.value(r), "endpoint", r.source)
+			}
+		}
+	}
+}
+
 // entityStates counts the entity credentials held on this node, by state.
 func entityStates(v reportView) map[string]int {
 	states := map[string]int{}
@@ -423,7 +447,7 @@ func (w *expositionWriter) roleSeries(samples []roleSample) {
 		}
 	}
 	perRoleFamily("aws_resilient_role_credential_expiration_timestamp_seconds",
-		"When the role's cached credential expires (unix seconds); absent when nothing is cached. For an entity-scoped role, its most urgent entity credential's.",
+		"When the role's cached credential expires (unix seconds, on AWS's clock, as STS issued it); absent when nothing is cached. For an entity-scoped role, its most urgent entity credential's.",
 		func(smp *roleSample) (float64, bool) { return smp.exp, smp.cached })
 	perRoleFamily("aws_resilient_role_credential_lifetime_seconds",
 		"Issued lifetime of the role's cached credential (expiration minus issue time).",
