@@ -169,7 +169,7 @@ func newMetrics(version string) *metrics {
 // credential expiring before the cached one (commitSuccess).
 var rejectionReasons = []string{
 	"missing", "empty_access_key", "empty_secret_key", "empty_session_token",
-	"expired", "expiration_too_late", "older_than_cached",
+	"whitespace", "no_expiration", "expired", "expiration_too_late", "older_than_cached",
 }
 
 // maxOutcomes bounds the distinct outcome label values of STS calls: AWS

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -207,5 +208,93 @@ func TestReconcile_EveryPassIsLogged(t *testing.T) {
 	}
 	if n, failed := count("[DEBUG] reconciler pass done"), count("errors=1"); n != 3 || failed != 1 || count("first reconciler pass done") != 1 {
 		t.Fatalf("after a partly failed pass and one that could not list the roles: %d debug lines (want 3), %d with errors=1 (want 1):\n%s", n, failed, buf.String())
+	}
+}
+
+// TestReconcile_RepairsAreWrittenBack: what writes that failed half-way
+// leave in storage (a cached credential issued for another definition of
+// its role, and a status older than the credential beside it, whose write
+// failed after the cache's) is repaired in storage by one pass, not only in
+// the memory of the node that loaded it. The roles keep failing, so no
+// refresh overwrites either: only the pass's write-back repairs them, and
+// a second node loading the roles afterwards finds nothing left to repair.
+func TestReconcile_RepairsAreWrittenBack(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	ctx := context.Background()
+	const second = "second"
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+second, map[string]interface{}{"role_arn": testRoleARN + "-second"})
+	f.mustReadCreds(testRole)
+	f.mustReadCreds(second)
+	f.emu.SetFaults(stsemu.FaultPlan{Probability: map[stsemu.Fault]float64{stsemu.FaultAccessDenied: 1}})
+
+	// Seed what another node left, and tell this one as Vault would.
+	previous := *mustRole(t, f)
+	previous.TTL *= 2
+	foreign := cached(t, f.s, testRole)
+	foreign.RoleHash = previous.hash()
+	if err := putCacheEntry(ctx, f.s, roleKey(testRole), foreign); err != nil {
+		t.Fatal(err)
+	}
+	cred := cached(t, f.s, second)
+	behind := &statusEntry{
+		NextRefresh: cred.IssuedAt.Add(time.Minute), LastAttempt: cred.IssuedAt.Add(-time.Minute), LastSuccess: cred.IssuedAt.Add(-time.Hour),
+		AttemptsLastCycle: 6, FailedCycles: 2, LastError: "Throttling: Rate exceeded",
+	}
+	if err := putStatus(ctx, f.s, roleKey(second), behind); err != nil {
+		t.Fatal(err)
+	}
+	f.b.InvalidateKey(ctx, cachePrefix+testRole)
+	f.b.InvalidateKey(ctx, statusPrefix+second)
+
+	// Loading repairs in memory only: status reads right while storage
+	// still holds both.
+	if st := f.status(second); st["last_error"] != "" || st["failed_cycles"] != 0 {
+		t.Fatalf("status/%s = %v, want it repaired from the credential", second, st)
+	}
+	if st := f.status(testRole); st["expiration"] != "" {
+		t.Fatalf("status/%s = %v, want the foreign credential left out", testRole, st)
+	}
+	if c := cached(t, f.s, testRole); c == nil || c.RoleHash != previous.hash() {
+		t.Fatal("the loads wrote storage: the premise of this test is gone")
+	}
+
+	f.log.reset()
+	periodicPass(t, f.b, f.s)
+	if n := len(f.log.all()); n != 0 {
+		t.Fatalf("the pass made %d STS calls; the repair must be the reconciler's own", n)
+	}
+
+	// Storage holds the repairs, and nothing else changed.
+	if c := cached(t, f.s, testRole); c != nil {
+		t.Errorf("after the pass cache/%s still holds the credential issued for another definition", testRole)
+	}
+	st, err := getStatus(ctx, f.s, roleKey(second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.LastSuccess.Equal(cred.IssuedAt) || st.FailedCycles != 0 || st.LastError != "" {
+		t.Errorf("after the pass status/%s in storage = %+v, still older than its credential issued at %v", second, st, cred.IssuedAt)
+	}
+	if c := cached(t, f.s, second); c == nil || c.AccessKey != cred.AccessKey {
+		t.Errorf("cache/%s changed: %+v", second, c)
+	}
+
+	// A second node on the same storage (a standby: it runs no pass of its
+	// own) loads the roles and has nothing to repair.
+	other, _ := newTestBackend(t, testOpts{clock: f.clock, standby: true, storage: f.s})
+	for _, name := range []string{testRole, second} {
+		rs, err := other.state.current(ctx, f.s, roleKey(name))
+		if err != nil || rs == nil {
+			t.Fatalf("second node loading %s: %v", name, err)
+		}
+		if rs.badCache || rs.statusDirty {
+			t.Errorf("second node loading %s finds a repair to make again (unusable cache %v, status behind %v)", name, rs.badCache, rs.statusDirty)
+		}
+	}
+	if rs := other.state.peek(roleKey(testRole)); rs.cred != nil {
+		t.Errorf("second node mirrors a credential for %s", testRole)
+	}
+	if st := mustDo(t, other, f.s, logical.ReadOperation, "status/"+second, nil).Data; st["last_error"] != "" || st["last_success"] != formatTime(cred.IssuedAt) {
+		t.Errorf("second node's status/%s = %v", second, st)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -828,14 +829,28 @@ func (rf *refresher) waitSlot(ctx context.Context, res ratelimit.Reservation) (u
 }
 
 // validateCredential accepts a credential only if it can be served: all three
-// parts present, not expired, and not expiring later than the role's ttl
-// allows (STS computes the expiration from the requested duration; a far
-// later one comes from a misbehaving endpoint, and once cached it would
-// outrank every genuine credential). The comparison with the cached
-// credential happens at commit, under the store lock.
+// parts present and bare, an expiration, not expired, and not expiring later
+// than the role's ttl allows (STS computes the expiration from the requested
+// duration; a far later one comes from a misbehaving endpoint, and once
+// cached it would outrank every genuine credential). The comparison with
+// the cached credential happens at commit, under the store lock.
+//
+// A part wrapped in whitespace is rejected, not trimmed: AWS never sends
+// one, so it comes from something between us and STS rewriting the answer,
+// whose credential we do not serve; the next attempt asks again. An answer
+// without an expiration reaches us as the SDK's zero time, named as such
+// rather than as a credential that expired in year 1.
 func validateCredential(c *cacheEntry, role *roleEntry, now time.Time) *refreshError {
 	invalid := func(reason, msg string) *refreshError {
 		return &refreshError{Code: "InvalidCredential", Message: msg, Retryable: true, rejected: reason}
+	}
+	padded := ""
+	for _, p := range []struct{ name, v string }{
+		{"access key id", c.AccessKey}, {"secret access key", c.SecretKey}, {"session token", c.SessionToken},
+	} {
+		if padded == "" && strings.TrimSpace(p.v) != p.v {
+			padded = p.name
+		}
 	}
 	switch {
 	case c.AccessKey == "":
@@ -844,6 +859,11 @@ func validateCredential(c *cacheEntry, role *roleEntry, now time.Time) *refreshE
 		return invalid("empty_secret_key", "STS returned an empty secret access key")
 	case c.SessionToken == "":
 		return invalid("empty_session_token", "STS returned an empty session token")
+	case padded != "":
+		// Never the value: it may be a secret.
+		return invalid("whitespace", "STS returned a credential whose "+padded+" is wrapped in whitespace")
+	case c.Expiration.IsZero():
+		return invalid("no_expiration", "STS returned a credential without an expiration")
 	case !c.expires().After(now):
 		return invalid("expired", fmt.Sprintf("STS returned a credential that expired at %s (%s)", c.Expiration.UTC().Format(time.RFC3339), bothClocks(c, now)))
 	case c.unusableFor(role) != "":

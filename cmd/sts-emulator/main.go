@@ -115,8 +115,15 @@ Fault plans (-faults), comma-separated items:
   expired (credentials already expired; GetCallerIdentity and IAM calls:
   ExpiredToken), empty_key (empty AccessKeyId; GetCallerIdentity, GetUser:
   empty UserId).
+  Malformed credentials (a 200 from AssumeRole, GetSessionToken and
+  GetFederationToken with one field bent; other calls answer normally):
+  empty_secret (empty SecretAccessKey), empty_token (empty SessionToken),
+  no_expiration (no Expiration element), far_expiration (expires in 100
+  years), whitespace (AccessKeyId, SecretAccessKey and SessionToken wrapped
+  in a newline and spaces).
   Example: -faults 'Throttling:3,reset,InternalFailure=0.2,hang=5s,match=app'
   Example: -faults 'reset_after:1,action=CreateAccessKey'
+  Example: -faults 'empty_token:1,match=role/app' (the next AssumeRole of app only)
 
 Control API (JSON, unsigned, loopback clients only):
   GET  /_emulator/stats               counts per action and outcome, per-second timeline

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -122,6 +123,11 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h output lacks %q", want)
+		}
+	}
+	for _, f := range stsemu.AllFaults() {
+		if !regexp.MustCompile(`(^|\W)` + string(f) + `(\W|$)`).MatchString(out.String()) {
+			t.Errorf("-h output does not document the fault %s", f)
 		}
 	}
 }

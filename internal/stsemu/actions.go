@@ -213,23 +213,46 @@ func packedPolicySize(n int) *int {
 }
 
 // lifetime caps the requested duration at the configured maximum and
-// applies the "expired" fault. Expiries are whole milliseconds so the value
-// in the XML is exactly the one the token enforces.
+// applies the "expired" and "far_expiration" faults: the token enforces the
+// expiry the XML states, as it would if STS really issued it. Expiries are
+// whole milliseconds so the value in the XML is exactly the one the token
+// enforces.
 func lifetime(c *call, requested time.Duration) time.Time {
-	if c.set.fault == FaultExpired {
+	switch c.set.fault {
+	case FaultExpired:
 		return c.now.Add(-time.Minute).Truncate(time.Millisecond)
+	case FaultFarExpiration:
+		return c.now.Add(FarExpiration).Truncate(time.Millisecond)
 	}
 	return c.now.Add(min(requested, c.set.maxLifetime)).Truncate(time.Millisecond)
 }
 
-// issueFor issues credentials and applies the "empty_key" fault.
+// issueFor issues credentials and applies the faults that bend one field of
+// them (lifetime applies those of the expiry).
 func (e *Emulator) issueFor(c *call, p principal, expires time.Time) credentialsXML {
 	cr := e.issue(p, expires)
-	if c.set.fault == FaultEmptyKey {
+	switch c.set.fault {
+	case FaultEmptyKey:
 		cr.AccessKeyID = ""
+	case FaultEmptySecret:
+		cr.SecretAccessKey = ""
+	case FaultEmptyToken:
+		cr.SessionToken = ""
+	case FaultNoExpiration:
+		cr.Expiration = "" // omitempty: the element is left out
+	case FaultWhitespace:
+		// As a pretty-printing proxy would indent them. The expiry keeps
+		// its exact form: a padded timestamp is a parse error in the SDKs,
+		// which the malformed fault covers already.
+		for _, f := range []*string{&cr.AccessKeyID, &cr.SecretAccessKey, &cr.SessionToken} {
+			*f = fieldPadding + *f + fieldPadding
+		}
 	}
 	return cr
 }
+
+// fieldPadding is what the whitespace fault wraps a field in.
+const fieldPadding = "\n    "
 
 func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	p := c.params

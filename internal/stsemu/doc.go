@@ -5,8 +5,8 @@
 // verifies SigV4 signatures against its IAM users' access keys and every
 // temporary credential it has issued, and fails on demand: token-bucket
 // throttling, scripted or random faults (throttling, 5xx, connection resets,
-// hangs, malformed XML, expired or empty credentials, AccessDenied) and
-// response latency. Counters and a per-second timeline of calls are readable
+// hangs, malformed XML, malformed credentials, AccessDenied) and response
+// latency. Counters and a per-second timeline of calls are readable
 // from Go (Stats, Calls) and over a small JSON control API under /_emulator/.
 //
 // Use Start in Go tests (it listens on a random loopback port) or New to get
@@ -134,6 +134,26 @@
 // {"iam_propagation": "5s", "iam_inconsistency": "10s",
 // "iam_inconsistency_refusal": 0.5, "iam_revocation": "5s",
 // "iam_refuse_first": 3}).
+//
+// # Malformed credentials
+//
+// The credential shapes (CredentialShapes) answer an issuing action
+// (AssumeRole, GetSessionToken, GetFederationToken) with a 200 whose
+// Credentials element has one field bent, each a way a proxy or a broken
+// endpoint could answer: empty_key, empty_secret and empty_token empty
+// AccessKeyId, SecretAccessKey or SessionToken; no_expiration leaves the
+// Expiration element out (the SDK's Expiration is then nil, its
+// aws.ToTime the zero time); expired and far_expiration issue a credential
+// that expired a minute ago or expires FarExpiration from now, the token
+// enforcing it; whitespace wraps AccessKeyId, SecretAccessKey and
+// SessionToken in a newline and spaces, leaving the Expiration exact (a
+// padded timestamp is a parse error in the SDKs, what malformed gives).
+// The rest of the credential is genuine and signs calls. They take a
+// plan's Sequence and Probability like any fault, so a plan with match
+// "role/app" and {"fault":"empty_token","count":1} bends the next
+// credential of that role only; a call that issues nothing answers
+// normally (expired and empty_key excepted, see their constants), with
+// outcome ok, and still uses up its step.
 //
 // # Partitions
 //

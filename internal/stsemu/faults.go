@@ -28,13 +28,58 @@ const (
 	FaultMalformed            Fault = "malformed"            // 200 with truncated XML
 	FaultExpired              Fault = "expired"              // success, but Expiration already past (GetCallerIdentity: ExpiredToken)
 	FaultEmptyKey             Fault = "empty_key"            // success with an empty AccessKeyId (GetCallerIdentity, GetUser: empty UserId)
+
+	// The malformed credential shapes: a 200 whose Credentials element
+	// (AssumeRole, GetSessionToken, GetFederationToken) lacks or bends one
+	// field. Calls that issue no credential answer normally, with outcome ok
+	// (they still use up their step of the Sequence).
+	FaultEmptySecret   Fault = "empty_secret"   // SecretAccessKey empty
+	FaultEmptyToken    Fault = "empty_token"    // SessionToken empty
+	FaultNoExpiration  Fault = "no_expiration"  // no Expiration element at all
+	FaultFarExpiration Fault = "far_expiration" // Expiration FarExpiration away (and honoured that long)
+	FaultWhitespace    Fault = "whitespace"     // AccessKeyId, SecretAccessKey and SessionToken wrapped in whitespace
 )
+
+// FarExpiration is how far in the future the far_expiration fault puts a
+// credential's expiry: absurd next to STS's 36 hours at most, and still a
+// four-digit year that every client parses.
+const FarExpiration = 100 * 365 * 24 * time.Hour
+
+// credentialShapes are the faults that bend the Credentials of an
+// otherwise successful answer rather than fail the call.
+var credentialShapes = []Fault{
+	FaultExpired, FaultEmptyKey, FaultEmptySecret, FaultEmptyToken,
+	FaultNoExpiration, FaultFarExpiration, FaultWhitespace,
+}
+
+// CredentialShapes lists the faults that answer 200 with a bent
+// credential (an issuing action's Credentials element): expired, empty_key
+// and the malformed shapes.
+func CredentialShapes() []Fault { return slices.Clone(credentialShapes) }
+
+// shapesCredential reports whether f bends an issued credential.
+func (f Fault) shapesCredential() bool { return slices.Contains(credentialShapes, f) }
+
+// bends reports whether f, a credential shape, changed the successful
+// answer of action, whose outcome then names it. expired and empty_key also
+// act on calls that issue nothing (GetCallerIdentity, IAM: see their
+// handlers); the other shapes only on the issuing actions.
+func (f Fault) bends(action string) bool {
+	switch {
+	case f == FaultExpired || f == FaultEmptyKey:
+		return true
+	case f.shapesCredential():
+		return issuingActions[action]
+	}
+	return false
+}
 
 // AllFaults lists every fault kind.
 func AllFaults() []Fault {
 	return []Fault{
 		FaultThrottling, FaultRequestLimitExceeded, FaultInternalFailure, FaultServiceUnavailable,
 		FaultAccessDenied, FaultReset, FaultResetAfter, FaultHang, FaultMalformed, FaultExpired, FaultEmptyKey,
+		FaultEmptySecret, FaultEmptyToken, FaultNoExpiration, FaultFarExpiration, FaultWhitespace,
 	}
 }
 

@@ -92,7 +92,7 @@ type credentialsXML struct {
 	AccessKeyID     string `xml:"AccessKeyId"`
 	SecretAccessKey string `xml:"SecretAccessKey"`
 	SessionToken    string `xml:"SessionToken"`
-	Expiration      string `xml:"Expiration"`
+	Expiration      string `xml:"Expiration,omitempty"` // omitted only by the no_expiration fault
 }
 
 type assumeRoleResult struct {
