@@ -226,8 +226,26 @@ type clockSigner struct {
 
 func (s clockSigner) SignHTTP(ctx context.Context, credentials aws.Credentials, r *http.Request, payloadHash, service, region string,
 	_ time.Time, optFns ...func(*v4.SignerOptions)) error {
-	at := s.clocks.clock.Now().Add(s.src.offset())
+	at := s.clocks.clock.Now().Add(s.clocks.signingOffset(s.src))
 	return s.v4.SignHTTP(ctx, credentials, r, payloadHash, service, region, at, optFns...)
+}
+
+// signingOffset is the offset a request to src is signed with: src's own
+// (clockSource.offset) when this node has measured it or a stored
+// credential brought one, else that of the endpoint measured most
+// recently: AWS keeps one clock, so IAM's first call in a rotation is
+// signed right on a host minutes off when STS has answered before.
+func (a *awsClocks) signingOffset(src *clockSource) time.Duration {
+	if src.est.Current().Measured() || src.priorSet.Load() {
+		return src.offset()
+	}
+	var newest awsclock.Estimate
+	for _, s := range a.all() {
+		if e := s.est.Current(); e.Measured() && e.At.After(newest.At) {
+			newest = e
+		}
+	}
+	return newest.Offset
 }
 
 // clientOptions are what every AWS client of the plugin gets for the

@@ -199,3 +199,32 @@ func TestClock_ExpiredOnArrivalNamesBothClocks(t *testing.T) {
 		t.Fatalf("rejection %v, want both clocks named", rerr)
 	}
 }
+
+// TestClock_RotateRootSignsOnAWSClock: with AWS 10 minutes ahead (beyond
+// STS's 5-minute signature tolerance), root key rotation's IAM calls, sent
+// to an IAM endpoint this node has never called, are signed on the clock
+// STS's answers measured, and the rotation succeeds at once.
+func TestClock_RotateRootSignsOnAWSClock(t *testing.T) {
+	const offset = 10 * time.Minute
+	f := clockFixture(t, offset)
+	iamURL, err := f.emu.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": iamURL})
+	firstCredential(t, f, offset)
+	before := rootKeyID(t, f)
+	resp, err := f.rotate()
+	if err != nil || resp.IsError() {
+		t.Fatalf("rotation with AWS 10 minutes ahead: err=%v resp=%v", err, respErr(resp))
+	}
+	if rootKeyID(t, f) == before {
+		t.Fatal("the rotation did not replace the key")
+	}
+	clocks := mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data["aws_clocks"].(map[string]interface{})
+	iam, ok := clocks[iamURL].(map[string]interface{})
+	if !ok || iam["basis"] != clockMeasured {
+		t.Fatalf("config/root aws_clocks = %v, want IAM's clock measured by the rotation's answers", clocks)
+	}
+	within(t, "IAM's offset", time.Duration(iam["offset"].(float64)*float64(time.Second)), offset, time.Second)
+}
