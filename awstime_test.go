@@ -87,7 +87,7 @@ func TestClock_EveryDecisionOnAWSTime(t *testing.T) {
 				t.Fatalf("status clock basis %v endpoint %v, want measured at the emulator", st["aws_clock_basis"], st["aws_clock_endpoint"])
 			}
 			sc := scrapeMetrics(t, f.b, f.s, "")
-			got := sc.must("aws_resilient_aws_clock_offset_seconds", map[string]string{"endpoint": f.emu.URL()})
+			got := sc.must("aws_resilient_aws_clock_offset_seconds", map[string]string{"endpoint": "primary"})
 			within(t, "metric aws_resilient_aws_clock_offset_seconds", time.Duration(got*float64(time.Second)), offset, time.Second)
 
 			// STS is down from here: what is served is the cached one.
@@ -227,4 +227,7 @@ func TestClock_RotateRootSignsOnAWSClock(t *testing.T) {
 		t.Fatalf("config/root aws_clocks = %v, want IAM's clock measured by the rotation's answers", clocks)
 	}
 	within(t, "IAM's offset", time.Duration(iam["offset"].(float64)*float64(time.Second)), offset, time.Second)
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	got := sc.must("aws_resilient_aws_clock_offset_seconds", map[string]string{"endpoint": "iam"})
+	within(t, "metric for IAM", time.Duration(got*float64(time.Second)), offset, time.Second)
 }

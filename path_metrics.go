@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/awsclock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
 )
 
@@ -199,7 +200,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	}
 	b.writeAggregates(w, tally)
 	writeRootGauges(w, root, rot, now)
-	writeClockGauges(w, b.clients.awsTime())
+	writeClockGauges(w, b.clients.awsTime(), root)
 	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
 		entityStates(v))
 	w.stateFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.", tally.byState)
@@ -401,25 +402,42 @@ func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, 
 	}
 }
 
-// writeClockGauges writes this node's estimate of AWS's clock per endpoint
-// it has measured (AWSResilientClockSkew watches the offset).
-func writeClockGauges(w *expositionWriter, clocks *awsClocks) {
-	readings := clocks.readings()
-	families := []struct {
-		name, help string
-		value      func(r clockReading) float64
-	}{
-		{"aws_resilient_aws_clock_offset_seconds", "Seconds AWS's clock (this endpoint's, from the Date of its answers) is ahead of this Vault host's; negative: behind. Credentials are judged and requests signed on it. Absent until this node has an answer from the endpoint.",
-			func(r clockReading) float64 { return r.est.Offset.Seconds() }},
-		{"aws_resilient_aws_clock_offset_error_seconds", "The most aws_resilient_aws_clock_offset_seconds can be off by.",
-			func(r clockReading) float64 { return r.est.Error.Seconds() }},
+// writeClockGauges writes this node's estimate of AWS's clock for each
+// endpoint of config/root it has measured (AWSResilientClockSkew watches
+// the offset), labelled as the calls' metrics label endpoints: primary,
+// fallback_N, and iam; never by URL.
+func writeClockGauges(w *expositionWriter, clocks *awsClocks, root *rootConfig) {
+	if root == nil {
+		root = defaultRootConfig()
 	}
-	for _, f := range families {
+	type labelled struct {
+		label string
+		est   awsclock.Estimate
+	}
+	var measured []labelled
+	urls, regions := stsTargets(root)
+	for i, u := range urls {
+		if src := clocks.lookup(stsClockName(u, regions[i])); src.estimate().Measured() {
+			measured = append(measured, labelled{endpointLabel(i), src.estimate()})
+		}
+	}
+	if t, ok := iamTargetOf(root); ok {
+		if src := clocks.lookup(t.endpoint); src.estimate().Measured() {
+			measured = append(measured, labelled{"iam", src.estimate()})
+		}
+	}
+	for _, f := range []struct {
+		name, help string
+		value      func(e awsclock.Estimate) float64
+	}{
+		{"aws_resilient_aws_clock_offset_seconds", "Seconds AWS's clock (the endpoint's, from the Date of its answers) is ahead of this Vault host's; negative: behind. Credentials are judged and requests signed on it. Absent until this node has an answer from the endpoint.",
+			func(e awsclock.Estimate) float64 { return e.Offset.Seconds() }},
+		{"aws_resilient_aws_clock_offset_error_seconds", "The most aws_resilient_aws_clock_offset_seconds can be off by.",
+			func(e awsclock.Estimate) float64 { return e.Error.Seconds() }},
+	} {
 		w.family(f.name, f.help)
-		for _, r := range readings {
-			if r.est.Measured() {
-				w.sample(f.name, f.value(r), "endpoint", r.source)
-			}
+		for _, m := range measured {
+			w.sample(f.name, f.value(m.est), "endpoint", m.label)
 		}
 	}
 }
