@@ -314,7 +314,25 @@ func TestLoadOrCreateTokenRefusesUntrustedFile(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.path(t)
-			got, created, err := loadOrCreateToken(p, tc.euid)
+			// An open that blocks (a FIFO opened without O_NONBLOCK) is a
+			// failure, not a hung test.
+			type result struct {
+				tok     string
+				created bool
+				err     error
+			}
+			done := make(chan result, 1)
+			go func() {
+				tok, created, err := loadOrCreateToken(p, tc.euid)
+				done <- result{tok, created, err}
+			}()
+			var res result
+			select {
+			case res = <-done:
+			case <-time.After(clocktest.WaitLimit):
+				t.Fatalf("loadOrCreateToken(%s) still blocked after %s", p, clocktest.WaitLimit)
+			}
+			got, created, err := res.tok, res.created, res.err
 			if len(tc.says) == 0 {
 				if err != nil || created || got != tok {
 					t.Fatalf("refused a private file of its own: created %v, %v", created, err)
