@@ -140,22 +140,30 @@ func loadOrCreateToken(path string, euid int) (token string, created bool, err e
 	case !errors.Is(err, os.ErrNotExist):
 		return "", false, fmt.Errorf("reading the authorization token file: %w", err)
 	}
+	token, err = createToken(path)
+	return token, err == nil, err
+}
+
+// createToken writes a new random token to path, which must not exist: not
+// even as a symbolic link, which a link put there between the look and the
+// create would otherwise have it write through.
+func createToken(path string) (string, error) {
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
-		return "", false, err
+		return "", err
 	}
-	token = hex.EncodeToString(raw)
-	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	token := hex.EncodeToString(raw)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return "", false, createError(path, err)
+		return "", createError(path, err)
 	}
 	// No trailing newline: SDKs send the file's bytes as the header value
 	// (botocore refuses a value with a newline).
 	if _, err := f.WriteString(token); err != nil {
 		f.Close()
-		return "", false, err
+		return "", err
 	}
-	return token, true, f.Close()
+	return token, f.Close()
 }
 
 // readToken reads the token from f, an existing file at path, once it has

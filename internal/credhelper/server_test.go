@@ -357,6 +357,23 @@ func TestLoadOrCreateTokenRefusesUntrustedFile(t *testing.T) {
 	}
 }
 
+// TestCreateTokenNeverThroughALink (issue 32 item 11): a symbolic link
+// that appears between the look and the create is not written through.
+func TestCreateTokenNeverThroughALink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target")
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := createToken(link); err == nil || !strings.Contains(err.Error(), "never followed") {
+		t.Fatalf("createToken through a dangling link: %v", err)
+	}
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Fatalf("a token file was created through the link: %v", err)
+	}
+}
+
 // TestLoadOrCreateTokenMissingDirectory (issue 32 item 16): a token file in
 // a directory that does not exist gets a message that names the directory
 // and says to create it, not "open ...: no such file or directory".
