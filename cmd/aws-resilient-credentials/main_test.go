@@ -72,11 +72,15 @@ func helperEnv(t *testing.T, addr string) {
 	t.Setenv("VAULT_TOKEN", "vault-token")
 }
 
-// runCmd runs the command line with args until it returns.
+// runCmd runs the command line with args until it returns; a serve that
+// should have refused to start is stopped after clocktest.WaitLimit (and
+// exits 0, which the caller sees).
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var out, errb bytes.Buffer
-	code = run(context.Background(), args, &out, &errb)
+	ctx, cancel := context.WithTimeout(context.Background(), clocktest.WaitLimit)
+	defer cancel()
+	var out, errb syncBuffer
+	code = run(ctx, args, &out, &errb)
 	return code, out.String(), errb.String()
 }
 
