@@ -76,7 +76,7 @@ func statusOf(err error) (int, string) {
 	case KindForbidden:
 		return http.StatusForbidden, "VaultPermissionDenied"
 	case KindNotFound:
-		return http.StatusNotFound, "RoleNotFound"
+		return http.StatusNotFound, "VaultPathNotFound"
 	case KindBadRequest:
 		return http.StatusBadRequest, "VaultRefused"
 	case KindMalformed:

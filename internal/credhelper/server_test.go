@@ -406,7 +406,7 @@ func TestHandlerStatusSDKsDoNotRetry(t *testing.T) {
 	}{
 		{KindNoToken, http.StatusForbidden, "VaultTokenMissing", false},
 		{KindForbidden, http.StatusForbidden, "VaultPermissionDenied", false},
-		{KindNotFound, http.StatusNotFound, "RoleNotFound", false},
+		{KindNotFound, http.StatusNotFound, "VaultPathNotFound", false},
 		{KindBadRequest, http.StatusBadRequest, "VaultRefused", false},
 		{KindMalformed, http.StatusBadGateway, "VaultAnswerMalformed", true},
 		{KindUnavailable, http.StatusServiceUnavailable, "CredentialsUnavailable", true},

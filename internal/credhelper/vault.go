@@ -5,10 +5,12 @@
 // and the container credentials endpoint (what ECS and EKS Pod Identity
 // serve). cmd/aws-resilient-credentials is its command line.
 //
-// A read from the plugin's cache never costs an STS call, so the helper can
-// read as often as it likes; it reads again before the plugin's next
-// credential is due (Reader.Read returns when), and serves the last good
-// credential while Vault cannot be reached and that credential is valid.
+// A read from the plugin's cache never costs an STS call, but it is a Vault
+// request and, on a lease=true role, a new Vault lease: serve reads again
+// only before the plugin's next credential is due and serves the last good
+// credential while Vault cannot be reached and that credential is valid;
+// credential-process runs when the SDK asks, and says so when the SDK will
+// ask at every call (windows.go).
 package credhelper
 
 import (
