@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -72,6 +71,25 @@ func helperEnv(t *testing.T, addr string) {
 	t.Setenv("VAULT_TOKEN", "vault-token")
 }
 
+// output is a file that serve's goroutines may write to while the test
+// reads it.
+type output struct{ *os.File }
+
+func newOutput(t *testing.T, name string) output {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return output{f}
+}
+
+func (o output) String() string {
+	b, _ := os.ReadFile(o.Name())
+	return string(b)
+}
+
 // runCmd runs the command line with args until it returns; a serve that
 // should have refused to start is stopped after clocktest.WaitLimit (and
 // exits 0, which the caller sees).
@@ -79,9 +97,9 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), clocktest.WaitLimit)
 	defer cancel()
-	var out, errb syncBuffer
-	code = run(ctx, args, &out, &errb)
-	return code, out.String(), errb.String()
+	out, errOut := newOutput(t, "stdout"), newOutput(t, "stderr")
+	code = run(ctx, args, out, errOut)
+	return code, out.String(), errOut.String()
 }
 
 // TestServeFlagDefaults (issue 32 item 13): serve's defaults are the safe,
@@ -191,33 +209,14 @@ func TestCredentialProcess(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that serve's goroutines write while the
-// test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 var servingAt = regexp.MustCompile(`serving aws-resilient/creds/app at (http://\S+/)`)
 
 // startServe runs serve with args until the test ends, and returns its
 // URL once it listens.
-func startServe(t *testing.T, args ...string) (url string, stderr *syncBuffer, stop func() int) {
+func startServe(t *testing.T, args ...string) (url string, stderr output, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr = &syncBuffer{}
+	stderr = newOutput(t, "stderr")
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, append([]string{"serve", "--role", "app"}, args...), io.Discard, stderr) }()
 	stop = func() int {

@@ -67,26 +67,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // (Cache.Get), so they cost Vault nothing.
 func statusOf(err error) (int, string) {
 	var e *Error
-	if !errors.As(err, &e) {
-		return http.StatusServiceUnavailable, "CredentialsUnavailable"
-	}
-	switch e.Kind {
-	case KindNoToken:
-		return http.StatusForbidden, "VaultTokenMissing"
-	case KindForbidden:
-		return http.StatusForbidden, "VaultPermissionDenied"
-	case KindNotFound:
-		return http.StatusNotFound, "VaultPathNotFound"
-	case KindBadRequest:
-		return http.StatusBadRequest, "VaultRefused"
-	case KindMalformed:
-		return http.StatusBadGateway, "VaultAnswerMalformed"
-	case KindSealed:
-		return http.StatusServiceUnavailable, "VaultSealed"
-	case KindTokenFile:
-		return http.StatusServiceUnavailable, "VaultTokenFileUnreadable"
+	if errors.As(err, &e) {
+		if a, ok := kindAnswers[e.Kind]; ok {
+			return a.status, a.code
+		}
 	}
 	return http.StatusServiceUnavailable, "CredentialsUnavailable"
+}
+
+// kindAnswers are the kinds of failure answered otherwise than 503
+// CredentialsUnavailable.
+var kindAnswers = map[Kind]struct {
+	status int
+	code   string
+}{
+	KindNoToken:    {http.StatusForbidden, "VaultTokenMissing"},
+	KindForbidden:  {http.StatusForbidden, "VaultPermissionDenied"},
+	KindNotFound:   {http.StatusNotFound, "VaultPathNotFound"},
+	KindBadRequest: {http.StatusBadRequest, "VaultRefused"},
+	KindMalformed:  {http.StatusBadGateway, "VaultAnswerMalformed"},
+	KindSealed:     {http.StatusServiceUnavailable, "VaultSealed"},
+	KindTokenFile:  {http.StatusServiceUnavailable, "VaultTokenFileUnreadable"},
 }
 
 // The endpoint's connection limits.
