@@ -37,8 +37,9 @@ import (
 //
 // The blocks are written for the dev set-up's defaults (Vault on
 // 127.0.0.1:8200, the emulator on 127.0.0.1:8599, files in
-// /tmp/aws-resilient-dev-8200, Prometheus on 127.0.0.1:9090); the test runs
-// them on free ports and rewrites those four strings, nothing else.
+// /tmp/aws-resilient-dev-8200, Prometheus on 127.0.0.1:9090, the
+// credentials helper's endpoint on 127.0.0.1:9911); the test runs them on
+// free ports and rewrites those five strings, nothing else.
 const runnableFence = "```sh runnable"
 
 // docsWithExamples are the files whose runnable blocks run: README.md first,
@@ -144,12 +145,14 @@ func TestDocsExamples(t *testing.T) {
 	vaultPort := vaulttest.FreePortPair(t)
 	stsPort := vaulttest.FreePort(t)
 	promPort := vaulttest.FreePort(t)
+	helperPort := vaulttest.FreePort(t)
 	devDir := fmt.Sprintf("/tmp/aws-resilient-dev-%d", vaultPort)
 	rewrite := strings.NewReplacer(
 		"127.0.0.1:8200", "127.0.0.1:"+strconv.Itoa(vaultPort),
 		"127.0.0.1:8599", "127.0.0.1:"+strconv.Itoa(stsPort),
 		"/tmp/aws-resilient-dev-8200", devDir,
 		"127.0.0.1:9090", "127.0.0.1:"+strconv.Itoa(promPort),
+		"127.0.0.1:9911", "127.0.0.1:"+strconv.Itoa(helperPort),
 	)
 
 	var base []string
@@ -203,9 +206,16 @@ func TestDocsExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blockEnv := []string{"HOME=" + t.TempDir(), "XDG_CACHE_HOME=" + cache}
+	// Go's module cache too, which lives under HOME unless set: a block
+	// that builds (docs/sdk-credentials.md's make build) must not fetch
+	// every module again.
+	modCache, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blockEnv := []string{"HOME=" + t.TempDir(), "XDG_CACHE_HOME=" + cache, "GOMODCACHE=" + strings.TrimSpace(string(modCache))}
 	for _, kv := range base {
-		if !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "XDG_CACHE_HOME=") {
+		if !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "XDG_CACHE_HOME=") && !strings.HasPrefix(kv, "GOMODCACHE=") {
 			blockEnv = append(blockEnv, kv)
 		}
 	}

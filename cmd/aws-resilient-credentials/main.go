@@ -52,19 +52,25 @@ the vault CLI; the token is read from --token-file, VAULT_TOKEN or
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	// serve runs until SIGTERM or SIGINT; credential-process ends by itself.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// run is the command line: it returns the exit status (2 for a usage
+// error); serve stops when ctx ends.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	switch args[0] {
 	case "credential-process":
-		return credentialProcess(args[1:], stdout, stderr)
+		return credentialProcess(ctx, args[1:], stdout, stderr)
 	case "serve":
-		return serve(args[1:], stderr)
+		return serve(ctx, args[1:], stderr)
 	case "version", "-version", "--version":
 		fmt.Fprintln(stdout, version)
 		return 0
@@ -110,7 +116,7 @@ func (c *common) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*cred
 
 // credentialProcess prints one credential as credential_process JSON, or on
 // any failure nothing on stdout and the reason on stderr.
-func credentialProcess(args []string, stdout, stderr io.Writer) int {
+func credentialProcess(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c common
 	fs := flag.NewFlagSet("credential-process", flag.ContinueOnError)
 	c.register(fs)
@@ -118,13 +124,21 @@ func credentialProcess(args []string, stdout, stderr io.Writer) int {
 	if r == nil {
 		return code
 	}
-	cred, err := r.Read(context.Background())
-	if err == nil && !credhelper.Servable(cred, time.Now()) {
+	cred, err := r.Read(ctx)
+	now := time.Now()
+	if err == nil && !credhelper.Servable(cred, now) {
 		err = fmt.Errorf("Vault served credential %s that expires at %s: too close to expiry to use", cred.AccessKeyID, cred.Expiration.UTC().Format(time.RFC3339))
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "aws-resilient-credentials: %v\n", err)
 		return 1
+	}
+	// The credential is good, but an SDK that holds it will run this
+	// helper again at every call: say so where a person may see it
+	// (aws-sdk-go-v2 passes the helper's stderr on; botocore shows it only
+	// on a failure).
+	if w := credhelper.ProcessRunWarning(cred, now); w != "" {
+		fmt.Fprintf(stderr, "aws-resilient-credentials: %s\n", w)
 	}
 	out, err := credhelper.ProcessJSON(cred)
 	if err != nil {
@@ -135,27 +149,39 @@ func credentialProcess(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// serve runs the container credentials endpoint until SIGTERM or SIGINT.
-func serve(args []string, stderr io.Writer) int {
-	var c common
-	var listen, authFile string
-	var allowRemote bool
+// serveOptions are serve's flags.
+type serveOptions struct {
+	common
+	listen, authFile string
+	allowRemote      bool
+}
+
+// serveFlags is serve's flag set, writing into o; its defaults are the
+// documented ones.
+func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	c.register(fs)
-	fs.StringVar(&listen, "listen", "127.0.0.1:9911", "address to listen on; loopback unless --allow-remote")
-	fs.StringVar(&authFile, "auth-token-file", "", "file with the token clients must send in Authorization; created with a random token when missing (default: a new file in a private temporary directory, removed on exit)")
-	fs.BoolVar(&allowRemote, "allow-remote", false, "allow a --listen address other hosts can reach")
-	r, code := c.parse(fs, args, stderr)
+	o.register(fs)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:9911", "address to listen on; loopback unless --allow-remote")
+	fs.StringVar(&o.authFile, "auth-token-file", "", "file with the token clients must send in Authorization; created with a random token when missing, used only when owned by this user and closed to group and others, never through a symbolic link (default: a new file in a private temporary directory, removed on exit)")
+	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow a --listen address other hosts can reach")
+	return fs
+}
+
+// serve runs the container credentials endpoint until ctx ends.
+func serve(ctx context.Context, args []string, stderr io.Writer) int {
+	var o serveOptions
+	r, code := o.parse(serveFlags(&o), args, stderr)
 	if r == nil {
 		return code
 	}
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(stderr, time.Now().UTC().Format(time.RFC3339)+" aws-resilient-credentials: "+format+"\n", a...)
 	}
-	if err := credhelper.CheckListen(listen, allowRemote); err != nil {
+	if err := credhelper.CheckListen(o.listen, o.allowRemote); err != nil {
 		logf("%v", err)
 		return 2
 	}
+	authFile := o.authFile
 	if authFile == "" {
 		dir, err := os.MkdirTemp("", "aws-resilient-credentials-")
 		if err != nil {
@@ -173,19 +199,16 @@ func serve(args []string, stderr io.Writer) int {
 	if created {
 		defer os.Remove(authFile)
 	}
-	ln, err := net.Listen("tcp", listen)
+	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
-		logf("listening on %s: %v", listen, err)
+		logf("listening on %s: %v", o.listen, err)
 		return 1
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	cache := credhelper.NewCache(ctx, r.Read, clock.Real{}, rand.Float64)
-	srv := &http.Server{
-		Handler:           &credhelper.Handler{Cache: cache, AuthToken: token},
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	srv := credhelper.NewServer(&credhelper.Handler{Cache: cache, AuthToken: token})
 	url := "http://" + ln.Addr().String() + "/"
 	logf("serving %s at %s\n  export AWS_CONTAINER_CREDENTIALS_FULL_URI=%s\n  export AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE=%s", r.Path(), url, url, authFile)
 

@@ -139,7 +139,9 @@ func (c *Cache) Refresh() (Credential, error) {
 	cred, err := c.read(c.base)
 	now := c.clk.Now()
 	if err == nil && !Servable(cred, now) {
-		err = &Error{Kind: KindMalformed, Msg: fmt.Sprintf("Vault served credential %s that expires at %s, less than %s from now", cred.AccessKeyID, cred.Expiration.UTC().Format(time.RFC3339), ExpirySafety)}
+		// The plugin's last credential running out while STS is down:
+		// a renewed one can come at any moment, so it is worth asking again.
+		err = &Error{Kind: KindUnavailable, Msg: fmt.Sprintf("Vault served credential %s that expires at %s, less than %s from now", cred.AccessKeyID, cred.Expiration.UTC().Format(time.RFC3339), ExpirySafety)}
 	}
 
 	c.mu.Lock()

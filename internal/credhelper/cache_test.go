@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -241,8 +242,15 @@ func TestCacheRefusesStaleAnswer(t *testing.T) {
 	clk := clocktest.NewFake(t0)
 	fv := &fakeVault{next: func(n int) (Credential, error) { return cred("AKOLD", t0.Add(ExpirySafety)), nil }}
 	c := NewCache(context.Background(), fv.read, clk, func() float64 { return 0 })
-	if _, err := c.Get(); err == nil || !strings.Contains(err.Error(), "AKOLD") {
+	_, err := c.Get()
+	if err == nil || !strings.Contains(err.Error(), "AKOLD") {
 		t.Fatalf("Get of a nearly expired credential: %v", err)
+	}
+	// The plugin's credential running out during an STS outage: a renewed
+	// one may come at any moment, so the endpoint answers 503, which the
+	// SDKs retry.
+	if status, _ := statusOf(err); status != http.StatusServiceUnavailable {
+		t.Fatalf("a nearly expired answer gets %d, want 503: %v", status, err)
 	}
 }
 

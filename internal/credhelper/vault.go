@@ -5,10 +5,12 @@
 // and the container credentials endpoint (what ECS and EKS Pod Identity
 // serve). cmd/aws-resilient-credentials is its command line.
 //
-// A read from the plugin's cache never costs an STS call, so the helper can
-// read as often as it likes; it reads again before the plugin's next
-// credential is due (Reader.Read returns when), and serves the last good
-// credential while Vault cannot be reached and that credential is valid.
+// A read from the plugin's cache never costs an STS call, but it is a Vault
+// request and, on a lease=true role, a new Vault lease: serve reads again
+// only before the plugin's next credential is due and serves the last good
+// credential while Vault cannot be reached and that credential is valid;
+// credential-process runs when the SDK asks, and says so when the SDK will
+// ask at every call (windows.go).
 package credhelper
 
 import (
@@ -33,6 +35,9 @@ type Credential struct {
 	// TTL is the plugin's ttl for a lease=false role: when it expects the
 	// next credential in its cache. Zero for roles served with a lease.
 	TTL time.Duration
+	// Leased says Vault registered a lease for this read (a lease=true
+	// role): every read of such a role costs Vault a lease.
+	Leased bool
 }
 
 // Reader reads one role's credential from Vault.
@@ -61,6 +66,11 @@ func NewReader(mount, role, tokenFile string) (*Reader, error) {
 	if cfg.Error != nil {
 		return nil, fmt.Errorf("reading the Vault client configuration from the environment: %w", cfg.Error)
 	}
+	// The Vault client's own parse error ("first path segment in URL
+	// cannot contain colon") names neither the variable nor the fix.
+	if err := checkVaultAddr(cfg.Address, cfg.AgentAddress); err != nil {
+		return nil, err
+	}
 	if os.Getenv(api.EnvVaultMaxRetries) == "" {
 		cfg.MaxRetries = 0
 	}
@@ -75,6 +85,27 @@ func NewReader(mount, role, tokenFile string) (*Reader, error) {
 	return r, nil
 }
 
+// checkVaultAddr refuses a Vault address the client cannot use, naming the
+// variable it came from (VAULT_AGENT_ADDR wins over VAULT_ADDR, as in the
+// client) and what to write instead. Unset, the address is the client's
+// default, https://127.0.0.1:8200, which passes.
+func checkVaultAddr(addr, agentAddr string) error {
+	from := api.EnvVaultAddress
+	if agentAddr != "" {
+		addr, from = agentAddr, api.EnvVaultAgentAddr
+	}
+	u, err := url.Parse(addr)
+	switch {
+	case err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "":
+		return nil
+	case err == nil && u.Scheme == "unix" && (u.Path != "" || u.Opaque != ""):
+		return nil
+	case !strings.Contains(addr, "://"):
+		return fmt.Errorf("%s=%q has no scheme: write it as https://%s (or http://%s for a dev server without TLS)", from, addr, addr, addr)
+	}
+	return fmt.Errorf("%s=%q is not a Vault address: use http://host:port, https://host:port or unix:///path/to/socket", from, addr)
+}
+
 // Path is the Vault path read.
 func (r *Reader) Path() string { return r.Mount + "/creds/" + r.Role }
 
@@ -86,11 +117,11 @@ func (r *Reader) token() (tok, from string, err error) {
 	if r.TokenFile != "" {
 		b, err := os.ReadFile(r.TokenFile)
 		if err != nil {
-			return "", "", &Error{Kind: KindNoToken, Msg: fmt.Sprintf("cannot read the token file %s: %v; point --token-file at a Vault Agent sink or a file holding a Vault token", r.TokenFile, err)}
+			return "", "", &Error{Kind: KindTokenFile, Msg: fmt.Sprintf("cannot read the token file %s: %v; point --token-file at a Vault Agent sink or a file holding a Vault token", r.TokenFile, err)}
 		}
 		tok = strings.TrimSpace(string(b))
 		if tok == "" {
-			return "", "", &Error{Kind: KindNoToken, Msg: fmt.Sprintf("the token file %s is empty (a Vault Agent sink is empty until the agent has authenticated)", r.TokenFile)}
+			return "", "", &Error{Kind: KindTokenFile, Msg: fmt.Sprintf("the token file %s is empty (a Vault Agent sink is empty until the agent has authenticated)", r.TokenFile)}
 		}
 		return tok, "token file " + r.TokenFile, nil
 	}
@@ -148,6 +179,7 @@ func credentialOf(sec *api.Secret, path string) (Credential, error) {
 		return Credential{}, &Error{Kind: KindMalformed, Msg: fmt.Sprintf("%s answered an expiration that is not RFC 3339: %v", path, err)}
 	}
 	cr.Expiration = exp
+	cr.Leased = sec.LeaseID != ""
 	if ttl, ok := sec.Data["ttl"]; ok {
 		if n, err := jsonNumber(ttl); err == nil && n > 0 {
 			cr.TTL = time.Duration(n) * time.Second
@@ -171,12 +203,16 @@ type Kind string
 
 // The kinds of error.
 const (
-	KindNoToken     Kind = "no_token"
+	KindNoToken Kind = "no_token"
+	// KindTokenFile: --token-file cannot be read or is empty, as a Vault
+	// Agent sink is until the agent has authenticated: it may cure itself.
+	KindTokenFile   Kind = "token_file"
 	KindForbidden   Kind = "forbidden"
 	KindNotFound    Kind = "not_found"
 	KindBadRequest  Kind = "bad_request"
 	KindUnavailable Kind = "unavailable"
 	KindUnreachable Kind = "unreachable"
+	KindSealed      Kind = "sealed"
 	KindMalformed   Kind = "malformed"
 )
 
@@ -201,6 +237,12 @@ func (r *Reader) explain(err error, from string) error {
 			return &Error{Kind: KindNoToken, Msg: fmt.Sprintf("no Vault token: Vault at %s refused %s (%d: %s); set VAULT_TOKEN, pass --token-file (a Vault Agent sink), run vault login, or point VAULT_ADDR at a Vault Agent or Proxy listener with use_auto_auth_token", addr, r.Path(), re.StatusCode, reason)}
 		case re.StatusCode == 403:
 			return &Error{Kind: KindForbidden, Msg: fmt.Sprintf("permission denied reading %s at %s with the token from %s: the token's policy must allow \"read\" on %q (vault token capabilities %s); an expired or revoked token gets this too", r.Path(), addr, from, r.Path(), r.Path())}
+		// Vault's own 503s come before the plugin's: the plugin's advice
+		// (its status/ path, STS) means nothing while Vault cannot answer.
+		case re.StatusCode == 503 && strings.Contains(reason, "Vault is sealed"):
+			return &Error{Kind: KindSealed, Msg: fmt.Sprintf("Vault at %s is sealed: nothing can be read from it until it is unsealed (vault status shows Sealed true; an operator runs vault operator unseal with the unseal keys, or with auto-unseal Vault must reach its seal's KMS); a credential already handed out stays valid until its expiration", addr)}
+		case re.StatusCode == 503 && strings.Contains(reason, "active cluster node not found"):
+			return &Error{Kind: KindUnavailable, Msg: fmt.Sprintf("Vault at %s has no active node (%s): a leader election is under way or the cluster lost its quorum; vault status shows the HA state, and reads work again once a node is active", addr, reason)}
 		case re.StatusCode == 503 || re.StatusCode == 502 || re.StatusCode == 504:
 			return &Error{Kind: KindUnavailable, Msg: fmt.Sprintf("no credential available from %s at %s (%d): %s; the plugin serves a credential again as soon as STS answers (vault read %s/status/%s shows why)", r.Path(), addr, re.StatusCode, reason, r.Mount, r.Role)}
 		case re.StatusCode == 400 || re.StatusCode == 404 || re.StatusCode == 405:
