@@ -41,7 +41,11 @@ type flights struct {
 	// last is the read budget's memory (mu): per key, the last failed
 	// attempt, which readers of a key with nothing valid cached get at
 	// once until its until, instead of an STS call of their own. Memory
-	// only, never stored; a success removes the key's entry.
+	// only, never stored. A success removes the key's entry, and so does
+	// every change that drops the key's generation for good (forget: a
+	// role deleted or given a new definition, an entity credential
+	// dropped); only a key mirrored under the attempt's generation gets an
+	// entry (remember), so the map holds at most the mirrored keys.
 	last map[credKey]*lastFailure
 	// budget is whether readers are held to one STS call per key per retry
 	// block (readerBudgetBuilt; off only in the benchmark's baseline build).
@@ -331,7 +335,13 @@ func (fs *flights) read(key credKey, now func() time.Time) readTicket {
 	if rs != nil && !rs.stale && fs.m[key] == nil && rs.cred.validAt(now()) {
 		return readTicket{f: doneFlight(rs.gen, cycleResult{cred: rs.cred})}
 	}
-	if lf := fs.last[key]; fs.budget && lf != nil && rs != nil && lf.gen == rs.gen && now().Before(lf.until) {
+	lf := fs.last[key]
+	if lf != nil && (rs == nil || lf.gen != rs.gen) {
+		// A failure of a definition that is gone: no reader gets it again.
+		delete(fs.last, key)
+		lf = nil
+	}
+	if fs.budget && lf != nil && now().Before(lf.until) {
 		lf.answered++
 		cp := *lf
 		return readTicket{failed: &cp, refused: fs.m[key] == nil}
@@ -355,13 +365,7 @@ func (fs *flights) read(key credKey, now func() time.Time) readTicket {
 func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now, until time.Time) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fail := lastFailure{gen: f.gen, err: err, at: now, until: until}
-	if prev := fs.last[key]; prev != nil {
-		fail.answered = prev.answered
-	}
-	if fs.budget {
-		fs.last[key] = &fail
-	}
+	fail := fs.rememberLocked(key, lastFailure{gen: f.gen, err: err, at: now, until: until})
 	t := f.try
 	f.try = newTry()
 	f.try.notBefore = until
@@ -417,12 +421,23 @@ func (fs *flights) landBudgetLocked(key credKey, f *flight, res cycleResult) {
 	if res.status != nil {
 		fail.at = res.status.LastAttempt
 	}
-	if prev := fs.last[key]; prev != nil {
+	fs.rememberLocked(key, fail)
+}
+
+// rememberLocked records fail as key's last failure, carrying over the
+// count of reads answered, and returns it; mu held. Only a key mirrored
+// under fail's generation keeps it: an attempt that ends after its role
+// was deleted, rewritten or dropped (which forgot the key) must not bring
+// the entry back, or it would stay for the life of the process.
+func (fs *flights) rememberLocked(key credKey, fail lastFailure) lastFailure {
+	if prev := fs.last[key]; prev != nil && prev.gen == fail.gen {
 		fail.answered = prev.answered
 	}
-	if fs.budget {
-		fs.last[key] = &fail
+	if rs := fs.peek(key); !fs.budget || rs == nil || rs.gen != fail.gen {
+		return fail
 	}
+	fs.last[key] = &fail
+	return fail
 }
 
 // nextTry is the tryOutcome of f's next (or current) attempt.
@@ -440,13 +455,25 @@ func (fs *flights) forcedLocked(key credKey) {
 	}
 }
 
-// failing reports whether key's last attempt failed (and no success came
-// since): a cycle for a key with nothing valid cached and a failing record
-// calls STS at best effort (ratelimit.BestEffort).
-func (fs *flights) failing(key credKey) bool {
+// failing reports whether key's last attempt for generation gen failed
+// (and no success came since): a cycle for a key with nothing valid cached
+// and a failing record calls STS at best effort (ratelimit.BestEffort). A
+// failure of an earlier definition does not count: a role rewritten or
+// created again after a denial is a new role, whose first read protects a
+// deadline.
+func (fs *flights) failing(key credKey, gen uint64) bool {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return fs.last[key] != nil
+	lf := fs.last[key]
+	return lf != nil && lf.gen == gen
+}
+
+// remembered returns how many keys the read budget remembers a failure
+// of; for tests of its memory.
+func (fs *flights) remembered() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.last)
 }
 
 // lastFailed returns a copy of key's last failure for status; ok is false
@@ -461,7 +488,8 @@ func (fs *flights) lastFailed(key credKey, gen uint64) (lastFailure, bool) {
 	return *lf, true
 }
 
-// forget drops key's read budget memory (the key is gone).
+// forget drops key's read budget memory: the key's generation is gone for
+// good (refresher.unplan, under the role's store lock).
 func (fs *flights) forget(key credKey) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()

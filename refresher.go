@@ -267,8 +267,14 @@ func (rf *refresher) herdSlot(key credKey, hint bool, now time.Time, cfg refresh
 	return rf.limiter.ReserveRequest(now, ratelimit.Request{Deadline: queueHorizon(now, cfg, cred), Urgency: cred.expiry()})
 }
 
-// unplan drops the role's pending refresh.
+// unplan drops the role's pending refresh and its read budget memory:
+// every caller drops the key's generation for good (a role deleted or
+// given a new definition, an entity credential dropped, evicted or whose
+// role is gone), under the role's store lock, after the entry was marked
+// with a new generation or dropped, so that an attempt still running for
+// the old one records nothing (flights.rememberLocked).
 func (rf *refresher) unplan(key credKey) {
+	rf.flights.forget(key)
 	if rf.plan.Drop(key) {
 		rf.planChanged()
 	}
@@ -390,14 +396,14 @@ func (rf *refresher) attemptHurry(j *cycleJob, i int, reserved bool) <-chan stru
 	return nil
 }
 
-// callPriority is how an attempt for key ranks in the rate limiter
-// (deadline first): best effort when nothing valid is cached for it and its
-// last attempt failed (a cold read of a failing role: no deadline is at
-// stake, and it must not take a slot a refresh could have queued for);
-// otherwise it protects a deadline (a cached credential to refresh before
-// it expires, or a first read waiting).
-func (rf *refresher) callPriority(key credKey, cred *cacheEntry) ratelimit.Priority {
-	if rf.flights.budget && !cred.validAt(rf.clock.Now()) && rf.flights.failing(key) {
+// callPriority is how an attempt for key's generation gen ranks in the
+// rate limiter (deadline first): best effort when nothing valid is cached
+// for it and its last attempt for gen failed (a cold read of a failing
+// role: no deadline is at stake, and it must not take a slot a refresh
+// could have queued for); otherwise it protects a deadline (a cached
+// credential to refresh before it expires, or a first read waiting).
+func (rf *refresher) callPriority(key credKey, gen uint64, cred *cacheEntry) ratelimit.Priority {
+	if rf.flights.budget && !cred.validAt(rf.clock.Now()) && rf.flights.failing(key, gen) {
 		return ratelimit.BestEffort
 	}
 	return ratelimit.Deadline
@@ -528,7 +534,7 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 	j.lastAttempt = rf.clock.Now()
 	j.called = false
 	w := j.window(i, reserved, rs.cred)
-	w.priority = rf.callPriority(j.key, rs.cred)
+	w.priority = rf.callPriority(j.key, j.f.gen, rs.cred)
 
 	sess, serr := rf.session(j.key, rs)
 	if errors.Is(serr, errEntityGone) && j.f.background {
