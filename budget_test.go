@@ -608,3 +608,35 @@ func TestReadBudget_ForgetsDroppedKeys(t *testing.T) {
 		remembered(t, f, 0, "after the rewrite")
 	})
 }
+
+// Issue 32 item 3: a read with nothing cached is as urgent as a credential
+// expiring now, so it takes over a slot from a refresh queued for a
+// credential good for another hour: with every sts_rate_limit slot of the
+// retry window held by such refreshes, the first read of a new role is
+// served at the first held slot (whose holder is told it lost it), instead
+// of being refused a slot in every block and answered with a 503.
+func TestReadBudget_NothingCachedTakesASlotOver(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
+	t0 := f.clock.Now()
+	window := f.b.settings.policy().RetryWindow
+	var held []ratelimit.Reservation
+	for {
+		res, ok := f.b.limiter.ReserveRequest(t0, ratelimit.Request{Deadline: t0.Add(window + 10*time.Second), Urgency: t0.Add(time.Hour)})
+		if !ok {
+			break
+		}
+		held = append(held, res)
+	}
+	if len(held) < int(window/time.Second) {
+		t.Fatalf("the refreshes hold %d slots, want the whole retry window's", len(held))
+	}
+	f.mustReadCreds(testRole)
+	if calls := f.log.times(); len(calls) != 1 || !calls[0].Equal(t0.Add(time.Second)) {
+		t.Fatalf("the first read called at %v, want once, at the first held slot %v", calls, t0.Add(time.Second))
+	}
+	select {
+	case <-held[1].Lost():
+	default:
+		t.Fatal("the refresh whose slot the read took was not told")
+	}
+}

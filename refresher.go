@@ -425,14 +425,15 @@ func (rf *refresher) tryFailed(j *cycleJob, i int) {
 	rf.flights.attemptFailed(j.key, j.f, j.lastErr, rf.clock.Now(), end)
 }
 
-// window is attempt i's block, for the role's cached credential cred.
-func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow {
+// window is attempt i's block, made at now, for the role's cached
+// credential cred.
+func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry, now time.Time) attemptWindow {
 	w := attemptWindow{
 		blockEnd: j.start.Add(time.Duration(i+1) * j.block),
 		timeout:  j.timeout,
 		block:    j.block,
 		reserved: reserved,
-		urgency:  cred.expiry(),
+		urgency:  callUrgency(cred, now),
 	}
 	if reserved {
 		w.herd = j.f.held
@@ -441,6 +442,22 @@ func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow 
 		w.queueUntil = queueHorizon(j.start, j.cfg, cred)
 	}
 	return w
+}
+
+// callUrgency is how urgent a call for a key whose cached credential is
+// cred is at now (deadline first): that credential's expiry, or, with
+// nothing cached, now itself: a reader is waiting, as for a credential
+// expiring this instant. (The zero time states no urgency, which never
+// takes a slot over: in a herd the first read of a new role, or of one a
+// role change made cold, got no slot in any block, while a role whose
+// credential had just expired was served at once.) A failing key's cold
+// read still calls at best effort (callPriority), where urgency plays no
+// part.
+func callUrgency(cred *cacheEntry, now time.Time) time.Time {
+	if cred == nil {
+		return now
+	}
+	return cred.Expiration
 }
 
 // moved counts attempt i's block, and those after it, from the slot the
@@ -533,7 +550,7 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 	j.attempts++
 	j.lastAttempt = rf.clock.Now()
 	j.called = false
-	w := j.window(i, reserved, rs.cred)
+	w := j.window(i, reserved, rs.cred, j.lastAttempt)
 	w.priority = rf.callPriority(j.key, j.f.gen, rs.cred)
 
 	sess, serr := rf.session(j.key, rs)
@@ -688,9 +705,9 @@ type attemptWindow struct {
 	herd     ratelimit.Reservation
 	// priority is the attempt's rank in the rate limiter (callPriority).
 	priority ratelimit.Priority
-	// urgency is the cached credential's expiry (zero without one): a
-	// Deadline call may take over the slot of a less urgent one, and
-	// lose its own to a more urgent one (deadline first).
+	// urgency is callUrgency's: a Deadline call may take over the slot
+	// of a less urgent one, and lose its own to a more urgent one
+	// (deadline first).
 	urgency time.Time
 }
 
