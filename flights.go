@@ -57,9 +57,11 @@ func newFlights(peek func(credKey) *roleState, launch func(key credKey, f, prev 
 		last: make(map[credKey]*lastFailure), budget: readerBudgetBuilt}
 }
 
-// planLock is the plan's outer lock (dueplan.New): the plan takes due
-// entries and calls its fire callback (fireDue) under it, which then uses
-// the ...Locked methods. Nobody else takes it outside this file.
+// planLock is the plan's outer lock (dueplan.New, through
+// refresher.fireLock, which reads the refresh policy before it takes it):
+// the plan takes due entries and calls its fire callback (fireDue) under
+// it, which then uses the ...Locked methods. Nobody else takes it outside
+// this file.
 func (fs *flights) planLock() sync.Locker { return &fs.mu }
 
 // flight is one refresh cycle in progress, shared by everyone who wants the

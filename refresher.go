@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -58,8 +59,11 @@ type refresher struct {
 	state    *roleStates
 	flights  *flights
 	// plan holds every scheduled key's next cycle; it fires under the
-	// flights' lock (see fireDue).
-	plan    *dueplan.Plan[credKey]
+	// flights' lock (see fireDue), taken by fireLock.
+	plan *dueplan.Plan[credKey]
+	// firing is the refresh policy fireDue works with, read by fireLock
+	// before it takes the flights' lock, and set under it.
+	firing  refreshConfig
 	limiter *ratelimit.Limiter
 	clients *stsClients
 	metrics *metrics
@@ -183,6 +187,24 @@ func (rf *refresher) planChanged() {
 // hold and arms the timer.
 func (rf *refresher) holdPlan() (release func()) { return rf.plan.Hold() }
 
+// fireLock returns the plan's outer lock (dueplan.New): the flights' lock
+// (flights.planLock), taken once the refresh policy has been read for
+// fireDue (firing). Reading it may read config/refresh from storage (after
+// an invalidation), which must not happen under the flights' lock: every
+// cold read and every cycle's start and end waits on it.
+func (rf *refresher) fireLock() sync.Locker { return planFireLock{rf} }
+
+// planFireLock is fireLock's sync.Locker.
+type planFireLock struct{ rf *refresher }
+
+func (l planFireLock) Lock() {
+	cfg := l.rf.settings.policy()
+	l.rf.flights.planLock().Lock()
+	l.rf.firing = cfg
+}
+
+func (l planFireLock) Unlock() { l.rf.flights.planLock().Unlock() }
+
 // fireDue is the plan's fire callback: it starts (or joins) the cycle of
 // every role in due, the roles due by now, earliest first. The plan calls
 // it with the flights' lock held from before the entries left the plan: whoever
@@ -196,7 +218,7 @@ func (rf *refresher) holdPlan() (release func()) { return rf.plan.Hold() }
 // per overdue role: BENCHMARKS.md, "Figures behind the code's constants").
 func (rf *refresher) fireDue(due []dueplan.Entry[credKey]) {
 	rf.planChanged()
-	cfg := rf.settings.policy()
+	cfg := rf.firing
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for

@@ -787,3 +787,35 @@ func TestRefresher_AttemptStartIsLogged(t *testing.T) {
 		}
 	}
 }
+
+// Issue 32 item 6: the plan fires under the flights' lock, which every
+// cold read and cycle waits on; the refresh policy it fires with is read
+// before that lock is taken, so a reload of config/refresh (after an
+// invalidation) never reads storage while it is held.
+func TestRefresher_FireReadsThePolicyOutsideTheFlightsLock(t *testing.T) {
+	fs := newFaultStorage(new(logical.InmemStorage), 1)
+	f := newFixture(t, fixtureOpts{storage: fs})
+	f.mustReadCreds(testRole)
+	var mu sync.Mutex
+	loads, underLock := 0, 0
+	fs.before = func(op, key string) {
+		if op != "get" || key != configRefreshPath {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		loads++
+		if !f.b.flights.mu.TryLock() {
+			underLock++
+			return
+		}
+		f.b.flights.mu.Unlock()
+	}
+	f.b.InvalidateKey(context.Background(), configRefreshPath)
+	f.fireScheduled(roleKey(testRole))
+	mu.Lock()
+	defer mu.Unlock()
+	if loads == 0 || underLock != 0 {
+		t.Fatalf("config/refresh read %d times at the fire, %d of them under the flights' lock; want read, never under it", loads, underLock)
+	}
+}
