@@ -206,7 +206,9 @@ func (fs *flights) firedLocked(key credKey, p planned) *flight {
 	return fs.beginLocked(key, false, p)
 }
 
-// beginLocked is wait (urgent) or firedLocked; mu held.
+// beginLocked is wait (urgent) or firedLocked; mu held. A herd's slot
+// given with p (p.held) that no new cycle takes is released: nobody will
+// call at it.
 func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 	rs := fs.peek(key)
 	var gen uint64 // 0: not read yet (a hint); checkHint sets it
@@ -214,6 +216,7 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 	case rs != nil:
 		gen = rs.gen
 	case !p.hint:
+		p.held.Release()
 		return doneFlight(0, cycleResult{err: errRoleChanged})
 	}
 	prev := fs.m[key]
@@ -221,6 +224,7 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 		if urgent {
 			prev.hurryUp()
 		}
+		p.held.Release() // the running cycle calls at slots of its own
 		return prev
 	}
 	if prev != nil && prev.gen != gen {
@@ -231,14 +235,17 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 	if !urgent && prev == nil {
 		// Not after prev: a cycle that waits for prev to end would reach
 		// its slot late, its blocks counted from a past slot. It takes a
-		// slot of its own as it calls, and the one given is left unused.
+		// slot of its own as it calls, and the one given is released.
 		f.slot, f.held = p.slot, p.held
+	} else {
+		p.held.Release()
 	}
 	if urgent {
 		f.hurryUp()
 	}
 	cancel, ok := fs.launch(key, f, prev)
 	if !ok {
+		f.held.Release()
 		f.res = cycleResult{err: errShuttingDown}
 		close(f.done)
 		return f
@@ -294,6 +301,15 @@ func (fs *flights) current(key credKey) *flight {
 
 // runningLocked is running with mu held (the plan's fire).
 func (fs *flights) runningLocked(key credKey) bool { return fs.m[key] != nil }
+
+// withPlan calls change with mu held: the plan fires under mu, so a plan
+// entry that change replaces or drops is the one it saw, not one a fire
+// moved meanwhile (refresher.planAt, unplan).
+func (fs *flights) withPlan(change func()) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	change()
+}
 
 // view calls see with mu held and the keys of the cycles in flight, a set
 // that see must not keep or change. The plan fires under mu, so what see
@@ -490,10 +506,9 @@ func (fs *flights) lastFailed(key credKey, gen uint64) (lastFailure, bool) {
 	return *lf, true
 }
 
-// forget drops key's read budget memory: the key's generation is gone for
-// good (refresher.unplan, under the role's store lock).
-func (fs *flights) forget(key credKey) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
+// forgetLocked drops key's read budget memory: the key's generation is
+// gone for good (refresher.unplan, under the role's store lock); mu held
+// (withPlan).
+func (fs *flights) forgetLocked(key credKey) {
 	delete(fs.last, key)
 }

@@ -109,8 +109,11 @@ func (rf *refresher) launchCycle(key credKey, f, prev *flight) (context.CancelFu
 }
 
 // flightOutcome runs f's cycle, when one is still due, and returns its
-// outcome; prev is the cycle f waited for, if any.
+// outcome; prev is the cycle f waited for, if any. A herd's slot that the
+// cycle's first attempt did not reach (it ended early, or none ran) is
+// released: nobody will call at it.
 func (rf *refresher) flightOutcome(ctx context.Context, key credKey, f, prev *flight) cycleResult {
+	defer f.held.Release()
 	if at, planned := rf.plannedAt(key); prev != nil && f.background && planned && at.After(rf.clock.Now()) {
 		// Started by a timer that fired while prev committed, which
 		// planned the next cycle since: nothing is due now.
@@ -170,8 +173,23 @@ func (rf *refresher) planAt(key credKey, at time.Time) {
 	if !rf.life.running() {
 		return
 	}
-	rf.plan.Set(key, at)
+	rf.flights.withPlan(func() {
+		rf.releaseHeldLocked(key)
+		rf.plan.Set(key, at)
+	})
 	rf.planChanged()
+}
+
+// releaseHeldLocked releases the sts_rate_limit slot that key's plan
+// entry holds, a herd's (fireDue), before the entry is replaced or
+// dropped: nobody will call at it. The flights' lock held (withPlan), so
+// the entry is not fired meanwhile.
+func (rf *refresher) releaseHeldLocked(key credKey) {
+	if e, ok := rf.plan.Get(key); ok && e.Mark&dueplan.Reserved != 0 {
+		if res, ok := e.Ref.(ratelimit.Reservation); ok {
+			res.Release()
+		}
+	}
 }
 
 // planChanged tells the test hook that the plan changed.
@@ -296,8 +314,13 @@ func (rf *refresher) herdSlot(key credKey, hint bool, now time.Time, cfg refresh
 // with a new generation or dropped, so that an attempt still running for
 // the old one records nothing (flights.rememberLocked).
 func (rf *refresher) unplan(key credKey) {
-	rf.flights.forget(key)
-	if rf.plan.Drop(key) {
+	dropped := false
+	rf.flights.withPlan(func() {
+		rf.flights.forgetLocked(key)
+		rf.releaseHeldLocked(key)
+		dropped = rf.plan.Drop(key)
+	})
+	if dropped {
 		rf.planChanged()
 	}
 }
@@ -506,6 +529,11 @@ func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycle
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
 	for i := 0; i < cfg.MaxRetries; i++ {
+		if i == 1 {
+			// The herd's slot, if the first attempt did not use it (it
+			// failed before its call), is nobody's now.
+			f.held.Release()
+		}
 		reserved := i == 0 && !f.slot.IsZero()
 		at := attemptAt(rf.rand, j.start, j.block, i, reserved)
 		if err := rf.sleepUntil(ctx, at, rf.attemptHurry(j, i, reserved)); err != nil {
@@ -858,6 +886,7 @@ func (rf *refresher) callSlot(w *attemptWindow, out *attemptResult, i int) (rate
 // it does.
 func (rf *refresher) waitSlot(ctx context.Context, res ratelimit.Reservation) (used bool, err error) {
 	if err := rf.sleepUntil(ctx, res.At(), res.Lost()); err != nil {
+		res.Release() // the cycle stops: nobody calls at it
 		return false, err
 	}
 	if !res.Use() {

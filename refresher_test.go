@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -817,5 +818,41 @@ func TestRefresher_FireReadsThePolicyOutsideTheFlightsLock(t *testing.T) {
 	defer mu.Unlock()
 	if loads == 0 || underLock != 0 {
 		t.Fatalf("config/refresh read %d times at the fire, %d of them under the flights' lock; want read, never under it", loads, underLock)
+	}
+}
+
+// TestRefresher_StoppedCycleReleasesItsSlots (issue 32 item 6): a cycle
+// that stops before its call (the backend shutting down) releases the
+// herd's slot its flight was given and the slot it was waiting for: the
+// limiter keeps no slot that nobody will call at.
+func TestRefresher_StoppedCycleReleasesItsSlots(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
+	f.mustReadCreds(testRole) // the slot at now
+	now := f.clock.Now()
+	reserve := func() ratelimit.Reservation {
+		res, ok := f.b.limiter.ReserveRequest(now, ratelimit.Request{Deadline: now.Add(time.Minute), Urgency: now.Add(time.Hour)})
+		if !ok || !res.At().After(now) {
+			t.Fatalf("no slot to come: %v %v", ok, res.At())
+		}
+		return res
+	}
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	if _, err := f.b.refresher.waitSlot(stopped, reserve()); err == nil {
+		t.Fatal("waitSlot on a stopped context returned no error")
+	}
+	if n := f.b.limiter.Held(); n != 0 {
+		t.Fatalf("%d slots held after a cycle stopped waiting for its slot, want 0", n)
+	}
+
+	res := reserve()
+	_, _, gen, _ := f.b.state.lookup(roleKey(testRole))
+	fl := &flight{done: make(chan struct{}), gen: gen, background: true, hurry: make(chan struct{}), try: newTry(), slot: res.At(), held: res}
+	if out := f.b.refresher.flightOutcome(stopped, roleKey(testRole), fl, nil); out.outcome != cycleAborted {
+		t.Fatalf("a stopped cycle's outcome %q, want %q", out.outcome, cycleAborted)
+	}
+	if n := f.b.limiter.Held(); n != 0 {
+		t.Fatalf("%d slots held after a herd's cycle stopped before its call, want 0", n)
 	}
 }
