@@ -23,6 +23,18 @@ const minCallTime = 500 * time.Millisecond
 // limiter refused a slot before the end of its block; no STS call was made.
 const codeRateLimited = "RateLimited"
 
+// codeBlockElapsed is the error code of an attempt that reached its call
+// after its block (and lateWake) had passed; no STS call was made.
+const codeBlockElapsed = "BlockElapsed"
+
+// lateWake is how late after the time drawn for it an attempt may wake and
+// still make its block's call, when its block ended meanwhile: a timer on a
+// busy host fires late by a few ms (the fault matrix saw 2 to 11 ms on two
+// shared cores), and an attempt drawn in its block's last milliseconds
+// would otherwise be lost for that. A longer wait is a lock's or storage's,
+// not the timer's, and the block is over (BlockElapsed).
+const lateWake = 100 * time.Millisecond
+
 // cycleResult is everything a refresh cycle decided, committed in one place
 // (roleStates.commitSuccess or commitFailure) and carried by the flight to
 // whoever waits: nobody reads storage back to learn what happened.
@@ -397,7 +409,13 @@ type cycleJob struct {
 
 	attempts    int
 	lastAttempt time.Time
-	lastErr     *refreshError
+	// drawn is the time the current attempt was drawn for (attemptAt).
+	drawn   time.Time
+	lastErr *refreshError
+	// answerErr is the last error that was no local refusal to call
+	// (noCall): what status and readers name when a later attempt made
+	// no call. Nil while every attempt was refused.
+	answerErr *refreshError
 	// upstream is set once an attempt fails for a reason other than the
 	// local rate limiter refusing it a slot: only then did STS (or
 	// storage) actually fail.
@@ -414,6 +432,24 @@ func (j *cycleJob) failed(rerr *refreshError) {
 	if rerr.Code != codeRateLimited {
 		j.upstream = true
 	}
+	if !noCall(rerr.Code) {
+		j.answerErr = rerr
+	}
+}
+
+// noCall reports whether code is a local refusal to call STS (our rate
+// limiter had no slot, or the block was over), not an answer.
+func noCall(code string) bool { return code == codeRateLimited || code == codeBlockElapsed }
+
+// cycleErr is the error a failed cycle reports (status last_error, its
+// readers, its log): the last answer it got (from STS, or storage), not a
+// later attempt's refusal to call, which would hide the error to fix; the
+// last error when every attempt was refused.
+func (j *cycleJob) cycleErr() *refreshError {
+	if j.answerErr != nil {
+		return j.answerErr
+	}
+	return j.lastErr
 }
 
 // hurry is what attempt i waits on besides its time: only the first
@@ -474,6 +510,7 @@ func (rf *refresher) tryFailed(j *cycleJob, i int) {
 // credential cred.
 func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry, now time.Time) attemptWindow {
 	w := attemptWindow{
+		drawn:    j.drawn,
 		blockEnd: j.start.Add(time.Duration(i+1) * j.block),
 		timeout:  j.timeout,
 		block:    j.block,
@@ -536,6 +573,7 @@ func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycle
 		}
 		reserved := i == 0 && !f.slot.IsZero()
 		at := attemptAt(rf.rand, j.start, j.block, i, reserved)
+		j.drawn = at
 		if err := rf.sleepUntil(ctx, at, rf.attemptHurry(j, i, reserved)); err != nil {
 			return rf.cycleStopped()
 		}
@@ -684,12 +722,13 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResult {
 	j.f.ending.Store(true)
 	now := rf.clock.Now()
+	cerr := j.cycleErr()
 	st, cred, next, err := rf.state.commitFailure(ctx, rf.storage(), j.key, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
 		st := &statusEntry{
 			LastAttempt:       j.lastAttempt,
 			AttemptsLastCycle: j.attempts,
 			FailedCycles:      prev.FailedCycles,
-			LastError:         j.lastErr.Error(),
+			LastError:         cerr.Error(),
 			LastSuccess:       prev.LastSuccess,
 			RateLimitedSince:  prev.RateLimitedSince,
 		}
@@ -732,13 +771,16 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 	if !j.upstream {
 		outcome = cycleRateLimited
 	}
-	rf.logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", j.lastErr.Code,
-		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", j.lastErr.Message)
-	return cycleResult{cred: cred, status: st, next: next, err: j.lastErr, outcome: outcome}
+	rf.logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", cerr.Code,
+		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", cerr.Message)
+	return cycleResult{cred: cred, status: st, next: next, err: cerr, outcome: outcome}
 }
 
 // attemptWindow is the block an attempt has to call STS in.
 type attemptWindow struct {
+	// drawn is the time the attempt was drawn for: one drawn inside its
+	// block that wakes just after it (lateWake) still makes its call.
+	drawn time.Time
 	// blockEnd is when the attempt's block ends: every call starts before
 	// it and must answer by it (or within minCallTime).
 	blockEnd time.Time
@@ -759,6 +801,13 @@ type attemptWindow struct {
 	// of a less urgent one, and lose its own to a more urgent one
 	// (deadline first).
 	urgency time.Time
+}
+
+// keptAt reports whether an attempt woken at now, after its block's end,
+// keeps its block: it was drawn inside the block and woke at most
+// lateWake after the time drawn.
+func (w attemptWindow) keptAt(now time.Time) bool {
+	return w.drawn.Before(w.blockEnd) && !now.After(w.drawn.Add(lateWake))
 }
 
 // attemptResult is what one attempt got.
@@ -793,10 +842,16 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		return attemptResult{err: classify(err, "")}
 	}
 	defer release()
-	if rf.clock.Now().After(w.blockEnd) {
-		// The attempt waited (for a lock, for storage) past its block: not
-		// our rate limiter's doing, and no call may start now.
-		return attemptResult{err: &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}}
+	if now := rf.clock.Now(); now.After(w.blockEnd) {
+		if !w.keptAt(now) {
+			// The attempt waited (for a lock, for storage) past its block:
+			// not our rate limiter's doing, and no call may start now.
+			return attemptResult{err: &refreshError{Code: codeBlockElapsed, Message: "the retry block ended before the attempt could call STS", Retryable: true}}
+		}
+		// Drawn inside its block, it woke just after the block's end (a
+		// busy host's timer): still the block's call, on a slot free now,
+		// with minCallTime to answer.
+		w.blockEnd = now
 	}
 	action := role.stsAction()
 	for i, ep := range eps {
