@@ -206,7 +206,7 @@ func newBackend(opts backendOptions) *backend {
 	b.entityChecks = new(entityChecks)
 	b.flights = newFlights(b.state.peek, rf.launchCycle, opts.onFlight)
 	rf.state, rf.flights = b.state, b.flights
-	rf.plan = dueplan.New(b.clock, b.flights.planLock(), rf.fireDue)
+	rf.plan = dueplan.New(b.clock, rf.fireLock(), rf.fireDue)
 	b.reconciler = newReconciler(reconcilerOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, state: b.state, index: b.index, life: b.life, metrics: b.metrics,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -304,14 +305,18 @@ func TestReadBudget_FailingRoleIsBestEffort(t *testing.T) {
 	f := newFixture(t, fixtureOpts{rand: randMax, refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
 	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
 	wantAllFailed(t, f.hammer(testRole, "", 3), "Throttling")
-	if p := f.b.refresher.callPriority(roleKey(testRole), nil); p != ratelimit.BestEffort {
+	_, _, gen, _ := f.b.state.lookup(roleKey(testRole))
+	if p := f.b.refresher.callPriority(roleKey(testRole), gen, nil); p != ratelimit.BestEffort {
 		t.Fatalf("a failing role with nothing cached calls at %v, want best effort", p)
 	}
 	valid := &cacheEntry{Expiration: f.clock.Now().Add(time.Hour)}
-	if p := f.b.refresher.callPriority(roleKey(testRole), valid); p != ratelimit.Deadline {
+	if p := f.b.refresher.callPriority(roleKey(testRole), gen, valid); p != ratelimit.Deadline {
 		t.Fatalf("a failing role with a valid credential to refresh calls at %v, want deadline", p)
 	}
-	if p := f.b.refresher.callPriority(roleKey("other"), nil); p != ratelimit.Deadline {
+	if p := f.b.refresher.callPriority(roleKey(testRole), gen+1, nil); p != ratelimit.Deadline {
+		t.Fatalf("a new definition of a failing role calls at %v, want deadline (issue 32 item 1)", p)
+	}
+	if p := f.b.refresher.callPriority(roleKey("other"), 0, nil); p != ratelimit.Deadline {
 		t.Fatalf("a first read calls at %v, want deadline", p)
 	}
 
@@ -469,5 +474,169 @@ func TestReadBudget_RetryAfterHeaderEntity(t *testing.T) {
 		if header == "" || header != strconv.Itoa(int(in/time.Second)) {
 			t.Fatalf("entity 503: Retry-After %q, message says in %v", header, in)
 		}
+	}
+}
+
+// Issue 32 item 1: a role fixed by a new definition is not its old
+// definition's failure. The role was denied; another node gave it a new
+// role_arn (this node hears of it through Invalidate and reloads it, with
+// a new generation). Its first read protects a deadline: with the next
+// rate limiter slot free a second on, past one a refresh holds, it queues
+// for that slot and is served there, instead of going at best effort,
+// being refused, and waiting for its next block (10 s on, randMax).
+func TestReadBudget_NewDefinitionIsNotFailing(t *testing.T) {
+	f := newFixture(t, fixtureOpts{rand: randMax, refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
+	f.emu.SetDeny([]string{testRoleARN})
+	resp, err := f.readCreds(testRole)
+	wantAllFailed(t, []result{{resp: resp, err: err}}, "AccessDenied")
+
+	ctx := context.Background()
+	role, err := getRole(ctx, f.s, testRole)
+	if err != nil || role == nil {
+		t.Fatalf("reading the role: %v %v", role, err)
+	}
+	role.RoleARN = "arn:aws:iam::123456789012:role/fixed"
+	if err := putRole(ctx, f.s, testRole, role); err != nil {
+		t.Fatal(err)
+	}
+	f.b.InvalidateKey(ctx, rolePrefix+testRole)
+
+	f.clock.Advance(f.b.settings.policy().block())
+	now := f.clock.Now()
+	if _, ok := f.b.limiter.Reserve(now, now); !ok {
+		t.Fatal("no slot for the refresh")
+	}
+	f.log.reset()
+	f.mustReadCreds(testRole)
+	if calls := f.log.times(); len(calls) != 1 || !calls[0].Equal(now.Add(time.Second)) {
+		t.Fatalf("the fixed role's first read called at %v, want once, at the next free slot %v", calls, now.Add(time.Second))
+	}
+}
+
+// Issue 32 item 2: the read budget forgets a key whose generation is
+// dropped for good, so its memory holds no more than the keys mirrored:
+// 200 denied roles deleted leave no entry, and nor does a role given a new
+// definition, an entity credential evicted for a new entity, one whose
+// entity is gone, or the entity credentials of a rewritten role.
+func TestReadBudget_ForgetsDroppedKeys(t *testing.T) {
+	remembered := func(t *testing.T, f *fixture, want int, when string) {
+		t.Helper()
+		if n := f.b.flights.remembered(); n != want {
+			t.Fatalf("%s: the read budget remembers %d keys, want %d", when, n, want)
+		}
+	}
+	t.Run("deleted roles", func(t *testing.T) {
+		// No rate limit: 200 calls at one instant.
+		f := newFixture(t, fixtureOpts{noRole: true, refresh: map[string]interface{}{"sts_rate_limit": 0, "sts_burst": 0}})
+		f.emu.SetDeny([]string{testRoleARN})
+		const n = 200
+		for i := range n {
+			name := "denied-" + strconv.Itoa(i)
+			mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
+			resp, err := f.readCreds(name)
+			wantAllFailed(t, []result{{resp: resp, err: err}}, "AccessDenied")
+		}
+		remembered(t, f, n, "after every role failed")
+		for i := range n {
+			mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/denied-"+strconv.Itoa(i), nil)
+		}
+		remembered(t, f, 0, "after every role was deleted")
+	})
+	t.Run("attempt ending after its role was deleted", func(t *testing.T) {
+		// One attempt: no later one reads the role and finds it gone.
+		f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"max_retries": 1}})
+		f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+		release := make(chan struct{})
+		var once sync.Once
+		let := func() { once.Do(func() { close(release) }) }
+		t.Cleanup(let)
+		f.log.before = func() { <-release }
+		read := f.start(logical.ReadOperation, "creds/"+testRole)
+		waitFor(t, "the read's STS call", func() bool { return len(f.log.all()) == 1 })
+		mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/"+testRole, nil)
+		let()
+		r := f.await(read)
+		wantAllFailed(t, []result{r}, "Throttling")
+		if fl := f.b.flights.current(roleKey(testRole)); fl != nil {
+			f.clock.DriveUntil(t, fl.done)
+		}
+		remembered(t, f, 0, "after the deleted role's attempt failed")
+	})
+	t.Run("role given a new definition", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{})
+		f.emu.SetDeny([]string{testRoleARN})
+		resp, err := f.readCreds(testRole)
+		wantAllFailed(t, []result{{resp: resp, err: err}}, "AccessDenied")
+		remembered(t, f, 1, "after the failure")
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"role_arn": "arn:aws:iam::123456789012:role/fixed"})
+		remembered(t, f, 0, "after the rewrite")
+	})
+	entityCase := func(t *testing.T, role map[string]interface{}) *fixture {
+		f, _ := newAdmitFixture(t, role)
+		f.emu.SetDeny([]string{testRoleARN})
+		for _, id := range []string{aliceID, bobID} {
+			resp, err := f.readAs(entityRole, id)
+			wantAllFailed(t, []result{{resp: resp, err: err}}, "AccessDenied")
+			f.clock.Advance(time.Second) // alice read first
+		}
+		remembered(t, f, 2, "after both entities failed")
+		return f
+	}
+	t.Run("entity credential evicted", func(t *testing.T) {
+		// Idle after 10 s, before their next cycle (15 s on at least).
+		f := entityCase(t, map[string]interface{}{"max_entities": 2, "entity_idle_ttl": 10})
+		f.clock.Advance(10 * time.Second)
+		resp, err := f.readAs(entityRole, carolID) // evicts alice, fails itself
+		wantAllFailed(t, []result{{resp: resp, err: err}}, "AccessDenied")
+		if ids := storedEntities(t, f.s, entityRole); slices.Contains(ids, aliceID) {
+			t.Fatalf("stored entities = %v, want alice evicted", ids)
+		}
+		remembered(t, f, 2, "after alice was evicted for carol") // bob and carol
+	})
+	t.Run("entity gone", func(t *testing.T) {
+		f := entityCase(t, nil)
+		f.b.System().(*entityView).remove(bobID)
+		periodicPass(t, f.b, f.s)
+		if ids := storedEntities(t, f.s, entityRole); !slices.Equal(ids, []string{aliceID}) {
+			t.Fatalf("stored entities = %v, want alice alone", ids)
+		}
+		remembered(t, f, 1, "after the pass dropped bob's credential")
+	})
+	t.Run("entity credentials of a rewritten role", func(t *testing.T) {
+		f := entityCase(t, nil)
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+entityRole, map[string]interface{}{"ttl": 1800})
+		remembered(t, f, 0, "after the rewrite")
+	})
+}
+
+// Issue 32 item 3: a read with nothing cached is as urgent as a credential
+// expiring now, so it takes over a slot from a refresh queued for a
+// credential good for another hour: with every sts_rate_limit slot of the
+// retry window held by such refreshes, the first read of a new role is
+// served at the first held slot (whose holder is told it lost it), instead
+// of being refused a slot in every block and answered with a 503.
+func TestReadBudget_NothingCachedTakesASlotOver(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
+	t0 := f.clock.Now()
+	window := f.b.settings.policy().RetryWindow
+	var held []ratelimit.Reservation
+	for {
+		res, ok := f.b.limiter.ReserveRequest(t0, ratelimit.Request{Deadline: t0.Add(window + 10*time.Second), Urgency: t0.Add(time.Hour)})
+		if !ok {
+			break
+		}
+		held = append(held, res)
+	}
+	if len(held) < int(window/time.Second) {
+		t.Fatalf("the refreshes hold %d slots, want the whole retry window's", len(held))
+	}
+	f.mustReadCreds(testRole)
+	if calls := f.log.times(); len(calls) != 1 || !calls[0].Equal(t0.Add(time.Second)) {
+		t.Fatalf("the first read called at %v, want once, at the first held slot %v", calls, t0.Add(time.Second))
+	}
+	select {
+	case <-held[1].Lost():
+	default:
+		t.Fatal("the refresh whose slot the read took was not told")
 	}
 }

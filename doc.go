@@ -52,7 +52,9 @@
 //	rotator.rotations, .root     a rotation; config/root's read-change-write
 //	role store lock (lockFor)    every storage change of a role
 //	roleStates.admitMu           a new entity's admission (count, evict, store)
-//	flights.mu                   held by the plan while it fires
+//	flights.mu                   held by the plan while it fires (the
+//	                             policy is read before: refresher.fireLock),
+//	                             and around a plan's change (withPlan)
 //	refresher.plan (dueplan)     its own lock
 //	settings.loadMu, settings.mu a reload of config/refresh
 //	roleStates.mu                the mirror (a read lock on the hot path)

@@ -3,6 +3,8 @@ package awsresilient
 import (
 	"maps"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,4 +117,42 @@ func TestEntity_MountWideCap(t *testing.T) {
 	// 0 lifts the cap.
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/refresh", map[string]interface{}{"max_entity_credentials": 0})
 	f.mustReadAs(entityRole, daveID)
+}
+
+// Issue 32 item 4: entity readers in flight across a narrowing write (a new
+// role_arn, max_entities lowered to 1) read again under the new
+// definition, admission included: one entity gets a credential, the other
+// is refused for max_entities=1, and storage holds one entity credential,
+// not a credential for an entity the new definition never admitted.
+func TestEntity_ReadAcrossNarrowingWriteIsAdmittedAgain(t *testing.T) {
+	f, _ := newAdmitFixture(t, nil)
+	release := make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	f.log.before = func() { <-release }
+	var reads []*pending
+	for _, id := range []string{aliceID, bobID} {
+		reads = append(reads, f.startReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/" + entityRole, EntityID: id}))
+	}
+	waitFor(t, "both entities' STS calls", func() bool { return len(f.log.all()) == 2 })
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+entityRole, map[string]interface{}{
+		"role_arn": "arn:aws:iam::123456789012:role/narrow", "max_entities": 1,
+	})
+	let()
+	served, refused := 0, 0
+	for _, p := range reads {
+		r := f.await(p)
+		switch {
+		case r.err == nil && !r.resp.IsError():
+			served++
+		case r.err == nil && strings.Contains(respErr(r.resp), "max_entities=1"):
+			refused++
+		default:
+			t.Errorf("a reader across the write: err=%v resp=%v", r.err, respErr(r.resp))
+		}
+	}
+	if ids := storedEntities(t, f.s, entityRole); len(ids) != 1 || served != 1 || refused != 1 {
+		t.Fatalf("stored entities %v, %d served, %d refused; want one of each", ids, served, refused)
+	}
 }

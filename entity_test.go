@@ -2,7 +2,11 @@ package awsresilient
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -551,5 +555,66 @@ func TestEntityDropReason(t *testing.T) {
 				t.Errorf("gone asked = %v, want %v", asked, tc.asked)
 			}
 		})
+	}
+}
+
+// Issue 32 item 5: refresh/<name> of an entity-scoped role runs at most
+// refreshInFlight cycles at once (a goroutine each), not one per entity:
+// with every STS call held, 100 entities have only the bound's cycles
+// started, and once the calls go every entity is refreshed.
+func TestEntity_RefreshPathBoundsCyclesInFlight(t *testing.T) {
+	f, ents := newEntityFixture(t, nil)
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/refresh", map[string]interface{}{"sts_rate_limit": 0, "sts_burst": 0})
+	const n = 100
+	for i := range n {
+		id := fmt.Sprintf("%08d-0000-4000-8000-000000000000", i)
+		ents.set(id, "user"+strconv.Itoa(i), nil)
+		f.mustReadAs(entityRole, id)
+	}
+	bound := f.b.refreshInFlight()
+	if bound != maxRefreshInFlight {
+		t.Fatalf("refreshInFlight = %d without a rate limit, want %d", bound, maxRefreshInFlight)
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	var held atomic.Int32
+	f.log.before = func() { held.Add(1); <-release }
+	refreshed := f.start(logical.UpdateOperation, "refresh/"+entityRole)
+	waitFor(t, "the first cycles' STS calls", func() bool { return held.Load() >= int32(bound) })
+	var running int
+	f.b.flights.view(func(m map[credKey]*flight) { running = len(m) })
+	if running != bound {
+		t.Fatalf("%d cycles in flight for %d entities, want %d", running, n, bound)
+	}
+	let()
+	r := f.await(refreshed)
+	if r.err != nil || r.resp.IsError() || r.resp.Data["entities"] != n {
+		t.Fatalf("refresh/%s: err=%v resp=%v", entityRole, r.err, respErr(r.resp))
+	}
+	if got := held.Load(); got != n {
+		t.Fatalf("%d STS calls for the refresh, want %d", got, n)
+	}
+}
+
+// refreshInFlight follows sts_rate_limit: no more cycles at once than it
+// grants calls in a retry block, and at least one.
+func TestRefreshInFlight(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+		want  int
+	}{
+		{0, 0, maxRefreshInFlight},
+		{10, 10, maxRefreshInFlight}, // 60 a block
+		{1, 2, 7},                    // 2 + 5 s at 1/s
+		{0.01, 1, 1},
+	} {
+		mustDo(t, f.b, f.s, logical.UpdateOperation, "config/refresh", map[string]interface{}{"sts_rate_limit": tc.rate, "sts_burst": tc.burst})
+		if got := f.b.refreshInFlight(); got != tc.want {
+			t.Errorf("sts_rate_limit %v burst %d: refreshInFlight = %d, want %d", tc.rate, tc.burst, got, tc.want)
+		}
 	}
 }

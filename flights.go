@@ -41,7 +41,11 @@ type flights struct {
 	// last is the read budget's memory (mu): per key, the last failed
 	// attempt, which readers of a key with nothing valid cached get at
 	// once until its until, instead of an STS call of their own. Memory
-	// only, never stored; a success removes the key's entry.
+	// only, never stored. A success removes the key's entry, and so does
+	// every change that drops the key's generation for good (forget: a
+	// role deleted or given a new definition, an entity credential
+	// dropped); only a key mirrored under the attempt's generation gets an
+	// entry (remember), so the map holds at most the mirrored keys.
 	last map[credKey]*lastFailure
 	// budget is whether readers are held to one STS call per key per retry
 	// block (readerBudgetBuilt; off only in the benchmark's baseline build).
@@ -53,9 +57,11 @@ func newFlights(peek func(credKey) *roleState, launch func(key credKey, f, prev 
 		last: make(map[credKey]*lastFailure), budget: readerBudgetBuilt}
 }
 
-// planLock is the plan's outer lock (dueplan.New): the plan takes due
-// entries and calls its fire callback (fireDue) under it, which then uses
-// the ...Locked methods. Nobody else takes it outside this file.
+// planLock is the plan's outer lock (dueplan.New, through
+// refresher.fireLock, which reads the refresh policy before it takes it):
+// the plan takes due entries and calls its fire callback (fireDue) under
+// it, which then uses the ...Locked methods. Nobody else takes it outside
+// this file.
 func (fs *flights) planLock() sync.Locker { return &fs.mu }
 
 // flight is one refresh cycle in progress, shared by everyone who wants the
@@ -200,7 +206,9 @@ func (fs *flights) firedLocked(key credKey, p planned) *flight {
 	return fs.beginLocked(key, false, p)
 }
 
-// beginLocked is wait (urgent) or firedLocked; mu held.
+// beginLocked is wait (urgent) or firedLocked; mu held. A herd's slot
+// given with p (p.held) that no new cycle takes is released: nobody will
+// call at it.
 func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 	rs := fs.peek(key)
 	var gen uint64 // 0: not read yet (a hint); checkHint sets it
@@ -208,6 +216,7 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 	case rs != nil:
 		gen = rs.gen
 	case !p.hint:
+		p.held.Release()
 		return doneFlight(0, cycleResult{err: errRoleChanged})
 	}
 	prev := fs.m[key]
@@ -215,6 +224,7 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 		if urgent {
 			prev.hurryUp()
 		}
+		p.held.Release() // the running cycle calls at slots of its own
 		return prev
 	}
 	if prev != nil && prev.gen != gen {
@@ -225,14 +235,17 @@ func (fs *flights) beginLocked(key credKey, urgent bool, p planned) *flight {
 	if !urgent && prev == nil {
 		// Not after prev: a cycle that waits for prev to end would reach
 		// its slot late, its blocks counted from a past slot. It takes a
-		// slot of its own as it calls, and the one given is left unused.
+		// slot of its own as it calls, and the one given is released.
 		f.slot, f.held = p.slot, p.held
+	} else {
+		p.held.Release()
 	}
 	if urgent {
 		f.hurryUp()
 	}
 	cancel, ok := fs.launch(key, f, prev)
 	if !ok {
+		f.held.Release()
 		f.res = cycleResult{err: errShuttingDown}
 		close(f.done)
 		return f
@@ -289,6 +302,15 @@ func (fs *flights) current(key credKey) *flight {
 // runningLocked is running with mu held (the plan's fire).
 func (fs *flights) runningLocked(key credKey) bool { return fs.m[key] != nil }
 
+// withPlan calls change with mu held: the plan fires under mu, so a plan
+// entry that change replaces or drops is the one it saw, not one a fire
+// moved meanwhile (refresher.planAt, unplan).
+func (fs *flights) withPlan(change func()) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	change()
+}
+
 // view calls see with mu held and the keys of the cycles in flight, a set
 // that see must not keep or change. The plan fires under mu, so what see
 // reads of the plan agrees with it: a role leaves the plan and enters its
@@ -331,7 +353,13 @@ func (fs *flights) read(key credKey, now func() time.Time) readTicket {
 	if rs != nil && !rs.stale && fs.m[key] == nil && rs.cred.validAt(now()) {
 		return readTicket{f: doneFlight(rs.gen, cycleResult{cred: rs.cred})}
 	}
-	if lf := fs.last[key]; fs.budget && lf != nil && rs != nil && lf.gen == rs.gen && now().Before(lf.until) {
+	lf := fs.last[key]
+	if lf != nil && (rs == nil || lf.gen != rs.gen) {
+		// A failure of a definition that is gone: no reader gets it again.
+		delete(fs.last, key)
+		lf = nil
+	}
+	if fs.budget && lf != nil && now().Before(lf.until) {
 		lf.answered++
 		cp := *lf
 		return readTicket{failed: &cp, refused: fs.m[key] == nil}
@@ -355,13 +383,7 @@ func (fs *flights) read(key credKey, now func() time.Time) readTicket {
 func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now, until time.Time) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fail := lastFailure{gen: f.gen, err: err, at: now, until: until}
-	if prev := fs.last[key]; prev != nil {
-		fail.answered = prev.answered
-	}
-	if fs.budget {
-		fs.last[key] = &fail
-	}
+	fail := fs.rememberLocked(key, lastFailure{gen: f.gen, err: err, at: now, until: until})
 	t := f.try
 	f.try = newTry()
 	f.try.notBefore = until
@@ -417,12 +439,23 @@ func (fs *flights) landBudgetLocked(key credKey, f *flight, res cycleResult) {
 	if res.status != nil {
 		fail.at = res.status.LastAttempt
 	}
-	if prev := fs.last[key]; prev != nil {
+	fs.rememberLocked(key, fail)
+}
+
+// rememberLocked records fail as key's last failure, carrying over the
+// count of reads answered, and returns it; mu held. Only a key mirrored
+// under fail's generation keeps it: an attempt that ends after its role
+// was deleted, rewritten or dropped (which forgot the key) must not bring
+// the entry back, or it would stay for the life of the process.
+func (fs *flights) rememberLocked(key credKey, fail lastFailure) lastFailure {
+	if prev := fs.last[key]; prev != nil && prev.gen == fail.gen {
 		fail.answered = prev.answered
 	}
-	if fs.budget {
-		fs.last[key] = &fail
+	if rs := fs.peek(key); !fs.budget || rs == nil || rs.gen != fail.gen {
+		return fail
 	}
+	fs.last[key] = &fail
+	return fail
 }
 
 // nextTry is the tryOutcome of f's next (or current) attempt.
@@ -440,13 +473,25 @@ func (fs *flights) forcedLocked(key credKey) {
 	}
 }
 
-// failing reports whether key's last attempt failed (and no success came
-// since): a cycle for a key with nothing valid cached and a failing record
-// calls STS at best effort (ratelimit.BestEffort).
-func (fs *flights) failing(key credKey) bool {
+// failing reports whether key's last attempt for generation gen failed
+// (and no success came since): a cycle for a key with nothing valid cached
+// and a failing record calls STS at best effort (ratelimit.BestEffort). A
+// failure of an earlier definition does not count: a role rewritten or
+// created again after a denial is a new role, whose first read protects a
+// deadline.
+func (fs *flights) failing(key credKey, gen uint64) bool {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return fs.last[key] != nil
+	lf := fs.last[key]
+	return lf != nil && lf.gen == gen
+}
+
+// remembered returns how many keys the read budget remembers a failure
+// of; for tests of its memory.
+func (fs *flights) remembered() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.last)
 }
 
 // lastFailed returns a copy of key's last failure for status; ok is false
@@ -461,9 +506,9 @@ func (fs *flights) lastFailed(key credKey, gen uint64) (lastFailure, bool) {
 	return *lf, true
 }
 
-// forget drops key's read budget memory (the key is gone).
-func (fs *flights) forget(key credKey) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
+// forgetLocked drops key's read budget memory: the key's generation is
+// gone for good (refresher.unplan, under the role's store lock); mu held
+// (withPlan).
+func (fs *flights) forgetLocked(key credKey) {
 	delete(fs.last, key)
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 )
 
 // flightsRig is the flights owner alone: a role mirror of one generation per
@@ -130,4 +132,51 @@ func TestFlightsSingleFlight(t *testing.T) {
 			t.Fatal("a start during shutdown registered a cycle")
 		}
 	})
+}
+
+// TestFlightsReleaseUnusedHerdSlots (issue 32 item 6): a herd's slot given
+// with a fire that starts no cycle of its own is released, so the limiter
+// holds no slot that nobody will call at: the fire joins a cycle running,
+// comes while one commits (the new cycle waits for it and takes a slot of
+// its own), finds the role gone, or comes as the backend shuts down. A
+// cycle that takes the slot keeps it.
+func TestFlightsReleaseUnusedHerdSlots(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		name    string
+		setup   func(r *flightsRig) credKey
+		keepsIt bool
+	}{
+		{"starts the cycle", func(r *flightsRig) credKey { return roleKey("app") }, true},
+		{"joins the running cycle", func(r *flightsRig) credKey { r.fs.wait(roleKey("app")); return roleKey("app") }, false},
+		{"comes while a cycle commits", func(r *flightsRig) credKey {
+			r.fs.wait(roleKey("app")).ending.Store(true)
+			return roleKey("app")
+		}, false},
+		{"role gone", func(r *flightsRig) credKey { return roleKey("gone") }, false},
+		{"shutting down", func(r *flightsRig) credKey { r.shutdown = true; return roleKey("app") }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newFlightsRig()
+			l := ratelimit.New(1, 1)
+			l.Reserve(t0, t0) // the slot at t0, reached as granted: no hold
+			res, ok := l.ReserveRequest(t0, ratelimit.Request{Deadline: t0.Add(time.Minute), Urgency: t0.Add(time.Hour)})
+			if !ok || l.Held() != 1 {
+				t.Fatalf("reserving the herd's slot: ok %v, %d held", ok, l.Held())
+			}
+			key := tc.setup(r)
+			r.fs.mu.Lock()
+			f := r.fs.firedLocked(key, planned{slot: res.At(), held: res})
+			r.fs.mu.Unlock()
+			if tc.keepsIt {
+				if l.Held() != 1 || !f.slot.Equal(res.At()) {
+					t.Fatalf("the cycle that took the slot: %d held, slot %v", l.Held(), f.slot)
+				}
+				return
+			}
+			if n := l.Held(); n != 0 {
+				t.Fatalf("%d slots held after a fire that starts no cycle at its slot, want 0", n)
+			}
+		})
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
 	"github.com/hashicorp/vault/sdk/logical"
 	dto "github.com/prometheus/client_model/go"
@@ -496,4 +497,59 @@ func TestRefresh_HerdYieldsToARefreshCloserToExpiry(t *testing.T) {
 	if n := counterValue(t, b.metrics.paced); n != 0 {
 		t.Fatalf("%v calls paced, want 0: two callers used one slot", n)
 	}
+}
+
+// TestRefresh_HerdSlotReleasedWhenUnused (issue 32 item 6): a herd's role
+// waiting in the plan at its reserved slot holds that slot in the limiter
+// (a hold a more urgent refresh may take over). When its plan entry is
+// replaced or dropped, or its cycle's first attempt ends before its call,
+// nobody will call at that slot: it is released, not left held.
+func TestRefresh_HerdSlotReleasedWhenUnused(t *testing.T) {
+	const roles, rate, burst = 20, 1, 1
+	start := func(t *testing.T) (*clocktest.Fake, *backend, *faultStorage, []dueplan.Entry[credKey]) {
+		t.Helper()
+		clk := newFakeClock(time.Now().Truncate(time.Second))
+		now := clk.Now()
+		emu := startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: time.Hour})
+		fs := newFaultStorage(herdStorage(t, emu.URL(), roles, func(i int) time.Time { return now.Add(time.Minute + time.Duration(i)*time.Second) }, rate, burst), 1)
+		b, _ := newTestBackend(t, testOpts{clock: clk, rand: randMin, storage: fs})
+		// The first role calls at once; the others wait in the plan, one
+		// slot a second, each holding it.
+		waitFor(t, "the herd's slots", func() bool { return b.limiter.Held() == roles-1 })
+		var reserved []dueplan.Entry[credKey]
+		for _, e := range b.refresher.plan.Entries() {
+			if e.Mark&dueplan.Reserved != 0 {
+				reserved = append(reserved, e)
+			}
+		}
+		sort.Slice(reserved, func(i, j int) bool { return reserved[i].At.Before(reserved[j].At) })
+		if len(reserved) != roles-1 {
+			t.Fatalf("%d roles wait at reserved slots, want %d", len(reserved), roles-1)
+		}
+		return clk, b, fs, reserved
+	}
+	held := func(t *testing.T, b *backend, want int, when string) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("%d slots held %s", want, when), func() bool { return b.limiter.Held() == want })
+	}
+	t.Run("plan replaced", func(t *testing.T) {
+		clk, b, _, reserved := start(t)
+		b.refresher.planAt(reserved[5].Key, clk.Now().Add(time.Hour))
+		held(t, b, roles-2, "after one role was planned anew")
+	})
+	t.Run("plan dropped", func(t *testing.T) {
+		_, b, _, reserved := start(t)
+		mustDo(t, b, b.storage, logical.DeleteOperation, "roles/"+reserved[5].Key.role(), nil)
+		held(t, b, roles-2, "after one role was deleted")
+	})
+	t.Run("first attempt ends before its call", func(t *testing.T) {
+		clk, b, fs, reserved := start(t)
+		// The first role to come to its slot is read from storage again,
+		// and that read fails: its first attempt makes no call.
+		next := reserved[0]
+		b.InvalidateKey(context.Background(), cachePrefix+next.Key.role())
+		fs.failNext("get", rolePrefix+next.Key.role(), 1, false)
+		clk.AdvanceTo(next.At)
+		held(t, b, roles-2, "after the first attempt at its slot failed to read the role")
+	})
 }

@@ -2,7 +2,7 @@ package awsresilient
 
 import (
 	"strconv"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,11 +50,6 @@ type metrics struct {
 
 	entityDrops *prometheus.CounterVec // reason
 
-	// outcomes are the STS outcome label values seen so far (outcomeMu):
-	// at most maxOutcomes, then "other".
-	outcomeMu sync.Mutex
-	outcomes  map[string]bool
-
 	readsOK, readsCold, readsUnavailable, readsSetupError prometheus.Counter
 	coldWait                                              prometheus.Histogram
 
@@ -70,11 +65,10 @@ var cycleBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60
 
 func newMetrics(version string) *metrics {
 	m := &metrics{
-		reg:      prometheus.NewRegistry(),
-		outcomes: map[string]bool{"ok": true, "other": true},
+		reg: prometheus.NewRegistry(),
 		stsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aws_resilient_sts_calls_total",
-			Help: "STS calls made, by action, endpoint (primary or fallback_N; old_key_primary or old_key_fallback_N for the key a rotation just replaced, while it settles) and outcome (ok or the AWS error code).",
+			Help: "STS calls made, by action, endpoint (primary or fallback_N; old_key_primary or old_key_fallback_N for the key a rotation just replaced, while it settles) and outcome (ok, the AWS error code, HTTPnnn, or other for a code outside the known set).",
 		}, []string{"action", "endpoint", "outcome"}),
 		stsDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "aws_resilient_sts_call_duration_seconds",
@@ -172,26 +166,12 @@ var rejectionReasons = []string{
 	"whitespace", "no_expiration", "expired", "expiration_too_late", "older_than_cached",
 }
 
-// maxOutcomes bounds the distinct outcome label values of STS calls: AWS
-// has a few dozen error codes, but whatever answers at an endpoint's address
-// can invent new ones.
-const maxOutcomes = 32
-
 // observeSTSCall counts one STS call. endpoint is the endpoint's label
 // (stsEndpoint.label: endpointLabel, or the old key's during a rotation's
-// settle); a URL never becomes a label.
+// settle); a URL never becomes a label, nor does a code outside the known
+// set (outcomeLabel).
 func (m *metrics) observeSTSCall(action string, endpoint string, outcome string, d time.Duration) {
-	outcome = outcomeLabel(outcome)
-	m.outcomeMu.Lock()
-	if !m.outcomes[outcome] {
-		if len(m.outcomes) < maxOutcomes {
-			m.outcomes[outcome] = true
-		} else {
-			outcome = "other"
-		}
-	}
-	m.outcomeMu.Unlock()
-	m.stsCalls.WithLabelValues(action, endpoint, outcome).Inc()
+	m.stsCalls.WithLabelValues(action, endpoint, outcomeLabel(outcome)).Inc()
 	m.stsDuration.WithLabelValues(action).Observe(d.Seconds())
 }
 
@@ -241,17 +221,51 @@ func (m *metrics) observeCycle(result string, d time.Duration) {
 	m.cycleTime.WithLabelValues(result).Observe(d.Seconds())
 }
 
-// outcomeLabel is an error code as a label value: one that is not a plain
-// word, or is implausibly long, becomes "other" (and observeSTSCall caps how
-// many distinct ones there are).
+// outcomeLabel is an STS call's outcome as a label value: ok, a code of
+// the known set (knownOutcome), HTTPnnn for a status without an AWS error
+// body (classify), or else "other". The code comes from whatever answers at
+// an endpoint's address: an odd endpoint or proxy that invents codes must
+// not create series without bound, nor take the place of a real code
+// (a cap on distinct values, first come first served, did that).
 func outcomeLabel(code string) string {
-	if code == "" || len(code) > 64 {
-		return "other"
+	if code == "ok" || knownOutcome[code] || httpStatusCode(code) {
+		return code
 	}
-	for _, c := range code {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return "other"
-		}
-	}
-	return code
+	return "other"
 }
+
+// httpStatusCode reports whether code is HTTPnnn for a status from 300 to
+// 599, as classify names a response that is no AWS error.
+func httpStatusCode(code string) bool {
+	n, err := strconv.Atoi(strings.TrimPrefix(code, "HTTP"))
+	return len(code) == 7 && strings.HasPrefix(code, "HTTP") && err == nil && n >= 300 && n <= 599
+}
+
+// knownOutcome are the error codes an STS (or IAM) call's outcome label
+// keeps: every code the plugin treats as non-retryable, the codes AWS
+// documents as common to its query APIs and STS's own, the throttling and
+// server errors of the SDKs' retry lists, and the plugin's own for a call
+// with no AWS answer (classify).
+var knownOutcome = func() map[string]bool {
+	m := map[string]bool{}
+	for code := range nonRetryableCodes {
+		m[code] = true
+	}
+	for _, code := range []string{
+		// Common errors of the AWS query APIs, and STS's.
+		"InternalFailure", "InvalidQueryParameter", "MalformedQueryString", "MissingAction",
+		"MissingParameter", "RequestExpired", "ServiceUnavailable", "ThrottlingException",
+		"IDPCommunicationError", "InvalidAuthorizationMessageException", "MalformedInput",
+		// Throttling and transient errors the SDKs retry.
+		"Throttling", "RequestLimitExceeded", "TooManyRequestsException", "RequestThrottled",
+		"RequestThrottledException", "SlowDown", "PriorRequestNotComplete", "BandwidthLimitExceeded",
+		"EC2ThrottledException", "TransactionInProgressException", "ServiceUnavailableException",
+		"InternalError", "InternalServerError", "InternalServiceError", "ServiceFailure",
+		"RequestTimeout", "RequestTimeoutException", "ConcurrentModification",
+		// Ours: no AWS answer.
+		"Timeout", "ConnectionError", "MalformedResponse", "UnknownError",
+	} {
+		m[code] = true
+	}
+	return m
+}()

@@ -349,8 +349,11 @@ func TestMetrics_OlderConfigKeepsTheDefault(t *testing.T) {
 
 func TestMetrics_OutcomeLabel(t *testing.T) {
 	for in, want := range map[string]string{
-		"Throttling": "Throttling", "ServiceUnavailable": "ServiceUnavailable", "": "other",
-		"bad code\n# HELP": "other", strings.Repeat("A", 65): "other", "Sender.Throttling": "Sender.Throttling",
+		"ok": "ok", "Throttling": "Throttling", "ServiceUnavailable": "ServiceUnavailable", "AccessDenied": "AccessDenied",
+		"Timeout": "Timeout", "ConnectionError": "ConnectionError", "HTTP502": "HTTP502", "HTTP599": "HTTP599",
+		"": "other", "bad code\n# HELP": "other", strings.Repeat("A", 65): "other", "Sender.Throttling": "other",
+		// Issue 32 item 6: a well-formed code outside the known set.
+		"Invented": "other", "ProxyRefused": "other", "HTTP200": "other", "HTTP600": "other", "HTTP5030": "other", "HTTPabc": "other",
 	} {
 		if got := outcomeLabel(in); got != want {
 			t.Errorf("outcomeLabel(%q) = %q, want %q", in, got, want)
@@ -451,22 +454,40 @@ func TestMetrics_FallbackEndpoint(t *testing.T) {
 	}
 }
 
-// However many error codes an endpoint invents, the outcome label takes at
-// most maxOutcomes values.
+// However many error codes an endpoint invents, the outcome label takes
+// none of them (issue 32 item 6): they are all "other", and a real code
+// that comes after them still has its own series.
 func TestMetrics_OutcomeCardinality(t *testing.T) {
 	b, s := getTestBackend(t)
 	for i := 0; i < 1000; i++ {
 		b.metrics.observeSTSCall("AssumeRole", endpointLabel(0), fmt.Sprintf("Invented%d", i), time.Millisecond)
 	}
+	b.metrics.observeSTSCall("AssumeRole", endpointLabel(0), "Throttling", time.Millisecond)
 	b.metrics.observeSTSCall("AssumeRole", endpointLabel(0), "ok", time.Millisecond)
 	sc := scrapeMetrics(t, b, s, "")
-	if n := len(sc.families["aws_resilient_sts_calls_total"].GetMetric()); n > maxOutcomes {
-		t.Fatalf("%d outcome series after 1000 invented codes, want at most %d", n, maxOutcomes)
+	if n := len(sc.families["aws_resilient_sts_calls_total"].GetMetric()); n != 3 {
+		t.Fatalf("%d outcome series after 1000 invented codes, Throttling and ok; want 3", n)
 	}
-	if got := sc.sum("aws_resilient_sts_calls_total", nil); got != 1001 {
-		t.Fatalf("%v calls counted, want 1001 (none lost to the cap)", got)
-	}
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"outcome": "other"}, 1000)
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"outcome": "Throttling"}, 1)
 	sc.want("aws_resilient_sts_calls_total", map[string]string{"outcome": "ok"}, 1)
+}
+
+// Every code the emulator can answer with, and every code the plugin
+// names itself, is in the known set: the label keeps what operators
+// alert on.
+func TestMetrics_KnownOutcomes(t *testing.T) {
+	for _, code := range []string{
+		string(stsemu.FaultThrottling), string(stsemu.FaultRequestLimitExceeded), string(stsemu.FaultInternalFailure),
+		string(stsemu.FaultServiceUnavailable), string(stsemu.FaultAccessDenied), "ExpiredToken", "IncompleteSignature",
+		"InvalidAction", "InvalidClientTokenId", "InvalidParameterValue", "LimitExceeded", "MalformedInput",
+		"MalformedPolicyDocument", "MalformedQueryString", "MissingAction", "MissingAuthenticationToken",
+		"NoSuchEntity", "SignatureDoesNotMatch", "ValidationError", "MalformedResponse", "UnknownError",
+	} {
+		if got := outcomeLabel(code); got != code {
+			t.Errorf("outcomeLabel(%q) = %q", code, got)
+		}
+	}
 }
 
 // Scrapes run while cycles commit, roles change and readers read: under

@@ -122,6 +122,29 @@ func (b *backend) secretCredsRevoke(context.Context, *logical.Request, *framewor
 
 func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
+	resp, err := b.credsRead(ctx, req, name, nil)
+	var again *readAgain
+	if errors.As(err, &again) {
+		// The role changed while the read waited for its cycle: the read
+		// runs again, whole, under the new definition, so that an entity
+		// is admitted again (against the new max_entities) before
+		// anything is fetched for it.
+		resp, err = b.credsRead(ctx, req, name, again)
+	}
+	return resp, err
+}
+
+// readAgain ends a cold read whose cycle worked for a definition of the
+// role that is gone (errRoleChanged): pathCredsRead reads again, once.
+// since is when the first read began to wait, for the cold-read wait
+// metric.
+type readAgain struct{ since time.Time }
+
+func (e *readAgain) Error() string { return "the role changed while the read waited" }
+
+// credsRead is one pass of a creds read; again is nil on the first, and on
+// the second says when the first began to wait.
+func (b *backend) credsRead(ctx context.Context, req *logical.Request, name string, again *readAgain) (*logical.Response, error) {
 	key := roleKey(name)
 	role, cred, _, ok := b.state.lookup(key)
 	if !ok {
@@ -145,21 +168,21 @@ func (b *backend) pathCredsRead(ctx context.Context, req *logical.Request, data 
 		}
 	}
 	if role.entityScoped() {
-		return b.entityCredsRead(ctx, req, name, role)
+		return b.entityCredsRead(ctx, req, name, role, again)
 	}
 	now := b.clock.Now()
 	if cred.validAt(now) {
 		b.metrics.readsOK.Inc()
 		return b.credsResponse(key, role, cred, now), nil
 	}
-	return b.coldRead(ctx, req, key, role)
+	return b.coldRead(ctx, key, role, again)
 }
 
 // entityCredsRead serves the credential cached for the role and the Vault
 // entity of the request's token (cache_scope=entity). A cached read costs
 // one map lookup and records the read; a cold one admits the entity (within
 // max_entities) and waits for a cycle, as a role's cold read does.
-func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, name string, role *roleEntry) (*logical.Response, error) {
+func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, name string, role *roleEntry, again *readAgain) (*logical.Response, error) {
 	if req.EntityID == "" {
 		return logical.ErrorResponse("role %q has cache_scope=entity, and the token has no Vault entity "+
 			"(root tokens and some batch and orphan tokens have none): log in through an auth method, "+
@@ -216,7 +239,7 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 		b.metrics.readsOK.Inc()
 		return b.credsResponse(key, rs.role, rs.cred, now), nil
 	}
-	return b.coldRead(ctx, req, key, rs.role)
+	return b.coldRead(ctx, key, rs.role, again)
 }
 
 // templateFailed is the answer to a read whose entity the role's
@@ -227,56 +250,51 @@ func templateFailed(name, msg string) *logical.Response {
 
 // coldRead serves a read that found nothing valid cached for key (a role, or
 // a role's entity): it joins or starts a refresh cycle and waits for it.
-func (b *backend) coldRead(ctx context.Context, req *logical.Request, key credKey, role *roleEntry) (*logical.Response, error) {
+// A cycle that began for a definition of the role that is gone cannot
+// store its result: the first pass (again nil) then returns a *readAgain,
+// and pathCredsRead reads again, whole, under the current definition.
+func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, again *readAgain) (*logical.Response, error) {
 	name := key.role()
-	now := b.clock.Now()
 	// Cold: nothing valid is cached. Only a node that may write storage can
 	// fetch; a performance standby hands the request to the active node.
 	if !b.WriteSafeReplicationState() {
 		return nil, logical.ErrReadOnly
 	}
-	var f *flight
-	waitStart := now
-	// A cycle that began for the role's previous definition cannot store
-	// its result; the second pass joins (or starts) one for the current one.
-	for pass := 0; pass < 2; pass++ {
-		t := b.flights.read(key, b.clock.Now)
-		if t.failed != nil {
-			return b.failedFast(key, t)
+	waitStart := b.clock.Now()
+	if again != nil {
+		waitStart = again.since
+	}
+	t := b.flights.read(key, b.clock.Now)
+	if t.failed != nil {
+		return b.failedFast(key, t)
+	}
+	f := t.f
+	f.waiters.Add(1)
+	failed, err := waitTry(ctx, f, t.try)
+	if failed != nil || err != nil {
+		b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+		if err != nil {
+			b.metrics.readsUnavailable.Inc()
+			return nil, logical.CodedError(http.StatusServiceUnavailable,
+				fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
 		}
-		f = t.f
-		f.waiters.Add(1)
-		failed, err := waitTry(ctx, f, t.try)
-		if failed != nil || err != nil {
-			b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
-			if err != nil {
-				b.metrics.readsUnavailable.Inc()
-				return nil, logical.CodedError(http.StatusServiceUnavailable,
-					fmt.Sprintf("no valid credential for role %q yet: the request ended while refreshing", name))
-			}
-			// The block's one call failed: this reader gets that answer
-			// now rather than wait for the cycle's next block.
-			return b.failureAnswer(name, failed, b.clock.Now())
+		// The block's one call failed: this reader gets that answer
+		// now rather than wait for the cycle's next block.
+		return b.failureAnswer(name, failed, b.clock.Now())
+	}
+	now := b.clock.Now()
+	if f.res.cred.validAt(now) {
+		b.metrics.coldWait.Observe(now.Sub(waitStart).Seconds())
+		b.metrics.readsCold.Inc()
+		// How to serve it (lease or not) may have changed without a new
+		// generation: take the current definition for that.
+		if cur, _, gen, ok := b.state.lookup(key); ok && gen == f.gen {
+			role = cur
 		}
-		now = b.clock.Now()
-		if f.res.cred.validAt(now) {
-			b.metrics.coldWait.Observe(now.Sub(waitStart).Seconds())
-			b.metrics.readsCold.Inc()
-			// How to serve it (lease or not) may have changed without a new
-			// generation: take the current definition for that.
-			if cur, _, gen, ok := b.state.lookup(key); ok && gen == f.gen {
-				role = cur
-			}
-			return b.credsResponse(key, role, f.res.cred, now), nil
-		}
-		if !errors.Is(f.res.err, errRoleChanged) {
-			break
-		}
-		if rs, err := b.state.current(ctx, req.Storage, key); err != nil {
-			return nil, err
-		} else if rs == nil {
-			return logical.ErrorResponse("role %q not found", name), nil
-		}
+		return b.credsResponse(key, role, f.res.cred, now), nil
+	}
+	if errors.Is(f.res.err, errRoleChanged) && again == nil {
+		return nil, &readAgain{since: waitStart}
 	}
 	b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
 	var tre *refreshError

@@ -60,19 +60,23 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 		}
 		sort.Slice(keys, func(i, j int) bool { return keys[i].entity() < keys[j].entity() })
 	}
+	// At most inFlight cycles at once, each started as an earlier one
+	// ends: a cycle is a goroutine (and its stack) until it commits, and
+	// an entity-scoped role may hold max_entities=100 000 credentials.
+	inFlight := b.refreshInFlight()
 	flights := make([]*flight, len(keys))
 	for i, key := range keys {
+		if i >= inFlight {
+			if err := awaitRefresh(ctx, flights[i-inFlight]); err != nil {
+				return nil, err
+			}
+		}
 		flights[i] = b.flights.wait(key)
 		flights[i].waiters.Add(1)
 	}
-	for _, f := range flights {
-		select {
-		case <-f.done:
-		case <-ctx.Done():
-			return nil, logical.CodedError(http.StatusServiceUnavailable, "the request ended before the refresh cycle finished")
-		}
-		if errors.Is(f.res.err, errShuttingDown) {
-			return nil, logical.CodedError(http.StatusServiceUnavailable, "the plugin is shutting down")
+	for _, f := range flights[max(len(flights)-inFlight, 0):] {
+		if err := awaitRefresh(ctx, f); err != nil {
+			return nil, err
 		}
 	}
 	// A failed cycle is not an error of this request: its outcome is in the
@@ -89,6 +93,32 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 	return &logical.Response{Data: d}, nil
 }
 
+// maxRefreshInFlight bounds the cycles one refresh/<name> runs at once for
+// an entity-scoped role (refreshInFlight).
+const maxRefreshInFlight = 32
+
+// refreshInFlight is how many cycles one refresh/<name> runs at once: no
+// more than maxRefreshInFlight, nor than sts_rate_limit grants calls in
+// one retry block, so that the cycles it starts together do not take one
+// another's slots and give up their blocks; at least one.
+func (b *backend) refreshInFlight() int {
+	return min(max(b.limiter.Capacity(b.settings.policy().block()), 1), maxRefreshInFlight)
+}
+
+// awaitRefresh waits for f's cycle to end: an error (a 503) when the
+// request ends first or the plugin is shutting down.
+func awaitRefresh(ctx context.Context, f *flight) error {
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return logical.CodedError(http.StatusServiceUnavailable, "the request ended before the refresh cycle finished")
+	}
+	if errors.Is(f.res.err, errShuttingDown) {
+		return logical.CodedError(http.StatusServiceUnavailable, "the plugin is shutting down")
+	}
+	return nil
+}
+
 const pathRefreshHelpSyn = `Run one refresh cycle for a role now.`
 
 const pathRefreshHelpDesc = `
@@ -98,5 +128,6 @@ reported in the status (last_error, failed_cycles) and leaves the cached
 credential in place.
 
 For a role with cache_scope=entity, one cycle runs for each entity credential
-the role holds, and the status reports them in aggregate.
+the role holds, at most 32 at once (fewer when sts_rate_limit grants fewer
+calls in a retry block), and the status reports them in aggregate.
 `

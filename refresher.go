@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -22,6 +23,18 @@ const minCallTime = 500 * time.Millisecond
 // codeRateLimited is the error code of an attempt that the global STS rate
 // limiter refused a slot before the end of its block; no STS call was made.
 const codeRateLimited = "RateLimited"
+
+// codeBlockElapsed is the error code of an attempt that reached its call
+// after its block (and lateWake) had passed; no STS call was made.
+const codeBlockElapsed = "BlockElapsed"
+
+// lateWake is how late after the time drawn for it an attempt may wake and
+// still make its block's call, when its block ended meanwhile: a timer on a
+// busy host fires late by a few ms (the fault matrix saw 2 to 11 ms on two
+// shared cores), and an attempt drawn in its block's last milliseconds
+// would otherwise be lost for that. A longer wait is a lock's or storage's,
+// not the timer's, and the block is over (BlockElapsed).
+const lateWake = 100 * time.Millisecond
 
 // cycleResult is everything a refresh cycle decided, committed in one place
 // (roleStates.commitSuccess or commitFailure) and carried by the flight to
@@ -59,8 +72,11 @@ type refresher struct {
 	state    *roleStates
 	flights  *flights
 	// plan holds every scheduled key's next cycle; it fires under the
-	// flights' lock (see fireDue).
-	plan    *dueplan.Plan[credKey]
+	// flights' lock (see fireDue), taken by fireLock.
+	plan *dueplan.Plan[credKey]
+	// firing is the refresh policy fireDue works with, read by fireLock
+	// before it takes the flights' lock, and set under it.
+	firing  refreshConfig
 	limiter *ratelimit.Limiter
 	clients *stsClients
 	metrics *metrics
@@ -106,8 +122,11 @@ func (rf *refresher) launchCycle(key credKey, f, prev *flight) (context.CancelFu
 }
 
 // flightOutcome runs f's cycle, when one is still due, and returns its
-// outcome; prev is the cycle f waited for, if any.
+// outcome; prev is the cycle f waited for, if any. A herd's slot that the
+// cycle's first attempt did not reach (it ended early, or none ran) is
+// released: nobody will call at it.
 func (rf *refresher) flightOutcome(ctx context.Context, key credKey, f, prev *flight) cycleResult {
+	defer f.held.Release()
 	if at, planned := rf.plannedAt(key); prev != nil && f.background && planned && at.After(rf.clock.Now()) {
 		// Started by a timer that fired while prev committed, which
 		// planned the next cycle since: nothing is due now.
@@ -167,8 +186,23 @@ func (rf *refresher) planAt(key credKey, at time.Time) {
 	if !rf.life.running() {
 		return
 	}
-	rf.plan.Set(key, at)
+	rf.flights.withPlan(func() {
+		rf.releaseHeldLocked(key)
+		rf.plan.Set(key, at)
+	})
 	rf.planChanged()
+}
+
+// releaseHeldLocked releases the sts_rate_limit slot that key's plan
+// entry holds, a herd's (fireDue), before the entry is replaced or
+// dropped: nobody will call at it. The flights' lock held (withPlan), so
+// the entry is not fired meanwhile.
+func (rf *refresher) releaseHeldLocked(key credKey) {
+	if e, ok := rf.plan.Get(key); ok && e.Mark&dueplan.Reserved != 0 {
+		if res, ok := e.Ref.(ratelimit.Reservation); ok {
+			res.Release()
+		}
+	}
 }
 
 // planChanged tells the test hook that the plan changed.
@@ -184,6 +218,24 @@ func (rf *refresher) planChanged() {
 // hold and arms the timer.
 func (rf *refresher) holdPlan() (release func()) { return rf.plan.Hold() }
 
+// fireLock returns the plan's outer lock (dueplan.New): the flights' lock
+// (flights.planLock), taken once the refresh policy has been read for
+// fireDue (firing). Reading it may read config/refresh from storage (after
+// an invalidation), which must not happen under the flights' lock: every
+// cold read and every cycle's start and end waits on it.
+func (rf *refresher) fireLock() sync.Locker { return planFireLock{rf} }
+
+// planFireLock is fireLock's sync.Locker.
+type planFireLock struct{ rf *refresher }
+
+func (l planFireLock) Lock() {
+	cfg := l.rf.settings.policy()
+	l.rf.flights.planLock().Lock()
+	l.rf.firing = cfg
+}
+
+func (l planFireLock) Unlock() { l.rf.flights.planLock().Unlock() }
+
 // fireDue is the plan's fire callback: it starts (or joins) the cycle of
 // every role in due, the roles due by now, earliest first. The plan calls
 // it with the flights' lock held from before the entries left the plan: whoever
@@ -197,7 +249,7 @@ func (rf *refresher) holdPlan() (release func()) { return rf.plan.Hold() }
 // per overdue role: BENCHMARKS.md, "Figures behind the code's constants").
 func (rf *refresher) fireDue(due []dueplan.Entry[credKey]) {
 	rf.planChanged()
-	cfg := rf.settings.policy()
+	cfg := rf.firing
 	// More roles due at once than sts_rate_limit lets call within one
 	// block: their jitter is moot, the limiter spaces them anyway. Each
 	// takes its slot now, in the plan's order (due time, then expiry for
@@ -268,9 +320,20 @@ func (rf *refresher) herdSlot(key credKey, hint bool, now time.Time, cfg refresh
 	return rf.limiter.ReserveRequest(now, ratelimit.Request{Deadline: queueHorizon(now, cfg, cred), Urgency: cred.expiry()})
 }
 
-// unplan drops the role's pending refresh.
+// unplan drops the role's pending refresh and its read budget memory:
+// every caller drops the key's generation for good (a role deleted or
+// given a new definition, an entity credential dropped, evicted or whose
+// role is gone), under the role's store lock, after the entry was marked
+// with a new generation or dropped, so that an attempt still running for
+// the old one records nothing (flights.rememberLocked).
 func (rf *refresher) unplan(key credKey) {
-	if rf.plan.Drop(key) {
+	dropped := false
+	rf.flights.withPlan(func() {
+		rf.flights.forgetLocked(key)
+		rf.releaseHeldLocked(key)
+		dropped = rf.plan.Drop(key)
+	})
+	if dropped {
 		rf.planChanged()
 	}
 }
@@ -347,7 +410,13 @@ type cycleJob struct {
 
 	attempts    int
 	lastAttempt time.Time
-	lastErr     *refreshError
+	// drawn is the time the current attempt was drawn for (attemptAt).
+	drawn   time.Time
+	lastErr *refreshError
+	// answerErr is the last error that was no local refusal to call
+	// (noCall): what status and readers name when a later attempt made
+	// no call. Nil while every attempt was refused.
+	answerErr *refreshError
 	// upstream is set once an attempt fails for a reason other than the
 	// local rate limiter refusing it a slot: only then did STS (or
 	// storage) actually fail.
@@ -364,6 +433,24 @@ func (j *cycleJob) failed(rerr *refreshError) {
 	if rerr.Code != codeRateLimited {
 		j.upstream = true
 	}
+	if !noCall(rerr.Code) {
+		j.answerErr = rerr
+	}
+}
+
+// noCall reports whether code is a local refusal to call STS (our rate
+// limiter had no slot, or the block was over), not an answer.
+func noCall(code string) bool { return code == codeRateLimited || code == codeBlockElapsed }
+
+// cycleErr is the error a failed cycle reports (status last_error, its
+// readers, its log): the last answer it got (from STS, or storage), not a
+// later attempt's refusal to call, which would hide the error to fix; the
+// last error when every attempt was refused.
+func (j *cycleJob) cycleErr() *refreshError {
+	if j.answerErr != nil {
+		return j.answerErr
+	}
+	return j.lastErr
 }
 
 // hurry is what attempt i waits on besides its time: only the first
@@ -391,14 +478,14 @@ func (rf *refresher) attemptHurry(j *cycleJob, i int, reserved bool) <-chan stru
 	return nil
 }
 
-// callPriority is how an attempt for key ranks in the rate limiter
-// (deadline first): best effort when nothing valid is cached for it and its
-// last attempt failed (a cold read of a failing role: no deadline is at
-// stake, and it must not take a slot a refresh could have queued for);
-// otherwise it protects a deadline (a cached credential to refresh before
-// it expires, or a first read waiting).
-func (rf *refresher) callPriority(key credKey, cred *cacheEntry) ratelimit.Priority {
-	if rf.flights.budget && !cred.validAt(rf.clock.Now()) && rf.flights.failing(key) {
+// callPriority is how an attempt for key's generation gen ranks in the
+// rate limiter (deadline first): best effort when nothing valid is cached
+// for it and its last attempt for gen failed (a cold read of a failing
+// role: no deadline is at stake, and it must not take a slot a refresh
+// could have queued for); otherwise it protects a deadline (a cached
+// credential to refresh before it expires, or a first read waiting).
+func (rf *refresher) callPriority(key credKey, gen uint64, cred *cacheEntry) ratelimit.Priority {
+	if rf.flights.budget && !cred.validAt(rf.clock.Now()) && rf.flights.failing(key, gen) {
 		return ratelimit.BestEffort
 	}
 	return ratelimit.Deadline
@@ -420,14 +507,16 @@ func (rf *refresher) tryFailed(j *cycleJob, i int) {
 	rf.flights.attemptFailed(j.key, j.f, j.lastErr, rf.clock.Now(), end)
 }
 
-// window is attempt i's block, for the role's cached credential cred.
-func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow {
+// window is attempt i's block, made at now, for the role's cached
+// credential cred.
+func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry, now time.Time) attemptWindow {
 	w := attemptWindow{
+		drawn:    j.drawn,
 		blockEnd: j.start.Add(time.Duration(i+1) * j.block),
 		timeout:  j.timeout,
 		block:    j.block,
 		reserved: reserved,
-		urgency:  cred.expiry(),
+		urgency:  callUrgency(cred, now),
 	}
 	if reserved {
 		w.herd = j.f.held
@@ -436,6 +525,22 @@ func (j *cycleJob) window(i int, reserved bool, cred *cacheEntry) attemptWindow 
 		w.queueUntil = queueHorizon(j.start, j.cfg, cred)
 	}
 	return w
+}
+
+// callUrgency is how urgent a call for a key whose cached credential is
+// cred is at now (deadline first): that credential's expiry, or, with
+// nothing cached, now itself: a reader is waiting, as for a credential
+// expiring this instant. (The zero time states no urgency, which never
+// takes a slot over: in a herd the first read of a new role, or of one a
+// role change made cold, got no slot in any block, while a role whose
+// credential had just expired was served at once.) A failing key's cold
+// read still calls at best effort (callPriority), where urgency plays no
+// part.
+func callUrgency(cred *cacheEntry, now time.Time) time.Time {
+	if cred == nil {
+		return now
+	}
+	return cred.Expiration
 }
 
 // moved counts attempt i's block, and those after it, from the slot the
@@ -462,8 +567,14 @@ func (rf *refresher) runCycle(ctx context.Context, key credKey, f *flight) cycle
 		return cycleResult{err: errRoleChanged, outcome: cycleAborted}
 	}
 	for i := 0; i < cfg.MaxRetries; i++ {
+		if i == 1 {
+			// The herd's slot, if the first attempt did not use it (it
+			// failed before its call), is nobody's now.
+			f.held.Release()
+		}
 		reserved := i == 0 && !f.slot.IsZero()
 		at := attemptAt(rf.rand, j.start, j.block, i, reserved)
+		j.drawn = at
 		if err := rf.sleepUntil(ctx, at, rf.attemptHurry(j, i, reserved)); err != nil {
 			return rf.cycleStopped()
 		}
@@ -528,8 +639,8 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 	j.attempts++
 	j.lastAttempt = rf.clock.Now()
 	j.called = false
-	w := j.window(i, reserved, rs.cred)
-	w.priority = rf.callPriority(j.key, rs.cred)
+	w := j.window(i, reserved, rs.cred, j.lastAttempt)
+	w.priority = rf.callPriority(j.key, j.f.gen, rs.cred)
 
 	sess, serr := rf.session(j.key, rs)
 	if errors.Is(serr, errEntityGone) && j.f.background {
@@ -613,12 +724,13 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleResult {
 	j.f.ending.Store(true)
 	now := rf.clock.Now()
+	cerr := j.cycleErr()
 	st, cred, next, err := rf.state.commitFailure(ctx, rf.storage(), j.key, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
 		st := &statusEntry{
 			LastAttempt:       j.lastAttempt,
 			AttemptsLastCycle: j.attempts,
 			FailedCycles:      prev.FailedCycles,
-			LastError:         j.lastErr.Error(),
+			LastError:         cerr.Error(),
 			LastSuccess:       prev.LastSuccess,
 			RateLimitedSince:  prev.RateLimitedSince,
 		}
@@ -661,13 +773,16 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 	if !j.upstream {
 		outcome = cycleRateLimited
 	}
-	rf.logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", j.lastErr.Code,
-		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", j.lastErr.Message)
-	return cycleResult{cred: cred, status: st, next: next, err: j.lastErr, outcome: outcome}
+	rf.logger().Warn("refresh cycle failed", "role", j.key.String(), "attempts", j.attempts, "outcome", cerr.Code,
+		"failed_cycles", st.FailedCycles, "next_refresh", next.UTC().Format(time.RFC3339), "error", cerr.Message)
+	return cycleResult{cred: cred, status: st, next: next, err: cerr, outcome: outcome}
 }
 
 // attemptWindow is the block an attempt has to call STS in.
 type attemptWindow struct {
+	// drawn is the time the attempt was drawn for: one drawn inside its
+	// block that wakes just after it (lateWake) still makes its call.
+	drawn time.Time
 	// blockEnd is when the attempt's block ends: every call starts before
 	// it and must answer by it (or within minCallTime).
 	blockEnd time.Time
@@ -684,10 +799,17 @@ type attemptWindow struct {
 	herd     ratelimit.Reservation
 	// priority is the attempt's rank in the rate limiter (callPriority).
 	priority ratelimit.Priority
-	// urgency is the cached credential's expiry (zero without one): a
-	// Deadline call may take over the slot of a less urgent one, and
-	// lose its own to a more urgent one (deadline first).
+	// urgency is callUrgency's: a Deadline call may take over the slot
+	// of a less urgent one, and lose its own to a more urgent one
+	// (deadline first).
 	urgency time.Time
+}
+
+// keptAt reports whether an attempt woken at now, after its block's end,
+// keeps its block: it was drawn inside the block and woke at most
+// lateWake after the time drawn.
+func (w attemptWindow) keptAt(now time.Time) bool {
+	return w.drawn.Before(w.blockEnd) && !now.After(w.drawn.Add(lateWake))
 }
 
 // attemptResult is what one attempt got.
@@ -722,10 +844,16 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		return attemptResult{err: classify(err, "")}
 	}
 	defer release()
-	if rf.clock.Now().After(w.blockEnd) {
-		// The attempt waited (for a lock, for storage) past its block: not
-		// our rate limiter's doing, and no call may start now.
-		return attemptResult{err: &refreshError{Code: "BlockElapsed", Message: "the retry block ended before the attempt could call STS", Retryable: true}}
+	if now := rf.clock.Now(); now.After(w.blockEnd) {
+		if !w.keptAt(now) {
+			// The attempt waited (for a lock, for storage) past its block:
+			// not our rate limiter's doing, and no call may start now.
+			return attemptResult{err: &refreshError{Code: codeBlockElapsed, Message: "the retry block ended before the attempt could call STS", Retryable: true}}
+		}
+		// Drawn inside its block, it woke just after the block's end (a
+		// busy host's timer): still the block's call, on a slot free now,
+		// with minCallTime to answer.
+		w.blockEnd = now
 	}
 	action := role.stsAction()
 	for i, ep := range eps {
@@ -815,6 +943,7 @@ func (rf *refresher) callSlot(w *attemptWindow, out *attemptResult, i int) (rate
 // it does.
 func (rf *refresher) waitSlot(ctx context.Context, res ratelimit.Reservation) (used bool, err error) {
 	if err := rf.sleepUntil(ctx, res.At(), res.Lost()); err != nil {
+		res.Release() // the cycle stops: nobody calls at it
 		return false, err
 	}
 	if !res.Use() {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock/clocktest"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/ratelimit/ratelimittest"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -786,4 +788,160 @@ func TestRefresher_AttemptStartIsLogged(t *testing.T) {
 			t.Errorf("attempt %d: no debug line with %q:\n%s", i+1, want, buf.String())
 		}
 	}
+}
+
+// Issue 32 item 6: the plan fires under the flights' lock, which every
+// cold read and cycle waits on; the refresh policy it fires with is read
+// before that lock is taken, so a reload of config/refresh (after an
+// invalidation) never reads storage while it is held.
+func TestRefresher_FireReadsThePolicyOutsideTheFlightsLock(t *testing.T) {
+	fs := newFaultStorage(new(logical.InmemStorage), 1)
+	f := newFixture(t, fixtureOpts{storage: fs})
+	f.mustReadCreds(testRole)
+	var mu sync.Mutex
+	loads, underLock := 0, 0
+	fs.before = func(op, key string) {
+		if op != "get" || key != configRefreshPath {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		loads++
+		if !f.b.flights.mu.TryLock() {
+			underLock++
+			return
+		}
+		f.b.flights.mu.Unlock()
+	}
+	f.b.InvalidateKey(context.Background(), configRefreshPath)
+	f.fireScheduled(roleKey(testRole))
+	mu.Lock()
+	defer mu.Unlock()
+	if loads == 0 || underLock != 0 {
+		t.Fatalf("config/refresh read %d times at the fire, %d of them under the flights' lock; want read, never under it", loads, underLock)
+	}
+}
+
+// TestRefresher_StoppedCycleReleasesItsSlots (issue 32 item 6): a cycle
+// that stops before its call (the backend shutting down) releases the
+// herd's slot its flight was given and the slot it was waiting for: the
+// limiter keeps no slot that nobody will call at.
+func TestRefresher_StoppedCycleReleasesItsSlots(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
+	f.mustReadCreds(testRole) // the slot at now
+	now := f.clock.Now()
+	reserve := func() ratelimit.Reservation {
+		res, ok := f.b.limiter.ReserveRequest(now, ratelimit.Request{Deadline: now.Add(time.Minute), Urgency: now.Add(time.Hour)})
+		if !ok || !res.At().After(now) {
+			t.Fatalf("no slot to come: %v %v", ok, res.At())
+		}
+		return res
+	}
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	if _, err := f.b.refresher.waitSlot(stopped, reserve()); err == nil {
+		t.Fatal("waitSlot on a stopped context returned no error")
+	}
+	if n := f.b.limiter.Held(); n != 0 {
+		t.Fatalf("%d slots held after a cycle stopped waiting for its slot, want 0", n)
+	}
+
+	res := reserve()
+	_, _, gen, _ := f.b.state.lookup(roleKey(testRole))
+	fl := &flight{done: make(chan struct{}), gen: gen, background: true, hurry: make(chan struct{}), try: newTry(), slot: res.At(), held: res}
+	if out := f.b.refresher.flightOutcome(stopped, roleKey(testRole), fl, nil); out.outcome != cycleAborted {
+		t.Fatalf("a stopped cycle's outcome %q, want %q", out.outcome, cycleAborted)
+	}
+	if n := f.b.limiter.Held(); n != 0 {
+		t.Fatalf("%d slots held after a herd's cycle stopped before its call, want 0", n)
+	}
+}
+
+// TestRefresher_LateWake (issue 32 item 7): an attempt drawn inside its
+// block keeps it when its timer fires a few ms late, past the block's end
+// (a busy host), instead of ending BlockElapsed without a call; and a
+// cycle whose earlier attempt reached STS names STS's error in last_error,
+// not a later attempt's no-call outcome.
+func TestRefresher_LateWake(t *testing.T) {
+	// Every draw 1 ms before the end of its range: each attempt at its
+	// block's end minus 1 ms. Blocks of 2 s.
+	lastMs := scriptedRand{func(n int64) int64 { return max(n-int64(time.Millisecond), 0) }}
+	// scheduled starts the role's next planned cycle and returns it with
+	// the time its first attempt was drawn for, once it sleeps until then.
+	scheduled := func(t *testing.T, f *fixture) (*flight, time.Time) {
+		t.Helper()
+		at, ok := f.b.refresher.plannedAt(roleKey(testRole))
+		if !ok {
+			t.Fatal("no cycle planned")
+		}
+		f.drainFlights()
+		f.clock.AdvanceTo(at)
+		return f.nextFlight(), at.Add(2*time.Second - time.Millisecond)
+	}
+	sleepsUntil := func(t *testing.T, f *fixture, at time.Time) {
+		t.Helper()
+		waitFor(t, "the attempt to sleep until "+at.String(), func() bool {
+			next, ok := f.clock.NextSleeper()
+			return ok && next.Equal(at)
+		})
+	}
+	t.Run("drawn 1 ms before its block's end, woken 5 ms late, it calls", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{rand: lastMs, refresh: map[string]interface{}{"max_retries": 2, "retry_window": 4}})
+		f.mustReadCreds(testRole)
+		fl, drawn := scheduled(t, f)
+		sleepsUntil(t, f, drawn)
+		woke := drawn.Add(5 * time.Millisecond)
+		f.clock.AdvanceTo(woke)
+		f.clock.DriveUntil(t, fl.done)
+		if calls := f.log.times(); len(calls) != 2 || !calls[1].Equal(woke) {
+			t.Fatalf("calls at %v, want the cold read's and one at the late wake %v", calls, woke)
+		}
+		if fl.res.outcome != cycleSuccess {
+			t.Fatalf("the cycle ended %q (%v), want a success at its first attempt", fl.res.outcome, fl.res.err)
+		}
+	})
+	t.Run("a reader's cycle, which queues for no slot past its block, calls too", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{rand: lastMs, refresh: map[string]interface{}{"max_retries": 2, "retry_window": 4}})
+		f.emu.SetFaults(throttle(1))
+		t0 := f.clock.Now()
+		read := f.start(logical.ReadOperation, "creds/"+testRole) // its first attempt at once: Throttling
+		fl := f.nextFlight()
+		select {
+		case <-read.done:
+		case <-time.After(clocktest.WaitLimit):
+			t.Fatal("the cold read did not get its first attempt's answer")
+		}
+		wantCoded(t, read.r.resp, read.r.err, 503, "Throttling")
+		drawn := t0.Add(4*time.Second - time.Millisecond)
+		sleepsUntil(t, f, drawn)
+		woke := drawn.Add(5 * time.Millisecond)
+		f.clock.AdvanceTo(woke)
+		f.clock.DriveUntil(t, fl.done)
+		if calls := f.log.times(); len(calls) != 2 || !calls[1].Equal(woke) || fl.res.outcome != cycleSuccess {
+			t.Fatalf("calls at %v, outcome %q; want the second at the late wake %v, a success", calls, fl.res.outcome, woke)
+		}
+	})
+	t.Run("woken past lateWake it makes no call, and last_error keeps STS's error", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{rand: lastMs, refresh: map[string]interface{}{"max_retries": 2, "retry_window": 4}})
+		f.mustReadCreds(testRole)
+		f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
+		fl, drawn := scheduled(t, f)
+		sleepsUntil(t, f, drawn)
+		f.clock.AdvanceTo(drawn) // on time: Throttling
+		second := drawn.Add(2 * time.Second)
+		sleepsUntil(t, f, second)
+		f.clock.AdvanceTo(second.Add(time.Second)) // a second late: BlockElapsed
+		f.clock.DriveUntil(t, fl.done)
+		if calls := f.log.times(); len(calls) != 2 || !calls[1].Equal(drawn) {
+			t.Fatalf("calls at %v, want the cold read's and the first attempt's at %v", calls, drawn)
+		}
+		st := f.status(testRole)
+		if le, _ := st["last_error"].(string); !strings.HasPrefix(le, "Throttling") || st["attempts_last_cycle"] != 2 {
+			t.Fatalf("last_error %q after %v attempts, want STS's Throttling after 2", le, st["attempts_last_cycle"])
+		}
+		if rerr, ok := fl.res.err.(*refreshError); !ok || rerr.Code != "Throttling" {
+			t.Fatalf("the cycle's error %v, want Throttling", fl.res.err)
+		}
+	})
 }

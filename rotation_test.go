@@ -1365,7 +1365,18 @@ func TestRotation_ScheduledDueOnlyForItsPlan(t *testing.T) {
 			if err := putRotationState(context.Background(), f.s, st); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.b.rotator.rotateRoot(context.Background(), f.s, rotationScheduled); err != errNotDue {
+			// Driven through the fixture's clock (issue 32 item 8): a due
+			// check that let the rotation through would otherwise sleep on
+			// the fake clock (settling the new key) until the package's
+			// timeout, instead of failing here.
+			done := make(chan struct{})
+			var err error
+			go func() {
+				defer close(done)
+				_, err = f.b.rotator.rotateRoot(context.Background(), f.s, rotationScheduled)
+			}()
+			f.clock.DriveUntil(t, done)
+			if err != errNotDue {
 				t.Fatalf("a scheduled rotation of a stale plan: %v, want errNotDue", err)
 			}
 			if rootKeyID(t, f) != old {

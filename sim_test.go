@@ -918,11 +918,37 @@ func (s *sim) checkEntityIndex(b *backend) {
 	}
 }
 
+// checkBudgetMemory: the read budget remembers a failure only of a key
+// the node mirrors (issue 32 item 2): every path that drops a key for good
+// forgets it, so its memory is bounded by the mirror. Each key is looked at
+// under its store lock, which every such drop holds throughout.
+func (s *sim) checkBudgetMemory(b *backend) {
+	var keys []credKey
+	b.flights.view(func(map[credKey]*flight) {
+		for k := range b.flights.last {
+			keys = append(keys, k)
+		}
+	})
+	for _, k := range keys {
+		unlock := b.state.lockRole(k)
+		var gone bool
+		b.flights.view(func(map[credKey]*flight) {
+			gone = b.flights.last[k] != nil && b.state.peek(k) == nil
+		})
+		unlock()
+		s.fig.checks++
+		if gone {
+			s.failf("the read budget remembers a failure of %s, which the node no longer mirrors", k)
+		}
+	}
+}
+
 func (s *sim) check() {
 	s.t.Helper()
 	ctx := context.Background()
 	now := s.clk.Now()
 	s.checkEntityIndex(s.b)
+	s.checkBudgetMemory(s.b)
 	// Entries without a status share one empty record: nothing may write
 	// through it.
 	s.fig.checks++
