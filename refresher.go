@@ -540,7 +540,7 @@ func callUrgency(cred *cacheEntry, now time.Time) time.Time {
 	if cred == nil {
 		return now
 	}
-	return cred.Expiration
+	return cred.expires()
 }
 
 // moved counts attempt i's block, and those after it, from the slot the
