@@ -39,14 +39,8 @@ func TestDevScriptOnce(t *testing.T) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second
-	env := []string{}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "VAULT_") && !strings.HasPrefix(kv, "DEV_") {
-			env = append(env, kv)
-		}
-	}
 	devDir := t.TempDir()
-	cmd.Env = append(env,
+	cmd.Env = append(environWithout("VAULT_", "DEV_"),
 		"DEV_ONCE=1",
 		"DEV_DIR="+devDir,
 		"VAULT_BIN="+vaultBin,
@@ -92,6 +86,23 @@ func TestDevScriptOnce(t *testing.T) {
 			t.Errorf("port %d still listening after dev.sh --once exited", p)
 		}
 	}
+}
+
+// environWithout is this process's environment without the variables whose
+// names start with one of prefixes: a script under test gets only the
+// options the test gives it.
+func environWithout(prefixes ...string) []string {
+	var env []string
+next:
+	for _, kv := range os.Environ() {
+		for _, p := range prefixes {
+			if strings.HasPrefix(kv, p) {
+				continue next
+			}
+		}
+		env = append(env, kv)
+	}
+	return env
 }
 
 func isListening(port int) bool {
@@ -144,13 +155,7 @@ func TestDevScriptRejectsBadOptions(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "dev.sh"))
 			cmd.Dir = root
-			var env []string
-			for _, kv := range os.Environ() {
-				if !strings.HasPrefix(kv, "VAULT_") && !strings.HasPrefix(kv, "DEV_") && !strings.HasPrefix(kv, "PLUGIN_VERSION=") {
-					env = append(env, kv)
-				}
-			}
-			cmd.Env = append(env, "VAULT_BIN="+notVault, tc.env) // the last of a name wins
+			cmd.Env = append(environWithout("VAULT_", "DEV_", "PLUGIN_VERSION="), "VAULT_BIN="+notVault, tc.env)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 {

@@ -258,14 +258,7 @@ func TestDocsExamples(t *testing.T) {
 		"127.0.0.1:9090", "127.0.0.1:"+strconv.Itoa(promPort),
 	)
 
-	var base []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "VAULT_") || strings.HasPrefix(kv, "DEV_") {
-			continue
-		}
-		base = append(base, kv)
-	}
-	base = append(base, "VAULT_BIN="+vaultBin)
+	base := append(environWithout("VAULT_", "DEV_"), "VAULT_BIN="+vaultBin)
 
 	// make dev, until the test ends, in the caller's environment (its Go
 	// module and build caches).
