@@ -120,12 +120,14 @@ func sumOf(sums, name string) string {
 // runInstallBlock runs a README install block, as rewrite adapts it to
 // this machine, in dir with bash -e, the vault CLI on PATH and the
 // server's address and root token, as an operator's shell would have them.
+// HOME stays the caller's: go build finds its module and build caches
+// there (the token in VAULT_TOKEN keeps the CLI off ~/.vault-token).
 func runInstallBlock(t *testing.T, v *vaulttest.Server, dir string, b docBlock, rewrite *strings.Replacer) {
 	t.Helper()
-	env := []string{"HOME=" + t.TempDir(), "VAULT_ADDR=" + v.Addr, "VAULT_TOKEN=" + v.RootToken()}
+	env := []string{"VAULT_ADDR=" + v.Addr, "VAULT_TOKEN=" + v.RootToken()}
 	for _, kv := range os.Environ() {
 		switch {
-		case strings.HasPrefix(kv, "VAULT_"), strings.HasPrefix(kv, "HOME="):
+		case strings.HasPrefix(kv, "VAULT_"):
 		case strings.HasPrefix(kv, "PATH="):
 			env = append(env, "PATH="+filepath.Dir(vaulttest.VaultBin(t))+":"+strings.TrimPrefix(kv, "PATH="))
 		default:
