@@ -167,6 +167,10 @@ go build -ldflags "-X main.version=$version" -o "$work/plugins/$plugin_bin" "./c
 go build -o "$work/sts-emulator" ./cmd/sts-emulator
 
 say "starting the STS emulator on 127.0.0.1:$sts_port"
+# The log exists before the emulator starts: the loop below reads it at
+# once, and the background shell may not have opened it yet (under load,
+# sed's "can't read" then ended the script through set -e).
+: >"$work/sts-emulator.log"
 "$work/sts-emulator" -listen "127.0.0.1:$sts_port" >"$work/sts-emulator.log" 2>&1 &
 pids+=($!)
 sts_url=
