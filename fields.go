@@ -3,9 +3,11 @@ package awsresilient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -67,6 +69,10 @@ func conversionMessage(name string, f *framework.FieldSchema, v interface{}) str
 		got = string([]rune(got)[:64]) + "..."
 	}
 	given := fmt.Sprintf("got %q", got)
+	isInt := f.Type == framework.TypeInt || f.Type == framework.TypeInt64 || f.Type == framework.TypeDurationSecond
+	if _, err := strconv.ParseInt(fmt.Sprint(v), 10, 64); isInt && errors.Is(err, strconv.ErrRange) {
+		given += ", which is out of range" // a whole number all the same: say why it is refused
+	}
 	if f.DisplayAttrs != nil && f.DisplayAttrs.Sensitive {
 		given = "got a value that is not (not shown: the field is secret)"
 	}

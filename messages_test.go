@@ -239,6 +239,7 @@ func TestMessages_FieldConversion(t *testing.T) {
 		{"roles/app", "max_entities", "many", []string{`max_entities takes a whole number; got "many"`, "max_entities: cache_scope=entity only"}},
 		{"config/root", "rotation_period", "2y", []string{`rotation_period takes a duration`, `got "2y"`, "rotation_period: Rotate the static access key", "at most 8760h"}},
 		{"config/refresh", "max_retries", "abc", []string{`max_retries takes a whole number; got "abc"`, "max_retries: Attempts per refresh cycle, 1 to 20."}},
+		{"config/refresh", "max_retries", "99999999999999999999", []string{`max_retries takes a whole number; got "99999999999999999999", which is out of range`}},
 		{"config/refresh", "refresh_fraction", "half", []string{`refresh_fraction takes a number, such as 0.5; got "half"`, "refresh_fraction: Refresh when"}},
 		{"config/root", "secret_key", map[string]interface{}{"k": "hunter2"}, []string{"secret_key takes a string; got a value that is not (not shown: the field is secret)"}},
 	}
