@@ -390,11 +390,7 @@ var notRunMarker = regexp.MustCompile(`#\s*not run(?: as a block)?:\s*(.*\S)\s*;
 
 // notRunExempt are the files whose blocks TestDocsShellBlocksRunOrSayWhy
 // does not check yet, each with the reason.
-var notRunExempt = map[string]string{
-	// Its blocks (credential_process, serve, the AppRole agent) are being
-	// made runnable with the credentials helper's own items of issue 32.
-	"docs/sdk-credentials.md": "owned by the credentials helper's items of issue 32",
-}
+var notRunExempt = map[string]string{}
 
 // TestDocsShellBlocksRunOrSayWhy walks every fenced shell block of
 // README.md and docs/*.md: each must run in a test (```sh runnable, run by
