@@ -2,8 +2,8 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"os"
-	"regexp"
 	"strings"
 	"time"
 
@@ -254,30 +254,23 @@ func (b *backend) entityEvicted(key credKey) {
 	b.Logger().Info("dropped entity credential", "role", key.role(), "entity_id", key.entity(), "reason", dropEvicted)
 }
 
-// fieldErrorRegex finds the field in the framework's own 400 for a value that
-// does not convert to the field's type.
-var fieldErrorRegex = regexp.MustCompile(`error converting input for field "([^"]+)"`)
-
-// HandleRequest is framework.Backend's, except that the framework's 400 for a
-// value that does not even convert to its field's type (max_retries=six,
-// ttl=-5) gets the field's description appended. Every description names the
-// valid range, so every bad input says what is allowed, whichever layer
-// caught it.
+// HandleRequest is framework.Backend's, except for two answers a newcomer
+// meets first: a value that does not convert to its field's type
+// (max_retries=six, ttl=2y) gets a 400 that names the field, the value and
+// what the field takes (inputError, fields.go), and a role name that breaks
+// the naming rule, which no path matches, a 400 that says the rule
+// (badNameMessage, path_roles.go) instead of Vault's "unsupported path".
 func (b *backend) HandleRequest(ctx context.Context, req *logical.Request) (*logical.Response, error) {
+	if msg := b.inputError(req); msg != "" {
+		return logical.ErrorResponse(msg), nil
+	}
 	resp, err := b.Backend.HandleRequest(ctx, req)
-	if err != nil || !resp.IsError() {
-		return resp, err
+	if errors.Is(err, logical.ErrUnsupportedPath) {
+		if msg := badNameMessage(req.Path); msg != "" {
+			return logical.ErrorResponse(msg), nil
+		}
 	}
-	msg := resp.Error().Error()
-	m := fieldErrorRegex.FindStringSubmatch(msg)
-	if m == nil {
-		return resp, nil
-	}
-	p := b.Route(req.Path)
-	if p == nil || p.Fields[m[1]] == nil {
-		return resp, nil
-	}
-	return logical.ErrorResponse("%s (%s: %s)", msg, m[1], p.Fields[m[1]].Description), nil
+	return resp, err
 }
 
 // initialize starts the refresher where storage is writable: one

@@ -246,12 +246,15 @@ func checkSessionTemplate(text string) error {
 	for i, v := range templateSamples(text) {
 		out, err := executeTemplate(t, v)
 		if err != nil {
-			return err
+			return fmt.Errorf("the role write runs the template on two made-up entities, and on one of them (login %s, "+
+				"entity ID %s) it fails: %w", v.LoginAlias, v.EntityID, err)
 		}
 		names[i] = sessionName(out, v.EntityID)
 	}
 	if names[0] == names[1] {
-		return fmt.Errorf("it gives two entities the same session name %q: name the entity, with .Name, .EntityName, .EntityID or an alias", names[0])
+		return fmt.Errorf("the role write runs the template on two made-up entities (logins user0 and user1, "+
+			"with the same metadata: Vault does not keep metadata unique), and both get the same session name %q; "+
+			"name the entity, with .Name, .EntityName, .EntityID or an alias", names[0])
 	}
 	return nil
 }

@@ -3,14 +3,104 @@ package awsresilient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hashicorp/vault/sdk/framework"
+	"github.com/hashicorp/vault/sdk/helper/errutil"
 	"github.com/hashicorp/vault/sdk/logical"
 )
+
+// HandleExistenceCheck is framework.Backend's, except that a value that
+// does not convert to its field's type gets inputError's message. Vault
+// runs the existence check of a write (roles/, config/root) before the
+// request itself, and the framework's answer there is the bare converter
+// text, without the field's help.
+func (b *backend) HandleExistenceCheck(ctx context.Context, req *logical.Request) (bool, bool, error) {
+	if msg := b.inputError(req); msg != "" {
+		return false, false, errutil.UserError{Err: msg}
+	}
+	return b.Backend.HandleExistenceCheck(ctx, req)
+}
+
+// inputError returns a 400 message for the first field of req, by name,
+// whose value does not convert to the field's type: it names the field,
+// the value given, what the field takes and the field's description. It
+// returns "" when every value converts, and for a path or operation the
+// framework answers itself (no route, help). A request without data, every
+// creds read, costs one length check.
+func (b *backend) inputError(req *logical.Request) string {
+	if len(req.Data) == 0 || req.Operation == logical.HelpOperation {
+		return ""
+	}
+	p := b.Route(req.Path)
+	if p == nil {
+		return ""
+	}
+	names := make([]string, 0, len(req.Data))
+	for name := range req.Data {
+		// A name the path captures (roles/<name>) is taken from the URL,
+		// whatever the body says.
+		if p.Fields[name] != nil && !strings.Contains(p.Pattern, "(?P<"+name+">") {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fd := framework.FieldData{Raw: map[string]interface{}{name: req.Data[name]}, Schema: p.Fields}
+		if _, _, err := fd.GetOkErr(name); err != nil {
+			return conversionMessage(name, p.Fields[name], req.Data[name])
+		}
+	}
+	return ""
+}
+
+// conversionMessage says that field does not take v: what it takes, what
+// was given (never a secret field's value) and the field's description,
+// which names the valid range.
+func conversionMessage(name string, f *framework.FieldSchema, v interface{}) string {
+	got := fmt.Sprint(v)
+	if utf8.RuneCountInString(got) > 64 {
+		got = string([]rune(got)[:64]) + "..."
+	}
+	given := fmt.Sprintf("got %q", got)
+	isInt := f.Type == framework.TypeInt || f.Type == framework.TypeInt64 || f.Type == framework.TypeDurationSecond
+	if _, err := strconv.ParseInt(fmt.Sprint(v), 10, 64); isInt && errors.Is(err, strconv.ErrRange) {
+		given += ", which is out of range" // a whole number all the same: say why it is refused
+	}
+	if f.DisplayAttrs != nil && f.DisplayAttrs.Sensitive {
+		given = "got a value that is not (not shown: the field is secret)"
+	}
+	return fmt.Sprintf("%s takes %s; %s. %s: %s", name, fieldTakes(f.Type), given, name, f.Description)
+}
+
+// fieldTakes says, for a newcomer, what a field of type t accepts: the
+// sdk's converter rules, in words.
+func fieldTakes(t framework.FieldType) string {
+	switch t {
+	case framework.TypeBool:
+		return "true or false"
+	case framework.TypeInt, framework.TypeInt64:
+		return "a whole number"
+	case framework.TypeFloat:
+		return "a number, such as 0.5"
+	case framework.TypeDurationSecond:
+		return "a duration that is not negative: whole seconds (3600), a number with the unit s, m, h or d " +
+			"(90s, 15m, 12h, 30d), or units combined (1h30m); there is no unit for months or years"
+	case framework.TypeKVPairs:
+		return "key=value pairs (repeat the parameter for each pair, or send a JSON object)"
+	case framework.TypeCommaStringSlice, framework.TypeStringSlice:
+		return "a list of strings (comma-separated, or a JSON array)"
+	case framework.TypeString:
+		return "a string"
+	}
+	return "a value of type " + t.String()
+}
 
 // refuseFractionalIntegers makes every operation of paths refuse a
 // fractional number for an integer field ({"max_retries": 6.5}) with a

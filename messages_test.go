@@ -1,11 +1,15 @@
 package awsresilient
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/vault/sdk/helper/errutil"
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
@@ -180,4 +184,118 @@ func TestMessages_NoEntityMentionsVaultToken(t *testing.T) {
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/"+testRole, map[string]interface{}{"cache_scope": "entity"})
 	resp, err := f.readCreds(testRole)
 	wantBadRequest(t, resp, err, "has no Vault entity", "log in through an auth method", "exported VAULT_TOKEN", "overrides", "unset VAULT_TOKEN")
+}
+
+// TestMessages_BadRoleName: a role name that breaks the naming rule matches
+// no path; instead of Vault's "unsupported path" the answer is a 400 that
+// names the name and says the rule (issue 32, item 16), on every path that
+// ends in a role name. A path that is not the plugin's stays unsupported.
+func TestMessages_BadRoleName(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	tests := []struct {
+		op   logical.Operation
+		path string
+		data map[string]interface{}
+		name string
+	}{
+		{logical.UpdateOperation, "roles/bad name", map[string]interface{}{"role_arn": testRoleARN}, "bad name"},
+		{logical.CreateOperation, "roles/-app", map[string]interface{}{"role_arn": testRoleARN}, "-app"},
+		{logical.ReadOperation, "roles/app.", nil, "app."},
+		{logical.DeleteOperation, "roles/a/b", nil, "a/b"},
+		{logical.ReadOperation, "creds/bad name", nil, "bad name"},
+		{logical.ReadOperation, "status/bad name", nil, "bad name"},
+		{logical.UpdateOperation, "refresh/bad name", nil, "bad name"},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.op)+" "+tc.path, func(t *testing.T) {
+			before := snapshot(t, f.s)
+			resp, err := do(t, f.b, f.s, tc.op, tc.path, tc.data)
+			wantBadRequest(t, resp, err, strconv.Quote(tc.name)+" is not a valid role name",
+				"ASCII letters, digits, _, - and .", "beginning and ending with a letter, digit or _")
+			if !sameSnapshot(before, snapshot(t, f.s)) {
+				t.Fatal("a request with a bad name changed storage")
+			}
+		})
+	}
+	if _, err := do(t, f.b, f.s, logical.ReadOperation, "nosuch/app", nil); err != logical.ErrUnsupportedPath {
+		t.Fatalf("nosuch/app: err=%v, want unsupported path", err)
+	}
+}
+
+// TestMessages_FieldConversion: a value that does not convert to its
+// field's type is a 400 naming the field, the value given and what the
+// field takes, with the field's help (issue 32, item 16), both from the
+// request and from the existence check that Vault runs first for a write
+// (of roles/ and config/root, the framework's answer there was the bare
+// converter text).
+func TestMessages_FieldConversion(t *testing.T) {
+	tests := []struct {
+		path, field string
+		value       interface{}
+		want        []string
+	}{
+		{"roles/app", "lease", "maybe", []string{`lease takes true or false; got "maybe"`, "lease: Whether creds/<name> returns a Vault lease"}},
+		{"roles/app", "ttl", "2y", []string{`ttl takes a duration`, "whole seconds (3600)", "90s, 15m, 12h, 30d", "no unit for months or years", `got "2y"`, "ttl: Requested credential lifetime, 900s to 12h"}},
+		{"roles/app", "max_entities", "many", []string{`max_entities takes a whole number; got "many"`, "max_entities: cache_scope=entity only"}},
+		{"config/root", "rotation_period", "2y", []string{`rotation_period takes a duration`, `got "2y"`, "rotation_period: Rotate the static access key", "at most 8760h"}},
+		{"config/refresh", "max_retries", "abc", []string{`max_retries takes a whole number; got "abc"`, "max_retries: Attempts per refresh cycle, 1 to 20."}},
+		{"config/refresh", "max_retries", "99999999999999999999", []string{`max_retries takes a whole number; got "99999999999999999999", which is out of range`}},
+		{"config/refresh", "refresh_fraction", "half", []string{`refresh_fraction takes a number, such as 0.5; got "half"`, "refresh_fraction: Refresh when"}},
+		{"config/root", "secret_key", map[string]interface{}{"k": "hunter2"}, []string{"secret_key takes a string; got a value that is not (not shown: the field is secret)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path+" "+tc.field, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{})
+			data := map[string]interface{}{tc.field: tc.value}
+			for _, op := range []logical.Operation{logical.CreateOperation, logical.UpdateOperation} {
+				before := snapshot(t, f.s)
+				resp, err := do(t, f.b, f.s, op, tc.path, data)
+				wantBadRequest(t, resp, err, tc.want...)
+				if msg := respErr(resp); strings.Contains(msg, "error converting input") || strings.Contains(msg, "hunter2") {
+					t.Errorf("the message carries the converter's text or a secret: %s", msg)
+				}
+				if !sameSnapshot(before, snapshot(t, f.s)) {
+					t.Fatal("a rejected write changed storage")
+				}
+			}
+			_, _, err := f.b.HandleExistenceCheck(context.Background(),
+				&logical.Request{Operation: logical.CreateOperation, Path: tc.path, Storage: f.s, Data: data})
+			var ue errutil.UserError
+			if !errors.As(err, &ue) {
+				t.Fatalf("existence check: err=%v, want a user error (a 400)", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(ue.Err, w) {
+					t.Errorf("existence check error %q lacks %q", ue.Err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestMessages_SessionTemplate: a session_name_template that fails the
+// role write's check says why in the template's own terms: a field that
+// does not exist is named with the fields that do (not the Go type that
+// holds them), and a failure found by running the template on the made-up
+// entities of the check says so (issue 32, item 16).
+func TestMessages_SessionTemplate(t *testing.T) {
+	tests := []struct {
+		name, template string
+		want           []string
+	}{
+		{"unknown field", "vault-{{.Username}}", []string{"there is no field .Username; the fields are .Name, .EntityName, .EntityID, .RoleName, .Metadata, .LoginAlias, .Aliases, .AliasesByType"}},
+		{"fails when run", `vault-{{.Name | printf "%5s"}}`, []string{"runs the template on two made-up entities", "on one of them (login user0, entity ID", "printf widths"}},
+		{"names no entity", "vault-{{.Metadata.team}}", []string{"runs the template on two made-up entities (logins user0 and user1", "same metadata", `same session name "vault-m-team"`, "name the entity"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{})
+			resp, err := do(t, f.b, f.s, logical.CreateOperation, "roles/app", map[string]interface{}{
+				"role_arn": testRoleARN, "cache_scope": "entity", "session_name_template": tc.template})
+			wantBadRequest(t, resp, err, append([]string{"session_name_template is not a valid template: "}, tc.want...)...)
+			if msg := respErr(resp); strings.Contains(msg, "awsresilient") || strings.Contains(msg, "sessionVars") {
+				t.Errorf("the message names the plugin's Go type: %s", msg)
+			}
+		})
+	}
 }

@@ -86,8 +86,8 @@ func TestList_Paging(t *testing.T) {
 }
 
 // TestList_PagingBadValues: a value that is not of the field's type is a 400
-// naming the field, before any listing. The sdk's message ends with the
-// field's description, which is where the valid range is stated.
+// naming the field, before any listing. The message ends with the field's
+// description, which is where the valid range is stated.
 func TestList_PagingBadValues(t *testing.T) {
 	b, s := getTestBackend(t)
 	mustDo(t, b, s, logical.CreateOperation, "roles/alpha", map[string]interface{}{"credential_type": "session_token"})
@@ -97,10 +97,10 @@ func TestList_PagingBadValues(t *testing.T) {
 		data map[string]interface{}
 		want []string
 	}{
-		{"limit not a number", map[string]interface{}{"limit": "ten"}, []string{`"limit"`, "an integer", "0 or less"}},
-		{"limit not an integer", map[string]interface{}{"limit": "1.5"}, []string{`"limit"`, "an integer"}},
-		{"limit out of range", map[string]interface{}{"limit": "99999999999999999999"}, []string{`"limit"`, "out of range"}},
-		{"after not a string", map[string]interface{}{"after": map[string]interface{}{"a": 1}}, []string{`"after"`, "sort after"}},
+		{"limit not a number", map[string]interface{}{"limit": "ten"}, []string{`limit takes a whole number; got "ten"`, "an integer", "0 or less"}},
+		{"limit not an integer", map[string]interface{}{"limit": "1.5"}, []string{`limit takes a whole number; got "1.5"`, "an integer"}},
+		{"limit out of range", map[string]interface{}{"limit": "99999999999999999999"}, []string{"limit takes a whole number", "out of range"}},
+		{"after not a string", map[string]interface{}{"after": map[string]interface{}{"a": 1}}, []string{"after takes a string", "sort after"}},
 	}
 	for _, path := range []string{"roles/", "status/"} {
 		for _, tc := range cases {

@@ -84,9 +84,8 @@ func pathsRoles(b *backend) []*framework.Path {
 			Fields: map[string]*framework.FieldSchema{
 				"name": {
 					Type: framework.TypeString,
-					Description: "Name of the role: ASCII letters, digits, _, - and ., beginning and ending with a " +
-						"letter, digit or _ (Vault's pattern \\w(([\\w-.]+)?\\w)?). Any other name, one with a space " +
-						"say, matches no path, and Vault answers 404 unsupported path.",
+					Description: "Name of the role: " + roleNameRule + ". Any other name, one with a space say, " +
+						"is refused with a 400 that says this rule.",
 					Required: true,
 				},
 				"credential_type": {
@@ -621,7 +620,7 @@ func (r *roleEntry) validateSessionName(name string) string {
 			return "role_session_name is not valid with cache_scope=entity: session_name_template names each entity's session"
 		}
 		if err := checkSessionTemplate(r.sessionTemplate()); err != nil {
-			return fmt.Sprintf("session_name_template is not a valid template: %s", err)
+			return "session_name_template is not a valid template: " + templateErrorText(err)
 		}
 	default:
 		maxLen := maxSessionNameLength
@@ -750,6 +749,47 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// roleNameRule is Vault's pattern for a name in a path
+// (framework.GenericNameRegex, \w(([\w-.]+)?\w)?), in words.
+const roleNameRule = "ASCII letters, digits, _, - and ., beginning and ending with a letter, digit or _ " +
+	"(app, app-prod, team.app_1)"
+
+// namedPathPrefixes are the paths that end in a role name.
+var namedPathPrefixes = []string{"roles/", "creds/", "status/", "refresh/"}
+
+// badNameMessage answers a request that matched no path because the role
+// name in it breaks the naming rule (roles/bad name, creds/app/x): Vault's
+// own answer, "unsupported path", says neither that the name is the
+// problem nor what a name may be. It returns "" for any other path.
+func badNameMessage(path string) string {
+	for _, prefix := range namedPathPrefixes {
+		if name, ok := strings.CutPrefix(path, prefix); ok && name != "" {
+			return fmt.Sprintf("%q is not a valid role name: a role name is %s", name, roleNameRule)
+		}
+	}
+	return ""
+}
+
+// unknownTemplateField finds text/template's complaint about a field that
+// sessionVars does not have.
+var unknownTemplateField = regexp.MustCompile(`can't evaluate field (\w+) in type \S*sessionVars`)
+
+// templateErrorText is checkSessionTemplate's error in a role write's
+// words: a field that does not exist is named with the fields that do,
+// rather than with the Go type that holds them.
+func templateErrorText(err error) string {
+	m := unknownTemplateField.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err.Error()
+	}
+	t := reflect.TypeOf(sessionVars{})
+	fields := make([]string, t.NumField())
+	for i := range fields {
+		fields[i] = "." + t.Field(i).Name
+	}
+	return fmt.Sprintf("there is no field .%s; the fields are %s", m[1], strings.Join(fields, ", "))
 }
 
 const pathRolesListHelpSyn = `List the roles.`

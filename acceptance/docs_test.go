@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/vaulttest"
 )
@@ -63,40 +66,143 @@ type docBlock struct {
 	expect []string
 }
 
-// runnableBlocks extracts the runnable blocks of a markdown file.
-func runnableBlocks(path string) ([]docBlock, error) {
+// fencedBlock is one fenced code block of a markdown file.
+type fencedBlock struct {
+	file    string
+	line    int    // of the opening fence, 1-based
+	info    string // what follows the opening backticks: "sh runnable", "json", ""
+	body    []string
+	section string // the anchor of the heading it sits under ("" above the first)
+}
+
+// mdHeading is a heading of a markdown file outside code blocks.
+type mdHeading struct {
+	level  int
+	anchor string // GitHub's: lower case, punctuation dropped, spaces as -
+	line   int
+}
+
+// parseMarkdown returns a markdown file's fenced blocks and headings. A
+// fence is three or more backticks, indented or not (blocks inside list
+// items); it closes at a line of at least as many backticks.
+func parseMarkdown(path string) ([]fencedBlock, []mdHeading, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
-	var blocks []docBlock
-	var cur *docBlock
-	var body []string
+	var blocks []fencedBlock
+	var headings []mdHeading
+	seen := map[string]int{}
+	var cur *fencedBlock
+	fence := 0
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
 		trimmed := strings.TrimSpace(line)
+		ticks := len(trimmed) - len(strings.TrimLeft(trimmed, "`"))
 		switch {
-		case cur == nil && trimmed == runnableFence:
-			cur = &docBlock{file: path, line: n}
-			body = nil
-		case cur != nil && trimmed == "```":
-			cur.script = strings.Join(body, "\n") + "\n"
+		case cur == nil && ticks >= 3:
+			section := ""
+			if len(headings) > 0 {
+				section = headings[len(headings)-1].anchor
+			}
+			cur = &fencedBlock{file: path, line: n, info: strings.TrimSpace(trimmed[ticks:]), section: section}
+			fence = ticks
+		case cur != nil && ticks >= fence && ticks == len(trimmed):
 			blocks = append(blocks, *cur)
 			cur = nil
 		case cur != nil:
-			body = append(body, line)
-			if want, ok := strings.CutPrefix(trimmed, "# =>"); ok {
-				cur.expect = append(cur.expect, strings.TrimSpace(want))
+			cur.body = append(cur.body, line)
+		case strings.HasPrefix(line, "#"):
+			level := len(line) - len(strings.TrimLeft(line, "#"))
+			if level > 6 || !strings.HasPrefix(line[level:], " ") {
+				continue
 			}
+			a := githubAnchor(line[level:])
+			if k := seen[a]; k > 0 {
+				seen[a] = k + 1
+				a = fmt.Sprintf("%s-%d", a, k)
+			} else {
+				seen[a] = 1
+			}
+			headings = append(headings, mdHeading{level: level, anchor: a, line: n})
 		}
 	}
 	if cur != nil {
-		return nil, fmt.Errorf("%s:%d: runnable block never closed", path, cur.line)
+		return nil, nil, fmt.Errorf("%s:%d: code block never closed", path, cur.line)
 	}
-	return blocks, sc.Err()
+	return blocks, headings, sc.Err()
+}
+
+// githubAnchor is the anchor GitHub gives a heading's text.
+func githubAnchor(text string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(text)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// asDocBlock is a fenced block as a script to run, with its expected
+// outputs (the lines "# => text").
+func asDocBlock(fb fencedBlock) docBlock {
+	b := docBlock{file: fb.file, line: fb.line, script: strings.Join(fb.body, "\n") + "\n"}
+	for _, line := range fb.body {
+		if want, ok := strings.CutPrefix(strings.TrimSpace(line), "# =>"); ok {
+			b.expect = append(b.expect, strings.TrimSpace(want))
+		}
+	}
+	return b
+}
+
+// runnableBlocks extracts the runnable blocks of a markdown file.
+func runnableBlocks(path string) ([]docBlock, error) {
+	fbs, _, err := parseMarkdown(path)
+	if err != nil {
+		return nil, err
+	}
+	var blocks []docBlock
+	for _, fb := range fbs {
+		if fb.info == runnableFence[3:] {
+			blocks = append(blocks, asDocBlock(fb))
+		}
+	}
+	return blocks, nil
+}
+
+// runByFence opens a block that the acceptance test it names runs itself
+// (```sh run-by=TestReleaseBinary: an install that needs a plugin directory
+// and a release, not the dev set-up): the test takes it with
+// docBlocksRunBy.
+const runByFence = "sh run-by="
+
+// docBlocksRunBy returns the blocks of README.md and docs/*.md that the
+// test named runs (```sh run-by=<test>), in order; none is a failure.
+func docBlocksRunBy(t *testing.T, root, test string) []docBlock {
+	t.Helper()
+	var out []docBlock
+	for _, f := range docsWithExamples(t, root) {
+		fbs, _, err := parseMarkdown(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fb := range fbs {
+			if fb.info == runByFence+test {
+				out = append(out, asDocBlock(fb))
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no block of README.md or docs/*.md opens with ```%s%s", runByFence, test)
+	}
+	return out
 }
 
 // lockedBuffer is a bytes.Buffer safe for a process's writes and the test's
@@ -155,14 +261,7 @@ func TestDocsExamples(t *testing.T) {
 		"127.0.0.1:9911", "127.0.0.1:"+strconv.Itoa(helperPort),
 	)
 
-	var base []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "VAULT_") || strings.HasPrefix(kv, "DEV_") {
-			continue
-		}
-		base = append(base, kv)
-	}
-	base = append(base, "VAULT_BIN="+vaultBin)
+	base := append(environWithout("VAULT_", "DEV_"), "VAULT_BIN="+vaultBin)
 
 	// make dev, until the test ends, in the caller's environment (its Go
 	// module and build caches).
@@ -277,4 +376,178 @@ func copyFile(from, to string) error {
 		return err
 	}
 	return os.WriteFile(to, b, 0o600)
+}
+
+// shellLanguages are the info strings that make a fenced block a shell
+// block; a block of any other kind is one too when a line starts with a
+// prompt ("$ ").
+var shellLanguages = map[string]bool{"sh": true, "bash": true, "shell": true, "shell-session": true, "console": true, "zsh": true}
+
+// notRunMarker is the line a shell block that no test runs carries: why
+// it cannot run, and its tested twins, each a test (TestName) or a section
+// of the docs with a runnable block (README.md#quick-start).
+var notRunMarker = regexp.MustCompile(`#\s*not run(?: as a block)?:\s*(.*\S)\s*;\s*tested twin:\s*(.*\S)\s*$`)
+
+// notRunExempt are the files whose blocks TestDocsShellBlocksRunOrSayWhy
+// does not check yet, each with the reason.
+var notRunExempt = map[string]string{}
+
+// TestDocsShellBlocksRunOrSayWhy walks every fenced shell block of
+// README.md and docs/*.md: each must run in a test (```sh runnable, run by
+// TestDocsExamples, or ```sh run-by=TestX, run by that acceptance test
+// through docBlocksRunBy), or say in the block why it cannot and name a
+// tested twin (`# not run: <why>; tested twin: <ref>, ...`), every twin
+// real: a test function of the repository, or a section whose own blocks
+// run. So a new example cannot go untested (issue 32, item 15). It needs
+// no Vault and runs in the unit pass.
+func TestDocsShellBlocksRunOrSayWhy(t *testing.T) {
+	root := vaulttest.RepoRoot(t)
+	tests := testFunctions(t, root)
+	checked := 0
+	for _, f := range docsWithExamples(t, root) {
+		rel, _ := filepath.Rel(root, f)
+		if _, ok := notRunExempt[rel]; ok {
+			continue
+		}
+		blocks, _, err := parseMarkdown(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range blocks {
+			if !isShellBlock(b) {
+				continue
+			}
+			checked++
+			where := fmt.Sprintf("%s:%d", rel, b.line)
+			if msg := shellBlockProblem(root, b, tests); msg != "" {
+				t.Errorf("%s: %s", where, msg)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no shell block found: the walker is broken")
+	}
+}
+
+// isShellBlock says whether b is a shell example: by its language, or by
+// a prompt.
+func isShellBlock(b fencedBlock) bool {
+	if f := strings.Fields(b.info); len(f) > 0 && shellLanguages[f[0]] {
+		return true
+	}
+	for _, line := range b.body {
+		if strings.HasPrefix(strings.TrimSpace(line), "$ ") {
+			return true
+		}
+	}
+	return false
+}
+
+// shellBlockProblem returns what is wrong with the shell block b, or ""
+// when a test runs it or it says why none can and names real tested twins.
+// tests maps every test function of the repository to its source.
+func shellBlockProblem(root string, b fencedBlock, tests map[string]string) string {
+	if b.info == runnableFence[3:] {
+		return ""
+	}
+	if name, ok := strings.CutPrefix(b.info, runByFence); ok {
+		body, found := tests[name]
+		if !found {
+			return fmt.Sprintf("```%s names no test function", b.info)
+		}
+		if !strings.Contains(body, "docBlocksRunBy(") || !strings.Contains(body, strconv.Quote(name)) {
+			return fmt.Sprintf("%s does not run its blocks (docBlocksRunBy(t, root, %q))", name, name)
+		}
+		return ""
+	}
+	var m []string
+	for _, line := range b.body {
+		if m = notRunMarker.FindStringSubmatch(line); m != nil {
+			break
+		}
+	}
+	if m == nil {
+		return fmt.Sprintf("```%s: a shell block that no test runs; make it ```sh runnable (TestDocsExamples runs it "+
+			"against make dev), ```sh run-by=TestX, or give it a line "+
+			"\"# not run: <why it cannot>; tested twin: <TestX or file.md#section>\" (CONTRIBUTING.md, \"Every example in the docs is a test\")", b.info)
+	}
+	for _, ref := range strings.Split(m[2], ",") {
+		ref = strings.TrimSpace(ref)
+		if msg := twinProblem(root, ref, tests); msg != "" {
+			return fmt.Sprintf("tested twin %q: %s", ref, msg)
+		}
+	}
+	return ""
+}
+
+// twinProblem checks one tested twin: a test function that exists, or a
+// file.md#anchor section that holds a block a test runs.
+func twinProblem(root, ref string, tests map[string]string) string {
+	file, anchor, ok := strings.Cut(ref, "#")
+	if !ok {
+		if _, found := tests[ref]; !found {
+			return "no test function of that name"
+		}
+		return ""
+	}
+	blocks, headings, err := parseMarkdown(filepath.Join(root, file))
+	if err != nil {
+		return err.Error()
+	}
+	for i, h := range headings {
+		if h.anchor != anchor {
+			continue
+		}
+		// The section runs to the next heading of its level or above.
+		end := math.MaxInt
+		for _, n := range headings[i+1:] {
+			if n.level <= h.level {
+				end = n.line
+				break
+			}
+		}
+		for _, b := range blocks {
+			if b.line > h.line && b.line < end && (b.info == runnableFence[3:] || strings.HasPrefix(b.info, runByFence)) {
+				return ""
+			}
+		}
+		return "that section has no block a test runs"
+	}
+	return "no such heading"
+}
+
+// testFunctions maps every Test function in the repository's _test.go
+// files to its source text (up to the next top-level declaration).
+func testFunctions(t *testing.T, root string) map[string]string {
+	t.Helper()
+	funcs := map[string]string{}
+	decl := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		locs := decl.FindAllSubmatchIndex(src, -1)
+		for i, l := range locs {
+			end := len(src)
+			if i+1 < len(locs) {
+				end = locs[i+1][0]
+			}
+			funcs[string(src[l[2]:l[3]])] = string(src[l[0]:end])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return funcs
 }

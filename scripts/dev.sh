@@ -7,21 +7,33 @@
 # prints `vault read aws-resilient/creds/demo` and what to try next, then stays
 # up until Ctrl-C and stops everything it started.
 #
-# Usage: scripts/dev.sh [--once]
-#   --once (or DEV_ONCE=1)  exit after the demo read (used by the acceptance test)
-# Environment (all optional):
-#   DEV_VAULT_PORT   Vault API port (default 8200; the dev cluster listener takes the next port)
-#   DEV_STS_PORT     STS emulator port (default 8599)
-#   PLUGIN_VERSION   version compiled into and registered for the plugin (default v0.1.0-dev)
+# Usage: scripts/dev.sh [--once]        (make dev runs it without arguments)
+#   --once (or DEV_ONCE=1)  exit after the demo read: `./scripts/dev.sh --once`, or
+#                           `DEV_ONCE=1 make dev` (make takes no --once)
+# Environment (all optional; each is checked before anything starts):
+#   DEV_VAULT_PORT   Vault API port, 1 to 65534 (default 8200; the dev cluster listener takes the next port)
+#   DEV_STS_PORT     STS emulator port, 1 to 65535 (default 8599)
+#   DEV_ONCE         1 for --once, 0 (the default) to stay up until Ctrl-C
+#   PLUGIN_VERSION   version compiled into and registered for the plugin, a v-prefixed
+#                    semantic version (default v0.1.0-dev)
 #   VAULT_BIN        a Vault v1.19.0 binary to use instead of building one
 #   DEV_DIR          work directory (default /tmp/aws-resilient-dev-<DEV_VAULT_PORT>, made
-#                    afresh and removed on exit): the Prometheus token and config, logs
+#                    afresh and removed on exit; a DEV_DIR you give is kept): the Prometheus
+#                    token and config, logs
 set -euo pipefail
 
+caller_dir=$(pwd)
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
+# bad_option: an option that cannot work, said before anything starts (a
+# bad port used to end in bash's "unbound variable").
+bad_option() {
+	printf 'dev.sh: %s (./scripts/dev.sh --help lists the options)\n' "$*" >&2
+	exit 2
+}
 once=${DEV_ONCE:-0}
+[[ "$once" == 0 || "$once" == 1 ]] || bad_option "DEV_ONCE must be 1 (exit after the demo read) or 0; got '$once'"
 for arg in "$@"; do
 	case "$arg" in
 	--once) once=1 ;;
@@ -39,6 +51,37 @@ done
 vault_port=${DEV_VAULT_PORT:-8200}
 sts_port=${DEV_STS_PORT:-8599}
 version=${PLUGIN_VERSION:-v0.1.0-dev}
+# check_port NAME VALUE MAX: a decimal port number, 1 to MAX.
+check_port() {
+	if [[ ! "$2" =~ ^[1-9][0-9]{0,4}$ ]] || (($2 > $3)); then
+		bad_option "$1 must be a port number from 1 to $3; got '$2'"
+	fi
+}
+check_port DEV_VAULT_PORT "$vault_port" 65534 # Vault's cluster listener takes the next port
+check_port DEV_STS_PORT "$sts_port" 65535
+if ((sts_port == vault_port || sts_port == vault_port + 1)); then
+	bad_option "DEV_STS_PORT=$sts_port collides with Vault's ports (DEV_VAULT_PORT=$vault_port and $((vault_port + 1))): choose another"
+fi
+if [[ ! "$version" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
+	bad_option "PLUGIN_VERSION must be a v-prefixed semantic version such as v0.1.0-dev (Vault registers the plugin under it); got '$version'"
+fi
+if [[ -n "${VAULT_BIN:-}" && ! (-f "$VAULT_BIN" && -x "$VAULT_BIN") ]]; then
+	bad_option "VAULT_BIN=$VAULT_BIN is not an executable file: point it at a Vault v1.19.0 binary, or unset it and one is built"
+fi
+if [[ -n "${DEV_DIR:-}" ]]; then
+	# Relative to where dev.sh was started, not to the repository.
+	[[ "$DEV_DIR" == /* ]] || DEV_DIR="$caller_dir/$DEV_DIR"
+	if [[ -e "$DEV_DIR" && ! -d "$DEV_DIR" ]]; then
+		bad_option "DEV_DIR=$DEV_DIR exists and is not a directory: give a directory (it is created if missing)"
+	fi
+fi
+# A mistyped option would be ignored without a word.
+for var in $(compgen -e DEV_); do
+	case "$var" in
+	DEV_VAULT_PORT | DEV_STS_PORT | DEV_ONCE | DEV_DIR) ;;
+	*) printf 'dev.sh: warning: %s is not an option and is ignored (the options: DEV_VAULT_PORT, DEV_STS_PORT, DEV_ONCE, DEV_DIR, PLUGIN_VERSION, VAULT_BIN)\n' "$var" >&2 ;;
+	esac
+done
 plugin_name="aws-resilient"
 plugin_bin="vault-plugin-secrets-aws-resilient"
 # A dev server, on loopback, torn down on exit: a fixed root token is harmless
@@ -124,6 +167,10 @@ go build -ldflags "-X main.version=$version" -o "$work/plugins/$plugin_bin" "./c
 go build -o "$work/sts-emulator" ./cmd/sts-emulator
 
 say "starting the STS emulator on 127.0.0.1:$sts_port"
+# The log exists before the emulator starts: the loop below reads it at
+# once, and the background shell may not have opened it yet (under load,
+# sed's "can't read" then ended the script through set -e).
+: >"$work/sts-emulator.log"
 "$work/sts-emulator" -listen "127.0.0.1:$sts_port" >"$work/sts-emulator.log" 2>&1 &
 pids+=($!)
 sts_url=
