@@ -180,7 +180,11 @@ func newBackend(opts backendOptions) *backend {
 	b.metrics.watchIndex(b.index.Stats)
 	// b.storage is read at each build: it is set only after Setup.
 	readRoot := func(ctx context.Context) (*rootConfig, error) { return getRootConfig(ctx, b.storage) }
-	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, readRoot, opts.wrapSTS)
+	// AWS's clocks, one per endpoint: the clients sample and sign on them,
+	// the mirror judges credentials by them (roleStates), the refresher
+	// moves its plans when one steps.
+	clocks := newAWSClocks(b.clock)
+	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, clocks, readRoot, opts.wrapSTS)
 	b.rotator = newRotator(rotatorOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, limiter: b.limiter, clients: b.clients, metrics: b.metrics, life: b.life,
@@ -196,7 +200,8 @@ func newBackend(opts backendOptions) *backend {
 		session: b.sessionFor, onPlan: opts.onPlan,
 	}
 	b.refresher = rf
-	b.state = newRoleStates(rf, b.clock.Now, b.index)
+	b.state = newRoleStates(rf, b.clock.Now, b.index, clocks)
+	clocks.onChange = rf.clockStepped
 	b.state.onEvict = b.entityEvicted
 	b.entityChecks = new(entityChecks)
 	b.flights = newFlights(b.state.peek, rf.launchCycle, opts.onFlight)

@@ -43,6 +43,9 @@ type stsEndpoint struct {
 	// label names it in the metrics: primary, fallback_N, or, for the
 	// key a rotation just replaced, old_key_primary, old_key_fallback_N.
 	label string
+	// clock is the endpoint's clock (awsClocks): its answers are sampled,
+	// its requests signed on it, and its credentials judged by it.
+	clock *clockSource
 }
 
 // keySwitchGrace is how long after a rotation switched config/root's key an
@@ -114,6 +117,9 @@ func (s *clientSet) acquire() (release func()) {
 type stsClients struct {
 	// now is the clock the grace after a key change is measured on.
 	now func() time.Time
+	// clocks are the endpoints' clocks every client built samples and
+	// signs on.
+	clocks *awsClocks
 	// readRoot reads config/root (nil, nil when absent).
 	readRoot func(ctx context.Context) (*rootConfig, error)
 	// wrap, when set, wraps each STS client as it is built (a test seam:
@@ -139,8 +145,8 @@ type stsClients struct {
 
 // newSTSClients returns the owner of the STS clients, which it builds from
 // what readRoot returns, each wrapped by wrap when it is set.
-func newSTSClients(now func() time.Time, readRoot func(ctx context.Context) (*rootConfig, error), wrap func(endpoint string, api stsAPI) stsAPI) *stsClients {
-	return &stsClients{now: now, readRoot: readRoot, wrap: wrap}
+func newSTSClients(now func() time.Time, clocks *awsClocks, readRoot func(ctx context.Context) (*rootConfig, error), wrap func(endpoint string, api stsAPI) stsAPI) *stsClients {
+	return &stsClients{now: now, clocks: clocks, readRoot: readRoot, wrap: wrap}
 }
 
 // acquire returns the STS clients for the current config/root, building them
@@ -239,15 +245,12 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		}
 		closers = append(closers, tr)
 		endpoint := u
-		var api stsAPI = sts.NewFromConfig(awsCfg, func(o *sts.Options) {
-			if endpoint != "" {
-				o.BaseEndpoint = aws.String(endpoint)
-			}
-		})
+		src, opts := c.clocks.stsOptions(endpoint, regions[i])
+		var api stsAPI = sts.NewFromConfig(awsCfg, opts)
 		if c.wrap != nil {
 			api = c.wrap(endpoint, api)
 		}
-		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil, label: endpointLabel(i)})
+		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil, label: endpointLabel(i), clock: src})
 	}
 	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
 }
@@ -281,7 +284,7 @@ type verifyEndpoint struct {
 
 // verifyClients builds a GetCallerIdentity client signing with the given
 // key for each of config/root's STS endpoints, and their closer.
-func verifyClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey string) ([]verifyEndpoint, func(), error) {
+func verifyClients(ctx context.Context, clocks *awsClocks, cfg *rootConfig, accessKey, secretKey string) ([]verifyEndpoint, func(), error) {
 	urls, regions := stsTargets(cfg)
 	var closers []idleCloser
 	closeAll := func() {
@@ -297,13 +300,8 @@ func verifyClients(ctx context.Context, cfg *rootConfig, accessKey, secretKey st
 			return nil, nil, err
 		}
 		closers = append(closers, tr)
-		endpoint := u
-		api := sts.NewFromConfig(awsCfg, func(o *sts.Options) {
-			if endpoint != "" {
-				o.BaseEndpoint = aws.String(endpoint)
-			}
-		})
-		eps = append(eps, verifyEndpoint{name: endpointLabel(i), api: api})
+		_, opts := clocks.stsOptions(u, regions[i])
+		eps = append(eps, verifyEndpoint{name: endpointLabel(i), api: sts.NewFromConfig(awsCfg, opts)})
 	}
 	return eps, closeAll, nil
 }
@@ -565,13 +563,19 @@ func (ep *stsEndpoint) fetch(ctx context.Context, sess stsSession, role *roleEnt
 	if creds == nil {
 		return nil, &refreshError{Code: "InvalidCredential", Message: "STS returned no credentials", Retryable: true, rejected: "missing"}
 	}
-	return &cacheEntry{
+	c := &cacheEntry{
 		AccessKey:    aws.ToString(creds.AccessKeyId),
 		SecretKey:    aws.ToString(creds.SecretAccessKey),
 		SessionToken: aws.ToString(creds.SessionToken),
 		Expiration:   aws.ToTime(creds.Expiration),
 		ARN:          arn,
-	}, nil
+	}
+	if ep.clock != nil {
+		// Its expiration is an instant of this endpoint's clock, which
+		// the answer just sampled.
+		ep.clock.issued(c)
+	}
+	return c, nil
 }
 
 func policyDescriptors(arns []string) []ststypes.PolicyDescriptorType {
@@ -662,12 +666,40 @@ func iamTargetOf(cfg *rootConfig) (t iamTarget, ok bool) {
 }
 
 // newIAMClient is the IAM client of a root key rotation: awsCfg (made for
-// t.region) sending to t.endpoint.
-func newIAMClient(awsCfg aws.Config, t iamTarget) *iam.Client {
+// t.region) sending to t.endpoint, sampling and signing on IAM's clock.
+func newIAMClient(awsCfg aws.Config, clocks *awsClocks, t iamTarget) *iam.Client {
+	_, apiOption, signer := clocks.clientOptions(t.endpoint)
 	return iam.NewFromConfig(awsCfg, func(o *iam.Options) {
 		o.Region = t.region
 		o.BaseEndpoint = aws.String(t.endpoint)
+		o.APIOptions = append(o.APIOptions, apiOption)
+		o.HTTPSignerV4 = signer
+		o.DisableClockSkewCorrection = true
 	})
+}
+
+// stsClockName names an STS endpoint's clock: its URL, or for the SDK's
+// default the regional endpoint the SDK resolves.
+func stsClockName(endpoint, region string) string {
+	if endpoint != "" {
+		return endpoint
+	}
+	return "https://sts." + region + ".amazonaws.com"
+}
+
+// stsOptions are the options of an STS client of endpoint ("" for the
+// SDK's default for region): the endpoint, and its clock's sampling and
+// signing (awsClocks.clientOptions), with the SDK's own skew correction off.
+func (a *awsClocks) stsOptions(endpoint, region string) (*clockSource, func(*sts.Options)) {
+	src, apiOption, signer := a.clientOptions(stsClockName(endpoint, region))
+	return src, func(o *sts.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = aws.String(endpoint)
+		}
+		o.APIOptions = append(o.APIOptions, apiOption)
+		o.HTTPSignerV4 = signer
+		o.DisableClockSkewCorrection = true
+	}
 }
 
 // offersFallback reports whether the old key is, or is about to be (on the

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"unicode/utf8"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/awsclock"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
@@ -32,6 +33,11 @@ type refreshError struct {
 
 func (e *refreshError) Error() string { return e.Code + ": " + e.Message }
 func (e *refreshError) Unwrap() error { return e.cause }
+
+// codeClockSkew is the code of an answer in which AWS refused a request
+// for its signature's time (awsclock.IsSkewError): AWS's own name for it
+// where the service has one (STS and IAM answer SignatureDoesNotMatch).
+const codeClockSkew = "RequestTimeTooSkewed"
 
 // nonRetryableCodes end a refresh cycle at once: asking again with the same
 // keys, role and policy gets the same answer. Both the wire code and the
@@ -154,6 +160,18 @@ func classify(err error, secretKey string) *refreshError {
 		code := apiErr.ErrorCode()
 		if code == "" {
 			code = "UnknownError"
+		}
+		if awsclock.IsSkewError(code, apiErr.ErrorMessage()) {
+			// AWS refused the request's time, not its key: the answer's
+			// Date has corrected this endpoint's clock (awsClocks), so
+			// the next attempt, signed on AWS's clock, can succeed. Not a
+			// SignatureDoesNotMatch to fix in config/root.
+			return &refreshError{
+				Code:      codeClockSkew,
+				Message:   sanitizeMessage(apiErr.ErrorMessage(), secretKey) + " (" + code + ": this host's clock is off AWS's; the next attempt signs on AWS's clock)",
+				Retryable: true,
+				cause:     err,
+			}
 		}
 		return &refreshError{
 			Code:      code,

@@ -12,7 +12,7 @@ import (
 // plugin package nor another mechanism, except that any may import
 // internal/clock, and its tests may also use internal/clock/clocktest.
 // That is what lets each be unit-tested without a backend.
-var mechanisms = []string{"clock", "clock/clocktest", "ratelimit", "dueplan", "schedindex", "memlimit"}
+var mechanisms = []string{"clock", "clock/clocktest", "ratelimit", "dueplan", "schedindex", "memlimit", "awsclock"}
 
 // TestImportRules checks every mechanism's imports, its tests' included,
 // transitively, with go list.

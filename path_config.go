@@ -174,6 +174,7 @@ var configRootResponseFields = map[string]*framework.FieldSchema{
 	"rotation_period":        {Type: framework.TypeDurationSecond, Description: "Scheduled rotation period in seconds; 0 when off.", Required: true},
 	"last_rotated":           {Type: framework.TypeString, Description: "When the access key was last rotated (RFC 3339); empty if never.", Required: true},
 	"next_rotation":          {Type: framework.TypeString, Description: "When the next scheduled rotation is due (RFC 3339); empty when rotation_period is 0.", Required: true},
+	"aws_clocks":             {Type: framework.TypeMap, Description: "This node's estimate of AWS's clock per endpoint (STS endpoints, IAM), from the Date of their answers: offset (seconds AWS is ahead of this host; negative: behind), error (the most it can be off), samples (agreeing answers it rests on), odd_samples (answers set aside as disagreeing), age (seconds since the newest; -1 when not measured) and basis (measured; stored: taken from a stored credential until this node calls the endpoint; local: none). Credentials are judged and requests signed on these clocks."},
 	"secret_key_set":         {Type: framework.TypeBool, Description: "Whether a secret key is stored.", Required: true},
 	"region":                 {Type: framework.TypeString, Description: "AWS region.", Required: true},
 	"sts_endpoint":           {Type: framework.TypeString, Description: "STS endpoint URL.", Required: true},
@@ -305,6 +306,7 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 		"rotation_period":        int64(cfg.RotationPeriod / time.Second),
 		"last_rotated":           formatTime(rot.LastRotated),
 		"next_rotation":          formatTime(rot.NextRotation),
+		"aws_clocks":             b.clients.awsTime().clocksView(b.clock.Now()),
 	}}, nil
 }
 

@@ -421,7 +421,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 	if role.NoLease {
 		ttl := b.refresher.rotationTTLFor(key, cred, now)
 		data["ttl"] = int64(ttl / time.Second)
-		data["rotation_period"] = int64(cred.Expiration.Sub(cred.IssuedAt).Round(time.Second) / time.Second)
+		data["rotation_period"] = int64(cred.Expiration.Sub(cred.awsIssuedAt()).Round(time.Second) / time.Second)
 		return &logical.Response{Data: data}
 	}
 	// Internal data is stored with the lease: the role and the key id only.
@@ -429,7 +429,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 		"role":       key.role(),
 		"access_key": cred.AccessKey,
 	})
-	ttl := cred.Expiration.Sub(now).Truncate(time.Second)
+	ttl := cred.remaining(now).Truncate(time.Second)
 	resp.Secret.TTL = ttl
 	resp.Secret.MaxTTL = ttl
 	resp.Secret.Renewable = false
@@ -448,6 +448,22 @@ type cacheEntry struct {
 	// RoleHash identifies the role definition the credential was issued
 	// for (roleEntry.hash); empty in entries written before it existed.
 	RoleHash string `json:"role_hash,omitempty"`
+	// ClockSource names the endpoint that issued the credential, whose
+	// clock Expiration is an instant of (awsClocks); ClockOffset is that
+	// clock's offset from the issuing node's (AWS time minus local time)
+	// in force when it was issued, and ClockError the most it could be
+	// off. IssuedAt is the issuing node's time, so IssuedAt + ClockOffset
+	// is the issue time on AWS's clock. A node that has not measured the
+	// endpoint itself (a standby, a restarted plugin, a new active node)
+	// judges the credential by ClockOffset. All three are empty in entries
+	// written before the plugin measured AWS's clock: those are judged by
+	// the local clock, as they were.
+	ClockSource string        `json:"clock_source,omitempty"`
+	ClockOffset time.Duration `json:"clock_offset,omitempty"`
+	ClockError  time.Duration `json:"clock_error,omitempty"`
+	// src is the issuing endpoint's clock on this node (awsClocks.attach,
+	// clockSource.issued), nil for an entry that names none.
+	src *clockSource
 	// tokenRaw is the session token decoded from base64, held by the
 	// in-memory mirror instead of SessionToken (mirrored): a quarter
 	// smaller, and the token is the bulk of a cached role's memory.
@@ -500,23 +516,63 @@ func (c *cacheEntry) sessionToken() string {
 }
 
 // refreshMargin is how long before expiration the credential's refresh is
-// due: fraction × its issued lifetime.
+// due: fraction × its issued lifetime, on AWS's clock.
 func (c *cacheEntry) refreshMargin(fraction float64) time.Duration {
-	lifetime := max(c.Expiration.Sub(c.IssuedAt), 0)
+	lifetime := max(c.Expiration.Sub(c.awsIssuedAt()), 0)
 	return time.Duration(fraction * float64(lifetime))
 }
 
-// expiry is the credential's expiration; zero when there is none.
+// awsIssuedAt is when the credential was issued, on the clock of the
+// endpoint that issued it.
+func (c *cacheEntry) awsIssuedAt() time.Time { return c.IssuedAt.Add(c.ClockOffset) }
+
+// clock is the offset (AWS time minus local time) this node judges the
+// credential by, and the most it can be off: its issuing endpoint's, as this
+// node measured it, or, until it has, the one recorded with the credential.
+// This is the one place that knows it: every instant compared with the
+// credential's expiration goes through expires.
+func (c *cacheEntry) clock() (offset, maxErr time.Duration) {
+	if c.src != nil {
+		if e := c.src.est.Current(); e.Measured() {
+			// An answer not yet confirmed that put AWS ahead counts as
+			// error: it may be right.
+			return e.Offset, max(e.Error, e.Ahead)
+		}
+	}
+	return c.ClockOffset, c.ClockError
+}
+
+// expires is when the credential expires on this node's clock: its
+// expiration, an instant of AWS's clock, less AWS's offset.
+func (c *cacheEntry) expires() time.Time {
+	offset, _ := c.clock()
+	return c.Expiration.Add(-offset)
+}
+
+// expiry is the credential's expiration on this node's clock (expires);
+// zero when there is none.
 func (c *cacheEntry) expiry() time.Time {
 	if c == nil {
 		return time.Time{}
 	}
-	return c.Expiration
+	return c.expires()
 }
 
-// validAt reports whether the credential may be served at now.
+// remaining is how long the credential has left at now (this node's
+// clock), by AWS's clock.
+func (c *cacheEntry) remaining(now time.Time) time.Duration { return c.expires().Sub(now) }
+
+// validAt reports whether the credential may be served at now (this node's
+// clock): it has at least minServeValidity left by AWS's clock, or, when
+// the offset is less certain than that, as long as the offset could be
+// off, so that a credential AWS may already take for expired is not
+// served.
 func (c *cacheEntry) validAt(now time.Time) bool {
-	return c != nil && c.Expiration.Sub(now) >= minServeValidity
+	if c == nil {
+		return false
+	}
+	offset, maxErr := c.clock()
+	return c.Expiration.Add(-offset).Sub(now) >= max(minServeValidity, maxErr)
 }
 
 const pathCredsHelpSyn = `Read the role's AWS credential from the cache.`

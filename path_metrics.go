@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/awsclock"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
 )
 
@@ -100,7 +101,7 @@ func expiryWarning(c *cacheEntry, cfg refreshConfig) time.Duration {
 // "expired" without a gap, until a cycle succeeds.
 func expiringWhileFailing(st *statusEntry, c *cacheEntry, now time.Time, cfg refreshConfig) bool {
 	failing := st.FailedCycles >= 1 || !st.RateLimitedSince.IsZero()
-	return failing && c != nil && c.Expiration.Sub(now) < expiryWarning(c, cfg)
+	return failing && c != nil && c.remaining(now) < expiryWarning(c, cfg)
 }
 
 // refreshOverdue is how long the key's next cycle is past due on the node
@@ -127,7 +128,7 @@ func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) tim
 		}
 		due = rs.status().NextRefresh
 		if due.IsZero() && rs.cred != nil {
-			due = rs.cred.Expiration.Add(-rs.cred.refreshMargin(cfg.RefreshFraction))
+			due = rs.cred.expires().Add(-rs.cred.refreshMargin(cfg.RefreshFraction))
 		}
 	}
 	if due.IsZero() || !now.After(due) {
@@ -199,6 +200,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	}
 	b.writeAggregates(w, tally)
 	writeRootGauges(w, root, rot, now)
+	writeClockGauges(w, b.clients.awsTime(), root)
 	w.stateFamily("aws_resilient_entity_credentials", "Entity credentials (cache_scope=entity roles) held on this node, in each state as status/ reports them.",
 		entityStates(v))
 	w.stateFamily("aws_resilient_roles", "Roles in each state (fresh, refreshing, stale, expired, empty), as status/ reports them.", tally.byState)
@@ -340,7 +342,7 @@ func newRoleSample(name string, fig *roleFigures) roleSample {
 	if c := fig.cred; c != nil {
 		smp.cached, smp.exp = true, unixSeconds(c.Expiration)
 		if !c.IssuedAt.IsZero() {
-			smp.issued, smp.lifetime = true, c.Expiration.Sub(c.IssuedAt).Seconds()
+			smp.issued, smp.lifetime = true, c.Expiration.Sub(c.awsIssuedAt()).Seconds()
 		}
 	}
 	if t := fig.status.LastSuccess; !t.IsZero() {
@@ -400,6 +402,46 @@ func writeRootGauges(w *expositionWriter, root *rootConfig, rot *rotationState, 
 	}
 }
 
+// writeClockGauges writes this node's estimate of AWS's clock for each
+// endpoint of config/root it has measured (AWSResilientClockSkew watches
+// the offset), labelled as the calls' metrics label endpoints: primary,
+// fallback_N, and iam; never by URL.
+func writeClockGauges(w *expositionWriter, clocks *awsClocks, root *rootConfig) {
+	if root == nil {
+		root = defaultRootConfig()
+	}
+	type labelled struct {
+		label string
+		est   awsclock.Estimate
+	}
+	var measured []labelled
+	urls, regions := stsTargets(root)
+	for i, u := range urls {
+		if src := clocks.lookup(stsClockName(u, regions[i])); src.estimate().Measured() {
+			measured = append(measured, labelled{endpointLabel(i), src.estimate()})
+		}
+	}
+	if t, ok := iamTargetOf(root); ok {
+		if src := clocks.lookup(t.endpoint); src.estimate().Measured() {
+			measured = append(measured, labelled{"iam", src.estimate()})
+		}
+	}
+	for _, f := range []struct {
+		name, help string
+		value      func(e awsclock.Estimate) float64
+	}{
+		{"aws_resilient_aws_clock_offset_seconds", "Seconds AWS's clock (the endpoint's, from the Date of its answers) is ahead of this Vault host's; negative: behind. Credentials are judged and requests signed on it. Absent until this node has an answer from the endpoint.",
+			func(e awsclock.Estimate) float64 { return e.Offset.Seconds() }},
+		{"aws_resilient_aws_clock_offset_error_seconds", "The most aws_resilient_aws_clock_offset_seconds can be off by.",
+			func(e awsclock.Estimate) float64 { return e.Error.Seconds() }},
+	} {
+		w.family(f.name, f.help)
+		for _, m := range measured {
+			w.sample(f.name, f.value(m.est), "endpoint", m.label)
+		}
+	}
+}
+
 // entityStates counts the entity credentials held on this node, by state.
 func entityStates(v reportView) map[string]int {
 	states := map[string]int{}
@@ -423,7 +465,7 @@ func (w *expositionWriter) roleSeries(samples []roleSample) {
 		}
 	}
 	perRoleFamily("aws_resilient_role_credential_expiration_timestamp_seconds",
-		"When the role's cached credential expires (unix seconds); absent when nothing is cached. For an entity-scoped role, its most urgent entity credential's.",
+		"When the role's cached credential expires (unix seconds, on AWS's clock, as STS issued it); absent when nothing is cached. For an entity-scoped role, its most urgent entity credential's.",
 		func(smp *roleSample) (float64, bool) { return smp.exp, smp.cached })
 	perRoleFamily("aws_resilient_role_credential_lifetime_seconds",
 		"Issued lifetime of the role's cached credential (expiration minus issue time).",

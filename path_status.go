@@ -89,6 +89,13 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"entity_states":        {Type: framework.TypeMap, Description: "cache_scope=entity: how many entity credentials are in each state."},
 	"rate_limited_since":   {Type: framework.TypeString, Description: "Since when every attempt for the role (cache_scope=entity: for the longest-refused of its entity credentials) was refused a slot by the plugin's own rate limiter (RFC 3339); empty while its cycles reach STS.", Required: true},
 	"next_attempt_allowed": {Type: framework.TypeString, Description: "While the last attempt failed: when the next STS call for the role is allowed (RFC 3339), the end of the failed attempt's retry block, or after a non-retryable error the next planned cycle; until then reads with nothing valid cached get last_error at once (a 503). Empty when no failure holds reads back. Memory only: on this node, since its start. For cache_scope=entity, that of the entity credential in last_error.", Required: true},
+	"expires_in":           {Type: framework.TypeInt, Description: "Seconds the cached credential has left by AWS's clock (0 when nothing is cached): its expiration is an instant of the clock of the STS endpoint that issued it, which may differ from this host's (aws_clock_offset)."},
+	"aws_clock_offset":     {Type: framework.TypeFloat, Description: "Seconds AWS's clock (the issuing STS endpoint's, from the Date of its answers) is ahead of this Vault host's (negative: behind), as the cached credential is judged: whether it is served, its lease, its refresh. 0 when the two cannot be told apart."},
+	"aws_clock_error":      {Type: framework.TypeFloat, Description: "The most aws_clock_offset can be off, in seconds: half the spread of the answers' Date headers (whole seconds) and round trips."},
+	"aws_clock_basis":      {Type: framework.TypeString, Description: "What aws_clock_offset rests on: measured (this node's own samples of the endpoint), stored (the offset recorded with the credential by the node that fetched it; this node has no sample yet), local (this host's clock: the credential predates the measurement)."},
+	"aws_clock_endpoint":   {Type: framework.TypeString, Description: "The STS endpoint that issued the cached credential, whose clock judges it."},
+	"aws_clock_samples":    {Type: framework.TypeInt, Description: "How many agreeing answers of the endpoint the measured offset rests on (at most 8)."},
+	"aws_clock_age":        {Type: framework.TypeInt, Description: "Seconds since the newest of those answers; -1 when the offset is not measured on this node."},
 	"reads_failed_fast":    {Type: framework.TypeInt, Description: "Reads answered at once with the last failure, without an STS call, since the role's last success on this node (memory only). For cache_scope=entity, summed over the role's entity credentials.", Required: true},
 }
 
@@ -190,6 +197,7 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		d["expiration"] = formatTime(cred.Expiration)
 		d["issued_at"] = formatTime(cred.IssuedAt)
 	}
+	clockStatus(d, cred, v.now)
 	b.budgetStatus(d, roleKey(name), rs.gen, &st, v.now)
 	d["cache_scope"] = cacheScopeRole
 	if rs.role.entityScoped() {

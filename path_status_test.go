@@ -215,7 +215,7 @@ func TestCompactStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st
-			r := newRoleStates(nil, time.Now, newCredIndex())
+			r := newRoleStates(nil, time.Now, newCredIndex(), nil)
 			r.mu.Lock()
 			r.put(roleKey("r"), &roleState{role: &roleEntry{}, cred: tc.cred, fullStatus: &st})
 			rs := r.m[roleKey("r")]

@@ -540,7 +540,7 @@ func callUrgency(cred *cacheEntry, now time.Time) time.Time {
 	if cred == nil {
 		return now
 	}
-	return cred.Expiration
+	return cred.expires()
 }
 
 // moved counts attempt i's block, and those after it, from the slot the
@@ -703,7 +703,8 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 	}
 	if err == nil {
 		rf.logger().Info("refresh succeeded", "role", j.key.String(), "attempt", j.attempts, "outcome", "ok",
-			"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339))
+			"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339),
+			"aws_clock_offset", cred.ClockOffset.String())
 		return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}, nil
 	}
 	j.f.ending.Store(false)
@@ -992,8 +993,8 @@ func validateCredential(c *cacheEntry, role *roleEntry, now time.Time) *refreshE
 		return invalid("whitespace", "STS returned a credential whose "+padded+" is wrapped in whitespace")
 	case c.Expiration.IsZero():
 		return invalid("no_expiration", "STS returned a credential without an expiration")
-	case !c.Expiration.After(now):
-		return invalid("expired", fmt.Sprintf("STS returned a credential that expired at %s", c.Expiration.UTC().Format(time.RFC3339)))
+	case !c.expires().After(now):
+		return invalid("expired", fmt.Sprintf("STS returned a credential that expired at %s (%s)", c.Expiration.UTC().Format(time.RFC3339), bothClocks(c, now)))
 	case c.unusableFor(role) != "":
 		return invalid("expiration_too_late", fmt.Sprintf("STS returned a credential expiring at %s, later than the requested ttl %s (plus %s) allows",
 			c.Expiration.UTC().Format(time.RFC3339), role.TTL, expirationTolerance))

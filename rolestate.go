@@ -90,11 +90,20 @@ type roleStates struct {
 	// called with the role's store lock held, so a commit's schedule and a
 	// role change's unplan cannot cross.
 	planner planner
+
+	// clocks are AWS's clocks: a mirrored credential points at its issuing
+	// endpoint's (awsClocks.attach), by which it is judged.
+	clocks *awsClocks
 }
 
 // put mirrors key; r.mu must be held for writing.
 func (r *roleStates) put(key credKey, rs *roleState) {
 	rs.cred = rs.cred.mirrored()
+	if rs.cred != nil && rs.cred.src == nil && r.clocks != nil {
+		// Only a credential not yet published has no clock (one read from
+		// storage): a published one is never written again.
+		r.clocks.attach(rs.cred)
+	}
 	rs.compactStatus()
 	old := r.m[key]
 	r.m[key] = rs
@@ -227,8 +236,8 @@ func (rs *roleState) compactStatus() {
 	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
 }
 
-func newRoleStates(planner planner, now func() time.Time, index credIndex) *roleStates {
-	return &roleStates{m: make(map[credKey]*roleState), ents: map[string]map[credKey]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), planner: planner, now: now, index: index}
+func newRoleStates(planner planner, now func() time.Time, index credIndex, clocks *awsClocks) *roleStates {
+	return &roleStates{m: make(map[credKey]*roleState), ents: map[string]map[credKey]struct{}{}, loading: map[string]*pendingLoad{}, locks: locksutil.CreateLocks(), planner: planner, now: now, index: index, clocks: clocks}
 }
 
 // lockFor returns the store lock of the key's role: an entity credential
@@ -812,7 +821,7 @@ func (c *cacheEntry) unusableFor(role *roleEntry) string {
 	if c.RoleHash != "" && c.RoleHash != role.hash() {
 		return "issued for another definition of the role"
 	}
-	if !c.IssuedAt.IsZero() && c.Expiration.After(c.IssuedAt.Add(role.TTL+expirationTolerance)) {
+	if !c.IssuedAt.IsZero() && c.Expiration.After(c.awsIssuedAt().Add(role.TTL+expirationTolerance)) {
 		return "expires later than the role's ttl allows"
 	}
 	return ""

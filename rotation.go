@@ -442,12 +442,9 @@ func (r *rotator) rootClients(ctx context.Context, cfg *rootConfig, accessKey, s
 		iamTr.CloseIdleConnections()
 		return nil, nil, nil, err
 	}
-	var iamClient iamAPI = newIAMClient(iamCfg, target)
-	var stsClient stsIdentityAPI = sts.NewFromConfig(stsCfg, func(o *sts.Options) {
-		if cfg.STSEndpoint != "" {
-			o.BaseEndpoint = aws.String(cfg.STSEndpoint)
-		}
-	})
+	var iamClient iamAPI = newIAMClient(iamCfg, r.clients.awsTime(), target)
+	_, stsOpts := r.clients.awsTime().stsOptions(cfg.STSEndpoint, stsRegion)
+	var stsClient stsIdentityAPI = sts.NewFromConfig(stsCfg, stsOpts)
 	iamClient = r.wrapIAMClient(iamClient)
 	return iamClient, stsClient, func() { iamTr.CloseIdleConnections(); stsTr.CloseIdleConnections() }, nil
 }
@@ -1051,7 +1048,7 @@ func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 	rcfg := r.settings.policy()
 	block := max(rcfg.block(), minVerifyBlock)
 	attempts := max(rcfg.MaxRetries, minVerifyAttempts)
-	eps, closeFn, err := verifyClients(ctx, cfg, accessKey, secretKey)
+	eps, closeFn, err := verifyClients(ctx, r.clients.awsTime(), cfg, accessKey, secretKey)
 	if err != nil {
 		return awsFailure("building the STS client", err, secretKey)
 	}

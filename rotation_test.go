@@ -499,7 +499,7 @@ func (g *gatedSTS) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o ..
 // pause; config/root and config/rotation show the plan.
 func TestRotation_Scheduled(t *testing.T) {
 	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, SigningNow: time.Now, MaxLifetime: 10 * time.Minute})
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: 10 * time.Minute})
 	f := newFixtureWith(t, fixtureOpts{rand: randMin}, clk, emu)
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL(), "rotation_period": "10h"})
 	set := clk.Now()
@@ -1238,7 +1238,7 @@ func TestRotation_PauseCountsFromTheFailure(t *testing.T) {
 	// IAM dates keys on the fake clock, which moves 10h; signatures are
 	// checked on the real one (SigV4 allows 15 minutes of skew).
 	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, SigningNow: time.Now, MaxLifetime: 10 * time.Minute})
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: 10 * time.Minute})
 	f := newFixtureWith(t, fixtureOpts{}, clk, emu)
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL(), "rotation_period": "10h"})
 	st := rotationRecord(t, f.s)
@@ -1390,7 +1390,7 @@ func TestRotation_ScheduledDueOnlyForItsPlan(t *testing.T) {
 // on the same storage arms the stored plan, and rotates when it is due.
 func TestRotation_ScheduleResumesAfterRestart(t *testing.T) {
 	clk := newFakeClock(time.Now().Truncate(time.Second))
-	emu := startEmulator(t, stsemu.Config{Now: clk.Now, SigningNow: time.Now, MaxLifetime: 10 * time.Minute})
+	emu := startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: 10 * time.Minute})
 	f := newFixtureWith(t, fixtureOpts{}, clk, emu)
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL(), "rotation_period": "10h"})
 	due := rotationRecord(t, f.s).NextRotation

@@ -250,7 +250,7 @@ func runSimulation(t *testing.T, seed uint64, steps int, knobs simKnobs) simFigu
 		s.ents.set(id, name, nil)
 		s.entityOf[name] = id
 	}
-	s.emu = startEmulator(t, stsemu.Config{Now: s.clk.Now, SigningNow: time.Now, MaxLifetime: time.Hour, Seed: seed})
+	s.emu = startEmulator(t, stsemu.Config{Now: s.clk.Now, MaxLifetime: time.Hour, Seed: seed})
 	s.all = []*sim{s}
 	if knobs.mounts > 1 {
 		s.shareMemoryLimit()

@@ -8,7 +8,9 @@ import (
 // The timing rules of the refresher, each a pure function of the time, the
 // configuration and a random source, so that table tests pin every schedule
 // to the nanosecond (timing_test.go). The owners call them with their own
-// clock and random source.
+// clock and random source. A credential's expiration is an instant of AWS's
+// clock: the rules take it on this node's clock (cacheEntry.expires), as
+// every comparison with the local time must.
 
 // maxPause caps the growing pause between failed cycles.
 const maxPause = 5 * time.Minute
@@ -67,7 +69,7 @@ func attemptAt(r randSource, start time.Time, block time.Duration, i int, reserv
 // together are not refreshed together.
 func nextRefreshAfterSuccess(r randSource, cred *cacheEntry, fraction float64) time.Time {
 	margin := cred.refreshMargin(fraction)
-	return cred.Expiration.Add(-margin).Add(jitter(r, margin/10))
+	return cred.expires().Add(-margin).Add(jitter(r, margin/10))
 }
 
 // failedCycle is what the next cycle's time after a failed one depends on.
@@ -97,8 +99,8 @@ func nextRefreshAfterFailure(r randSource, c failedCycle) time.Time {
 	if !c.retryable {
 		return next
 	}
-	if c.cached != nil && c.cached.Expiration.After(c.now) {
-		if latest := c.cached.Expiration.Add(-c.window); next.After(latest) {
+	if exp := c.cached.expiry(); c.cached != nil && exp.After(c.now) {
+		if latest := exp.Add(-c.window); next.After(latest) {
 			next = latest
 		}
 	}
@@ -118,7 +120,7 @@ func nextRefreshAfterFailure(r randSource, c failedCycle) time.Time {
 func queueHorizon(start time.Time, cfg refreshConfig, cred *cacheEntry) time.Time {
 	h := start.Add(cfg.RetryWindow - cfg.block())
 	if cred != nil {
-		if t := cred.Expiration.Add(-cfg.RetryWindow); t.After(h) {
+		if t := cred.expires().Add(-cfg.RetryWindow); t.After(h) {
 			h = t
 		}
 	}
@@ -140,13 +142,13 @@ func queueHorizon(start time.Time, cfg refreshConfig, cred *cacheEntry) time.Tim
 // wins when they cross.
 func rotationTTL(now time.Time, cred *cacheEntry, cfg refreshConfig, scheduled *time.Time) time.Duration {
 	block := cfg.block()
-	remaining := cred.Expiration.Sub(now)
+	remaining := cred.remaining(now)
 	var ttl time.Duration
 	if scheduled != nil {
 		ttl = scheduled.Add(block).Sub(now)
 	} else {
 		margin := cred.refreshMargin(cfg.RefreshFraction)
-		ttl = cred.Expiration.Add(-margin).Add(margin / 10).Add(block).Sub(now)
+		ttl = cred.expires().Add(-margin).Add(margin / 10).Add(block).Sub(now)
 	}
 	if ttl <= 0 {
 		ttl = min(block, remaining/2)

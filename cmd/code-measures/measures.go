@@ -30,7 +30,7 @@ type config struct {
 
 // pluginConfig is this plugin's: the flags' defaults, and what its tests
 // measure.
-var pluginConfig = config{Struct: "backend", Mechanisms: []string{"clock", "ratelimit", "dueplan", "schedindex", "memlimit"}}
+var pluginConfig = config{Struct: "backend", Mechanisms: []string{"clock", "ratelimit", "dueplan", "schedindex", "memlimit", "awsclock"}}
 
 // Thresholds, from the issue ("Owners, not a god object").
 const (

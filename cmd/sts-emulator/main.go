@@ -201,6 +201,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&latency, "latency", "", "response latency: a fixed `duration` like 50ms, or a uniform range like 10ms-50ms")
 	fs.StringVar(&faults, "faults", "", "fault `plan` applied from the start (syntax below)")
 	fs.StringVar(&deny, "deny", "", "comma-separated path.Match `patterns` on role ARN or role name that get AccessDenied")
+	fs.DurationVar(&o.cfg.ClockOffset, "clock-offset", 0, "how far the emulator's clock (AWS's) is from this host's, e.g. 60s or -4m: it issues, expires, dates its answers and checks signatures by it (POST /_emulator/config {\"clock_offset\": ...} changes it while it runs)")
+	fs.DurationVar(&o.cfg.SkewTolerance, "skew-tolerance", stsemu.DefaultSkewTolerance, "how far a request's signature time may be from the emulator's clock before it answers SignatureDoesNotMatch \"Signature expired\"")
 	fs.BoolVar(&o.quiet, "quiet", false, "do not log one line per call to stderr")
 
 	if err := fs.Parse(args); err != nil {
@@ -229,6 +231,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usageError{fmt.Errorf("-rate: negative %v", o.cfg.Rate)}
 	case o.cfg.Burst < 0:
 		return o, usageError{fmt.Errorf("-burst: negative %d", o.cfg.Burst)}
+	case o.cfg.SkewTolerance <= 0:
+		return o, usageError{fmt.Errorf("-skew-tolerance: must be positive, got %s", o.cfg.SkewTolerance)}
 	case o.cfg.MaxLifetime <= 0:
 		return o, usageError{fmt.Errorf("-max-lifetime: must be positive, got %s", o.cfg.MaxLifetime)}
 	case o.cfg.IAMWindows.Inconsistency < 0:

@@ -35,7 +35,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "defaults", args: nil, check: func(t *testing.T, o options) {
 			want := options{listen: "127.0.0.1:8599", cfg: stsemu.Config{
 				Account: "123456789012", AccessKey: stsemu.DefaultAccessKey, SecretKey: stsemu.DefaultSecretKey,
-				MaxLifetime: 12 * time.Hour, Partition: "aws",
+				MaxLifetime: 12 * time.Hour, Partition: "aws", SkewTolerance: 5 * time.Minute,
 			}}
 			if !reflect.DeepEqual(o, want) {
 				t.Errorf("got %+v, want %+v", o, want)
@@ -46,14 +46,14 @@ func TestParseFlags(t *testing.T) {
 			"-max-lifetime", "30s", "-rate", "2.5", "-burst", "4", "-latency", "10ms-50ms",
 			"-faults", "Throttling:2,reset=0.5,hang=1s,match=app", "-deny", "bad-*, arn:aws:iam::*:role/x", "-quiet",
 			"-iam-inconsistency", "3s", "-iam-inconsistency-refusal", "0.25", "-iam-revocation", "2s", "-seed", "9", "-partition", "aws-us-gov",
-			"-iam-refuse-first", "3",
+			"-iam-refuse-first", "3", "-clock-offset", "-4m", "-skew-tolerance", "15m",
 		}, check: func(t *testing.T, o options) {
 			want := options{listen: "127.0.0.1:0", quiet: true, cfg: stsemu.Config{
 				Account: "210987654321", AccessKey: "AKIAOTHER", SecretKey: "s3cr3t", MaxLifetime: 30 * time.Second,
 				Rate: 2.5, Burst: 4, LatencyMin: 10 * time.Millisecond, LatencyMax: 50 * time.Millisecond,
 				Deny:       []string{"bad-*", "arn:aws:iam::*:role/x"},
 				IAMWindows: stsemu.IAMWindows{Inconsistency: 3 * time.Second, Refusal: 0.25, Revocation: 2 * time.Second, RefuseFirst: 3},
-				Seed:       9, Partition: "aws-us-gov",
+				Seed:       9, Partition: "aws-us-gov", ClockOffset: -4 * time.Minute, SkewTolerance: 15 * time.Minute,
 			}, faults: stsemu.FaultPlan{
 				Sequence:    []stsemu.FaultStep{{Fault: stsemu.FaultThrottling, Count: 2}},
 				Probability: map[stsemu.Fault]float64{stsemu.FaultReset: 0.5},
@@ -81,6 +81,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad latency", args: []string{"-latency", "50ms-10ms"}, wantErr: true},
 		{name: "unparsable latency", args: []string{"-latency", "fast"}, wantErr: true},
 		{name: "unknown fault", args: []string{"-faults", "Explode:1"}, wantErr: true},
+		{name: "zero skew tolerance", args: []string{"-skew-tolerance", "0s"}, wantErr: true},
+		{name: "unparsable clock offset", args: []string{"-clock-offset", "soon"}, wantErr: true},
 		{name: "unknown partition", args: []string{"-partition", "aws-iso"}, wantErr: true},
 		{name: "refusal above 1", args: []string{"-iam-inconsistency-refusal", "1.5"}, wantErr: true},
 		{name: "negative revocation", args: []string{"-iam-revocation", "-1s"}, wantErr: true},

@@ -128,6 +128,23 @@ func (p *Plan[K]) Add(key K, at time.Time, m Mark) bool {
 	return true
 }
 
+// Move moves key's entry from at to to, keeping its mark and Ref, only if
+// it is still planned at at, and reports whether it moved it: a plan made
+// since the caller looked is never overwritten.
+func (p *Plan[K]) Move(key K, at, to time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i, planned := p.h.byKey[key]
+	if p.stopped || !planned || !p.h.items[i].at.Equal(at) {
+		return false
+	}
+	e := p.h.entry(i)
+	e.At = to
+	p.h.put(e)
+	p.armLocked()
+	return true
+}
+
 // Drop removes key's plan and reports whether there was one.
 func (p *Plan[K]) Drop(key K) bool {
 	p.mu.Lock()

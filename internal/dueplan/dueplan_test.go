@@ -507,3 +507,35 @@ func TestPlan_RefTravelsWithItsEntry(t *testing.T) {
 		t.Fatalf("fired %+v, want a with Ref 7 and b with none", fired)
 	}
 }
+
+// TestPlan_MoveOnlyWhatIsStillPlanned: Move moves an entry, with its mark
+// and Ref, to its new time, and re-arms the timer for it; it leaves alone a
+// key planned anew since (another time), dropped, or never planned.
+func TestPlan_MoveOnlyWhatIsStillPlanned(t *testing.T) {
+	r := newRecorder()
+	r.plan.PutRef("a", at(10), Hint, 7)
+	r.plan.Set("b", at(20))
+	r.plan.Set("c", at(30))
+	if !r.plan.Move("a", at(10), at(5)) {
+		t.Fatal("Move of a planned entry at its time refused")
+	}
+	if e, _ := r.plan.Get("a"); !e.At.Equal(at(5)) || e.Mark != Hint || e.Ref != 7 {
+		t.Fatalf("moved entry %+v, want at 5 s with its mark and Ref", e)
+	}
+	r.plan.Set("b", at(25)) // planned anew since the caller looked at 20
+	if r.plan.Move("b", at(20), at(15)) {
+		t.Fatal("Move overwrote a plan made since")
+	}
+	r.plan.Drop("c")
+	if r.plan.Move("c", at(30), at(1)) || r.plan.Move("d", at(1), at(2)) {
+		t.Fatal("Move planned a key that is not planned")
+	}
+	if r.plan.Len() != 2 {
+		t.Fatalf("%d entries, want 2", r.plan.Len())
+	}
+	// The timer follows the moved entry.
+	r.advance(t, at(5))
+	if got := r.take(); len(got) != 1 || got[0].keys[0] != "a" || !got[0].now.Equal(at(5)) {
+		t.Fatalf("fired %+v, want a at 5 s", got)
+	}
+}

@@ -27,6 +27,11 @@ type ConfigView struct {
 	IAMRefuseFirst          int     `json:"iam_refuse_first"`
 	Partition               string  `json:"partition"`
 	IAMRegion               string  `json:"iam_region"`
+	// ClockOffset is how far the emulator's clock (AWS's, as it plays it)
+	// is from its host's (SetClockOffset): "60s", "-4m0s".
+	ClockOffset string `json:"clock_offset"`
+	// SkewTolerance is how far a signature's time may be off (read only).
+	SkewTolerance string `json:"skew_tolerance"`
 }
 
 // configUpdate is a POST /_emulator/config body: only the fields sent apply.
@@ -44,6 +49,9 @@ type configUpdate struct {
 	IAMInconsistencyRefusal *float64 `json:"iam_inconsistency_refusal"`
 	IAMRevocation           *string  `json:"iam_revocation"`
 	IAMRefuseFirst          *int     `json:"iam_refuse_first"`
+
+	// ClockOffset may be negative: AWS's clock behind the host's.
+	ClockOffset *string `json:"clock_offset"`
 }
 
 // ConfigView returns the current runtime settings.
@@ -68,6 +76,8 @@ func (e *Emulator) ConfigView() ConfigView {
 		// The IAM directory has its own lock; taking it under e.mu is the
 		// only nesting of the two, so it cannot deadlock.
 		IAMPropagation: e.iam.getPropagation().String(),
+		ClockOffset:    e.clockOffset().String(),
+		SkewTolerance:  e.skewTolerance.String(),
 	}
 }
 
@@ -218,6 +228,12 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	if u.Rate != nil && *u.Rate < 0 {
 		return fmt.Errorf("rate: negative %v", *u.Rate)
 	}
+	var offset time.Duration
+	if u.ClockOffset != nil {
+		if offset, err = time.ParseDuration(*u.ClockOffset); err != nil {
+			return fmt.Errorf("clock_offset: %w", err)
+		}
+	}
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -252,6 +268,9 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	}
 	if u.IAMPropagation != nil {
 		e.iam.setPropagation(propagation)
+	}
+	if u.ClockOffset != nil {
+		e.SetClockOffset(offset)
 	}
 	if u.IAMInconsistency != nil || u.IAMInconsistencyRefusal != nil || u.IAMRevocation != nil || u.IAMRefuseFirst != nil {
 		w := e.iam.getWindows()

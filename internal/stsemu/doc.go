@@ -20,8 +20,8 @@
 //  3. The signature: an unknown, deleted, inactive or not yet propagated key
 //     id, or a session token that does not belong to it, is 403
 //     InvalidClientTokenId; expired issued credentials are 400 ExpiredToken;
-//     X-Amz-Date more than 15 minutes from the clock is 403
-//     SignatureDoesNotMatch ("Signature expired: ..."); a credential scope for
+//     X-Amz-Date more than 5 minutes (Config.SkewTolerance) from the clock
+//     is 403 SignatureDoesNotMatch ("Signature expired: ..."); a credential scope for
 //     another service is 403 SignatureDoesNotMatch ("Credential should be
 //     scoped to correct service: 'iam'. "), and so is an IAM call scoped to a
 //     region other than its partition's IAM region (below); a wrong signature is 403

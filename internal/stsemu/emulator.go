@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -131,6 +132,17 @@ type Config struct {
 	// SetIAMWindows changes them at runtime.
 	IAMWindows IAMWindows
 
+	// ClockOffset sets the emulator's clock apart from Now (and
+	// SigningNow): AWS's clock as the emulator plays it is Now() +
+	// ClockOffset, for issue and expiry, the Date header of every answer
+	// and the signature's time check. SetClockOffset changes it at runtime
+	// (an NTP step at AWS, as the plugin would see one).
+	ClockOffset time.Duration
+
+	// SkewTolerance is how far a request's signature time may be from
+	// the emulator's clock; 0 means STS's 5 minutes.
+	SkewTolerance time.Duration
+
 	// Partition is the AWS partition played: "aws" (the default),
 	// "aws-us-gov" or "aws-cn". It names the partition in every ARN and
 	// sets the one region IAM calls may be signed for (us-east-1,
@@ -145,12 +157,17 @@ type Emulator struct {
 	// Immutable after New.
 	account   string
 	partition Partition
-	rootArn   string // ARN of the IAM user the root key pair belongs to
-	rootUser  string // that user's name
-	now       func() time.Time
-	signNow   func() time.Time // clock of the skew check; see Config.SigningNow
-	logger    *log.Logger
-	sealKey   []byte // HMAC key that seals issued session tokens and derives their secrets
+	rootArn   string           // ARN of the IAM user the root key pair belongs to
+	rootUser  string           // that user's name
+	now       func() time.Time // AWS's clock: Config.Now plus the offset
+	signNow   func() time.Time // clock of the skew check; see Config.SigningNow (plus the offset)
+	// offset is the clock's offset from Config.Now (and SigningNow), in
+	// nanoseconds (Config.ClockOffset, SetClockOffset).
+	offset atomic.Int64
+	// skewTolerance is how far a signature's time may be off (Config.SkewTolerance).
+	skewTolerance time.Duration
+	logger        *log.Logger
+	sealKey       []byte // HMAC key that seals issued session tokens and derives their secrets
 
 	done      chan struct{} // closed by Close; releases hanging and delayed requests
 	closeOnce sync.Once
@@ -217,21 +234,29 @@ func New(cfg Config) *Emulator {
 		id:      stableID("AIDA", cfg.Account+"/"+cfg.AccessKey),
 		arn:     "arn:" + part.Name + ":iam::" + cfg.Account + ":user/" + cfg.IAMUser,
 		path:    "/",
-		created: cfg.Now().UTC().Truncate(time.Second),
+		created: cfg.Now().Add(cfg.ClockOffset).UTC().Truncate(time.Second),
+	}
+	if cfg.SkewTolerance <= 0 {
+		cfg.SkewTolerance = DefaultSkewTolerance
 	}
 	e := &Emulator{
-		account:   cfg.Account,
-		partition: part,
-		rootArn:   root.arn,
-		rootUser:  root.name,
-		now:       cfg.Now,
-		signNow:   cfg.SigningNow,
-		logger:    cfg.Logger,
-		sealKey:   sealKey,
-		done:      make(chan struct{}),
-		rng:       mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		iam:       newIAMDirectory(cfg.IAMPropagation, cfg.IAMWindows, seed),
+		account:       cfg.Account,
+		partition:     part,
+		rootArn:       root.arn,
+		rootUser:      root.name,
+		skewTolerance: cfg.SkewTolerance,
+		logger:        cfg.Logger,
+		sealKey:       sealKey,
+		done:          make(chan struct{}),
+		rng:           mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		iam:           newIAMDirectory(cfg.IAMPropagation, cfg.IAMWindows, seed),
 	}
+	// Both clocks carry the offset: AWS has one clock, which issues,
+	// expires, dates its answers and checks signatures.
+	e.offset.Store(int64(cfg.ClockOffset))
+	base, baseSign := cfg.Now, cfg.SigningNow
+	e.now = func() time.Time { return base().Add(e.clockOffset()) }
+	e.signNow = func() time.Time { return baseSign().Add(e.clockOffset()) }
 	e.iam.addUser(root, cfg.AccessKey, cfg.SecretKey)
 	e.maxLifetime = cfg.MaxLifetime
 	e.deny = append([]string(nil), cfg.Deny...)
@@ -375,6 +400,22 @@ type settings struct {
 	hang        time.Duration
 }
 
+// DefaultSkewTolerance is how far STS lets a request's signature time be
+// from its clock: "Signature expired: ... (... - 5 min.)". (Older answers
+// quoted 15 minutes; Config.SkewTolerance plays either.)
+const DefaultSkewTolerance = 5 * time.Minute
+
+// SetClockOffset moves the emulator's clock to Now() + d, from the next call
+// on: credentials issued after it expire by the moved clock, answers are
+// dated by it and signatures are checked against it. Credentials issued
+// before keep their expiration, an instant.
+func (e *Emulator) SetClockOffset(d time.Duration) { e.offset.Store(int64(d)) }
+
+// ClockOffset returns the clock's offset from Now (SetClockOffset).
+func (e *Emulator) ClockOffset() time.Duration { return e.clockOffset() }
+
+func (e *Emulator) clockOffset() time.Duration { return time.Duration(e.offset.Load()) }
+
 // ServeHTTP serves the STS and IAM Query APIs on every path except the
 // control API.
 func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -448,14 +489,13 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "text/xml")
 	h.Set("x-amzn-RequestId", reqID)
-	// IAM's Date is its own clock, which callers date things by (a
-	// rotation identifies the key of a lost CreateAccessKey with it) and
-	// SDKs correct their signing clock by: the clock the signature check
-	// uses, not this host's. STS answers keep net/http's Date, which the
-	// refresh tests' long-lived clients have always seen.
-	if _, isIAM := iamActions[action]; isIAM {
-		h.Set("Date", e.signNow().UTC().Format(http.TimeFormat))
-	}
+	// Every answer, an error too, is dated by the emulator's clock, as AWS
+	// dates its answers by its own: callers date things by it (a rotation
+	// identifies the key of a lost CreateAccessKey with it), SDKs correct
+	// their signing clock by it, and the plugin estimates AWS's clock from
+	// it. It is the clock the signature check uses (SigningNow, which is
+	// Now unless a test splits them), with the offset.
+	h.Set("Date", e.signNow().UTC().Format(http.TimeFormat))
 	w.WriteHeader(rep.status)
 	_, _ = w.Write(rep.body)
 }

@@ -312,10 +312,10 @@ func TestClockSkew(t *testing.T) {
 		wantCode    string
 		wantMessage string
 	}{
-		{"server 16 min ahead", 16 * time.Minute, "SignatureDoesNotMatch", "Signature expired:"},
-		{"server 16 min behind", -16 * time.Minute, "SignatureDoesNotMatch", "Signature not yet current:"},
-		{"server 14 min ahead", 14 * time.Minute, "", ""},
-		{"server 14 min behind", -14 * time.Minute, "", ""},
+		{"server 6 min ahead", 6 * time.Minute, "SignatureDoesNotMatch", "Signature expired:"},
+		{"server 6 min behind", -6 * time.Minute, "SignatureDoesNotMatch", "Signature not yet current:"},
+		{"server 4 min ahead", 4 * time.Minute, "", ""},
+		{"server 4 min behind", -4 * time.Minute, "", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -330,8 +330,8 @@ func TestClockSkew(t *testing.T) {
 			if code, status := errorCode(err), httpStatus(err); code != tc.wantCode || status != http.StatusForbidden {
 				t.Fatalf("got %q/%d (%v), want %s/403", code, status, err, tc.wantCode)
 			}
-			if !strings.Contains(err.Error(), tc.wantMessage) || !strings.Contains(err.Error(), "15 min.") {
-				t.Errorf("message %q, want AWS's %q ... 15 min. wording", err, tc.wantMessage)
+			if !strings.Contains(err.Error(), tc.wantMessage) || !strings.Contains(err.Error(), " 5 min.)") {
+				t.Errorf("message %q, want STS's %q ... 5 min. wording", err, tc.wantMessage)
 			}
 		})
 	}

@@ -104,7 +104,7 @@ func TestControlAPI(t *testing.T) {
 		var cv ConfigView
 		do(t, "GET", "/_emulator/config", "", 200, &cv)
 		want := ConfigView{Rate: 2, Burst: 4, LatencyMin: "0s", LatencyMax: "0s", MaxLifetime: "12h0m0s", Deny: []string{"x*"}, IAMPropagation: "0s",
-			IAMInconsistency: "0s", IAMRevocation: "0s", Partition: "aws", IAMRegion: "us-east-1"}
+			IAMInconsistency: "0s", IAMRevocation: "0s", Partition: "aws", IAMRegion: "us-east-1", ClockOffset: "0s", SkewTolerance: "5m0s"}
 		if !reflect.DeepEqual(cv, want) {
 			t.Errorf("GET config = %+v, want %+v", cv, want)
 		}

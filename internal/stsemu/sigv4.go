@@ -20,9 +20,6 @@ import (
 const (
 	sigAlgorithm  = "AWS4-HMAC-SHA256"
 	amzDateLayout = "20060102T150405Z"
-	// maxClockSkew is how far X-Amz-Date may be from the server clock; AWS
-	// rejects requests outside this window to bound replay.
-	maxClockSkew = 15 * time.Minute
 )
 
 // sigV4Auth is a parsed Authorization header.
@@ -177,7 +174,7 @@ func (e *Emulator) authenticate(r *http.Request, body []byte, a *api, now time.T
 		return principal{}, apiErr(http.StatusBadRequest, "IncompleteSignature",
 			"Date must be in ISO-8601 'basic format'. Got '"+amzDate+"'. See http://en.wikipedia.org/wiki/ISO_8601")
 	}
-	if ae := checkSkew(signedAt, e.signNow()); ae != nil {
+	if ae := checkSkew(signedAt, e.signNow(), e.skewTolerance); ae != nil {
 		return principal{}, ae
 	}
 	if auth.date != amzDate[:8] {
@@ -208,19 +205,21 @@ func invalidToken() *apiError {
 		"The security token included in the request is invalid.")
 }
 
-// checkSkew rejects a signature time more than maxClockSkew away from now,
-// in AWS's words.
-func checkSkew(signedAt, now time.Time) *apiError {
+// checkSkew rejects a signature time more than tolerance away from now,
+// in STS's words: "Signature expired: <signed> is now earlier than <now -
+// tolerance> (<now> - 5 min.)", or "not yet current" for one ahead.
+func checkSkew(signedAt, now time.Time, tolerance time.Duration) *apiError {
 	f := func(t time.Time) string { return t.UTC().Format(amzDateLayout) }
+	mins := strconv.FormatFloat(tolerance.Minutes(), 'f', -1, 64)
 	switch {
-	case signedAt.Before(now.Add(-maxClockSkew)):
+	case signedAt.Before(now.Add(-tolerance)):
 		return apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
-			fmt.Sprintf("Signature expired: %s is now earlier than %s (%s - 15 min.)",
-				f(signedAt), f(now.Add(-maxClockSkew)), f(now)))
-	case signedAt.After(now.Add(maxClockSkew)):
+			fmt.Sprintf("Signature expired: %s is now earlier than %s (%s - %s min.)",
+				f(signedAt), f(now.Add(-tolerance)), f(now), mins))
+	case signedAt.After(now.Add(tolerance)):
 		return apiErr(http.StatusForbidden, "SignatureDoesNotMatch",
-			fmt.Sprintf("Signature not yet current: %s is still later than %s (%s + 15 min.)",
-				f(signedAt), f(now.Add(maxClockSkew)), f(now)))
+			fmt.Sprintf("Signature not yet current: %s is still later than %s (%s + %s min.)",
+				f(signedAt), f(now.Add(tolerance)), f(now), mins))
 	}
 	return nil
 }

@@ -1,0 +1,240 @@
+// Package awsclock estimates how far AWS's clock is from the local one (the
+// offset, AWS time minus local time) from the Date header of AWS's
+// responses, so that a credential's life can be judged by the clock that
+// issued it rather than by the host's.
+//
+// A response's Date is written by AWS at some instant of its clock in
+// [Date, Date+1s) (the header has whole seconds), and that instant happened
+// at some local instant between sending the request and receiving the
+// answer. One sample therefore bounds the offset to an interval of width
+// round trip + 1 s; samples taken at different fractions of a second
+// narrow it further, as their intervals intersect. The estimate is the
+// middle of that intersection, or zero when the intersection holds zero
+// (the samples do not show the clocks apart), with the most it can be off.
+//
+// Clocks move: a sample that fits none of the kept ones is held as odd and
+// changes nothing, so one odd answer (a proxy's cached Date, a slow
+// response) moves nothing; a second sample that agrees with it says the
+// clock stepped (an NTP correction on either side), and the two replace the
+// rest. An answer in which AWS refused the request for its signature time
+// is adopted at once: AWS itself says the estimate is wrong.
+//
+// The package imports nothing of the plugin.
+package awsclock
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	// Resolution is the Date header's resolution (RFC 7231: whole seconds).
+	Resolution = time.Second
+	// MaxRoundTrip bounds the calls a sample is taken from: a longer one
+	// says too little to be worth keeping (the AWS SDKs' own skew
+	// correction draws the line at 15 minutes, for signing only).
+	MaxRoundTrip = 30 * time.Second
+	// Keep is how many agreeing samples an estimate is drawn from; the
+	// oldest goes first.
+	Keep = 8
+	// driftPPM is how fast two clocks may drift apart, in parts per
+	// million: a kept sample's interval widens by that much of its age, so
+	// that an old sample does not hold the estimate to where the clocks
+	// were. An unsynchronised quartz clock drifts 20-100 ppm; 500 leaves
+	// room for a VM's.
+	driftPPM = 500
+)
+
+// Sample is one AWS response as evidence of AWS's clock.
+type Sample struct {
+	// Sent and Received are local times: before the request went out, and
+	// when its answer arrived.
+	Sent, Received time.Time
+	// Date is the answer's Date header, AWS's clock.
+	Date time.Time
+	// SkewRefused: AWS refused the request because of its signature's
+	// time (IsSkewError).
+	SkewRefused bool
+}
+
+// Bounds returns the offsets (AWS time minus local time) the sample
+// allows: AWS wrote Date in [Date, Date+Resolution) of its clock at a local
+// time in [Sent, Received].
+func (s Sample) Bounds() (lo, hi time.Duration) {
+	return s.Date.Sub(s.Received), s.Date.Add(Resolution).Sub(s.Sent)
+}
+
+// Estimate is the offset of AWS's clock from the local one (AWS time minus
+// local time) as the samples show it.
+type Estimate struct {
+	// Offset is AWS time minus local time: local + Offset is AWS's now.
+	Offset time.Duration
+	// Error is the most Offset can be off by, given the samples.
+	Error time.Duration
+	// Samples counts the agreeing samples behind it; 0 means no sample
+	// yet, and Offset is then zero, the local clock taken as AWS's.
+	Samples int
+	// At is the local time of the newest of them.
+	At time.Time
+	// Ahead, when an answer agreeing with none of the samples (held as
+	// odd, not yet confirmed by a second) put AWS's clock further ahead,
+	// is how much further ahead it may be than Offset, at most MaxAhead.
+	// A decision that must not err late (serving a credential AWS may
+	// take for expired) allows for it until the next answer settles it.
+	Ahead time.Duration
+}
+
+// MaxAhead bounds Estimate.Ahead: a step further than STS's signature
+// tolerance (5 minutes) is refused as skewed, and adopted at once.
+const MaxAhead = 15 * time.Minute
+
+// Measured reports whether the estimate rests on at least one sample.
+func (e Estimate) Measured() bool { return e.Samples > 0 }
+
+// Estimator keeps the estimate of one endpoint's clock. It is safe for
+// concurrent use; Current costs one atomic load.
+type Estimator struct {
+	// mu guards kept and odd; cur is published under it.
+	mu sync.Mutex
+	// kept are the agreeing samples, oldest first, at most Keep.
+	kept []interval
+	// odd is the newest sample that agreed with none of kept, held until a
+	// second one agrees with it (a step) or a kept one comes.
+	odd *interval
+	// cur is the estimate from kept, replaced whole.
+	cur atomic.Pointer[Estimate]
+	// refused counts the samples held as odd, for status.
+	refused atomic.Int64
+}
+
+// interval is a sample's bounds on the offset, taken at local time at.
+type interval struct {
+	lo, hi time.Duration
+	at     time.Time
+}
+
+// widened is the interval as it stands at now: wider by the drift its
+// clocks may have had since it was taken.
+func (iv interval) widened(now time.Time) interval {
+	d := now.Sub(iv.at)
+	if d <= 0 {
+		return iv
+	}
+	w := d / 1e6 * driftPPM
+	return interval{lo: iv.lo - w, hi: iv.hi + w, at: iv.at}
+}
+
+// Current returns the estimate: zero, with no samples, before the first.
+func (e *Estimator) Current() Estimate {
+	if p := e.cur.Load(); p != nil {
+		return *p
+	}
+	return Estimate{}
+}
+
+// Odd counts the samples that were held as odd (agreeing with none of the
+// estimate's) since the estimator was made.
+func (e *Estimator) Odd() int64 { return e.refused.Load() }
+
+// Add takes a sample and returns the estimate after it, and whether its
+// offset changed. A sample without a Date, whose call took longer than
+// MaxRoundTrip or whose local times run backwards is ignored.
+func (e *Estimator) Add(s Sample) (Estimate, bool) {
+	rtt := s.Received.Sub(s.Sent)
+	if s.Date.IsZero() || rtt < 0 || rtt > MaxRoundTrip {
+		return e.Current(), false
+	}
+	lo, hi := s.Bounds()
+	n := interval{lo: lo, hi: hi, at: s.Received}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case len(e.kept) == 0:
+		e.kept = []interval{n}
+	case agree(append(e.kept[:len(e.kept):len(e.kept)], n), n.at):
+		e.kept = append(e.kept, n)
+		if len(e.kept) > Keep {
+			e.kept = append(e.kept[:0], e.kept[len(e.kept)-Keep:]...)
+		}
+	case s.SkewRefused:
+		// AWS refused our time: what we kept is wrong.
+		e.kept = []interval{n}
+	case e.odd != nil && agree([]interval{*e.odd, n}, n.at):
+		// Two in a row agree with each other and not with the rest: a
+		// clock stepped.
+		e.kept = []interval{*e.odd, n}
+	default:
+		e.odd = &n
+		e.refused.Add(1)
+		cur := e.Current()
+		if ahead := n.hi - cur.Offset; n.lo > cur.Offset+cur.Error && ahead > cur.Ahead {
+			// AWS may have stepped ahead: until a second answer says,
+			// allow for it where being late matters.
+			cur.Ahead = min(ahead, MaxAhead)
+			e.cur.Store(&cur)
+		}
+		return cur, false
+	}
+	e.odd = nil
+	old := e.Current()
+	est := estimate(e.kept)
+	e.cur.Store(&est)
+	return est, est.Offset != old.Offset || !old.Measured()
+}
+
+// agree reports whether the intervals, widened to now, have an offset in
+// common.
+func agree(ivs []interval, now time.Time) bool {
+	lo, hi := intersect(ivs, now)
+	return lo <= hi
+}
+
+// intersect returns the intersection of the intervals widened to now;
+// lo > hi when they have none.
+func intersect(ivs []interval, now time.Time) (lo, hi time.Duration) {
+	for i, iv := range ivs {
+		w := iv.widened(now)
+		if i == 0 || w.lo > lo {
+			lo = w.lo
+		}
+		if i == 0 || w.hi < hi {
+			hi = w.hi
+		}
+	}
+	return lo, hi
+}
+
+// estimate is the estimate drawn from kept, which agree: the middle of
+// their intersection, or zero when it holds zero, since then the samples
+// do not show the clocks apart and a correction would only add the
+// header's rounding to a clock that may be right.
+func estimate(kept []interval) Estimate {
+	newest := kept[len(kept)-1].at
+	lo, hi := intersect(kept, newest)
+	est := Estimate{Samples: len(kept), At: newest}
+	if lo <= 0 && hi >= 0 {
+		est.Error = max(-lo, hi)
+		return est
+	}
+	est.Offset = lo + (hi-lo)/2
+	est.Error = (hi - lo) / 2
+	return est
+}
+
+// IsSkewError reports whether an AWS error answer refused the request for
+// its signature's time: STS and IAM answer SignatureDoesNotMatch with
+// "Signature expired: ... is now earlier than ..." (or "Signature not yet
+// current"), other services RequestTimeTooSkewed or
+// InvalidSignatureException with the same text.
+func IsSkewError(code, message string) bool {
+	switch code {
+	case "RequestTimeTooSkewed", "RequestExpired":
+		return true
+	case "SignatureDoesNotMatch", "InvalidSignatureException":
+		return strings.Contains(message, "Signature expired") || strings.Contains(message, "Signature not yet current")
+	}
+	return false
+}
