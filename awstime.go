@@ -224,6 +224,8 @@ type clockSigner struct {
 	src    *clockSource
 }
 
+// SignHTTP implements sts.HTTPSignerV4 (and iam's, the same): it signs at
+// the endpoint's clock instead of the time the SDK passes.
 func (s clockSigner) SignHTTP(ctx context.Context, credentials aws.Credentials, r *http.Request, payloadHash, service, region string,
 	_ time.Time, optFns ...func(*v4.SignerOptions)) error {
 	at := s.clocks.clock.Now().Add(s.clocks.signingOffset(s.src))
@@ -355,9 +357,10 @@ func (s *clockSource) estimate() awsclock.Estimate {
 	return s.est.Current()
 }
 
-// clocksView is config/root's view of every endpoint's clock on this node:
-// endpoint -> offset, error, samples, age, odd samples and basis.
-func (a *awsClocks) clocksView(now time.Time) map[string]interface{} {
+// clocksView is config/root's view of every endpoint's clock on this node
+// now: endpoint -> offset, error, samples, age, odd samples and basis.
+func (a *awsClocks) clocksView() map[string]interface{} {
+	now := a.clock.Now()
 	out := map[string]interface{}{}
 	for _, r := range a.readings() {
 		v := map[string]interface{}{

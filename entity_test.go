@@ -571,7 +571,7 @@ func TestEntity_RefreshPathBoundsCyclesInFlight(t *testing.T) {
 		ents.set(id, "user"+strconv.Itoa(i), nil)
 		f.mustReadAs(entityRole, id)
 	}
-	bound := f.b.refreshInFlight()
+	bound := f.b.refresher.refreshInFlight()
 	if bound != maxRefreshInFlight {
 		t.Fatalf("refreshInFlight = %d without a rate limit, want %d", bound, maxRefreshInFlight)
 	}
@@ -613,7 +613,7 @@ func TestRefreshInFlight(t *testing.T) {
 		{0.01, 1, 1},
 	} {
 		mustDo(t, f.b, f.s, logical.UpdateOperation, "config/refresh", map[string]interface{}{"sts_rate_limit": tc.rate, "sts_burst": tc.burst})
-		if got := f.b.refreshInFlight(); got != tc.want {
+		if got := f.b.refresher.refreshInFlight(); got != tc.want {
 			t.Errorf("sts_rate_limit %v burst %d: refreshInFlight = %d, want %d", tc.rate, tc.burst, got, tc.want)
 		}
 	}

@@ -306,7 +306,7 @@ func (b *backend) pathConfigRootRead(ctx context.Context, req *logical.Request, 
 		"rotation_period":        int64(cfg.RotationPeriod / time.Second),
 		"last_rotated":           formatTime(rot.LastRotated),
 		"next_rotation":          formatTime(rot.NextRotation),
-		"aws_clocks":             b.clients.awsTime().clocksView(b.clock.Now()),
+		"aws_clocks":             b.clients.awsTime().clocksView(),
 	}}, nil
 }
 

@@ -63,7 +63,7 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 	// At most inFlight cycles at once, each started as an earlier one
 	// ends: a cycle is a goroutine (and its stack) until it commits, and
 	// an entity-scoped role may hold max_entities=100 000 credentials.
-	inFlight := b.refreshInFlight()
+	inFlight := b.refresher.refreshInFlight()
 	flights := make([]*flight, len(keys))
 	for i, key := range keys {
 		if i >= inFlight {
@@ -97,13 +97,6 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 // an entity-scoped role (refreshInFlight).
 const maxRefreshInFlight = 32
 
-// refreshInFlight is how many cycles one refresh/<name> runs at once: no
-// more than maxRefreshInFlight, nor than sts_rate_limit grants calls in
-// one retry block, so that the cycles it starts together do not take one
-// another's slots and give up their blocks; at least one.
-func (b *backend) refreshInFlight() int {
-	return min(max(b.limiter.Capacity(b.settings.policy().block()), 1), maxRefreshInFlight)
-}
 
 // awaitRefresh waits for f's cycle to end: an error (a 503) when the
 // request ends first or the plugin is shutting down.

@@ -145,6 +145,14 @@ func (rf *refresher) flightOutcome(ctx context.Context, key credKey, f, prev *fl
 
 var errShuttingDown = &refreshError{Code: "ShuttingDown", Message: "the backend is shutting down"}
 
+// refreshInFlight is how many cycles one refresh/<name> runs at once: no
+// more than maxRefreshInFlight, nor than sts_rate_limit grants calls in
+// one retry block, so that the cycles it starts together do not take one
+// another's slots and give up their blocks; at least one.
+func (rf *refresher) refreshInFlight() int {
+	return min(max(rf.limiter.Capacity(rf.settings.policy().block()), 1), maxRefreshInFlight)
+}
+
 // inFlight reports whether a cycle for the role runs on this node.
 func (rf *refresher) inFlight(key credKey) bool { return rf.flights.running(key) }
 

@@ -30,7 +30,7 @@ func TestMeasuresOnFixture(t *testing.T) {
 		{"files_taking_store_lock", 2, []string{"a.go: lockFor×1", "b.go: lockFor×1"}},
 		{"files_calling_logical_storage", 2, []string{"a.go: Get×1", "b.go: List×1"}},
 		{"files_split_or_join_entity_key", 3, []string{"a.go: splitKey×1", "b.go: entityKey×1", "entity.go: entitySep×2 splitKey×1"}},
-		{"funcs_over_5_params", 2, []string{"six (6 params) a.go:22", "(*backend).many (6 params) a.go:28"}},
+		{"funcs_over_5_params", 3, []string{"six (6 params) a.go:22", "(*backend).many (6 params) a.go:28", "(impostor).Sign (7 params) signer.go:17"}},
 		{"funcs_with_2plus_bool_params", 2, []string{"flags (2 bool params) b.go:22", "(*backend).mixed (2 bool params) b.go:25"}},
 		{"funcs_cyclomatic_over_30", 1, []string{"(*backend).c31 (31) cyclo.go:48"}},
 		{"fake_clocks", 2, []string{"internal/clock/clocktest/fake.go: clocktest.Fake", "root_test.go: root.fakeClock"}},
