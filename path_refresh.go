@@ -97,7 +97,6 @@ func (b *backend) pathRefreshWrite(ctx context.Context, req *logical.Request, da
 // an entity-scoped role (refreshInFlight).
 const maxRefreshInFlight = 32
 
-
 // awaitRefresh waits for f's cycle to end: an error (a 503) when the
 // request ends first or the plugin is shutting down.
 func awaitRefresh(ctx context.Context, f *flight) error {
