@@ -243,8 +243,8 @@ func (d *roleDirectory) list() []RoleTrust {
 	return out
 }
 
-// checkAccounts reports the first account id that is not 12 digits.
-func checkAccounts(accounts []string) error {
+// CheckAccounts reports the first account id that is not 12 digits.
+func CheckAccounts(accounts []string) error {
 	for _, a := range accounts {
 		if !accountIDRE.MatchString(a) {
 			return fmt.Errorf("account %q is not a 12-digit account id", a)
@@ -254,7 +254,7 @@ func checkAccounts(accounts []string) error {
 }
 
 // setAccounts replaces the accounts played besides home (checked by
-// checkAccounts).
+// CheckAccounts).
 func (d *roleDirectory) setAccounts(accounts []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -306,7 +306,7 @@ func (e *Emulator) Roles() []RoleTrust { return e.roles.list() }
 // SetAccounts sets the accounts played besides Config.Account, whose
 // unconfigured roles anyone may assume.
 func (e *Emulator) SetAccounts(accounts []string) error {
-	if err := checkAccounts(accounts); err != nil {
+	if err := CheckAccounts(accounts); err != nil {
 		return err
 	}
 	e.roles.setAccounts(accounts)
