@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -84,16 +83,7 @@ func TestControlAPI(t *testing.T) {
 	e := startEmulator(t, Config{Rate: 2, Burst: 4, Deny: []string{"x*"}})
 	do := func(t *testing.T, method, path, body string, wantStatus int, out any) {
 		t.Helper()
-		req, _ := http.NewRequest(method, e.URL()+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != wantStatus {
-			t.Fatalf("%s %s: status %d (%s), want %d", method, path, resp.StatusCode, raw, wantStatus)
-		}
+		raw := controlCall(t, e, method, path, body, wantStatus)
 		if out != nil {
 			if err := json.Unmarshal(raw, out); err != nil {
 				t.Fatalf("%s %s: %v in %s", method, path, err, raw)

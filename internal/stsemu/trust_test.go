@@ -3,7 +3,6 @@ package stsemu
 import (
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"reflect"
 	"strings"
@@ -348,16 +347,7 @@ func TestCallLogAttribution(t *testing.T) {
 	}
 
 	// The control API carries the same attribution.
-	resp, err := http.Get(e.URL() + "/_emulator/calls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var wire []map[string]any
-	if err := json.Unmarshal(raw, &wire); err != nil {
-		t.Fatal(err)
-	}
+	wire, raw := wireCalls(t, e)
 	if len(wire) != len(want) || wire[1]["access_key_id"] != key1 || wire[1]["caller_arn"] != hubArn || wire[5]["caller_arn"] != "" {
 		t.Errorf("GET /_emulator/calls = %s", raw)
 	}
@@ -370,17 +360,7 @@ func TestRolesControlAPI(t *testing.T) {
 	e := startEmulator(t, Config{})
 	do := func(t *testing.T, method, path, body string, wantStatus int) string {
 		t.Helper()
-		req, _ := http.NewRequest(method, e.URL()+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != wantStatus {
-			t.Fatalf("%s %s: status %d (%s), want %d", method, path, resp.StatusCode, raw, wantStatus)
-		}
-		return string(raw)
+		return string(controlCall(t, e, method, path, body, wantStatus))
 	}
 	list := func(t *testing.T, raw string) []RoleTrust {
 		t.Helper()
