@@ -98,8 +98,8 @@
 // name, the path dropped as in the session ARN). An AssumeRole signed with
 // temporary credentials, a role session's or GetSessionToken's, is role
 // chaining, which AWS caps at one hour whatever the role's maximum: more
-// is ValidationError (AWS's wording, as the awscli shows it in
-// TestAWSCLIRoleChaining). AWS requires sts:SetSourceIdentity in the
+// is ValidationError, worded as users quote STS's answer
+// (TestAWSCLIRoleChaining checks it through the awscli). AWS requires sts:SetSourceIdentity in the
 // target role's trust policy for every AssumeRole carrying a source
 // identity, the one a chained session inherits too, and answers
 // AccessDenied "User: CALLER is not authorized to perform:
