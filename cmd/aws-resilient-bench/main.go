@@ -32,7 +32,8 @@
 //	   reads twice at once, then spread over -entity-duration while the
 //	   emulator's short lifetimes make every entry refresh; STS calls per
 //	   credential (target 1.000), entries held, and plugin RSS per entry
-//	   (a Vault server of its own)
+//	   (target 4 KiB), then again at -entity-mem-entities entities (Vault
+//	   servers of their own)
 //	h  isolation: -iso-failing roles that always fail (half AccessDenied,
 //	   half Throttling or 503), each read by -iso-readers concurrent
 //	   readers, beside -iso-healthy roles with -iso-lifetime credentials
@@ -108,6 +109,8 @@ type options struct {
 	entityLife  time.Duration
 	entityDur   time.Duration
 	entityEnv   string
+	// entityMemEntities is the size of section g's second memory figure.
+	entityMemEntities int
 
 	isoFailing int
 	isoReaders int
@@ -161,6 +164,7 @@ func main() {
 	flag.IntVar(&o.entityReads, "entity-reads", 3, "g: reads of each role by each entity, spread over -entity-duration (the first, cold, sent twice at once)")
 	flag.DurationVar(&o.entityLife, "entity-lifetime", time.Minute, "g: credential lifetime (emulator max_lifetime); entries refresh every ~2/3 of it")
 	flag.DurationVar(&o.entityDur, "entity-duration", 150*time.Second, "g: from the first cold read to the count")
+	flag.IntVar(&o.entityMemEntities, "entity-mem-entities", 1000, "g: then the plugin RSS per entity credential with this many entities x -entity-roles roles, on a server of its own (0: skip)")
 	flag.StringVar(&o.entityEnv, "entity-plugin-env", "", "g: comma-separated KEY=VALUE for the plugin process (e.g. GOMEMLIMIT=1GiB)")
 	flag.IntVar(&o.isoFailing, "iso-failing", 10, "h: always-failing roles (half denied, half throttled or 503)")
 	flag.IntVar(&o.isoReaders, "iso-readers", 5, "h: concurrent readers per failing role, each reading every 20 ms")
@@ -178,7 +182,7 @@ func main() {
 		o.sfRounds = 1
 		o.cacheRoles, o.scrapes = 2000, 5
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
-		o.entities, o.entityDur = 20, 90*time.Second
+		o.entities, o.entityDur, o.entityMemEntities = 20, 90*time.Second, 100
 		o.isoDur = 30 * time.Second
 	}
 
