@@ -89,9 +89,13 @@ type options struct {
 	cacheRoles    int
 	cacheEnv      string
 	scrapes       int
-	logLevel      string
-	readStorage   string
-	pprof         bool
+	// monScrapes scrapes, one every scrapeInterval: section e's
+	// monitored mount.
+	monScrapes     int
+	scrapeInterval time.Duration
+	logLevel       string
+	readStorage    string
+	pprof          bool
 
 	roles            int
 	scaleBaseline    int
@@ -149,6 +153,8 @@ func main() {
 	flag.IntVar(&o.sfRounds, "sf-rounds", 3, "d: rounds (a new role each)")
 	flag.IntVar(&o.cacheRoles, "cache-roles", 10000, "e: roles cached")
 	flag.IntVar(&o.scrapes, "scrapes", 20, "e: metrics scrapes measured, one at a time (the mean counts)")
+	flag.IntVar(&o.monScrapes, "monitored-scrapes", 8, "e: scrapes one every -scrape-interval, plugin RSS sampled every second (0: skip)")
+	flag.DurationVar(&o.scrapeInterval, "scrape-interval", 15*time.Second, "e: Prometheus's scrape interval for -monitored-scrapes")
 	flag.StringVar(&o.cacheEnv, "cache-plugin-env", "", "e: comma-separated KEY=VALUE for the plugin process (e.g. GOGC=50 or GODEBUG=gctrace=1)")
 	flag.IntVar(&o.roles, "roles", 2000, "f: roles on the mount (raft storage)")
 	flag.IntVar(&o.scaleBaseline, "scale-baseline", 1000, "f: the smaller mount the scheduler cost is compared with (at most -roles/2)")
@@ -180,7 +186,7 @@ func main() {
 		o.steadyRoles, o.steadyDur = 30, 40*time.Second
 		o.herdRoles, o.herdLife = 200, 40*time.Second
 		o.sfRounds = 1
-		o.cacheRoles, o.scrapes = 2000, 5
+		o.cacheRoles, o.scrapes, o.monScrapes = 2000, 5, 3
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
 		o.entities, o.entityDur, o.entityMemEntities = 20, 90*time.Second, 100
 		o.isoDur = 30 * time.Second
