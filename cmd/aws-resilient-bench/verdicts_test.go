@@ -50,7 +50,9 @@ func call(role string, ms int, outcome string) vaulttest.EmulatorCall {
 // Section a: a creds read against KV (0.9x) and the built-in engine (50x),
 // per round; 2026-12-02's run missed both (0.33x, 18.6x).
 func TestVerdictsA(t *testing.T) {
-	lr := func(errors int, rps ...float64) bench.LoadResult { return bench.LoadResult{RoundRPS: rps, Errors: errors} }
+	lr := func(errors int, rps ...float64) bench.LoadResult {
+		return bench.LoadResult{RoundRPS: rps, Errors: errors}
+	}
 	kv, builtin := lr(0, 6526, 6300, 6700), lr(0, 146, 140, 150)
 	wantResult(t, "0.33x KV", kvVerdict(lr(0, 2711, 2600, 2800), kv), "MISS")
 	wantResult(t, "0.95x KV", kvVerdict(lr(0, 6200, 6000, 6400), kv), "PASS")
