@@ -150,7 +150,7 @@ func main() {
 	flag.IntVar(&o.pluginBurst, "herd-plugin-burst", 10, "c: plugin sts_burst")
 	flag.BoolVar(&o.herdBaselines, "herd-baselines", true, "c: also run the two baseline policies")
 	flag.IntVar(&o.sfReaders, "sf-readers", 100, "d: concurrent cold readers")
-	flag.IntVar(&o.sfRounds, "sf-rounds", 3, "d: rounds (a new role each)")
+	flag.IntVar(&o.sfRounds, "sf-rounds", 6, "d: rounds (a new role each), each beside a burst of the floor's")
 	flag.IntVar(&o.cacheRoles, "cache-roles", 10000, "e: roles cached")
 	flag.IntVar(&o.scrapes, "scrapes", 20, "e: metrics scrapes measured, one at a time (the mean counts)")
 	flag.IntVar(&o.monScrapes, "monitored-scrapes", 8, "e: scrapes one every -scrape-interval, plugin RSS sampled every second (0: skip)")
@@ -185,7 +185,7 @@ func main() {
 		o.dur, o.rounds = 2*time.Second, 1
 		o.steadyRoles, o.steadyDur = 30, 40*time.Second
 		o.herdRoles, o.herdLife = 200, 40*time.Second
-		o.sfRounds = 1
+		o.sfRounds = 2
 		o.cacheRoles, o.scrapes, o.monScrapes = 2000, 5, 3
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
 		o.entities, o.entityDur, o.entityMemEntities = 20, 90*time.Second, 100
