@@ -21,7 +21,7 @@ type inProcess struct {
 	emu     *stsemu.Emulator
 }
 
-func newInProcess(t *testing.T) *inProcess {
+func newInProcess(t testing.TB) *inProcess {
 	t.Helper()
 	emu, err := stsemu.Start(stsemu.Config{})
 	if err != nil {
