@@ -8,8 +8,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
-	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
 	"syscall"
@@ -205,29 +203,4 @@ func TestScrapeRSS(t *testing.T) {
 	}
 	t.Logf("%d roles, page %d bytes: RSS unscraped %.1f MiB; under a scrape every %d s: peak %.1f MiB (%.2fx), mean 1..%d s after a scrape (MiB):%s; CPU per scrape %s",
 		n, body, float64(unscraped)/(1<<20), every, float64(peak)/(1<<20), float64(peak)/float64(unscraped), every, line.String(), cpu/scrapes)
-}
-
-// TestReturnHeadroomGivesPagesBack: ending a scrape's headroom hold gives
-// the pages its copies took back to the OS at once (returnHeadroom), rather
-// than leave RSS up for the next 10 s or more; and it ends the hold.
-func TestReturnHeadroomGivesPagesBack(t *testing.T) {
-	released := func() uint64 {
-		s := []rtmetrics.Sample{{Name: "/memory/classes/heap/released:bytes"}}
-		rtmetrics.Read(s)
-		return s[0].Value.Uint64()
-	}
-	// 64 MiB of copies, as a scrape of 10 000 roles with per-role series
-	// leaves, touched so that their pages are resident, then garbage.
-	copies := make([]byte, 64<<20)
-	for i := 0; i < len(copies); i += 4096 {
-		copies[i] = 1
-	}
-	runtime.KeepAlive(copies)
-	copies = nil
-	before := released()
-	ended := false
-	returnHeadroom(func() { ended = true })
-	if got := released() - before; !ended || got < 32<<20 {
-		t.Fatalf("returnHeadroom: hold ended %v, %d MiB given back to the OS; want the hold ended and most of the 64 MiB given back", ended, got>>20)
-	}
 }

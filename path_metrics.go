@@ -594,6 +594,13 @@ body, for Prometheus to scrape through Vault:
 The token needs only read on <mount>/metrics. Every series is prefixed
 aws_resilient_ and labelled with the mount.
 
+By hand: "vault read -format=raw <mount>/metrics", or curl with the token in
+an X-Vault-Token header. A plain "vault read <mount>/metrics" fails with
+"invalid character '#' looking for beginning of value": the CLI expects
+Vault's JSON, and the page is Prometheus's text. The plugin cannot answer
+the CLI differently: the CLI and Prometheus send the same request, and Vault
+passes a plugin none of their headers.
+
 Per role (label role): credential expiration, issued lifetime, last
 successful refresh, next scheduled refresh (all unix seconds), consecutive
 failed cycles, whether it is expiring while failing (0/1: the last cycle
@@ -601,7 +608,10 @@ failed and less than half the refresh margin is left, or none), and the state
 as a 0/1 gauge per state. For cache_scope=entity they describe the role's
 entity credentials (the most urgent one's expiration and lifetime). With more roles than
 config/refresh metrics_max_roles (default 1000) the per-role series are
-left out and a comment line says so; the aggregates remain.
+left out and a comment line says so; the aggregates remain. A scrape's page
+is about 0.9 KB per role with per-role series; while Vault receives it the
+plugin holds several copies of it for a few seconds (docs/monitoring.md,
+"What a scrape costs").
 
 Aggregates: roles defined, roles cached, roles per state, roles starved by
 the rate limiter, roles failing and expiring while failing, whether this node
