@@ -277,9 +277,15 @@ func (e *entityEnv) held(tb *bench.TB) entityHeld {
 	}
 	body, err := e.a.getRaw(entityMount + "/metrics")
 	must(tb, err)
-	h.gauge, h.gaugeOK = bench.PromValue(body, "aws_resilient_entity_credentials")
-	h.dropped, _ = bench.PromSum(body, "aws_resilient_entity_credentials_dropped_total")
+	h.fromMetrics(body)
 	return h
+}
+
+// fromMetrics takes the gauge of entity credentials held, summed over its
+// states (one series each), and the dropped counter from a scrape.
+func (h *entityHeld) fromMetrics(body []byte) {
+	h.gauge, h.gaugeOK = bench.PromSum(body, "aws_resilient_entity_credentials")
+	h.dropped, _ = bench.PromSum(body, "aws_resilient_entity_credentials_dropped_total")
 }
 
 // pass: every pair of the run, and the warm-up entries, held, entity-scoped.

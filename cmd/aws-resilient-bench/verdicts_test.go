@@ -215,7 +215,23 @@ func TestVerdictsF(t *testing.T) {
 // Section g: entries held and RSS per entity credential (4 KiB); the
 // attribution of calls and reads: TestJudgeEntityOnThePluginsOutput.
 func TestVerdictsG(t *testing.T) {
-	h := entityHeld{entries: 1000, gauge: 1032, gaugeOK: true, states: map[string]int{"fresh": 1000}}
+	// A scrape while 48 of the 100 entries refresh: the gauge has a series
+	// per state.
+	h := entityHeld{entries: 100, states: map[string]int{"fresh": 52, "refreshing": 48}}
+	h.fromMetrics([]byte(`# HELP aws_resilient_entity_credentials Entity credentials held on this node, in each state.
+# TYPE aws_resilient_entity_credentials gauge
+aws_resilient_entity_credentials{mount="bench-g",state="fresh"} 84
+aws_resilient_entity_credentials{mount="bench-g",state="refreshing"} 48
+aws_resilient_entity_credentials{mount="bench-g",state="stale"} 0
+aws_resilient_entity_credentials{mount="bench-g",state="expired"} 0
+aws_resilient_entity_credentials{mount="bench-g",state="empty"} 0
+aws_resilient_entity_credentials_dropped_total{mount="bench-g",reason="idle"} 2
+aws_resilient_entity_credentials_dropped_total{mount="bench-g",reason="evicted"} 1
+`))
+	if !h.pass(100, 32) || h.dropped != 3 {
+		t.Errorf("100 held, 48 of them refreshing, gauge %v with 32 warm-up entries, dropped %v: want a pass, 3 dropped", h.gauge, h.dropped)
+	}
+	h = entityHeld{entries: 1000, gauge: 1032, gaugeOK: true, states: map[string]int{"fresh": 1000}}
 	if !h.pass(1000, 32) {
 		t.Error("1000 held, gauge 1032 with 32 warm-up entries: not a pass")
 	}
