@@ -68,6 +68,8 @@ import (
 type options struct {
 	sections string
 	out      string
+	// doc is BENCHMARKS.md, whose "Latest run" table a full run replaces.
+	doc string
 
 	concurrency   int
 	rounds        int
@@ -121,6 +123,8 @@ type options struct {
 	isoHealthy int
 	isoLife    time.Duration
 	isoDur     time.Duration
+
+	quick bool
 }
 
 func main() {
@@ -131,6 +135,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
+	flag.StringVar(&o.doc, "doc", "", "after a run of every section, replace the table between the markers of this file (BENCHMARKS.md's \"Latest run\") with this run's")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
 	flag.IntVar(&o.rounds, "rounds", 3, "a: rounds; each runs every read for -duration (the median round counts)")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "a: warm-up before each measured run")
@@ -179,9 +184,9 @@ func main() {
 	flag.DurationVar(&o.isoDur, "iso-duration", 60*time.Second, "h: how long each run (budget on, then off) hammers")
 	flag.StringVar(&o.logLevel, "vault-log-level", "warn", "Vault servers' -log-level (plugin stderr shows at debug)")
 	keep := flag.Bool("keep", false, "keep the servers' directories and logs (under $TMPDIR)")
-	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 6 minutes)")
+	flag.BoolVar(&o.quick, "quick", false, "shrink every section (a smoke run of about 8 minutes)")
 	flag.Parse()
-	if *quick {
+	if o.quick {
 		o.dur, o.rounds = 2*time.Second, 1
 		o.steadyRoles, o.steadyDur = 30, 40*time.Second
 		o.herdRoles, o.herdLife = 200, 40*time.Second
@@ -334,6 +339,25 @@ func (r *run) all() {
 		r.tb.Fatal(err)
 	}
 	r.logf("wrote %s/{table.txt,results.json} and the charts", r.o.out)
+	if r.o.doc != "" {
+		r.updateDoc(text)
+	}
+}
+
+// updateDoc puts this run's table in -doc, if the run measured every
+// section: the "Latest run" of BENCHMARKS.md then comes from one run of
+// one commit, never from rows of several.
+func (r *run) updateDoc(table string) {
+	if ran := r.ran(); len(ran) < len(allSections) || r.o.quick {
+		r.logf("not replacing the table in %s: only a full run (every section, not -quick) does", r.o.doc)
+		return
+	}
+	b, err := os.ReadFile(r.o.doc)
+	must(r.tb, err)
+	out, err := bench.ReplaceDocTable(string(b), table)
+	must(r.tb, err)
+	must(r.tb, os.WriteFile(r.o.doc, []byte(out), 0o644))
+	r.logf("replaced the table in %s", r.o.doc)
 }
 
 // allSections are the sections a full run has.
