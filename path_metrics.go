@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
@@ -188,6 +189,7 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		// this returns, would otherwise make the GC thrash against the
 		// soft memory limit (internal/memlimit).
 		release := memlimit.Hold(int64(size) * scrapeHeadroomFactor)
+		scrapesHolding.Add(1)
 		defer time.AfterFunc(scrapeHeadroomHold, func() { returnHeadroom(release) })
 	}
 	w := newExpositionWriter(mount, size)
@@ -209,16 +211,23 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 	return w.buf, nil
 }
 
-// returnHeadroom ends a scrape's headroom hold and gives the pages its
-// copies took back to the OS at once. Without it they stayed mapped for 10 s
-// or more after the limit dropped: at 10 000 roles with per-role series, a
-// mount scraped every 15 s then spent about half its time at 1.7 to 2.5
-// times its unscraped RSS (BENCHMARKS.md, section e). The forced GC costs
-// a few ms of CPU per large scrape; pages come back as the next scrape
-// allocates.
+// scrapesHolding counts the large scrapes of this process (every mount the
+// plugin process serves) whose headroom is still lent: memory is the
+// process's, so the count is too.
+var scrapesHolding atomic.Int32
+
+// returnHeadroom ends a scrape's headroom hold and, when no other scrape
+// holds any, gives the pages the scrapes' copies took back to the OS at once.
+// Without it they stayed mapped for 10 s or more after the limit dropped: at
+// 10 000 roles with per-role series, a mount scraped every 15 s then spent
+// about half its time at 1.7 to 2.5 times its unscraped RSS (BENCHMARKS.md,
+// section e). The forced GC costs a few ms of CPU; scrapes that follow one
+// another wait for the last, so that each does not fault the pages back in.
 func returnHeadroom(release func()) {
 	release()
-	debug.FreeOSMemory()
+	if scrapesHolding.Add(-1) == 0 {
+		debug.FreeOSMemory()
+	}
 }
 
 // roleSample is one role's per-role series.

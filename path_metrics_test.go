@@ -10,9 +10,11 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
-// TestReturnHeadroomGivesPagesBack: ending a scrape's headroom hold gives
-// the pages its copies took back to the OS at once (returnHeadroom), rather
-// than leave RSS up for the next 10 s or more; and it ends the hold.
+// TestReturnHeadroomGivesPagesBack: ending the last scrape's headroom hold
+// gives the pages its copies took back to the OS at once (returnHeadroom),
+// rather than leave RSS up for the next 10 s or more; while another scrape
+// still holds headroom the pages stay, for it to use. Each call ends its
+// hold.
 func TestReturnHeadroomGivesPagesBack(t *testing.T) {
 	released := func() uint64 {
 		s := []rtmetrics.Sample{{Name: "/memory/classes/heap/released:bytes"}}
@@ -21,17 +23,28 @@ func TestReturnHeadroomGivesPagesBack(t *testing.T) {
 	}
 	// 64 MiB of copies, as a scrape of 10 000 roles with per-role series
 	// leaves, touched so that their pages are resident, then garbage.
-	copies := make([]byte, 64<<20)
-	for i := 0; i < len(copies); i += 4096 {
-		copies[i] = 1
+	garbage := func() {
+		copies := make([]byte, 64<<20)
+		for i := 0; i < len(copies); i += 4096 {
+			copies[i] = 1
+		}
+		runtime.KeepAlive(copies)
 	}
-	runtime.KeepAlive(copies)
-	copies = nil
+	ended := 0
+	release := func() { ended++ }
+	scrapesHolding.Add(2) // two scrapes, one after the other
+	garbage()
+	runtime.GC() // collected, not yet given back
 	before := released()
-	ended := false
-	returnHeadroom(func() { ended = true })
-	if got := released() - before; !ended || got < 32<<20 {
-		t.Fatalf("returnHeadroom: hold ended %v, %d MiB given back to the OS; want the hold ended and most of the 64 MiB given back", ended, got>>20)
+	returnHeadroom(release)
+	if got := released() - before; ended != 1 || got >= 32<<20 {
+		t.Fatalf("first of two scrapes: hold ended %d times, %d MiB given back; want it ended, and the pages kept for the other", ended, got>>20)
+	}
+	garbage()
+	before = released()
+	returnHeadroom(release)
+	if got := released() - before; ended != 2 || got < 32<<20 {
+		t.Fatalf("last scrape: hold ended %d times, %d MiB given back to the OS; want it ended and most of the 64 MiB given back", ended, got>>20)
 	}
 }
 
