@@ -36,8 +36,8 @@
 //	   reads twice at once, then spread over -entity-duration while the
 //	   emulator's short lifetimes make every entry refresh; STS calls per
 //	   credential (target 1.000), entries held, and plugin RSS per entry
-//	   (target 4 KiB), then again at -entity-mem-entities entities (Vault
-//	   servers of their own)
+//	   (the slope of RSS over the fill, target 4 KiB) at each of
+//	   -entity-mem-entities entities (Vault servers of their own)
 //	h  isolation: -iso-failing roles that always fail (half AccessDenied,
 //	   half Throttling or 503), each read by -iso-readers concurrent
 //	   readers, beside -iso-healthy roles with -iso-lifetime credentials
@@ -61,6 +61,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -119,8 +120,8 @@ type options struct {
 	entityLife  time.Duration
 	entityDur   time.Duration
 	entityEnv   string
-	// entityMemEntities is the size of section g's second memory figure.
-	entityMemEntities int
+	// entityMemEntities are the sizes of section g's memory figures.
+	entityMemEntities []int
 
 	isoFailing int
 	isoReaders int
@@ -179,7 +180,7 @@ func main() {
 	flag.IntVar(&o.entityReads, "entity-reads", 3, "g: reads of each role by each entity, spread over -entity-duration (the first, cold, sent twice at once)")
 	flag.DurationVar(&o.entityLife, "entity-lifetime", time.Minute, "g: credential lifetime (emulator max_lifetime); entries refresh every ~2/3 of it")
 	flag.DurationVar(&o.entityDur, "entity-duration", 150*time.Second, "g: from the first cold read to the count")
-	flag.IntVar(&o.entityMemEntities, "entity-mem-entities", 1000, "g: then the plugin RSS per entity credential with this many entities x -entity-roles roles, on a server of its own (0: skip)")
+	memEntities := flag.String("entity-mem-entities", "100,1000", "g: then the plugin RSS per entity credential with each of these many entities x -entity-roles roles, on servers of their own (\"\": none)")
 	flag.StringVar(&o.entityEnv, "entity-plugin-env", "", "g: comma-separated KEY=VALUE for the plugin process (e.g. GOMEMLIMIT=1GiB)")
 	flag.IntVar(&o.isoFailing, "iso-failing", 10, "h: always-failing roles (half denied, half throttled or 503)")
 	flag.IntVar(&o.isoReaders, "iso-readers", 5, "h: concurrent readers per failing role, each reading every 20 ms")
@@ -197,8 +198,21 @@ func main() {
 		o.sfRounds = 2
 		o.cacheRoles, o.scrapes, o.monScrapes = 2000, 5, 3
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
-		o.entities, o.entityDur, o.entityMemEntities = 20, 90*time.Second, 100
+		o.entities, o.entityDur = 20, 90*time.Second
+		*memEntities = "100"
 		o.isoDur = 30 * time.Second
+	}
+
+	for _, f := range strings.Split(*memEntities, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "-entity-mem-entities: %q is not a number of entities\n", f)
+			os.Exit(2)
+		}
+		o.entityMemEntities = append(o.entityMemEntities, n)
 	}
 
 	tb := bench.NewTB("aws-resilient-bench", os.Stderr)

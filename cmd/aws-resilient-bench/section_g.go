@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -222,14 +223,16 @@ func (rd *entityRead) fromData(data map[string]any) {
 	}
 }
 
-// coldFill is round 0: every pair cold, each read by two requests at once
-// (single flight per (role, entity)), entityFillPairs pairs at a time.
-func (e *entityEnv) coldFill() []entityRead {
+// coldFill is round 0 for the pairs lo to hi (of e.pairs(), by user then
+// role): each cold, read by two requests at once (single flight per (role,
+// entity)), entityFillPairs pairs at a time.
+func (e *entityEnv) coldFill(lo, hi int) []entityRead {
 	var (
 		mu    sync.Mutex
 		reads []entityRead
 	)
-	_ = parallel(e.pairs(), entityFillPairs, func(i int) error {
+	_ = parallel(hi-lo, entityFillPairs, func(i int) error {
+		i += lo
 		var wg sync.WaitGroup
 		var got [2]entityRead
 		for k := range got {
@@ -349,7 +352,7 @@ func (r *run) sectionG() {
 		memMu.Unlock()
 	})
 
-	reads := e.coldFill()
+	reads := e.coldFill(0, pairs)
 	fill := time.Since(t0)
 	memMu.Lock()
 	filled = true
@@ -442,19 +445,27 @@ func (r *run) sectionG() {
 			h.entries, mib(before.RSS), len(e.warm), mib(afterFill.RSS), mib(peak)),
 		Value: mib(end.RSS)})
 	r.table.Add(bench.Row{Section: "g",
-		Metric: fmt.Sprintf("  plugin RSS per entity credential, %d credentials, end - before (after the fill: %.2f KiB); plugin CPU %.2f ms per STS call",
+		Metric: fmt.Sprintf("  plugin RSS per entity credential, %d credentials, end - before, the fill's own cost included (after the fill: %.2f KiB; the target is judged below); plugin CPU %.2f ms per STS call",
 			h.entries, perFill/1024, 1000*cpu.Seconds()/float64(max(1, v.calls))),
-		Value: fmt.Sprintf("%.2f KiB", per/1024), Target: "<= 4 KiB", Result: bench.Verdict(entityMemPass(per, h.entries, pairs))})
+		Value: fmt.Sprintf("%.2f KiB", per/1024)})
 	e.s.Stop(tb)
-	if o.entityMemEntities > 0 {
-		r.entityMemory(o.entityMemEntities)
+	for _, n := range o.entityMemEntities {
+		r.entityMemory(n)
 	}
 }
 
+// entityMemStages is how many steps entityMemory fills in; RSS is sampled
+// after each. The slope of RSS over the entries held is what the fill
+// costs per entry while it runs, its garbage included: below the soft
+// memory limit's floor (about 1 000 entries) the GC lets the heap grow to
+// twice the live heap before it runs.
+const entityMemStages = 4
+
 // entityMemory measures the plugin's RSS per entity credential with
-// entities users reading -entity-roles roles, on a server of its own: before
-// the cold fill, after it, and after a credential lifetime, when every
-// entry has been refreshed once (the end figure, as in the full run).
+// entities users reading -entity-roles roles, on a server of its own: RSS a
+// lifetime after the first cold read, when every entry has been refreshed
+// once and nothing else runs, less RSS before, per entry (the target); and
+// beside it the slope of RSS over the cold fill in entityMemStages steps.
 func (r *run) entityMemory(entities int) {
 	o, tb := r.o, r.tb
 	r.logf("g: memory with %d entities x %d roles", entities, o.entityRoles)
@@ -464,10 +475,17 @@ func (r *run) entityMemory(entities int) {
 	}
 	pairs := e.pairs()
 	before := e.settled(tb)
+	pts := []scalePoint{{Roles: 0, PluginRSS: before.RSS}}
 	t0 := time.Now()
-	reads := e.coldFill()
+	var reads []entityRead
+	for st := 1; st <= entityMemStages; st++ {
+		lo, hi := pairs*(st-1)/entityMemStages, pairs*st/entityMemStages
+		reads = append(reads, e.coldFill(lo, hi)...)
+		m := e.settled(tb)
+		pts = append(pts, scalePoint{Roles: hi, PluginRSS: m.RSS})
+	}
 	fill := time.Since(t0)
-	afterFill := e.settled(tb)
+	afterFill := pts[len(pts)-1].PluginRSS
 	failed := 0
 	for _, rd := range reads {
 		if rd.err != nil {
@@ -480,19 +498,24 @@ func (r *run) entityMemory(entities int) {
 	}
 	end := e.settled(tb)
 	h := e.held(tb)
-	per, perFill := perEntry(before, end, h.entries), perEntry(before, afterFill, h.entries)
-	peak := end.HWM
-	r.logf("g: %d entities x %d roles: %d pairs read cold in %.1fs (%d failed reads); held %d %v; plugin RSS before %s, after the fill %s, a lifetime later %s (peak %s): %.0f B per entry (%.0f after the fill)",
-		entities, o.entityRoles, pairs, fill.Seconds(), failed, h.entries, h.states, mib(before.RSS), mib(afterFill.RSS), mib(end.RSS), mib(peak), per, perFill)
-	r.results["g_entity_memory"] = map[string]any{
+	slope, _ := fitLine(pts)
+	per, perFill := perEntry(before, end, h.entries), perEntry(before, bench.ProcMem{RSS: afterFill}, h.entries)
+	var steps []string
+	for _, p := range pts {
+		steps = append(steps, mib(p.PluginRSS))
+	}
+	r.logf("g: %d entities x %d roles: %d pairs read cold in %d steps in %.1fs (%d failed reads); held %d %v; plugin RSS %s, a lifetime later %s (peak %s): %.0f B per entry by the slope, %.0f end - before, %.0f after the fill - before",
+		entities, o.entityRoles, pairs, entityMemStages, fill.Seconds(), failed, h.entries, h.states, strings.Join(steps, " -> "), mib(end.RSS), mib(end.HWM), slope, per, perFill)
+	key := "g_entity_memory_" + strconv.Itoa(pairs)
+	r.results[key] = map[string]any{
 		"entities": entities, "roles": o.entityRoles, "pairs": pairs, "cold_fill_s": fill.Seconds(), "reads_failed": failed,
 		"status_entities": h.entries, "status_entity_states": h.states, "gauge_entity_credentials": h.gauge,
-		"rss_before": before.RSS, "rss_after_fill": afterFill.RSS, "rss_end": end.RSS, "rss_peak": peak,
-		"rss_bytes_per_entry": per, "rss_bytes_per_entry_after_fill": perFill,
+		"rss_by_step": pts, "rss_before": before.RSS, "rss_after_fill": afterFill, "rss_end": end.RSS, "rss_peak": end.HWM,
+		"rss_bytes_per_entry_slope": slope, "rss_bytes_per_entry": per, "rss_bytes_per_entry_after_fill": perFill,
 	}
 	r.table.Add(bench.Row{Section: "g",
-		Metric: fmt.Sprintf("  plugin RSS per entity credential, %d credentials (%d entities x %d roles), a lifetime after the fill - before (before %s, after the fill %s = %.2f KiB, end %s, peak %s; %d of %d held, %d failed reads)",
-			h.entries, entities, o.entityRoles, mib(before.RSS), mib(afterFill.RSS), perFill/1024, mib(end.RSS), mib(peak), h.entries, pairs, failed),
+		Metric: fmt.Sprintf("  plugin RSS per entity credential, %d credentials (%d entities x %d roles), a lifetime after the fill, when each was refreshed once: (end %s - before %s) / entries (the fill in %d steps: %s, %.2f KiB per entry by its slope; %d of %d held, %d failed reads)",
+			h.entries, entities, o.entityRoles, mib(end.RSS), mib(before.RSS), entityMemStages, strings.Join(steps, " -> "), slope/1024, h.entries, pairs, failed),
 		Value: fmt.Sprintf("%.2f KiB", per/1024), Target: "<= 4 KiB", Result: bench.Verdict(failed == 0 && entityMemPass(per, h.entries, pairs))})
 	e.s.Stop(tb)
 }
