@@ -389,6 +389,16 @@ func (r *roleEntry) entitySession(roleName string, e *logical.Entity, loginMount
 // sessionName is the RoleSessionName of a template's output for the entity.
 func sessionName(out, entityID string) string { return uniqueName(out, entityID, false) }
 
+// EntitySessionNames returns the RoleSessionName and SourceIdentity of the
+// entity e's credentials for a role with the default session_name_template,
+// for a token whose display name is displayName: the plugin's own rule, for
+// the bench to attribute STS calls with (cmd/aws-resilient-bench, section g)
+// rather than a copy of it that drifts.
+func EntitySessionNames(roleName string, e *logical.Entity, displayName string) (sessionName, sourceIdentity string, err error) {
+	s, err := (&roleEntry{}).entitySession(roleName, e, loginMountFor(e, displayName))
+	return s.name, s.sourceIdentity, err
+}
+
 // uniqueName makes s a valid RoleSessionName or SourceIdentity (2 to 64
 // characters of [\w+=,.@-]) that no other entity gets. s is kept as it is
 // when it is valid and has a letter or digit; otherwise (or when force, for

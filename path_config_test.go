@@ -234,7 +234,7 @@ func TestConfigRefresh_ReadWrite(t *testing.T) {
 		"refresh_fraction":  0.33,
 		"sts_rate_limit":    10.0,
 		"sts_burst":         10,
-		"metrics_max_roles": 10000,
+		"metrics_max_roles": 1000,
 
 		"max_entity_credentials": 100000,
 	}
@@ -250,7 +250,7 @@ func TestConfigRefresh_ReadWrite(t *testing.T) {
 		{
 			name:  "partial update",
 			write: map[string]interface{}{"max_retries": 3, "retry_window": "10s"},
-			want:  map[string]interface{}{"max_retries": 3, "retry_window": int64(10), "retry_block": (10 * time.Second / 3).Seconds(), "refresh_fraction": 0.33, "sts_rate_limit": 10.0, "sts_burst": 10, "metrics_max_roles": 10000, "max_entity_credentials": 100000},
+			want:  map[string]interface{}{"max_retries": 3, "retry_window": int64(10), "retry_block": (10 * time.Second / 3).Seconds(), "refresh_fraction": 0.33, "sts_rate_limit": 10.0, "sts_burst": 10, "metrics_max_roles": 1000, "max_entity_credentials": 100000},
 		},
 		{
 			name:  "bounds are inclusive",

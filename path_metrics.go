@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
@@ -150,7 +152,7 @@ func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) tim
 // figures that leave roles out.
 //
 // The registry's few families are encoded by expfmt. The per-role gauges,
-// eleven series per role (110 000 at the default metrics_max_roles), are
+// eleven series per role (11 000 at the default metrics_max_roles), are
 // written straight into one buffer sized up front: building a dto.Metric per
 // series and encoding it cost several times the 100 ms a scrape of 10 000
 // roles may take (BENCHMARKS.md, section e). The tests parse every scrape
@@ -188,7 +190,8 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		// this returns, would otherwise make the GC thrash against the
 		// soft memory limit (internal/memlimit).
 		release := memlimit.Hold(int64(size) * scrapeHeadroomFactor)
-		defer time.AfterFunc(scrapeHeadroomHold, release)
+		scrapesHolding.Add(1)
+		defer time.AfterFunc(scrapeHeadroomHold, func() { returnHeadroom(release) })
 	}
 	w := newExpositionWriter(mount, size)
 	if !perRole {
@@ -208,6 +211,25 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		w.roleSeries(tally.samples)
 	}
 	return w.buf, nil
+}
+
+// scrapesHolding counts the large scrapes of this process (every mount the
+// plugin process serves) whose headroom is still lent: memory is the
+// process's, so the count is too.
+var scrapesHolding atomic.Int32
+
+// returnHeadroom ends a scrape's headroom hold and, when no other scrape
+// holds any, gives the pages the scrapes' copies took back to the OS at once.
+// Without it they stayed mapped for 10 s or more after the limit dropped: at
+// 10 000 roles with per-role series, a mount scraped every 15 s then spent
+// about half its time at 1.7 to 2.5 times its unscraped RSS (BENCHMARKS.md,
+// section e). The forced GC costs a few ms of CPU; scrapes that follow one
+// another wait for the last, so that each does not fault the pages back in.
+func returnHeadroom(release func()) {
+	release()
+	if scrapesHolding.Add(-1) == 0 {
+		debug.FreeOSMemory()
+	}
 }
 
 // roleSample is one role's per-role series.
@@ -623,14 +645,24 @@ body, for Prometheus to scrape through Vault:
 The token needs only read on <mount>/metrics. Every series is prefixed
 aws_resilient_ and labelled with the mount.
 
+By hand: "vault read -format=raw <mount>/metrics", or curl with the token in
+an X-Vault-Token header. A plain "vault read <mount>/metrics" fails with
+"invalid character '#' looking for beginning of value": the CLI expects
+Vault's JSON, and the page is Prometheus's text. The plugin cannot answer
+the CLI differently: the CLI and Prometheus send the same request, and Vault
+passes a plugin none of their headers.
+
 Per role (label role): credential expiration, issued lifetime, last
 successful refresh, next scheduled refresh (all unix seconds), consecutive
 failed cycles, whether it is expiring while failing (0/1: the last cycle
 failed and less than half the refresh margin is left, or none), and the state
 as a 0/1 gauge per state. For cache_scope=entity they describe the role's
 entity credentials (the most urgent one's expiration and lifetime). With more roles than
-config/refresh metrics_max_roles (default 10000) the per-role series are
-left out and a comment line says so; the aggregates remain.
+config/refresh metrics_max_roles (default 1000) the per-role series are
+left out and a comment line says so; the aggregates remain. A scrape's page
+is about 0.9 KB per role with per-role series; while Vault receives it the
+plugin holds several copies of it for a few seconds (docs/monitoring.md,
+"What a scrape costs").
 
 Aggregates: roles defined, roles cached, roles per state, roles starved by
 the rate limiter, roles failing and expiring while failing, whether this node

@@ -3,16 +3,19 @@
 # and cmd/aws-resilient-bench, then runs the driver, which starts its own
 # Vault dev server(s) and emulators, prints one table with every target's
 # pass/fail, and writes the charts, table.txt and results.json to docs/bench/
-# (change with -out). Arguments go to the driver: -quick for a ~5 minute
+# (change with -out). Arguments go to the driver: -quick for a ~8 minute
 # smoke run, -sections a,c to pick sections, -roles 10000 for section f's
 # size, -entities 100 -entity-roles 10 for section g's (per-entity
-# credentials), -h for every knob. A run of some sections only replaces
+# credentials), -doc BENCHMARKS.md to put a full run's table in BENCHMARKS.md's
+# "Latest run", -h for every knob. A run of some sections only replaces
 # their rows in table.txt and results.json and keeps the others'.
 #
 # Not run by CI, and a missed target never fails it: the exit status is
-# non-zero only when the bench cannot run. A full run takes about 17 minutes
-# on 2 cores (section f, scale, about 6 of them at its default -roles 2000;
-# section g, per-entity credentials, about 3); it needs the pinned Vault
+# non-zero only when the bench cannot run (CI runs the verdicts on recorded
+# figures instead: cmd/aws-resilient-bench's tests). A full run takes about
+# 25 minutes on 2 idle cores (section f, scale, about 6 of them at its
+# default -roles 2000; section g, per-entity credentials, about 7 with its
+# second size; section e about 6); it needs the pinned Vault
 # (scripts/vault.sh builds it once).
 #
 # Environment:

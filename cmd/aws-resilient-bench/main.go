@@ -14,12 +14,16 @@
 //	c  herd: 1000 roles due at once against an STS limited to 20 req/s,
 //	   and the same herd under two baseline policies played by the driver
 //	d  single flight: 100 concurrent cold reads of one role: the STS calls
-//	   they make, and their latency (p50, p99, max) next to the emulator's
-//	   STS latency (target: p50 within 10 ms of it)
+//	   they make, and their latency next to the floor measured in the same
+//	   rounds (the null plugin answering the same readers once the same
+//	   STS latency has passed), with 100 readers and with one (target: p50
+//	   within 10 ms of the floor's)
 //	e  RSS and CPU of the plugin process with 10 000 roles cached (its own
-//	   Vault server, so nothing else shares the plugin process), then the
-//	   plugin's and Vault's CPU per metrics scrape of those roles (target:
-//	   under 100 ms of plugin CPU)
+//	   Vault server, so nothing else shares the plugin process); its RSS
+//	   under a metrics scrape every 15 s (target: within 1.5x); the
+//	   plugin's and Vault's CPU per scrape at the default metrics_max_roles
+//	   and with every per-role series (target: under 100 ms of plugin
+//	   CPU), and the RSS right after 20 scrapes and a minute later
 //	f  scale, with -roles roles on raft storage: plugin and Vault RSS as the
 //	   mount fills, mount start after a plugin reload and after a Vault
 //	   restart (until every role is scheduled), failover of a 3-node raft
@@ -32,7 +36,8 @@
 //	   reads twice at once, then spread over -entity-duration while the
 //	   emulator's short lifetimes make every entry refresh; STS calls per
 //	   credential (target 1.000), entries held, and plugin RSS per entry
-//	   (a Vault server of its own)
+//	   (the slope of RSS over the fill, target 4 KiB) at each of
+//	   -entity-mem-entities entities (Vault servers of their own)
 //	h  isolation: -iso-failing roles that always fail (half AccessDenied,
 //	   half Throttling or 503), each read by -iso-readers concurrent
 //	   readers, beside -iso-healthy roles with -iso-lifetime credentials
@@ -56,6 +61,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -67,6 +73,8 @@ import (
 type options struct {
 	sections string
 	out      string
+	// doc is BENCHMARKS.md, whose "Latest run" table a full run replaces.
+	doc string
 
 	concurrency   int
 	rounds        int
@@ -88,9 +96,13 @@ type options struct {
 	cacheRoles    int
 	cacheEnv      string
 	scrapes       int
-	logLevel      string
-	readStorage   string
-	pprof         bool
+	// monScrapes scrapes, one every scrapeInterval: section e's
+	// monitored mount.
+	monScrapes     int
+	scrapeInterval time.Duration
+	logLevel       string
+	readStorage    string
+	pprof          bool
 
 	roles            int
 	scaleBaseline    int
@@ -108,12 +120,16 @@ type options struct {
 	entityLife  time.Duration
 	entityDur   time.Duration
 	entityEnv   string
+	// entityMemEntities are the sizes of section g's memory figures.
+	entityMemEntities []int
 
 	isoFailing int
 	isoReaders int
 	isoHealthy int
 	isoLife    time.Duration
 	isoDur     time.Duration
+
+	quick bool
 }
 
 func main() {
@@ -124,6 +140,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
+	flag.StringVar(&o.doc, "doc", "", "after a run of every section, replace the table between the markers of this file (BENCHMARKS.md's \"Latest run\") with this run's")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
 	flag.IntVar(&o.rounds, "rounds", 3, "a: rounds; each runs every read for -duration (the median round counts)")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "a: warm-up before each measured run")
@@ -143,9 +160,11 @@ func main() {
 	flag.IntVar(&o.pluginBurst, "herd-plugin-burst", 10, "c: plugin sts_burst")
 	flag.BoolVar(&o.herdBaselines, "herd-baselines", true, "c: also run the two baseline policies")
 	flag.IntVar(&o.sfReaders, "sf-readers", 100, "d: concurrent cold readers")
-	flag.IntVar(&o.sfRounds, "sf-rounds", 3, "d: rounds (a new role each)")
+	flag.IntVar(&o.sfRounds, "sf-rounds", 6, "d: rounds (a new role each), each beside a burst of the floor's")
 	flag.IntVar(&o.cacheRoles, "cache-roles", 10000, "e: roles cached")
 	flag.IntVar(&o.scrapes, "scrapes", 20, "e: metrics scrapes measured, one at a time (the mean counts)")
+	flag.IntVar(&o.monScrapes, "monitored-scrapes", 8, "e: scrapes one every -scrape-interval, plugin RSS sampled every second (0: skip)")
+	flag.DurationVar(&o.scrapeInterval, "scrape-interval", 15*time.Second, "e: Prometheus's scrape interval for -monitored-scrapes")
 	flag.StringVar(&o.cacheEnv, "cache-plugin-env", "", "e: comma-separated KEY=VALUE for the plugin process (e.g. GOGC=50 or GODEBUG=gctrace=1)")
 	flag.IntVar(&o.roles, "roles", 2000, "f: roles on the mount (raft storage)")
 	flag.IntVar(&o.scaleBaseline, "scale-baseline", 1000, "f: the smaller mount the scheduler cost is compared with (at most -roles/2)")
@@ -161,6 +180,7 @@ func main() {
 	flag.IntVar(&o.entityReads, "entity-reads", 3, "g: reads of each role by each entity, spread over -entity-duration (the first, cold, sent twice at once)")
 	flag.DurationVar(&o.entityLife, "entity-lifetime", time.Minute, "g: credential lifetime (emulator max_lifetime); entries refresh every ~2/3 of it")
 	flag.DurationVar(&o.entityDur, "entity-duration", 150*time.Second, "g: from the first cold read to the count")
+	memEntities := flag.String("entity-mem-entities", "100,1000", "g: then the plugin RSS per entity credential with each of these many entities x -entity-roles roles, on servers of their own (\"\": none)")
 	flag.StringVar(&o.entityEnv, "entity-plugin-env", "", "g: comma-separated KEY=VALUE for the plugin process (e.g. GOMEMLIMIT=1GiB)")
 	flag.IntVar(&o.isoFailing, "iso-failing", 10, "h: always-failing roles (half denied, half throttled or 503)")
 	flag.IntVar(&o.isoReaders, "iso-readers", 5, "h: concurrent readers per failing role, each reading every 20 ms")
@@ -169,17 +189,30 @@ func main() {
 	flag.DurationVar(&o.isoDur, "iso-duration", 60*time.Second, "h: how long each run (budget on, then off) hammers")
 	flag.StringVar(&o.logLevel, "vault-log-level", "warn", "Vault servers' -log-level (plugin stderr shows at debug)")
 	keep := flag.Bool("keep", false, "keep the servers' directories and logs (under $TMPDIR)")
-	quick := flag.Bool("quick", false, "shrink every section (a smoke run of about 6 minutes)")
+	flag.BoolVar(&o.quick, "quick", false, "shrink every section (a smoke run of about 8 minutes)")
 	flag.Parse()
-	if *quick {
+	if o.quick {
 		o.dur, o.rounds = 2*time.Second, 1
 		o.steadyRoles, o.steadyDur = 30, 40*time.Second
 		o.herdRoles, o.herdLife = 200, 40*time.Second
-		o.sfRounds = 1
-		o.cacheRoles, o.scrapes = 2000, 5
+		o.sfRounds = 2
+		o.cacheRoles, o.scrapes, o.monScrapes = 2000, 5, 3
 		o.roles, o.scaleBaseline, o.scaleTickWindow = 400, 100, 10*time.Second
 		o.entities, o.entityDur = 20, 90*time.Second
+		*memEntities = "100"
 		o.isoDur = 30 * time.Second
+	}
+
+	for _, f := range strings.Split(*memEntities, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "-entity-mem-entities: %q is not a number of entities\n", f)
+			os.Exit(2)
+		}
+		o.entityMemEntities = append(o.entityMemEntities, n)
 	}
 
 	tb := bench.NewTB("aws-resilient-bench", os.Stderr)
@@ -324,6 +357,25 @@ func (r *run) all() {
 		r.tb.Fatal(err)
 	}
 	r.logf("wrote %s/{table.txt,results.json} and the charts", r.o.out)
+	if r.o.doc != "" {
+		r.updateDoc(text)
+	}
+}
+
+// updateDoc puts this run's table in -doc, if the run measured every
+// section: the "Latest run" of BENCHMARKS.md then comes from one run of
+// one commit, never from rows of several.
+func (r *run) updateDoc(table string) {
+	if ran := r.ran(); len(ran) < len(allSections) || r.o.quick {
+		r.logf("not replacing the table in %s: only a full run (every section, not -quick) does", r.o.doc)
+		return
+	}
+	b, err := os.ReadFile(r.o.doc)
+	must(r.tb, err)
+	out, err := bench.ReplaceDocTable(string(b), table)
+	must(r.tb, err)
+	must(r.tb, os.WriteFile(r.o.doc, []byte(out), 0o644))
+	r.logf("replaced the table in %s", r.o.doc)
 }
 
 // allSections are the sections a full run has.

@@ -105,7 +105,7 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 			Metric: fmt.Sprintf("herd %d roles overdue at Vault start, STS %d/s (plugin %d/s burst %d), old credentials expire from %.0fs: refreshed before expiry, throttled",
 				n, h.Rate, h.Rate, h.PluginBurst, h.FirstExpirySecs),
 			Value:  fmt.Sprintf("%.1f%%, %d throttled, %d calls", pct, h.Throttled, h.Calls),
-			Target: "100%, 0 throttled", Result: bench.Verdict(h.Refreshed == h.Roles && h.Throttled == 0)})
+			Target: "100%, 0 throttled", Result: herdVerdict(h.Refreshed, h.Roles, h.Throttled)})
 		ideal := float64(n) / float64(h.Rate)
 		r.table.Add(bench.Row{Section: "f",
 			Metric: fmt.Sprintf("herd: all fresh %s after Vault active (first call %.2fs) / (%d roles / %d per s = %.0fs)", secs(h.AllFreshSeconds), h.FirstCallSecs, n, h.Rate, ideal),

@@ -32,27 +32,37 @@ func (r *run) sectionH() {
 	r.results["h_isolation"] = map[string]any{"budget_on": on, "budget_off": off,
 		"failing_roles": o.isoFailing, "readers_per_failing_role": o.isoReaders, "healthy_roles": o.isoHealthy,
 		"lifetime_s": o.isoLife.Seconds(), "duration_s": o.isoDur.Seconds(), "sts_rate_limit": on.Rate, "block_s": on.Block.Seconds()}
+	for _, row := range isoRows(o, on, off) {
+		r.table.Add(row)
+	}
+}
+
+// isoRows are section h's rows: the targets are the budget-on run's; the
+// budget-off run stands beside it.
+func isoRows(o options, on, off isoResult) []bench.Row {
+	var rows []bench.Row
 	pair := func(f func(isoResult) string) string { return f(on) + " | " + f(off) }
-	r.table.Add(bench.Row{Section: "h",
+	rows = append(rows, bench.Row{Section: "h",
 		Metric: fmt.Sprintf("isolation: STS calls per retry block per failing role, max (mean); budget on | off (%d failing roles, %d readers each)", o.isoFailing, o.isoReaders),
 		Value:  pair(func(x isoResult) string { return fmt.Sprintf("%.2f (%.2f)", x.MaxPerBlock, x.MeanPerBlock) }),
 		Target: "<= 1.0", Result: bench.Verdict(on.Failing > 0 && on.MaxPerBlock <= 1.0)})
-	r.table.Add(bench.Row{Section: "h",
+	rows = append(rows, bench.Row{Section: "h",
 		Metric: fmt.Sprintf("isolation: healthy credentials replaced before expiry; budget on | off (%d roles, %s lifetime, sts_rate_limit %d)", o.isoHealthy, o.isoLife, on.Rate),
 		Value:  pair(func(x isoResult) string { return fmt.Sprintf("%.1f %% (%d/%d)", x.FreshPct, x.Replaced, x.Due) }),
 		Target: "100 %", Result: bench.Verdict(on.Due > 0 && on.Replaced == on.Due)})
-	r.table.Add(bench.Row{Section: "h",
+	rows = append(rows, bench.Row{Section: "h",
 		Metric: "isolation: failed healthy reads; budget on | off",
 		Value:  pair(func(x isoResult) string { return fmt.Sprintf("%d of %d", x.HealthyFailed, x.HealthyReads) }),
 		Target: "0", Result: bench.Verdict(on.HealthyReads > 0 && on.HealthyFailed == 0)})
-	r.table.Add(bench.Row{Section: "h",
+	rows = append(rows, bench.Row{Section: "h",
 		Metric: "isolation: healthy read p99; budget on | off",
 		Value:  pair(func(x isoResult) string { return ms(x.HealthyP99) })})
-	r.table.Add(bench.Row{Section: "h",
+	rows = append(rows, bench.Row{Section: "h",
 		Metric: "isolation: failing-role reads answered, all STS calls (failing roles' share); budget on | off",
 		Value: pair(func(x isoResult) string {
 			return fmt.Sprintf("%d, %d (%d)", x.FailingReads, x.AllCalls, x.FailingCalls)
 		})})
+	return rows
 }
 
 // isoResult is one run of section h.
@@ -146,38 +156,50 @@ func (r *run) isolationRun(budget, bin string) isoResult {
 		FailingReads: failingReads.Load(), HealthyReads: healthyReads.Load(), HealthyFailed: healthyFailed.Load()}
 	slices.Sort(lat)
 	res.HealthyP99 = bench.Quantile(lat, 0.99)
+	isoFromCalls(&res, emu.Calls(tb), healthy, failing, start, end, o.isoLife)
+	r.logf("h[%s]: failing roles: %.2f max / %.2f mean STS calls per block, %d reads; healthy: %d/%d replaced before expiry, %d of %d reads failed, p99 %s",
+		budget, res.MaxPerBlock, res.MeanPerBlock, res.FailingReads, res.Replaced, res.Due, res.HealthyFailed, res.HealthyReads, ms(res.HealthyP99))
+	s.Stop(tb)
+	return res
+}
+
+// isoFromCalls fills res's STS figures from the emulator's calls, made
+// between start and end: per failing role the calls per retry block
+// (res.Block), and for the healthy roles, whose credentials live life, the
+// ones due (expiring) in the run and those replaced before they expired.
+func isoFromCalls(res *isoResult, calls []vaulttest.EmulatorCall, healthy, failing []string, start, end time.Time, life time.Duration) {
 	issued := map[string][]time.Time{}
-	calls := map[string]int{}
-	for _, c := range emu.Calls(tb) {
+	perRole := map[string]int{}
+	for _, c := range calls {
 		if c.Action != "AssumeRole" {
 			continue
 		}
 		res.AllCalls++
 		name := c.RoleArn[strings.LastIndex(c.RoleArn, "/")+1:]
 		if !c.Time.Before(start) {
-			calls[name]++
+			perRole[name]++
 		}
 		if c.Outcome == "ok" {
 			issued[name] = append(issued[name], c.Time)
 		}
 	}
-	blocks := end.Sub(start).Seconds() / block.Seconds()
+	blocks := end.Sub(start).Seconds() / res.Block.Seconds()
 	sum := 0.0
 	for _, name := range failing {
-		res.FailingCalls += calls[name]
-		per := float64(calls[name]) / blocks
+		res.FailingCalls += perRole[name]
+		per := float64(perRole[name]) / blocks
 		sum += per
 		res.MaxPerBlock = max(res.MaxPerBlock, per)
 	}
-	res.MeanPerBlock = sum / float64(len(failing))
-	// A credential issued at t expires at t+lifetime (the emulator's
+	res.MeanPerBlock = sum / float64(max(1, len(failing)))
+	// A credential issued at t expires at t+life (the emulator's
 	// max_lifetime caps every one); it was replaced in time when the next
 	// one was issued before then.
 	for _, name := range healthy {
 		ts := issued[name]
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
 		for i, t := range ts {
-			exp := t.Add(o.isoLife)
+			exp := t.Add(life)
 			if exp.After(end) {
 				continue
 			}
@@ -190,8 +212,4 @@ func (r *run) isolationRun(budget, bin string) isoResult {
 	if res.Due > 0 {
 		res.FreshPct = 100 * float64(res.Replaced) / float64(res.Due)
 	}
-	r.logf("h[%s]: failing roles: %.2f max / %.2f mean STS calls per block, %d reads; healthy: %d/%d replaced before expiry, %d of %d reads failed, p99 %s",
-		budget, res.MaxPerBlock, res.MeanPerBlock, res.FailingReads, res.Replaced, res.Due, res.HealthyFailed, res.HealthyReads, ms(res.HealthyP99))
-	s.Stop(tb)
-	return res
 }

@@ -3,6 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sync"
 	"testing"
 
 	hclog "github.com/hashicorp/go-hclog"
@@ -21,7 +25,12 @@ type inProcess struct {
 	emu     *stsemu.Emulator
 }
 
-func newInProcess(t *testing.T) *inProcess {
+func newInProcess(t testing.TB) *inProcess { return newInProcessWith(t, nil) }
+
+// newInProcessWith is newInProcess with the backend's system view wrapped
+// by system (nil: as logical.TestBackendConfig has it): Vault's identity
+// store, for one, as EntityInfo sees it.
+func newInProcessWith(t testing.TB, system func(logical.SystemView) logical.SystemView) *inProcess {
 	t.Helper()
 	emu, err := stsemu.Start(stsemu.Config{})
 	if err != nil {
@@ -30,6 +39,9 @@ func newInProcess(t *testing.T) *inProcess {
 	t.Cleanup(emu.Close)
 	ctx := context.Background()
 	conf := logical.TestBackendConfig()
+	if system != nil {
+		conf.System = system(conf.System)
+	}
 	storage := new(logical.InmemStorage)
 	conf.StorageView = storage
 	conf.Logger = hclog.NewNullLogger()
@@ -59,4 +71,73 @@ func (p *inProcess) do(op logical.Operation, path string, data map[string]any) e
 		return fmt.Errorf("%s %s: %w", op, path, err)
 	}
 	return nil
+}
+
+// inParallel calls each(i) for i in [0, n) on workers goroutines and fails
+// the test with the first error.
+func inParallel(t testing.TB, n, workers int, each func(i int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				if err := each(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// read makes one read with the given entity (none when entityID is ""); an
+// error response is an error.
+func (p *inProcess) read(path, entityID, displayName string) error {
+	resp, err := p.b.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: path,
+		Storage: p.storage, EntityID: entityID, DisplayName: displayName})
+	if err == nil && resp != nil && resp.IsError() {
+		err = resp.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	return nil
+}
+
+// liveHeap is the live heap after two GCs.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// writeHeapProfile writes the heap profile to path.
+func writeHeapProfile(t testing.TB, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// must makes one request and fails the test on an error.
+func (p *inProcess) must(t testing.TB, op logical.Operation, path string, data map[string]any) {
+	t.Helper()
+	if err := p.do(op, path, data); err != nil {
+		t.Fatal(err)
+	}
 }

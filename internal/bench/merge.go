@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"strings"
 )
 
@@ -75,4 +76,23 @@ func withoutSections(block string, drop map[string]bool) (string, bool) {
 		out = out[:len(out)-1]
 	}
 	return strings.Join(out, "\n") + "\n", rows > 0
+}
+
+// The markers around BENCHMARKS.md's "Latest run" table.
+const (
+	docTableBegin = "<!-- table:begin -->"
+	docTableEnd   = "<!-- table:end -->"
+)
+
+// ReplaceDocTable returns doc with the text between its table markers
+// replaced by table in a code block: the "Latest run" of BENCHMARKS.md,
+// filled from one full run's table.txt rather than by hand. It fails when
+// doc does not have both markers, in order.
+func ReplaceDocTable(doc, table string) (string, error) {
+	i := strings.Index(doc, docTableBegin)
+	j := strings.Index(doc, docTableEnd)
+	if i < 0 || j < i {
+		return "", fmt.Errorf("no %s ... %s in the document", docTableBegin, docTableEnd)
+	}
+	return doc[:i+len(docTableBegin)] + "\n```\n" + strings.TrimRight(table, "\n") + "\n```\n" + doc[j:], nil
 }

@@ -60,3 +60,17 @@ f  old     4
 		})
 	}
 }
+
+// TestReplaceDocTable: the table between the markers is replaced, the rest
+// of the document kept; a document without the markers is an error.
+func TestReplaceDocTable(t *testing.T) {
+	doc := "# Benchmarks\n\n## Latest run\n\n<!-- table:begin -->\n```\nold\n```\n<!-- table:end -->\n\nAfter.\n"
+	got, err := ReplaceDocTable(doc, "new 1\nnew 2\n")
+	want := "# Benchmarks\n\n## Latest run\n\n<!-- table:begin -->\n```\nnew 1\nnew 2\n```\n<!-- table:end -->\n\nAfter.\n"
+	if err != nil || got != want {
+		t.Fatalf("ReplaceDocTable = %q, %v; want %q", got, err, want)
+	}
+	if _, err := ReplaceDocTable("<!-- table:end -->\n<!-- table:begin -->\n", "x"); err == nil {
+		t.Fatal("markers out of order: no error")
+	}
+}

@@ -38,6 +38,30 @@ type nullBackend struct {
 	mu   sync.RWMutex // guards data and raw
 	data map[string]interface{}
 	raw  []byte
+
+	flightsMu sync.Mutex               // guards flights
+	flights   map[string]chan struct{} // closed when the name's wait is over
+}
+
+// flight answers a read of flight/<name> with the stored data once
+// latency has passed since the first read of that name: what a plugin
+// that makes one upstream call of that latency for every concurrent
+// reader of a cold key, and nothing else, would answer, with a lease as
+// the plugin's creds read has. Section d's floor.
+func (b *nullBackend) flight(_ context.Context, _ *logical.Request, d *framework.FieldData) (*logical.Response, error) {
+	name := d.Get("name").(string)
+	b.flightsMu.Lock()
+	done, ok := b.flights[name]
+	if !ok {
+		done = make(chan struct{})
+		b.flights[name] = done
+		latency := time.Duration(d.Get("latency_ms").(int)) * time.Millisecond
+		time.AfterFunc(latency, func() { close(done) })
+	}
+	b.flightsMu.Unlock()
+	<-done
+	// Leased, as a creds read of a role with the default lease=true.
+	return b.read(true)(context.Background(), nil, nil)
 }
 
 // rawLine is one line of the raw body, shaped like a per-role series.
@@ -64,7 +88,7 @@ func (b *nullBackend) readRaw(context.Context, *logical.Request, *framework.Fiel
 }
 
 func nullFactory(ctx context.Context, conf *logical.BackendConfig) (logical.Backend, error) {
-	b := &nullBackend{data: map[string]interface{}{}}
+	b := &nullBackend{data: map[string]interface{}{}, flights: map[string]chan struct{}{}}
 	b.Backend = &framework.Backend{
 		BackendType: logical.TypeLogical,
 		Help:        "Benchmark control: answers reads from memory, with or without a lease.",
@@ -100,6 +124,18 @@ func nullFactory(ctx context.Context, conf *logical.BackendConfig) (logical.Back
 				Operations: map[logical.Operation]framework.OperationHandler{
 					logical.ReadOperation:   &framework.PathOperation{Callback: b.readRaw},
 					logical.UpdateOperation: &framework.PathOperation{Callback: b.writeRaw},
+				},
+			},
+			{
+				// flight/<name>?latency_ms=50: every read of a name waits
+				// for the one timer its first read started.
+				Pattern: "flight/" + framework.GenericNameRegex("name"),
+				Fields: map[string]*framework.FieldSchema{
+					"name":       {Type: framework.TypeString},
+					"latency_ms": {Type: framework.TypeInt},
+				},
+				Operations: map[logical.Operation]framework.OperationHandler{
+					logical.ReadOperation: &framework.PathOperation{Callback: b.flight},
 				},
 			},
 			{

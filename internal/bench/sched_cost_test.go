@@ -7,7 +7,6 @@ import (
 	rtmetrics "runtime/metrics"
 	"runtime/pprof"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -47,30 +46,14 @@ func TestSchedulerCostInProcess(t *testing.T) {
 	must(req(logical.UpdateOperation, "config/refresh", map[string]any{"sts_rate_limit": 0, "refresh_fraction": 0.05}))
 	// fill writes and cold-reads the roles, 32 at a time.
 	fill := func(names []string) {
-		var wg sync.WaitGroup
-		errs := make(chan error, 32)
-		for w := 0; w < 32; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < len(names); i += 32 {
-					err := req(logical.UpdateOperation, "roles/"+names[i], map[string]any{"credential_type": "assumed_role",
-						"role_arn": "arn:aws:iam::123456789012:role/" + names[i]})
-					if err == nil {
-						err = req(logical.ReadOperation, "creds/"+names[i], nil)
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
+		inParallel(t, len(names), 32, func(i int) error {
+			err := req(logical.UpdateOperation, "roles/"+names[i], map[string]any{"credential_type": "assumed_role",
+				"role_arn": "arn:aws:iam::123456789012:role/" + names[i]})
+			if err == nil {
+				err = req(logical.ReadOperation, "creds/"+names[i], nil)
+			}
+			return err
+		})
 	}
 	names := make([]string, n)
 	for i := range names {
