@@ -76,9 +76,22 @@ func TestVaultUpgradeUnderThePlugin(t *testing.T) {
 	if n := s.assumeRoleCalls(t, ""); n != calls {
 		t.Fatalf("the upgrade and reads made %d STS calls, want none", n-calls)
 	}
+	// AWS's clock as this node knows it is memory, not storage: after the
+	// restart it stands on the offset stored with the credentials (basis
+	// stored), the one measured before, until the next call measures it.
+	rootAfter := v.Read(t, mount+"/config/root").Data
+	clocksBefore, _ := rootBefore["aws_clocks"].(map[string]any)
+	clocksAfter, _ := rootAfter["aws_clocks"].(map[string]any)
+	for ep, b := range clocksBefore {
+		a, _ := clocksAfter[ep].(map[string]any)
+		if a["basis"] != "stored" || !equalJSON(a["offset"], b.(map[string]any)["offset"]) {
+			t.Fatalf("config/root aws_clocks[%s] = %v after the upgrade, want basis stored with the offset measured before (%v)", ep, a, b)
+		}
+	}
+	delete(rootBefore, "aws_clocks")
 	// Config, roles and status intact.
 	for name, pair := range map[string][2]map[string]any{
-		"config/root":    {rootBefore, v.Read(t, mount+"/config/root").Data},
+		"config/root":    {rootBefore, rootAfter},
 		"config/refresh": {refreshBefore, v.Read(t, mount+"/config/refresh").Data},
 		"roles/app":      {roleBefore, v.Read(t, mount+"/roles/app").Data},
 	} {
