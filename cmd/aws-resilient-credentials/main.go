@@ -221,6 +221,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 				return
 			}
 			logf("read credential %s expiring at %s; next read at %s", cr.AccessKeyID, cr.Expiration.UTC().Format(time.RFC3339), cache.NextRead().UTC().Format(time.RFC3339))
+			if note := credhelper.ClockNote(cr); note != "" {
+				logf("%s", note)
+			}
 		})
 	}()
 	served := make(chan error, 1)

@@ -179,6 +179,27 @@ func (r *Reader) Read(ctx context.Context) (Credential, error) {
 	return credentialOf(sec, r.Path(), received)
 }
 
+// ClockNote says, for a log line, how far AWS's clock is from this host's
+// as the credential c shows it (its expiration on each clock), or "" when
+// they agree to within clockNoteMin.
+func ClockNote(c Credential) string {
+	d := c.AWSExpiration.Sub(c.Expiration).Round(time.Second)
+	if d > -clockNoteMin && d < clockNoteMin {
+		return ""
+	}
+	dir := "ahead of"
+	if d < 0 {
+		d, dir = -d, "behind"
+	}
+	return fmt.Sprintf("AWS's clock is %s (±1s) %s this host's (the credential expires at %s on AWS's clock); the expiry above and the one the SDKs get are on this host's clock: check this host's time sync (NTP, chrony)",
+		d, dir, c.AWSExpiration.UTC().Format(time.RFC3339))
+}
+
+// clockNoteMin is the least difference between the clocks ClockNote
+// names: expires_in is whole seconds, so the two expirations differ by up
+// to a second and the answer's trip on agreeing clocks.
+const clockNoteMin = 2 * time.Second
+
 // now is this host's time on r's clock.
 func (r *Reader) now() time.Time {
 	if r.Clock == nil {
