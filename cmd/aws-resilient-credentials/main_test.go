@@ -361,7 +361,7 @@ func TestServeAuthTokenFileErrors(t *testing.T) {
 // behind, a credential 8 minutes from its end by AWS's clock is printed
 // and served (its expiration, read on this host's clock, is 2 minutes
 // past); with AWS ahead, the SDK does not get 10 more minutes than the
-// credential has. serve's log says how far the clocks are apart, and
+// credential has. Both say on stderr how far the clocks are apart, and
 // nothing of it when they agree.
 func TestSkewedAWSClock(t *testing.T) {
 	const life = 8 * time.Minute
@@ -385,6 +385,13 @@ func TestSkewedAWSClock(t *testing.T) {
 				t.Fatalf("credential-process: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 			}
 			checkExpiration("credential-process", out.Expiration, before)
+			dir := map[bool]string{true: "ahead of", false: "behind"}[offset > 0]
+			// Both expirations are whole seconds: the difference is the
+			// offset to a second.
+			note := regexp.MustCompile(`AWS's clock is (9m59s|10m0s|10m1s) \(±1s\) ` + dir + ` this host's`)
+			if offset != 0 && !note.MatchString(stderr) || offset == 0 && strings.Contains(stderr, "AWS's clock") {
+				t.Fatalf("credential-process's stderr %q: want the clocks' difference named only when they differ", stderr)
+			}
 
 			before = time.Now()
 			authFile := filepath.Join(t.TempDir(), "auth")
@@ -395,10 +402,8 @@ func TestSkewedAWSClock(t *testing.T) {
 				t.Fatalf("serve: %d %v", code, body)
 			}
 			checkExpiration("serve", body["Expiration"], before)
-			dir := map[bool]string{true: "ahead of", false: "behind"}[offset > 0]
-			// Run's first read logs once it is in. Both expirations are
-			// whole seconds: the difference is the offset to a second.
-			want := regexp.MustCompile(`AWS's clock is (9m59s|10m0s|10m1s) \(±1s\) ` + dir + ` this host's`)
+			// Run's first read logs once it is in.
+			want := note
 			if offset == 0 {
 				want = regexp.MustCompile(`read credential AKFAKE`)
 			}
