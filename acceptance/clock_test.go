@@ -64,6 +64,8 @@ type clockCase struct {
 	outage bool
 	// refresh are config/refresh fields for the case's mount.
 	refresh []string
+	// lifetime is what the emulator issues (clockLifetime when 0).
+	lifetime time.Duration
 	// helper: check the credentials helper's Expiration at the end.
 	helper bool
 }
@@ -85,15 +87,17 @@ var clockCases = []clockCase{
 	// clock the next one is signed on.
 	{name: "ahead-10m", offset: 10 * time.Minute, outage: true},
 	{name: "behind-10m", offset: -10 * time.Minute, outage: true},
-	// AWS's clock steps 30 s ahead with the first credential's life half
-	// gone, then 60 s back (to 30 s behind) after the third: an NTP step,
-	// as the plugin sees one. A step ahead is seen at the next STS call,
-	// not before: the case refreshes at half the lifetime (60 s before
-	// the end), so that the step, the refresh's jitter and its first
-	// retry block fit before the end, as they do for any credential whose
-	// refresh margin exceeds the step.
-	{name: "stepped", steps: []clockStep{{issued: 1, offset: 30 * time.Second}, {issued: 3, offset: -30 * time.Second}},
-		refresh: []string{"refresh_fraction=0.5"}},
+	// AWS's clock steps 20 s ahead as the first credential is issued,
+	// then 40 s back (to 20 s behind) as the fourth is, each step known
+	// to the plugin two answers later (one held as odd, one confirming
+	// it): an NTP step, as the plugin sees one. A step ahead is seen at
+	// the next STS call, not before: with 90-second credentials
+	// refreshed at half their life, that call comes at least 35 s (the
+	// margin less its 10 % jitter and a retry block) before the end, more
+	// than the step, as it does for any credential whose refresh margin
+	// exceeds the step.
+	{name: "stepped", steps: []clockStep{{issued: 1, offset: 20 * time.Second}, {issued: 4, offset: -20 * time.Second}},
+		refresh: []string{"refresh_fraction=0.5"}, lifetime: 90 * time.Second},
 }
 
 // TestClockSkew runs every clock case side by side, each with its own
@@ -114,12 +118,10 @@ func TestClockSkew(t *testing.T) {
 // clockRun is one case as it runs: its stack, the emulator's clock as the
 // test set it, and what the reads saw.
 type clockRun struct {
-	tc    clockCase
-	v     *vaulttest.Server
-	emu   *vaulttest.Emulator
-	mount string
-	role  string
-	arn   string
+	// fmStack: the Vault, the case's emulator, mount, role and its ARN,
+	// as a fault matrix case has them.
+	*fmStack
+	tc clockCase
 	// clocks are the emulator's offsets in the order set, each with the
 	// host times around the control call that set it.
 	clocks []clockSet
@@ -131,6 +133,12 @@ type clockRun struct {
 type clockSet struct {
 	from, to time.Time
 	offset   time.Duration
+	// issued counts the credentials issued before it; known is when the
+	// reader saw two more, whose answers, dated by this clock, let the
+	// plugin know it (zero until then, and for the clock at the start,
+	// which the first answer measures).
+	issued int
+	known  time.Time
 }
 
 // clockRead is one read of creds/<role> as the reader saw it.
@@ -147,9 +155,12 @@ type clockRead struct {
 }
 
 func runClockCase(t *testing.T, v *vaulttest.Server, tc clockCase, seed uint64) {
-	r := &clockRun{tc: tc, v: v, mount: "clock-" + tc.name, role: "clock-" + tc.name}
+	r := &clockRun{tc: tc, fmStack: &fmStack{v: v, mount: "clock-" + tc.name, role: "clock-" + tc.name}}
 	r.arn = roleARN(r.role)
-	r.emu = vaulttest.StartEmulator(t, "-max-lifetime", clockLifetime.String(), "-clock-offset", tc.offset.String())
+	if tc.lifetime == 0 {
+		r.tc.lifetime = clockLifetime
+	}
+	r.emu = vaulttest.StartEmulator(t, "-max-lifetime", r.tc.lifetime.String(), "-clock-offset", tc.offset.String())
 	r.clocks = []clockSet{{offset: tc.offset}}
 	v.EnablePlugin(t, r.mount, vaulttest.DefaultPluginVersion)
 	// Retry-After reaches the reader, which waits it out after a 503.
@@ -185,9 +196,9 @@ func (r *clockRun) readFor(t *testing.T, rnd *rand.Rand) clockOutage {
 	var (
 		o        clockOutage
 		start    time.Time // the first served read
-		settled  time.Time // the last step confirmed
 		steps    = r.tc.steps
-		deadline = time.Now().Add(2*clockLifetime + 3*time.Minute)
+		begin    = time.Now()
+		deadline = begin.Add(2*r.tc.lifetime + 3*time.Minute)
 	)
 	for {
 		rd := r.read(t)
@@ -197,8 +208,11 @@ func (r *clockRun) readFor(t *testing.T, rnd *rand.Rand) clockOutage {
 		}
 		issued := r.issued(t)
 		for len(steps) > 0 && len(issued) >= steps[0].issued {
-			r.setClock(t, steps[0].offset)
+			r.setClock(t, steps[0].offset, len(issued))
 			steps = steps[1:]
+		}
+		if c := &r.clocks[len(r.clocks)-1]; len(r.clocks) > 1 && c.known.IsZero() && len(issued) >= c.issued+2 {
+			c.known = time.Now()
 		}
 		switch {
 		case r.tc.outage && o.started.IsZero() && len(issued) >= 2:
@@ -212,19 +226,23 @@ func (r *clockRun) readFor(t *testing.T, rnd *rand.Rand) clockOutage {
 			o.cleared = time.Now()
 			t.Logf("STS up again at %s", fmtT(o.cleared))
 		}
-		// A step is done once two answers of the stepped clock confirmed
-		// it, and a few reads saw what came of it.
-		if n := len(r.tc.steps); n > 0 && len(steps) == 0 && settled.IsZero() && len(issued) >= r.tc.steps[n-1].issued+2 {
-			settled = time.Now()
-		}
-		done := !start.IsZero() && time.Since(start) > 2*clockLifetime &&
-			(len(r.tc.steps) == 0 || !settled.IsZero() && time.Since(settled) > 2*clockRecovery) &&
+		// The last step is done once two answers of its clock let the
+		// plugin know it, and a few reads saw what came of it.
+		last := r.clocks[len(r.clocks)-1]
+		done := !start.IsZero() && time.Since(start) > 2*r.tc.lifetime &&
+			(len(r.tc.steps) == 0 || len(steps) == 0 && !last.known.IsZero() && time.Since(last.known) > 2*clockRecovery) &&
 			(!r.tc.outage || !o.cleared.IsZero() && time.Since(o.cleared) > 2*clockRecovery)
 		if done {
 			return o
 		}
+		if start.IsZero() && time.Since(begin) > 2*time.Minute {
+			// A 10-minute case's second attempt is one retry block after
+			// its first: this is no skew the plugin corrected.
+			t.Fatalf("no credential served in 2 minutes of reads; the last answered HTTP %d: %s", rd.Code, rd.Err)
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the case did not run its course in time: first credential at %s, outage %+v, steps left %v", fmtT(start), o, steps)
+			t.Fatalf("the case did not run its course in time: first credential at %s, outage from %s to %s, %d steps left",
+				fmtT(start), fmtT(o.started), fmtT(o.cleared), len(steps))
 		}
 		wait := time.Second + time.Duration(rnd.Int64N(int64(time.Second)))
 		time.Sleep(max(wait, rd.RetryAfter))
@@ -293,24 +311,13 @@ func (r *clockRun) issued(t *testing.T) []vaulttest.EmulatorCall {
 	return out
 }
 
-// roleCalls returns the emulator's AssumeRole calls for the role.
-func (r *clockRun) roleCalls(t *testing.T) []vaulttest.EmulatorCall {
-	t.Helper()
-	var out []vaulttest.EmulatorCall
-	for _, c := range r.emu.Calls(t) {
-		if c.Action == "AssumeRole" && c.RoleArn == r.arn {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // setClock sets the emulator's clock to offset from the host's.
-func (r *clockRun) setClock(t *testing.T, offset time.Duration) {
+// issued is how many credentials the emulator has issued so far.
+func (r *clockRun) setClock(t *testing.T, offset time.Duration, issued int) {
 	t.Helper()
 	from := time.Now()
 	r.emu.SetConfig(t, map[string]any{"clock_offset": offset.String()})
-	r.clocks = append(r.clocks, clockSet{from: from, to: time.Now(), offset: offset})
+	r.clocks = append(r.clocks, clockSet{from: from, to: time.Now(), offset: offset, issued: issued})
 	t.Logf("AWS's clock set to %s from the host's at %s", offset, fmtT(from))
 }
 
@@ -331,6 +338,20 @@ func (r *clockRun) offsetsAt(at time.Time) (lo, hi time.Duration) {
 	return lo, hi
 }
 
+// offsetKnown reports whether the plugin could know the emulator's clock
+// for a read sent at sent and answered at recv, and which of r.clocks it
+// was: no step since the two answers that showed the clock in force.
+// Between a step and those answers, the plugin judges by the clock before
+// the step, which nothing can tell it has moved.
+func (r *clockRun) offsetKnown(sent, recv time.Time) (int, bool) {
+	for i := len(r.clocks) - 1; i > 0; i-- {
+		if c := r.clocks[i]; !recv.Before(c.from) {
+			return i, !c.known.IsZero() && sent.After(c.known)
+		}
+	}
+	return 0, true
+}
+
 // awsNow is AWS's time (the emulator's clock) at the host time at, at its
 // latest.
 func (r *clockRun) awsNow(at time.Time) time.Time {
@@ -343,6 +364,7 @@ func (r *clockRun) checkReads(t *testing.T, o clockOutage) {
 	t.Helper()
 	skewed := r.tc.offset >= 5*time.Minute || r.tc.offset <= -5*time.Minute
 	var served, failed, failedFirst, failedOutage int
+	ttlChecked := make([]int, len(r.clocks)) // by clock
 	firstServed := -1
 	var recovered time.Time
 	for i, rd := range r.reads {
@@ -363,7 +385,13 @@ func (r *clockRun) checkReads(t *testing.T, o clockOutage) {
 					i, fmtT(rd.Recv), fmtT(rd.Recv.Add(hi)), rd.AccessKey, fmtT(rd.Expiration))
 			}
 			// The lease and expires_in are the time left by AWS's clock,
-			// in whole seconds, taken between the read's send and return.
+			// in whole seconds, taken between the read's send and return,
+			// once the plugin could know that clock.
+			clk, known := r.offsetKnown(rd.Sent, rd.Recv)
+			if !known {
+				continue
+			}
+			ttlChecked[clk]++
 			least := rd.Expiration.Sub(rd.Recv.Add(hi)) - 2*time.Second
 			most := rd.Expiration.Add(time.Second).Sub(rd.Sent.Add(lo)) + time.Second
 			for what, got := range map[string]time.Duration{"lease_duration": rd.Lease, "expires_in": rd.ExpiresIn} {
@@ -387,8 +415,13 @@ func (r *clockRun) checkReads(t *testing.T, o clockOutage) {
 				i, fmtT(rd.Sent), fmtT(rd.Recv), fmtT(rd.Recv.Add(hi)), rd.Code, rd.Err)
 		}
 	}
-	t.Logf("%d reads: %d served, %d failed (%d refused for the clock at the start, %d after the credential ended in the outage)",
-		len(r.reads), served, failed, failedFirst, failedOutage)
+	t.Logf("%d reads: %d served (with the lease and expires_in checked, by clock: %v), %d failed (%d refused for the clock at the start, %d after the credential ended in the outage)",
+		len(r.reads), served, ttlChecked, failed, failedFirst, failedOutage)
+	for i, n := range ttlChecked[1:] {
+		if n < 5 {
+			t.Errorf("only %d served reads came while the plugin could know AWS's clock at %s: the step's lease and expires_in are not checked", n, r.clocks[i+1].offset)
+		}
+	}
 	if skewed && failedFirst != 1 {
 		t.Errorf("with AWS's clock %s off, %d first reads failed for the clock, want the one whose call was refused", r.tc.offset, failedFirst)
 	}

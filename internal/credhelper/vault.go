@@ -191,7 +191,7 @@ func ClockNote(c Credential) string {
 	if d < 0 {
 		d, dir = -d, "behind"
 	}
-	return fmt.Sprintf("AWS's clock is %s (±1s) %s this host's (the credential expires at %s on AWS's clock); the expiry above and the one the SDKs get are on this host's clock: check this host's time sync (NTP, chrony)",
+	return fmt.Sprintf("AWS's clock is %s (±1s) %s this host's (the credential expires at %s on AWS's clock); the Expiration the SDKs get is on this host's clock, so they refresh in time: check this host's time sync (NTP, chrony)",
 		d, dir, c.AWSExpiration.UTC().Format(time.RFC3339))
 }
 
