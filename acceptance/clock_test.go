@@ -95,7 +95,10 @@ var clockCases = []clockCase{
 	// refreshed at half their life, that call comes at least 35 s (the
 	// margin less its 10 % jitter and a retry block) before the end, more
 	// than the step, as it does for any credential whose refresh margin
-	// exceeds the step.
+	// exceeds the step. The step back (40 s) is shorter than the time
+	// between two issues (at least 45 s): the emulator's clock, unlike
+	// AWS's, steps back, and a credential expiring before the cached one
+	// would be refused.
 	{name: "stepped", steps: []clockStep{{issued: 1, offset: 20 * time.Second}, {issued: 4, offset: -20 * time.Second}},
 		refresh: []string{"refresh_fraction=0.5"}, lifetime: 90 * time.Second},
 }
@@ -593,15 +596,19 @@ func TestClockSkewAlert(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-	step := func(offset string) {
+	// Two answers from the stepped clock: the first is held as odd, the
+	// second confirms the step. They come from a role read for the first
+	// time and refreshed: the emulator's clock, unlike AWS's, steps back,
+	// and a credential of a role fetched before such a step would expire
+	// before the cached one, which the plugin refuses.
+	step := func(offset, role string) {
 		t.Helper()
 		s.emu.SetConfig(t, map[string]any{"clock_offset": offset})
-		// Two answers from the stepped clock: the first is held as odd,
-		// the second confirms the step.
-		s.vault.CLI(t, "write", "-f", mount+"/refresh/app")
-		s.vault.CLI(t, "write", "-f", mount+"/refresh/app")
+		s.createRole(t, role)
+		s.readCreds(t, role)
+		s.vault.CLI(t, "write", "-f", mount+"/refresh/"+role)
 	}
-	step("60s")
+	step("60s", "ahead")
 	vaulttest.WaitFor(t, time.Minute, "aws_resilient_aws_clock_offset_seconds 60 in Prometheus", offsetIs(60))
 	a.waitFiring("AWSResilientClockSkew", "")
 	firing := false
@@ -611,7 +618,7 @@ func TestClockSkewAlert(t *testing.T) {
 	if !firing {
 		t.Fatalf("AWSResilientClockSkew fires, but not for endpoint primary: %v", prom.Alerts(t))
 	}
-	step("0s")
+	step("0s", "agreeing")
 	vaulttest.WaitFor(t, time.Minute, "aws_resilient_aws_clock_offset_seconds 0 in Prometheus", offsetIs(0))
 	a.waitResolved("AWSResilientClockSkew")
 }
