@@ -29,7 +29,8 @@ import (
 //     after the credential ends by AWS's clock: never earlier, so that with
 //     AWS behind a credential is served past its end on the host's clock;
 //   - the lease's TTL and expires_in are what the credential has left by
-//     AWS's clock;
+//     AWS's clock, once the plugin could know that clock (in the stepped
+//     case, from the second answer after a step);
 //   - STS calls per credential stay 1.000: every successful AssumeRole
 //     issued a credential that reads were served (none looked expired on
 //     arrival and was thrown away, none was fetched twice); the other
