@@ -333,7 +333,7 @@ func clockStatus(d map[string]interface{}, c *cacheEntry, now time.Time) {
 		return
 	}
 	offset, maxErr := c.clock()
-	d["expires_in"] = int64(max(c.remaining(now), 0) / time.Second)
+	d["expires_in"] = c.expiresIn(now)
 	d["aws_clock_offset"] = offset.Seconds()
 	d["aws_clock_error"] = maxErr.Seconds()
 	d["aws_clock_endpoint"] = c.ClockSource

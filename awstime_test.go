@@ -72,6 +72,8 @@ func TestClock_EveryDecisionOnAWSTime(t *testing.T) {
 
 			resp := f.mustReadCreds(testRole)
 			within(t, "lease ttl", resp.Secret.TTL, end.Sub(f.clock.Now()), time.Second)
+			// What a client keeping the credential puts on its own clock.
+			within(t, "creds expires_in", time.Duration(resp.Data["expires_in"].(int64))*time.Second, end.Sub(f.clock.Now()), time.Second)
 
 			margin := time.Duration(f.b.settings.policy().RefreshFraction * float64(lifetime))
 			at, ok := f.b.refresher.plannedAt(roleKey(testRole))

@@ -93,8 +93,15 @@ var credsDataFields = map[string]*framework.FieldSchema{
 	},
 	"expiration": {
 		Type:        framework.TypeTime,
-		Description: "When the credential expires (RFC 3339).",
+		Description: "When the credential expires (RFC 3339), on the clock of the AWS endpoint that issued it.",
 		Required:    true,
+	},
+	"expires_in": {
+		Type: framework.TypeInt,
+		Description: "Whole seconds the credential has left at this answer by AWS's clock. A client whose clock " +
+			"may differ from AWS's takes its own time at the answer plus expires_in as the expiry, rather than " +
+			"expiration.",
+		Required: true,
 	},
 	"arn": {
 		Type:        framework.TypeString,
@@ -414,6 +421,7 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 		"secret_key":     cred.SecretKey,
 		"security_token": cred.sessionToken(),
 		"expiration":     cred.Expiration.UTC().Format(time.RFC3339),
+		"expires_in":     cred.expiresIn(now),
 	}
 	if cred.ARN != "" {
 		data["arn"] = cred.ARN
@@ -562,6 +570,14 @@ func (c *cacheEntry) expiry() time.Time {
 // clock), by AWS's clock.
 func (c *cacheEntry) remaining(now time.Time) time.Duration { return c.expires().Sub(now) }
 
+// expiresIn is remaining in whole seconds, rounded down and never
+// negative, as creds/ and status/ answer it (expires_in): a client that
+// adds it to its own time at the answer has the expiry on its own clock,
+// a little early, never late.
+func (c *cacheEntry) expiresIn(now time.Time) int64 {
+	return int64(max(c.remaining(now), 0) / time.Second)
+}
+
 // validAt reports whether the credential may be served at now (this node's
 // clock): it has at least minServeValidity left by AWS's clock, or, when
 // the offset is less certain than that, as long as the offset could be
@@ -578,9 +594,16 @@ func (c *cacheEntry) validAt(now time.Time) bool {
 const pathCredsHelpSyn = `Read the role's AWS credential from the cache.`
 
 const pathCredsHelpDesc = `
-Returns access_key, secret_key, security_token, expiration (RFC 3339) and,
-when STS returns one, arn. The credential comes from the cache, with no STS
-call; the background refresher replaces it well before it expires.
+Returns access_key, secret_key, security_token, expiration (RFC 3339),
+expires_in and, when STS returns one, arn. The credential comes from the
+cache, with no STS call; the background refresher replaces it well before it
+expires.
+
+The credential's life is judged by AWS's clock: expiration is an instant of
+the clock of the AWS endpoint that issued it, and expires_in is the whole
+seconds it has left at the answer by that clock. A client on a host whose
+clock may be off from AWS's (minutes, after a failed NTP daemon) takes its
+own time at the answer plus expires_in as the expiry, not expiration.
 
 For a role with lease=true (the default) the response carries a lease that
 is not renewable and whose TTL is the credential's remaining validity; Vault

@@ -140,6 +140,11 @@ func credentialProcess(ctx context.Context, args []string, stdout, stderr io.Wri
 	if w := credhelper.ProcessRunWarning(cred, now); w != "" {
 		fmt.Fprintf(stderr, "aws-resilient-credentials: %s\n", w)
 	}
+	// The Expiration printed is on this host's clock; say so when it
+	// differs from AWS's, as the host's clock then needs fixing.
+	if note := credhelper.ClockNote(cred); note != "" {
+		fmt.Fprintf(stderr, "aws-resilient-credentials: %s\n", note)
+	}
 	out, err := credhelper.ProcessJSON(cred)
 	if err != nil {
 		fmt.Fprintf(stderr, "aws-resilient-credentials: encoding the credential: %v\n", err)
@@ -221,6 +226,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 				return
 			}
 			logf("read credential %s expiring at %s; next read at %s", cr.AccessKeyID, cr.Expiration.UTC().Format(time.RFC3339), cache.NextRead().UTC().Format(time.RFC3339))
+			if note := credhelper.ClockNote(cr); note != "" {
+				logf("%s", note)
+			}
 		})
 	}()
 	served := make(chan error, 1)

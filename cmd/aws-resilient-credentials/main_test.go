@@ -20,12 +20,15 @@ import (
 )
 
 // fakeVault is a Vault server answering <mount>/creds/<role> with a
-// credential that expires life from now, for the token "vault-token".
+// credential that expires life from now, for the token "vault-token". Its
+// plugin judges by AWS's clock, offset from this host's: expiration is an
+// instant of that clock, expires_in the seconds left.
 type fakeVault struct {
 	*httptest.Server
-	mu    sync.Mutex
-	life  time.Duration
-	reads int
+	mu     sync.Mutex
+	life   time.Duration
+	offset time.Duration
+	reads  int
 }
 
 func startFakeVault(t *testing.T, life time.Duration) *fakeVault {
@@ -34,7 +37,7 @@ func startFakeVault(t *testing.T, life time.Duration) *fakeVault {
 	fv.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fv.mu.Lock()
 		fv.reads++
-		life := fv.life
+		life, offset := fv.life, fv.offset
 		fv.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		switch {
@@ -48,7 +51,7 @@ func startFakeVault(t *testing.T, life time.Duration) *fakeVault {
 			json.NewEncoder(w).Encode(map[string]any{
 				"lease_id": "aws-resilient/creds/app/abc", "lease_duration": int(life / time.Second),
 				"data": map[string]any{"access_key": "AKFAKE", "secret_key": "fake-secret", "security_token": "fake-session-token",
-					"expiration": time.Now().Add(life).UTC().Format(time.RFC3339)},
+					"expiration": time.Now().Add(offset + life).UTC().Format(time.RFC3339), "expires_in": int(life / time.Second)},
 			})
 		}
 	}))
@@ -349,5 +352,70 @@ func TestServeAuthTokenFileErrors(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "elsewhere")); !os.IsNotExist(err) {
 		t.Fatalf("serve created a file through the symbolic link: %v", err)
+	}
+}
+
+// TestSkewedAWSClock: this host's clock is 10 minutes off AWS's, the
+// plugin's answer says so (expires_in against expiration), and both
+// commands hand the SDK an Expiration on this host's clock: with AWS
+// behind, a credential 8 minutes from its end by AWS's clock is printed
+// and served (its expiration, read on this host's clock, is 2 minutes
+// past); with AWS ahead, the SDK does not get 10 more minutes than the
+// credential has. Both say on stderr how far the clocks are apart, and
+// nothing of it when they agree.
+func TestSkewedAWSClock(t *testing.T) {
+	const life = 8 * time.Minute
+	for _, offset := range []time.Duration{-10 * time.Minute, 0, 10 * time.Minute} {
+		t.Run("aws "+offset.String(), func(t *testing.T) {
+			fv := startFakeVault(t, life)
+			fv.offset = offset
+			helperEnv(t, fv.URL)
+			checkExpiration := func(what, got string, before time.Time) {
+				t.Helper()
+				exp, err := time.Parse(time.RFC3339, got)
+				// Whole seconds: up to a second earlier than before + life.
+				if err != nil || exp.Before(before.Add(life-time.Second)) || exp.After(time.Now().Add(life)) {
+					t.Fatalf("%s Expiration %q (%v), want %s from now on this host's clock", what, got, err, life)
+				}
+			}
+			before := time.Now()
+			code, stdout, stderr := runCmd(t, "credential-process", "--role", "app")
+			var out credhelper.ProcessOutput
+			if code != 0 || json.Unmarshal([]byte(stdout), &out) != nil {
+				t.Fatalf("credential-process: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+			}
+			checkExpiration("credential-process", out.Expiration, before)
+			dir := map[bool]string{true: "ahead of", false: "behind"}[offset > 0]
+			// Both expirations are whole seconds: the difference is the
+			// offset to a second.
+			note := regexp.MustCompile(`AWS's clock is (9m59s|10m0s|10m1s) \(±1s\) ` + dir + ` this host's`)
+			if offset != 0 && !note.MatchString(stderr) || offset == 0 && strings.Contains(stderr, "AWS's clock") {
+				t.Fatalf("credential-process's stderr %q: want the clocks' difference named only when they differ", stderr)
+			}
+
+			before = time.Now()
+			authFile := filepath.Join(t.TempDir(), "auth")
+			url, serveErr, stop := startServe(t, "--listen", "127.0.0.1:0", "--auth-token-file", authFile)
+			tok, _ := os.ReadFile(authFile)
+			code, body := get(t, url, string(tok))
+			if code != http.StatusOK {
+				t.Fatalf("serve: %d %v", code, body)
+			}
+			checkExpiration("serve", body["Expiration"], before)
+			// Run's first read logs once it is in.
+			want := note
+			if offset == 0 {
+				want = regexp.MustCompile(`read credential AKFAKE`)
+			}
+			for deadline := time.Now().Add(clocktest.WaitLimit); !want.MatchString(serveErr.String()); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("serve's log does not say %q:\n%s", want, serveErr)
+				}
+			}
+			stop()
+			if offset == 0 && strings.Contains(serveErr.String(), "AWS's clock") {
+				t.Fatalf("serve's log speaks of AWS's clock when it agrees with this host's:\n%s", serveErr)
+			}
+		})
 	}
 }

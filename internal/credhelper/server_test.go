@@ -519,7 +519,7 @@ func TestNewServerClosesIdleConnections(t *testing.T) {
 func TestCredentialLeased(t *testing.T) {
 	data := map[string]any{"access_key": "AK", "secret_key": "s", "security_token": "t", "expiration": "2026-12-02T11:00:00Z"}
 	for _, lease := range []string{"", "aws-resilient/creds/app/abc"} {
-		cr, err := credentialOf(&api.Secret{LeaseID: lease, Data: data}, "aws-resilient/creds/app")
+		cr, err := credentialOf(&api.Secret{LeaseID: lease, Data: data}, "aws-resilient/creds/app", t0)
 		if err != nil || cr.Leased != (lease != "") {
 			t.Fatalf("lease id %q: Leased %v (%v)", lease, cr.Leased, err)
 		}

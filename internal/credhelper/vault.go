@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 )
 
 // Credential is one AWS credential as the plugin served it.
@@ -31,7 +33,19 @@ type Credential struct {
 	AccessKeyID     string
 	SecretAccessKey string
 	SessionToken    string
-	Expiration      time.Time
+	// Expiration is when the credential expires on this host's clock:
+	// the host's time when the plugin's answer arrived plus its
+	// expires_in, the seconds the credential had left by AWS's clock
+	// (rounded down, which covers the answer's trip from Vault). Every
+	// decision here (serve, read again) and the Expiration handed to the
+	// SDKs, which compare it with this host's clock, use it: this host's
+	// clock may be minutes off AWS's, and the plugin judges by AWS's.
+	// From an older plugin, which sends no expires_in, it is
+	// AWSExpiration, taken as an instant of this host's clock.
+	Expiration time.Time
+	// AWSExpiration is the plugin's expiration: an instant of the clock of
+	// the AWS endpoint that issued the credential.
+	AWSExpiration time.Time
 	// TTL is the plugin's ttl for a lease=false role: when it expects the
 	// next credential in its cache. Zero for roles served with a lease.
 	TTL time.Duration
@@ -54,6 +68,9 @@ type Reader struct {
 	// HomeTokenFile is the CLI's ~/.vault-token, used when neither TokenFile
 	// nor VAULT_TOKEN gives a token (empty: not looked at).
 	HomeTokenFile string
+	// Clock is this host's clock, which Credential.Expiration is put on
+	// (nil: the real one).
+	Clock clock.Clock
 
 	envToken string // VAULT_TOKEN as the client read it at start
 }
@@ -152,17 +169,49 @@ func (r *Reader) Read(ctx context.Context) (Credential, error) {
 		c.SetToken(tok)
 	}
 	sec, err := c.Logical().ReadWithContext(ctx, r.Path())
+	received := r.now()
 	if err != nil {
 		return Credential{}, r.explain(err, from)
 	}
 	if sec == nil {
 		return Credential{}, &Error{Kind: KindNotFound, Msg: fmt.Sprintf("%s at %s: not found: check that the plugin is mounted at %q (vault secrets list) and the role %q exists (vault list %s/roles)", r.Path(), c.Address(), r.Mount, r.Role, r.Mount)}
 	}
-	return credentialOf(sec, r.Path())
+	return credentialOf(sec, r.Path(), received)
 }
 
-// credentialOf checks the answer has every part of a credential.
-func credentialOf(sec *api.Secret, path string) (Credential, error) {
+// ClockNote says, for a log line, how far AWS's clock is from this host's
+// as the credential c shows it (its expiration on each clock), or "" when
+// they agree to within clockNoteMin.
+func ClockNote(c Credential) string {
+	d := c.AWSExpiration.Sub(c.Expiration).Round(time.Second)
+	if d > -clockNoteMin && d < clockNoteMin {
+		return ""
+	}
+	dir := "ahead of"
+	if d < 0 {
+		d, dir = -d, "behind"
+	}
+	return fmt.Sprintf("AWS's clock is %s (±1s) %s this host's (the credential expires at %s on AWS's clock); the Expiration the SDKs get is on this host's clock, so they refresh in time: check this host's time sync (NTP, chrony)",
+		d, dir, c.AWSExpiration.UTC().Format(time.RFC3339))
+}
+
+// clockNoteMin is the least difference between the clocks ClockNote
+// names: expires_in is whole seconds, so the two expirations differ by up
+// to a second and the answer's trip on agreeing clocks.
+const clockNoteMin = 2 * time.Second
+
+// now is this host's time on r's clock.
+func (r *Reader) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
+}
+
+// credentialOf checks the answer, which arrived at received (this host's
+// clock), has every part of a credential, and puts its expiry on this
+// host's clock (Credential.Expiration).
+func credentialOf(sec *api.Secret, path string, received time.Time) (Credential, error) {
 	str := func(k string) string { s, _ := sec.Data[k].(string); return s }
 	cr := Credential{AccessKeyID: str("access_key"), SecretAccessKey: str("secret_key"), SessionToken: str("security_token")}
 	var missing []string
@@ -178,7 +227,14 @@ func credentialOf(sec *api.Secret, path string) (Credential, error) {
 	if err != nil {
 		return Credential{}, &Error{Kind: KindMalformed, Msg: fmt.Sprintf("%s answered an expiration that is not RFC 3339: %v", path, err)}
 	}
-	cr.Expiration = exp
+	cr.AWSExpiration, cr.Expiration = exp, exp
+	if v, ok := sec.Data["expires_in"]; ok {
+		n, err := jsonNumber(v)
+		if err != nil || n < 0 {
+			return Credential{}, &Error{Kind: KindMalformed, Msg: fmt.Sprintf("%s answered an expires_in that is not a whole number of seconds: %v", path, v)}
+		}
+		cr.Expiration = received.Add(time.Duration(n) * time.Second)
+	}
 	cr.Leased = sec.LeaseID != ""
 	if ttl, ok := sec.Data["ttl"]; ok {
 		if n, err := jsonNumber(ttl); err == nil && n > 0 {
