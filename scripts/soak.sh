@@ -34,8 +34,9 @@
 #                                     so a region down leaves nothing to refresh through
 #               aws-ignores-failures  the AWS client records every call as a success
 #               deposed-keeps-refreshing  a node that lost the active role
-#                                     carries on: neither Clean nor storage's
-#                                     "not the leader" stops its refresher
+#                                     carries on: its refresher ignores
+#                                     storage's "not the leader", and Clean
+#                                     (Vault's step-down) never gets done
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${DURATION:-2m}
@@ -96,7 +97,7 @@ case "${BROKEN:-}" in
 serve-expired) broken_plugin path_creds.go "s/${valid_at}/return c != nil/" ;;
 cycle-per-read) broken_plugin path_creds.go "s/${valid_at}/return false/" ;;
 forget-storage) broken_plugin storage.go 's/^\tc := new(cacheEntry)$/\treturn nil, nil \/\/ BROKEN\n&/' ;;
-deposed-keeps-refreshing) broken_plugin lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tselect {} \/\/ BROKEN: nothing ends the work/' ;;
+deposed-keeps-refreshing) broken_plugin lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
 no-fallback | aws-ignores-failures)
 	# The soak's own side (internal/soak's driver) breaks, not the plugin.
 	export SOAK_BROKEN="$BROKEN"

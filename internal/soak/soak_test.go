@@ -134,7 +134,7 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: %s, seed %d, output in %s", duration, seed, out)
 
-	run := newRun(t, rec, broken)
+	run := newRun(t, rec, broken, out)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := 0; i < readers; i++ {
@@ -172,16 +172,7 @@ func TestSoak(t *testing.T) {
 		t.Errorf("the AWS client made no call in %s: is the agent's file rendered? (%s)", duration, run.agent.Destinations[0])
 	}
 
-	calls := run.emu.Calls(t)
-	cf, err := os.Create(filepath.Join(out, "calls.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc := json.NewEncoder(cf)
-	for _, c := range calls {
-		enc.Encode(c)
-	}
-	cf.Close()
+	run.saveCalls()
 	if rec.err != nil {
 		t.Fatalf("writing the history: %v", rec.err)
 	}
@@ -249,6 +240,9 @@ type run struct {
 	c     *vaulttest.Cluster
 	// stopWatch stops the nodes' health watch.
 	stopWatch func()
+	// out is the output directory; savedCalls marks calls.jsonl written.
+	out        string
+	savedCalls sync.Once
 	agent *vaulttest.Agent
 	// agentNode is the node the agent talks to; the schedule does not kill
 	// it (a Vault Agent has one address).
@@ -277,12 +271,16 @@ func arn(name string) string {
 	return "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + name
 }
 
-func newRun(t *testing.T, rec *recorder, broken string) *run {
-	r := &run{t: t, rec: rec, broken: broken, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
+func newRun(t *testing.T, rec *recorder, broken, out string) *run {
+	r := &run{t: t, rec: rec, broken: broken, out: out, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
 	// The AWS client is the awscli (`make test` installs it); without it
 	// the soak skips, which scripts/soak.sh reports as a failure.
 	r.awsBin, r.awsDir = testtool.Require(t, "aws", "--version"), t.TempDir()
 	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String())
+	// A run that fails half-way (a node that never rejoins, say) still
+	// leaves its call log for the checker: registered after the
+	// emulator's start, this runs before its stop.
+	t.Cleanup(r.saveCalls)
 	r.nw = vaulttest.NewNetwork(t, 3)
 	r.proxy = vaulttest.StartLinkProxy(t, r.nw, r.emu.URL, r.emu.AlsoURLs[0])
 	r.c = vaulttest.StartCluster(t, vaulttest.ClusterOptions{Network: r.nw})
@@ -380,6 +378,9 @@ func doWith(client *http.Client, n *vaulttest.Server, token, method, path string
 }
 
 var httpClient = &http.Client{Timeout: 45 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// healthClient asks a node's health and gives up soon.
+var healthClient = &http.Client{Timeout: 2 * time.Second}
 
 // readClient is the readers': a read through a node cut off from the
 // active one hangs (Vault forwards it into the partition) until the
@@ -855,7 +856,7 @@ func (r *run) partition(mode string, hold time.Duration, pick int) {
 	o.Return, o.OK = time.Now(), true
 	r.rec.add(o)
 	// The node cut off rejoins (a standby again) before the next action.
-	r.c.WaitFormed(t, 90*time.Second)
+	r.waitFormed(90 * time.Second)
 }
 
 // linkFault breaks the active node's link to STS (the one that calls) for
@@ -898,4 +899,51 @@ func (r *run) linkFault(mode string, hold time.Duration) {
 	}
 	o.Return, o.OK = time.Now(), true
 	r.rec.add(o)
+}
+
+// saveCalls writes the emulator's call log to calls.jsonl, once.
+func (r *run) saveCalls() {
+	r.savedCalls.Do(func() {
+		calls := r.emu.Calls(r.t)
+		cf, err := os.Create(filepath.Join(r.out, "calls.jsonl"))
+		if err != nil {
+			r.t.Error(err)
+			return
+		}
+		defer cf.Close()
+		enc := json.NewEncoder(cf)
+		for _, c := range calls {
+			enc.Encode(c)
+		}
+	})
+}
+
+// waitFormed waits up to timeout for the cluster to re-form (one node
+// active, the others standbys) and reports whether it did: a node that
+// never rejoins is the checker's to judge, not a reason to stop the run.
+func (r *run) waitFormed(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		active, standbys := 0, 0
+		for _, n := range r.c.Nodes {
+			code := 0
+			// A node stuck stepping down does not answer: a short wait.
+			if resp, err := healthClient.Get(n.Addr + "/v1/sys/health"); err == nil {
+				code = resp.StatusCode
+				resp.Body.Close()
+			}
+			switch code {
+			case 200:
+				active++
+			case 429, 473:
+				standbys++
+			}
+		}
+		if active == 1 && standbys == len(r.c.Nodes)-1 {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r.t.Logf("%s the cluster did not re-form within %s", time.Now().UTC().Format("15:04:05"), timeout)
+	return false
 }
