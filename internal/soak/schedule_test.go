@@ -78,7 +78,7 @@ type action struct {
 	fault int
 	// mode: cluster_restart "stop" or "kill"; region_down "refused" or
 	// "unavailable".
-	mode    string
+	mode string
 	// offset: aws_clock_step, AWS's clock's offset from the host's.
 	offset  time.Duration
 	role    int  // role_change: soak-<role>, never soak-0 (the agent's)

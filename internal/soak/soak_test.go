@@ -243,7 +243,7 @@ type run struct {
 	// out is the output directory; savedCalls marks calls.jsonl written.
 	out        string
 	savedCalls sync.Once
-	agent *vaulttest.Agent
+	agent      *vaulttest.Agent
 	// agentNode is the node the agent talks to; the schedule does not kill
 	// it (a Vault Agent has one address).
 	agentNode *vaulttest.Server
