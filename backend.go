@@ -56,7 +56,7 @@ func newBackendWith(ctx context.Context, conf *logical.BackendConfig, opts backe
 	if err := b.Setup(ctx, conf); err != nil {
 		return nil, err
 	}
-	b.storage = b.wrapStorage(conf.StorageView)
+	b.storage = b.fence(b.wrapStorage(conf.StorageView))
 	return b, nil
 }
 
@@ -214,6 +214,11 @@ func newBackend(opts backendOptions) *backend {
 		closed: b.life.isClosed, workers: opts.passWorkers,
 	})
 	rf.reconciler = b.reconciler
+	// What ends the work stops their timers (lifecycle.end): Clean, or
+	// storage saying this node lost the active role.
+	b.life.onEnd(rf.stop)
+	b.life.onEnd(b.reconciler.stop)
+	b.life.onEnd(b.rotator.stop)
 
 	paths := []*framework.Path{
 		pathConfigRoot(b),
@@ -282,7 +287,7 @@ func (b *backend) HandleRequest(ctx context.Context, req *logical.Request) (*log
 // arrive through Invalidate.
 func (b *backend) initialize(_ context.Context, req *logical.InitializationRequest) error {
 	if b.storage == nil {
-		b.storage = b.wrapStorage(req.Storage)
+		b.storage = b.fence(b.wrapStorage(req.Storage))
 	}
 	// Vault waits on Initialize before the mount serves anything, and the
 	// first pass reads every role: with many roles that takes longer than a
@@ -349,14 +354,18 @@ func (b *backend) invalidate(ctx context.Context, key string) {
 
 // clean stops the refresher and waits for every goroutine the backend
 // started: nothing more starts, pending timers are stopped, running cycles
-// see their context cancelled and return without writing.
+// see their context cancelled and return without writing (lifecycle.end).
 func (b *backend) clean(ctx context.Context) {
-	b.life.shut()
-	b.refresher.stop()
-	b.reconciler.stop()
-	b.rotator.stop()
 	b.life.close()
 	b.clients.reset()
+}
+
+// fence watches the background work's storage writes: one refused because
+// this node is no longer the leader ends the work (lifecycle.fence).
+func (b *backend) fence(s logical.Storage) logical.Storage {
+	return b.life.fence(s, func(err error) {
+		b.Logger().Warn("this node lost the active role: storage refused a write; no more STS calls or writes until Vault moves the mount to the new active node", "error", err)
+	})
 }
 
 const backendHelp = `

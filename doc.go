@@ -29,7 +29,9 @@
 //	               (after a rotation, the old key's as a fallback until it
 //	               is drained); IAM's partition, region and endpoint
 //	rotation.go    rotator: root key rotation, config/root's lock and writes
-//	lifecycle.go   lifecycle: running, Clean, the background goroutines
+//	lifecycle.go   lifecycle: running, the end of the work (Clean, or
+//	               storage refusing a write: this node lost the active
+//	               role; fence), the background goroutines
 //	entity.go      the rules of cache_scope=entity: session names (uniqueName,
 //	               the bounded template), admission and eviction
 //	               (admitLocked), dropping (entityDropReason) and the

@@ -2,20 +2,32 @@ package awsresilient
 
 import (
 	"context"
+	"strings"
 	"sync"
+
+	"github.com/hashicorp/vault/sdk/logical"
 )
 
 // lifecycle owns what the backend's goroutines share about the backend's own
-// life: whether this node runs the refresher, whether Clean has begun, the
-// context Clean cancels, the count of goroutines Clean waits for, and the
-// end of Initialize's first pass. Its fields are touched only by its
+// life: whether this node runs the refresher, whether its work has ended
+// (Clean began, or storage said this node lost the active role), the
+// context that end cancels, the count of goroutines Clean waits for, and
+// the end of Initialize's first pass. Its fields are touched only by its
 // methods, below.
+//
+// A node that lost the active role makes no new STS or IAM call and starts
+// no storage write: it learns of the loss from Clean (Vault stepping down,
+// sealing, unmounting) or, sooner when Vault is slow to step down, from a
+// storage write that fails because this node is no longer the leader
+// (fence). Either ends the work at once (end): nothing more starts, every
+// goroutine's context is cancelled, so a call on the wire is abandoned and
+// its result never committed, and the owners' timers stop.
 //
 // Its lock is taken last: nothing is called while it is held, so any
 // owner's lock may be held while the lifecycle is asked (the rotator's and
 // the reconciler's are).
 type lifecycle struct {
-	// ctx is cancelled by close; every background goroutine gets it.
+	// ctx is cancelled by end; every background goroutine gets it.
 	ctx    context.Context
 	cancel context.CancelFunc
 	// wg counts every goroutine run by spawn or run; close waits for it.
@@ -26,13 +38,18 @@ type lifecycle struct {
 	startDone chan struct{}
 	startOnce sync.Once
 
-	// mu guards refreshing and closed. wg.Add happens under it too, so
-	// that no goroutine is counted after close began to wait.
+	// mu guards refreshing, closed, why and stops. wg.Add happens under
+	// it too, so that no goroutine is counted after close began to wait.
 	mu sync.RWMutex
 	// refreshing: the refresher schedules cycles (write-safe node, started).
 	refreshing bool
-	// closed: Clean has begun; nothing more is started.
+	// closed: the work has ended (end); nothing more is started.
 	closed bool
+	// why is what ended it: "clean", or "deposed" (storage said this node
+	// is no longer the leader).
+	why string
+	// stops are the owners' own stops (their timers), run once by end.
+	stops []func()
 }
 
 func newLifecycle() *lifecycle {
@@ -41,8 +58,8 @@ func newLifecycle() *lifecycle {
 	return l
 }
 
-// spawn runs f in a goroutine that close waits for, with the context close
-// cancels. It returns false, without running f, once Clean has begun.
+// spawn runs f in a goroutine that close waits for, with the context end
+// cancels. It returns false, without running f, once the work has ended.
 func (l *lifecycle) spawn(f func(ctx context.Context)) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -58,8 +75,8 @@ func (l *lifecycle) spawn(f func(ctx context.Context)) bool {
 }
 
 // run runs f in the calling goroutine, counted among those close waits
-// for, with the context close cancels. It returns false, without running
-// f, once Clean has begun.
+// for, with the context end cancels. It returns false, without running
+// f, once the work has ended.
 func (l *lifecycle) run(f func(ctx context.Context)) bool {
 	l.mu.Lock()
 	if l.closed {
@@ -73,12 +90,12 @@ func (l *lifecycle) run(f func(ctx context.Context)) bool {
 	return true
 }
 
-// bgContext is the context close cancels, for work that outlives the
+// bgContext is the context end cancels, for work that outlives the
 // goroutine that starts it (a refresh cycle's own context derives from it).
 func (l *lifecycle) bgContext() context.Context { return l.ctx }
 
-// setRunning marks the refresher running on this node, unless Clean has
-// begun; it reports whether it did.
+// setRunning marks the refresher running on this node, unless the work has
+// ended; it reports whether it did.
 func (l *lifecycle) setRunning() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -96,28 +113,107 @@ func (l *lifecycle) running() bool {
 	return l.refreshing
 }
 
-// isClosed reports whether Clean has begun.
+// isClosed reports whether the work has ended (Clean began, or this node
+// lost the active role).
 func (l *lifecycle) isClosed() bool {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.closed
 }
 
-// shut is Clean's first step: nothing more is started, and the refresher
-// no longer runs. Goroutines already started go on until close.
-func (l *lifecycle) shut() {
+// onEnd registers an owner's stop (its timers), which end runs once.
+func (l *lifecycle) onEnd(stop func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.closed = true
-	l.refreshing = false
+	l.stops = append(l.stops, stop)
 }
 
-// close shuts the lifecycle (if Clean has not already), cancels the
-// context every background goroutine got, and waits for them all.
-func (l *lifecycle) close() {
-	l.shut()
+// end ends the backend's work, once, for why ("clean" or "deposed"):
+// nothing more is started, the refresher no longer runs, every
+// goroutine's context is cancelled (a call on the wire is abandoned; the
+// commits check the context under the store lock, so nothing it fetched
+// is written), and the owners' timers are stopped. It does not wait:
+// close does. It reports whether this call ended it.
+func (l *lifecycle) end(why string) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	l.closed, l.refreshing, l.why = true, false, why
+	stops := l.stops
+	l.mu.Unlock()
 	l.cancel()
+	for _, stop := range stops {
+		stop()
+	}
+	return true
+}
+
+// ended returns what ended the work ("" while it goes on).
+func (l *lifecycle) ended() string {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.why
+}
+
+// close is Clean's: it ends the work (if storage had not already) and
+// waits for every goroutine.
+func (l *lifecycle) close() {
+	l.end("clean")
 	l.wg.Wait()
+}
+
+// fence returns s with every write watched: a Put or Delete that fails
+// because this node is no longer the raft leader (Vault has not stepped
+// down yet, or is slow to) ends the work, as Clean would, and calls
+// deposed with the error. Reads are not watched: a deposed node still
+// reads its own copy.
+func (l *lifecycle) fence(s logical.Storage, deposed func(error)) logical.Storage {
+	if s == nil {
+		return nil
+	}
+	return &fencedStorage{Storage: s, lost: func(err error) {
+		if l.end("deposed") {
+			deposed(err)
+		}
+	}}
+}
+
+// fencedStorage is fence's storage.
+type fencedStorage struct {
+	logical.Storage
+	lost func(error)
+}
+
+func (f *fencedStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
+	err := f.Storage.Put(ctx, e)
+	if lostLeadership(err) {
+		f.lost(err)
+	}
+	return err
+}
+
+func (f *fencedStorage) Delete(ctx context.Context, key string) error {
+	err := f.Storage.Delete(ctx, key)
+	if lostLeadership(err) {
+		f.lost(err)
+	}
+	return err
+}
+
+// lostLeadership reports whether a storage error says this node is no
+// longer the raft leader: hashicorp/raft's ErrNotLeader and
+// ErrLeadershipLost, which Vault's raft storage returns as they are and the
+// plugin receives as text. Vault steps down on such a loss without
+// exception, and a later active term gets a new backend (a new process),
+// so this backend's work is over for good.
+func lostLeadership(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "node is not the leader") || strings.Contains(msg, "leadership lost while committing log")
 }
 
 // started records that Initialize's first pass has ended (or never began).

@@ -515,6 +515,14 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), rotationCleanupTimeout)
 }
 
+// deposed reports whether storage said this node lost the active role
+// (lifecycle.fence). A rotation then owes nothing more: no IAM call and no
+// write, since another node may be active and rotating; the record written
+// before each step covers every key it made, which the active node's
+// reconciler deletes. (Clean alone, on a node that still holds the lock as
+// it steps down, seals or unmounts, still does the clean-up.)
+func (r *rotator) deposed() bool { return r.life.ended() == "deposed" }
+
 func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (rotationResult, error) {
 	defer r.lockRotations()()
 	now := r.clock.Now()
@@ -540,9 +548,14 @@ func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 	}
 	res, rerr := r.rotateSteps(ctx, s, st, cfg)
 
-	// What follows is owed even after Clean cancelled ctx.
+	// What follows is owed even after Clean cancelled ctx, unless this
+	// node lost the active role.
 	ctx, cancel := detached(ctx)
 	defer cancel()
+	if r.deposed() {
+		r.logger().Warn("root key rotation stopped: this node lost the active role; config/rotation's record covers every key it made", "trigger", trigger)
+		return rotationResult{}, &rotationError{status: http.StatusServiceUnavailable, msg: "this node lost the active role during the rotation; the active node's reconciler deletes any key it left"}
+	}
 	st.LastAttempt, st.LastEnded, st.Trigger = now, r.clock.Now(), trigger
 	var conflict *rotationError
 	switch {
@@ -680,6 +693,9 @@ func (r *rootRotation) call() (context.Context, context.CancelFunc) {
 // record writes the rotation's record; on failure the last record written
 // still covers every key (each step writes before it could leave one).
 func (r *rootRotation) record(what string) {
+	if r.rot.deposed() {
+		return // the record written before still covers its keys
+	}
 	ctx, cancel := detached(r.ctx)
 	defer cancel()
 	if err := putRotationState(ctx, r.s, r.st); err != nil {
@@ -934,6 +950,11 @@ func (r *rootRotation) findLostKey() string {
 // would be orphaned on an unmount. When it cannot, the key stays on record
 // for the next rotation or reconciler pass to delete.
 func (r *rootRotation) deleteNew() {
+	if r.rot.deposed() {
+		// No IAM call from a node that lost the active role: the key is
+		// on record (PendingKeyID) for the active node to delete.
+		return
+	}
 	ctx, cancel := detached(r.ctx)
 	defer cancel()
 	c, cancelCall := context.WithTimeout(ctx, iamCallTimeout)

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # soak.sh: the chaos soak (`make soak DURATION=1h SEED=7`).
 #
-# A 3-node Vault cluster with integrated Raft storage and the plugin, the STS
+# A 3-node Vault cluster with integrated Raft storage and the plugin, each
+# node in its own network namespace (a bridge, veth pairs, nftables; the
+# soak creates and removes them, and installs Debian's nftables if nft is
+# missing), each node's STS traffic through a link proxy of its own, the STS
 # emulator with a second listener (the mount's fallback endpoint), and a
 # seeded schedule of faults (STS throttling, 5xx, resets, hangs, malformed
 # and expired credentials, STS down, the primary STS region down with the
 # fallback up; SIGKILL of the plugin, SIGKILL of the active node with its
-# restart and rejoin, a step-down, a full cluster restart), operator
+# restart and rejoin, a step-down, a full cluster restart; a node cut off
+# from the others, the active node's link to STS slowed, lossy, reset
+# mid-answer, throttled or cut; AWS's clock stepping and back), operator
 # actions (role_arn changes, role deletes and re-creates, config/refresh
 # changes, config/rotate-root) and clients (readers of role-scoped and
 # entity-scoped roles through the HTTP API with their own tokens, a Vault
@@ -28,6 +33,10 @@
 #               no-fallback           the mount has no fallback STS endpoint,
 #                                     so a region down leaves nothing to refresh through
 #               aws-ignores-failures  the AWS client records every call as a success
+#               deposed-keeps-refreshing  a node that lost the active role
+#                                     carries on: its refresher ignores
+#                                     storage's "not the leader", and Clean
+#                                     (Vault's step-down) never gets done
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${DURATION:-2m}
@@ -35,6 +44,38 @@ seed=${SEED:-1}
 out=${OUT:-soak-out/${seed}-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+
+# The network the soak makes (internal/vaulttest.Network) is removed by the
+# test itself; every name is also noted here as it is made, so that an
+# interrupted run (SIGINT, a crash) leaves nothing behind: the processes
+# still in a namespace, the namespaces and the bridge.
+export VAULTTEST_NET_STATE="$out/net-objects"
+# shellcheck disable=SC2317 # invoked through the trap
+cleanup_net() {
+	[[ -f "$VAULTTEST_NET_STATE" ]] || return 0
+	local kind name
+	while read -r kind name; do
+		if [[ "$kind" == netns ]]; then
+			ip netns pids "$name" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+			ip netns del "$name" 2>/dev/null || true
+		fi
+	done <"$VAULTTEST_NET_STATE"
+	while read -r kind name; do
+		[[ "$kind" == link ]] && ip link del "$name" 2>/dev/null || true
+	done <"$VAULTTEST_NET_STATE"
+}
+trap cleanup_net EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+if ! command -v nft >/dev/null; then
+	echo "soak: no nft on PATH: installing Debian's nftables" >&2
+	if [[ $(id -u) -ne 0 ]]; then
+		echo "soak.sh: the soak's network namespaces need root" >&2
+		exit 2
+	fi
+	apt-get update >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables >&2
+fi
 # broken_plugin FILE SED: build the plugin with FILE patched by the sed
 # expression SED through a build overlay; the working tree is not touched.
 broken_plugin() {
@@ -56,13 +97,14 @@ case "${BROKEN:-}" in
 serve-expired) broken_plugin path_creds.go "s/${valid_at}/return c != nil/" ;;
 cycle-per-read) broken_plugin path_creds.go "s/${valid_at}/return false/" ;;
 forget-storage) broken_plugin storage.go 's/^\tc := new(cacheEntry)$/\treturn nil, nil \/\/ BROKEN\n&/' ;;
+deposed-keeps-refreshing) broken_plugin lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
 no-fallback | aws-ignores-failures)
 	# The soak's own side (internal/soak's driver) breaks, not the plugin.
 	export SOAK_BROKEN="$BROKEN"
 	echo "soak: BROKEN=$BROKEN" >&2
 	;;
 *)
-	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, no-fallback or aws-ignores-failures" >&2
+	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, deposed-keeps-refreshing, no-fallback or aws-ignores-failures" >&2
 	exit 2
 	;;
 esac

@@ -3,7 +3,8 @@
 #
 #  1. tools      awscli (apt-get, only when `aws` is missing) and python3 botocore,
 #                the independent STS clients the emulator is checked against;
-#                Debian's prometheus (prometheus and promtool) when missing
+#                Debian's prometheus (prometheus and promtool) and nftables
+#                (the network tests' and the soak's partitions) when missing
 #  2. rules      promtool check/test of the shipped alert rules
 #  3. gofmt      formatting check; no binary or file over 1 MiB tracked
 #  4. vet        go vet ./...
@@ -101,6 +102,12 @@ fi
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
 	echo "no prometheus/promtool on PATH: installing Debian's prometheus"
 	apt_install prometheus
+fi
+# The network tests (internal/vaulttest, acceptance/partition_*) and the
+# soak cut nodes apart with nft in their network namespaces.
+if ! command -v nft >/dev/null; then
+	echo "no nft on PATH: installing Debian's nftables"
+	apt_install nftables
 fi
 export PATH="$shims:$PATH"
 aws --version

@@ -31,6 +31,7 @@ func main() {
 	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (a cached credential with less is not available)")
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
+	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
 	flag.Parse()

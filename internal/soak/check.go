@@ -21,13 +21,18 @@ const (
 	RuleRootKeyWorks    = "root_key_works"
 	RuleAgentFileFresh  = "agent_file_fresh"
 	RuleAWSClient       = "aws_client_works"
-	RuleHistoryWellMade = "history_well_formed"
+	// The network's rules (check_network.go) and AWS's clock's
+	// (check_clock.go).
+	RuleDeposedSilent     = "deposed_node_silent"
+	RulePartitionServes   = "partition_serves_cache"
+	RuleNoExpiredAWSClock = "no_read_expired_aws_clock"
+	RuleHistoryWellMade   = "history_well_formed"
 )
 
 // Rules lists every rule, in report order.
-var Rules = []string{RuleNoExpiredRead, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
-	RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks, RuleAgentFileFresh,
-	RuleAWSClient, RuleHistoryWellMade}
+var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
+	RulePartitionServes, RuleDeposedSilent, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks,
+	RuleAgentFileFresh, RuleAWSClient, RuleHistoryWellMade}
 
 // Config holds the tolerances of a run.
 type Config struct {
@@ -68,6 +73,13 @@ type Config struct {
 	// AgentRole is the role whose credential Vault Agent renders, for
 	// agent_file samples that do not name one.
 	AgentRole string
+	// DeposedAllowance is how long after a node lost the active role (as
+	// first seen: it answered as no longer active, or another node
+	// answered as active) one of its STS or IAM calls may still reach STS,
+	// plus the latency of its link: Vault stepping down and telling the
+	// plugin (Clean), and a call already on the wire. It also covers a
+	// node's first calls before its health answered active.
+	DeposedAllowance time.Duration
 }
 
 // Violation is one broken rule, with the records that show it.
@@ -126,6 +138,22 @@ type Report struct {
 	// the ones with an expired credential in the file and the ones during
 	// an STS fault.
 	AWSCalls, AWSFailed, AWSExpired, AWSDuringFault int
+	// Partitions, LinkFaults and ClockSteps are the network's and AWS's
+	// clock's faults, with what happened in each (check_network.go,
+	// check_clock.go); RoleLosses the times a node lost the active role.
+	Partitions []Partition
+	LinkFaults []LinkFault
+	ClockSteps []ClockStep
+	RoleLosses []RoleLoss
+	// Active are the nodes' active spans as their health answered.
+	Active []NodeSpan
+}
+
+// NodeSpan is a stretch of time a node held the active role; End is zero
+// when it still held it at the end.
+type NodeSpan struct {
+	Node       string
+	Start, End time.Time
 }
 
 // Restart is one cluster restart as the reads saw it.
@@ -158,6 +186,7 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 		c.rep.ByRule[r] = 0
 	}
 	c.index()
+	c.indexNetwork()
 	c.checkReads()
 	c.checkAvailability()
 	c.checkIssuance()
@@ -166,6 +195,10 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 	c.checkRestarts()
 	c.checkRegionsDown()
 	c.checkAWSClient()
+	c.checkDeposed()
+	c.checkPartitions()
+	c.checkLinkFaults()
+	c.checkClockSteps()
 	sort.SliceStable(c.rep.Violations, func(i, j int) bool {
 		return ruleIndex(c.rep.Violations[i].Rule) < ruleIndex(c.rep.Violations[j].Rule)
 	})
@@ -190,8 +223,9 @@ type checker struct {
 	issued    map[string]STSCall // credential key id -> the STS call that issued it
 	roleOps   map[string][]Op    // role -> its role_write and role_delete ops, by Invoke
 	procFault []Op               // kill and restart faults
-	stsFault  []Op               // the others: STS faults, region down
+	stsFault  []Op               // STS's own faults, region down, AWS's clock steps
 	rotations []Op
+	net       netIndex // the network's faults and the nodes' states (check_network.go)
 }
 
 func (c *checker) violate(rule, msg string, ops []Op, calls []STSCall) {
@@ -218,9 +252,10 @@ func (c *checker) index() {
 			c.roleOps[o.Role] = append(c.roleOps[o.Role], o)
 		case KindFault:
 			c.rep.FaultsByKind[o.Fault]++
-			if isProcessFault(o.Fault) {
+			switch {
+			case isProcessFault(o.Fault):
 				c.procFault = append(c.procFault, o)
-			} else {
+			case !isNetworkFault(o.Fault):
 				c.stsFault = append(c.stsFault, o)
 			}
 			if o.Fault == FaultRegionDown && o.Endpoint == "" {
@@ -249,6 +284,20 @@ func (c *checker) index() {
 // isProcessFault: a fault that stops a plugin or moves the active node.
 func isProcessFault(f string) bool {
 	return f == FaultKillPlugin || f == FaultKillActive || f == FaultClusterRestart || f == FaultStepDown
+}
+
+// isNetworkFault: a fault of the network between the nodes or of one
+// node's link to STS, which the clients (the AWS client among them) do not
+// share.
+func isNetworkFault(f string) bool { return f == FaultPartition || f == FaultSTSLink }
+
+// causesReissue: a fault that may rightly make the plugin issue a new
+// credential soon after the last: a process fault (the cycle's commit
+// lost), a partition (the deposed node's commit fails, the new active
+// node refreshes), a link fault (STS issued, the answer was lost on the
+// way) or AWS's clock stepping (a credential judged anew).
+func causesReissue(f string) bool {
+	return isProcessFault(f) || f == FaultPartition || f == FaultSTSLink || f == FaultClockStep
 }
 
 func isSTSIssue(action string) bool {
@@ -300,7 +349,7 @@ func (c *checker) checkReads() {
 			c.rep.FailedReads++
 			continue
 		}
-		if !r.Expiration.After(r.Invoke) {
+		if !r.Expiration.After(r.Invoke) && c.hostIsAWS(r.Invoke, r.Return) {
 			c.violate(RuleNoExpiredRead, fmt.Sprintf("a read begun at %s returned %s, expired at %s", r.Invoke.Format(time.RFC3339Nano), r.AccessKey, r.Expiration.Format(time.RFC3339)), []Op{r}, nil)
 		}
 		iss, ok := c.issued[r.AccessKey]
@@ -407,9 +456,12 @@ func (c *checker) checkAvailability() {
 			continue
 		}
 		good, ok := last[k]
-		if !ok || good.Expiration.Sub(r.Invoke) < c.cfg.MinValidity || c.changedBetween(r.Role, good.Invoke, r.Return) {
+		if !ok || !c.validFor(good.Expiration, r.Invoke, r.Return, c.cfg.MinValidity) || c.changedBetween(r.Role, good.Invoke, r.Return) {
 			c.rep.ColdFailures++
 			continue
+		}
+		if c.partitionFailure(r, good) {
+			continue // a partition's, counted and judged there
 		}
 		if f, ok := c.excusedBy(r); ok {
 			w := windows[f.ID]
@@ -470,7 +522,7 @@ func (c *checker) explainsReissue(from, to time.Time) bool {
 		switch o.Kind {
 		case KindRoleWrite, KindRoleDelete, KindRotate, KindRootWrite, KindRefreshCfg:
 		case KindFault:
-			if !isProcessFault(o.Fault) {
+			if !causesReissue(o.Fault) {
 				continue
 			}
 		default:
@@ -526,7 +578,7 @@ func (c *checker) checkIAM() {
 // down past a credential's life) the agent has nothing to render.
 func (c *checker) checkAgentFile() {
 	for _, o := range c.ops {
-		if o.Kind != KindAgentFile || o.AccessKey == "" || !o.Invoke.After(o.Expiration) {
+		if o.Kind != KindAgentFile || o.AccessKey == "" || !c.expiredAt(o.Expiration, o.Invoke, o.Return) {
 			continue
 		}
 		role := o.Role

@@ -62,7 +62,7 @@ func (c *checker) otherCauseBetween(except Op, from, to time.Time) bool {
 		switch o.Kind {
 		case KindRoleWrite, KindRoleDelete, KindRotate, KindRootWrite, KindRefreshCfg:
 		case KindFault:
-			if o.ID == except.ID || !isProcessFault(o.Fault) {
+			if o.ID == except.ID || !causesReissue(o.Fault) {
 				continue
 			}
 		default:

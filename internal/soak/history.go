@@ -58,6 +58,36 @@ const (
 // while the fallback listener, the same STS and IAM, stays up.
 const FaultRegionDown = "region_down"
 
+// The network's faults (the soak's nodes each in a network namespace,
+// their STS traffic through a link proxy; internal/vaulttest's Network and
+// LinkProxy).
+const (
+	// FaultPartition cuts the nodes named by Nodes (the minority) off from
+	// the others (Detail: "isolate_active", "isolate_standby" or "split");
+	// every node still reaches STS and the clients.
+	FaultPartition = "partition"
+	// FaultSTSLink is a fault of one node's link to STS and IAM (Node;
+	// Detail names it: "latency_<d>", "loss_<n>pct", "reset_mid_response",
+	// "bandwidth_<n>Bps", "cut"); the other nodes' links and every client's
+	// are untouched.
+	FaultSTSLink = "sts_link"
+	// FaultClockStep steps AWS's clock (the emulator's) by ClockOffset for
+	// the fault's window, and back at its end.
+	FaultClockStep = "aws_clock_step"
+)
+
+// The kinds of op that describe the cluster rather than act on it.
+const (
+	// KindNodeState is a change of a node's state as its sys/health
+	// answered (Node, Detail: active, standby, sealed, down, no_answer...);
+	// Invoke is when the answer came.
+	KindNodeState = "node_state"
+	// KindTopology names the addresses each node's STS and IAM calls come
+	// from (Addrs: address -> node), so that the emulator's call log
+	// (STSCall.Source) tells whose call each was.
+	KindTopology = "topology"
+)
+
 // Op is one operation of the history.
 type Op struct {
 	ID     int64  `json:"id"`
@@ -96,6 +126,17 @@ type Op struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// Value is a sample's value (RSS in bytes).
 	Value float64 `json:"value,omitempty"`
+	// Node is the node a read went through, whose state a node_state op
+	// records, or whose STS link an sts_link fault breaks.
+	Node string `json:"node,omitempty"`
+	// Nodes are the nodes a partition cut off from the rest (the
+	// minority).
+	Nodes []string `json:"nodes,omitempty"`
+	// ClockOffset is AWS's clock minus the host's during an
+	// aws_clock_step.
+	ClockOffset time.Duration `json:"clock_offset,omitempty"`
+	// Addrs maps each source address of STS calls to its node (topology).
+	Addrs map[string]string `json:"addrs,omitempty"`
 }
 
 // Duration is how long the op took.
@@ -117,6 +158,15 @@ func (o Op) String() string {
 	}
 	if o.Endpoint != "" {
 		s += " endpoint=" + o.Endpoint
+	}
+	if o.Node != "" {
+		s += " node=" + o.Node
+	}
+	if len(o.Nodes) > 0 {
+		s += fmt.Sprintf(" cut off=%v", o.Nodes)
+	}
+	if o.ClockOffset != 0 {
+		s += " aws_clock=" + signed(o.ClockOffset)
 	}
 	s += fmt.Sprintf(" [%s .. %s]", o.Invoke.Format("15:04:05.000"), o.Return.Format("15:04:05.000"))
 	switch {
@@ -151,6 +201,22 @@ type STSCall struct {
 	IssuedExpiration time.Time `json:"issued_expiration"`
 	// Listener is the emulator listener the call came through (host:port).
 	Listener string `json:"listener"`
+	// Source is the caller's address: a node's (through the topology op),
+	// or a client's.
+	Source string `json:"source,omitempty"`
+	// ClockOffset is AWS's clock (the emulator's) minus the host's when the
+	// call arrived. The log's time is AWS's; ReadCalls makes Time the
+	// host's, comparable with the history's, and keeps AWS's in AWSTime.
+	ClockOffset time.Duration `json:"clock_offset,omitempty"`
+	AWSTime     time.Time     `json:"-"`
+}
+
+// signed formats d with its sign.
+func signed(d time.Duration) string {
+	if d > 0 {
+		return "+" + d.String()
+	}
+	return d.String()
 }
 
 // ReadOps reads a history, one JSON Op per line.
@@ -175,6 +241,7 @@ func ReadCalls(r io.Reader) ([]STSCall, error) {
 		if err := json.Unmarshal(b, &c); err != nil {
 			return err
 		}
+		c.AWSTime, c.Time = c.Time, c.Time.Add(-c.ClockOffset)
 		calls = append(calls, c)
 		return nil
 	})

@@ -31,6 +31,33 @@ func (r *Report) Write(w io.Writer) {
 	for _, x := range r.RegionsDown {
 		fmt.Fprintf(w, "  %-16s %s .. %s  %s, %s: fallback %d STS calls, %d credentials issued; %d calls reached the downed listener\n", orNone(x.Detail), x.Start.Format("15:04:05.000"), x.End.Format("15:04:05.000"), x.End.Sub(x.Start).Round(time.Millisecond), x.Endpoint, x.FallbackCalls, x.FallbackIssued, x.DownCalls)
 	}
+	fmt.Fprintf(w, "partitions          %d (nodes cut off from the others; reads through each side, STS calls)\n", len(r.Partitions))
+	for _, p := range r.Partitions {
+		elected := "the active node stayed on the majority side"
+		if p.NewActive != "" {
+			elected = fmt.Sprintf("%s active %s after it began", p.NewActive, p.After.Round(time.Millisecond))
+		}
+		fmt.Fprintf(w, "  %-16s %s .. %s  %s, cut off %v, active %s before; %s; majority reads %d served of %d, %d credentials issued; minority reads %d served of %d, %d STS calls\n",
+			orNone(p.Detail), p.Start.Format("15:04:05.000"), p.End.Format("15:04:05.000"), p.End.Sub(p.Start).Round(time.Millisecond), p.Minority, orNone(p.OldActive), elected,
+			p.MajorityServed, p.MajorityReads, p.MajorityIssued, p.MinorityServed, p.MinorityReads, p.MinorityCalls)
+	}
+	late, lastLate := 0, time.Duration(0)
+	for _, l := range r.RoleLosses {
+		late += l.LateCalls
+		lastLate = max(lastLate, l.Last)
+	}
+	fmt.Fprintf(w, "active role lost    %d times; %d STS/IAM calls reached STS after the loss, the latest %s after it (allowance: calls on the wire, Vault telling the plugin)\n",
+		len(r.RoleLosses), late, lastLate.Round(time.Millisecond))
+	fmt.Fprintf(w, "STS link faults     %d (one node's link to STS; the others' and the clients' untouched)\n", len(r.LinkFaults))
+	for _, l := range r.LinkFaults {
+		fmt.Fprintf(w, "  %-20s %s .. %s  %s, %s: %d STS calls reached STS, %d credentials issued; reads %d served of %d\n",
+			l.Detail, l.Start.Format("15:04:05.000"), l.End.Format("15:04:05.000"), l.End.Sub(l.Start).Round(time.Millisecond), l.Node, l.Calls, l.Issued, l.Served, l.Reads)
+	}
+	fmt.Fprintf(w, "AWS clock steps     %d (the emulator's clock moved, and back; reads judged by AWS's clock)\n", len(r.ClockSteps))
+	for _, c := range r.ClockSteps {
+		fmt.Fprintf(w, "  %-16s %s .. %s  %s: the plugin followed after %s, and the step back after %s; reads %d served of %d\n",
+			signed(c.Offset), c.Start.Format("15:04:05.000"), c.End.Format("15:04:05.000"), c.End.Sub(c.Start).Round(time.Millisecond), orNever(c.Adopted), orNever(c.Restored), c.Served, c.Reads)
+	}
 	fmt.Fprintf(w, "AWS client          %d calls with Vault Agent's file, failed %d (%d with an expired credential in the file, %d during STS faults)\n", r.AWSCalls, r.AWSFailed, r.AWSExpired, r.AWSDuringFault)
 	calls, issued, worst, worstS := 0, 0, 0.0, ""
 	for s, n := range r.STSCalls {
@@ -76,4 +103,11 @@ func counts(m map[string]int) string {
 		return "none"
 	}
 	return s
+}
+
+func orNever(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.Round(time.Millisecond).String()
 }

@@ -24,11 +24,15 @@ const (
 	actRefreshCfg     = soak.KindRefreshCfg
 	actClusterRestart = soak.FaultClusterRestart
 	actRegionDown     = soak.FaultRegionDown
+	// The network's and AWS's clock's (issues 34, 33).
+	actPartition = soak.FaultPartition // a node cut off from the two others, then healed
+	actLinkFault = soak.FaultSTSLink   // the active node's link to STS slowed, lossy, reset or cut
+	actClockStep = soak.FaultClockStep // AWS's clock steps, and back
 )
 
-// weights are the kinds' shares of the schedule: out of 13 actions, 4 STS
-// faults, 2 role changes, one of each other kind (a step-down and a plugin
-// kill share one).
+// weights are the kinds' shares of the schedule: out of 18 actions, 4 STS
+// faults, 2 role changes, 2 partitions, 2 link faults, one of each other
+// kind (a step-down and a plugin kill share one).
 var weights = []struct {
 	kind   string
 	weight int
@@ -42,7 +46,26 @@ var weights = []struct {
 	{actSTSDownLong, 1},
 	{actClusterRestart, 1},
 	{actRegionDown, 1},
+	{actPartition, 2},
+	{actLinkFault, 2},
+	{actClockStep, 1},
 }
+
+// Partition modes: the node cut off is the active one (an election on the
+// majority side), a standby (the active node keeps its majority), or one
+// drawn without regard to its role.
+var partitionModes = []string{"isolate_active", "isolate_standby", "split"}
+
+// linkFaults are the faults of a node's link to STS (the active node's:
+// the one that calls). The soak's blocks are 2 s, so an attempt's call
+// has 1.6 s (callTimeout): 1 s of latency fits in it, 2 s and 10 s do not;
+// 200 B/s delivers an answer (about 1.5 KB) in 7 s, 1 kB/s in 1.5 s; 30 %
+// loss costs retransmissions; the reset cuts an answer after 600 bytes.
+var linkFaults = []string{"latency_1s", "latency_2s", "latency_10s", "loss_30pct", "reset_mid_response", "bandwidth_200Bps", "bandwidth_1000Bps", "cut"}
+
+// clockSteps are the sizes of AWS's clock steps (either way): well within
+// STS's 5-minute signature tolerance, up to longer than a credential lives.
+var clockSteps = []time.Duration{20 * time.Second, 45 * time.Second, 90 * time.Second}
 
 // action is one step of the schedule, every choice of it drawn from the
 // seed up front (draw), so that a seed names one sequence of actions
@@ -55,7 +78,9 @@ type action struct {
 	fault int
 	// mode: cluster_restart "stop" or "kill"; region_down "refused" or
 	// "unavailable".
-	mode    string
+	mode string
+	// offset: aws_clock_step, AWS's clock's offset from the host's.
+	offset  time.Duration
 	role    int  // role_change: soak-<role>, never soak-0 (the agent's)
 	del     bool // role_change: delete and re-create rather than a role_arn change
 	user    int  // refresh_config: the user who logs in again
@@ -65,19 +90,62 @@ type action struct {
 // draw draws the next action: the pause before it (5 to 15 s), its kind by
 // weights, and its choices.
 func draw(rng *rand.Rand) action {
-	a := action{wait: 5*time.Second + time.Duration(rng.Int64N(int64(10*time.Second)))}
+	wait := 5*time.Second + time.Duration(rng.Int64N(int64(10*time.Second)))
 	total := 0
 	for _, w := range weights {
 		total += w.weight
 	}
 	k := rng.IntN(total)
+	kind := ""
 	for _, w := range weights {
 		if k < w.weight {
-			a.kind = w.kind
+			kind = w.kind
 			break
 		}
 		k -= w.weight
 	}
+	return drawOf(rng, kind, wait)
+}
+
+// required are the kinds a run of d draws first, whatever the weights, so
+// that every run of 3 minutes or more meets a partition, an STS link fault
+// and a step of AWS's clock, and a shorter one (CI's 2 minutes) one of
+// the first two.
+func required(rng *rand.Rand, d time.Duration) []string {
+	switch {
+	case d >= 3*time.Minute:
+		return []string{actPartition, actLinkFault, actClockStep}
+	case d >= time.Minute:
+		return []string{[2]string{actPartition, actLinkFault}[rng.IntN(2)]}
+	}
+	return nil
+}
+
+// schedule draws a run's actions one at a time: the required ones first,
+// then by weights.
+type schedule struct {
+	rng  *rand.Rand
+	next []string
+}
+
+func newSchedule(seed uint64, d time.Duration) *schedule {
+	rng := rand.New(rand.NewPCG(seed, 0x50a4))
+	return &schedule{rng: rng, next: required(rng, d)}
+}
+
+func (s *schedule) draw() action {
+	if len(s.next) == 0 {
+		return draw(s.rng)
+	}
+	kind := s.next[0]
+	s.next = s.next[1:]
+	// The first one comes soon: the cluster has just formed.
+	return drawOf(s.rng, kind, 5*time.Second+time.Duration(s.rng.Int64N(int64(10*time.Second))))
+}
+
+// drawOf draws the choices of an action of kind.
+func drawOf(rng *rand.Rand, kind string, wait time.Duration) action {
+	a := action{kind: kind, wait: wait}
 	switch a.kind {
 	case actSTSFault:
 		a.fault = rng.IntN(len(stsFaults) + 1)
@@ -103,6 +171,21 @@ func draw(rng *rand.Rand) action {
 		// falls due while the region is down and is renewed through the
 		// fallback; up to longer than a credential lives.
 		a.hold = 40*time.Second + time.Duration(rng.Int64N(int64(30*time.Second)))
+	case actPartition:
+		a.mode = partitionModes[rng.IntN(len(partitionModes))]
+		a.role = rng.IntN(3) // split: the node cut off
+		// Up to longer than the 30 s between a credential's refreshes:
+		// the majority's new active node refreshes what falls due.
+		a.hold = 20*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
+	case actLinkFault:
+		a.mode = linkFaults[rng.IntN(len(linkFaults))]
+		a.hold = 10*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
+	case actClockStep:
+		a.offset = clockSteps[rng.IntN(len(clockSteps))]
+		if rng.IntN(2) == 0 {
+			a.offset = -a.offset
+		}
+		a.hold = 20*time.Second + time.Duration(rng.Int64N(int64(40*time.Second)))
 	}
 	return a
 }
@@ -112,8 +195,11 @@ func draw(rng *rand.Rand) action {
 // schedule starts no action that would not end before the run's end.
 func (a action) nominal() time.Duration {
 	switch a.kind {
-	case actSTSFault, actSTSDownLong, actRegionDown:
+	case actSTSFault, actSTSDownLong, actRegionDown, actLinkFault, actClockStep:
 		return a.hold
+	case actPartition:
+		// The healed node's rejoin.
+		return a.hold + 10*time.Second
 	case actClusterRestart:
 		return 30 * time.Second
 	case actKillActive:
@@ -138,6 +224,8 @@ func (a action) name() string {
 		return "sts_latency"
 	case a.kind == actSTSFault:
 		return stsFaults[a.fault].name
+	case a.kind == actClockStep:
+		return fmt.Sprintf("%s (%+ds)", a.kind, int(a.offset.Seconds()))
 	case a.mode != "":
 		return a.kind + " (" + a.mode + ")"
 	case a.kind == actRoleChange && a.del:
@@ -158,11 +246,11 @@ type planned struct {
 // with every action taking its nominal time: the actions are exactly the
 // driver's, their starts approximate.
 func plan(seed uint64, d time.Duration) []planned {
-	rng := rand.New(rand.NewPCG(seed, 0x50a4))
+	sched := newSchedule(seed, d)
 	var out []planned
 	var now time.Duration
 	for {
-		a := draw(rng)
+		a := sched.draw()
 		if now+a.wait+a.nominal() > d {
 			return out
 		}
@@ -172,19 +260,21 @@ func plan(seed uint64, d time.Duration) []planned {
 	}
 }
 
-// TestSchedule: a seed draws one schedule; an hour draws every kind of
-// action and every mode of the cluster restart and the region down; no
+// TestSchedule: a seed draws one schedule; an hour at the seed of the
+// hour recorded in RELIABILITY.md (224) draws every kind of action and
+// every mode of each (cluster restart, region down, partition, link fault,
+// each size of AWS's clock step either way); no
 // action is planned to end past the run's end; holds keep their bounds.
 // With SOAK_SEED (and SOAK_DURATION, default 2m) set it prints that seed's
 // plan, to pick a seed whose schedule holds a given action:
 //
 //	SOAK_SEED=3 SOAK_DURATION=5m go test -run TestSchedule -v ./internal/soak/
 func TestSchedule(t *testing.T) {
-	if a, b := plan(7, time.Hour), plan(7, time.Hour); fmt.Sprint(a) != fmt.Sprint(b) {
-		t.Fatal("seed 7 planned two different schedules")
+	if a, b := plan(224, time.Hour), plan(224, time.Hour); fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatal("seed 224 planned two different schedules")
 	}
 	seen := map[string]int{}
-	for _, p := range plan(7, time.Hour) {
+	for _, p := range plan(224, time.Hour) {
 		seen[p.a.kind+" "+p.a.mode]++
 		if end := p.at + p.a.nominal(); end > time.Hour {
 			t.Errorf("%s planned to end at %s, past the hour", p.a.name(), end)
@@ -205,13 +295,35 @@ func TestSchedule(t *testing.T) {
 			if p.a.role < 1 || p.a.role >= roleCount {
 				t.Errorf("role change of soak-%d: soak-0 is the agent's and stays", p.a.role)
 			}
+		case actPartition:
+			if p.a.hold < 20*time.Second || p.a.hold >= 45*time.Second {
+				t.Errorf("partition for %s, want 20 to 45 s", p.a.hold)
+			}
+		case actLinkFault:
+			if p.a.hold < 10*time.Second || p.a.hold >= 35*time.Second {
+				t.Errorf("link fault for %s, want 10 to 35 s", p.a.hold)
+			}
+		case actClockStep:
+			seen[fmt.Sprintf("%s %s", p.a.kind, p.a.offset)]++
 		}
 	}
 	for _, k := range []string{actSTSFault + " ", actSTSDownLong + " ", actStepDown + " ", actKillPlugin + " ", actKillActive + " ",
 		actRoleChange + " ", actRotate + " ", actRefreshCfg + " ", actClusterRestart + " stop", actClusterRestart + " kill",
-		actRegionDown + " refused", actRegionDown + " unavailable"} {
+		actRegionDown + " refused", actRegionDown + " unavailable",
+		actClockStep + " 20s", actClockStep + " -20s", actClockStep + " 45s", actClockStep + " -45s", actClockStep + " 1m30s", actClockStep + " -1m30s"} {
 		if seen[k] == 0 {
-			t.Errorf("an hour at seed 7 never draws %q (drew %v)", k, seen)
+			t.Errorf("an hour at seed 224 never draws %q (drew %v)", k, seen)
+		}
+	}
+
+	for _, m := range partitionModes {
+		if seen[actPartition+" "+m] == 0 {
+			t.Errorf("an hour at seed 224 never draws partition %q (drew %v)", m, seen)
+		}
+	}
+	for _, m := range linkFaults {
+		if seen[actLinkFault+" "+m] == 0 {
+			t.Errorf("an hour at seed 224 never draws link fault %q (drew %v)", m, seen)
 		}
 	}
 
@@ -234,5 +346,29 @@ func TestSchedule(t *testing.T) {
 			}
 		}
 		t.Logf("seed %d, %s (starts assume nominal durations):%s", seed, d, b.String())
+	}
+}
+
+// TestScheduleRequired: every run of 3 minutes or more meets a partition,
+// an STS link fault and a step of AWS's clock, each early enough to end
+// before the run does; a run of 1 to 3 minutes (CI's 2) one of the first
+// two; the one of CI (seed 5, 2 minutes) among them.
+func TestScheduleRequired(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		for _, d := range []time.Duration{2 * time.Minute, 3 * time.Minute, 10 * time.Minute, time.Hour} {
+			kinds := map[string]int{}
+			for _, p := range plan(seed, d) {
+				kinds[p.a.kind]++
+			}
+			if d >= 3*time.Minute {
+				for _, k := range []string{actPartition, actLinkFault, actClockStep} {
+					if kinds[k] == 0 {
+						t.Errorf("seed %d, %s: no %s (drew %v)", seed, d, k, kinds)
+					}
+				}
+			} else if kinds[actPartition]+kinds[actLinkFault] == 0 {
+				t.Errorf("seed %d, %s: neither a partition nor a link fault (drew %v)", seed, d, kinds)
+			}
+		}
 	}
 }

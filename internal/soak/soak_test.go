@@ -56,7 +56,14 @@ var checkConfig = soak.Config{
 	Skew:             100 * time.Millisecond,
 	MinValidity:      time.Second, // the plugin's minServeValidity
 	AgentRole:        roleName(0),
+	// Vault telling a deposed node's plugin (seen at 1 to 2 s when the
+	// active node is cut off), a call already on the wire (a block's 2 s),
+	// the health poll's period, and slack for a loaded host.
+	DeposedAllowance: 10 * time.Second,
 }
+
+// stateEvery is how often every node's health is polled for the history.
+const stateEvery = 200 * time.Millisecond
 
 // recorder writes the history, one JSON line per operation, as it happens.
 type recorder struct {
@@ -127,7 +134,7 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: %s, seed %d, output in %s", duration, seed, out)
 
-	run := newRun(t, rec, broken)
+	run := newRun(t, rec, broken, out)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := 0; i < readers; i++ {
@@ -146,9 +153,9 @@ func TestSoak(t *testing.T) {
 	// end before the run's end is not started: the run then idles to its
 	// end, so that a 2-minute run takes 2 minutes, not 2 plus a 70 s outage.
 	end := time.Now().Add(duration)
-	rng := rand.New(rand.NewPCG(seed, 0x50a4))
+	sched := newSchedule(seed, duration)
 	for {
-		a := draw(rng)
+		a := sched.draw()
 		if time.Until(end) < a.wait+a.nominal() {
 			break
 		}
@@ -159,21 +166,13 @@ func TestSoak(t *testing.T) {
 	time.Sleep(time.Until(end))
 	close(stop)
 	wg.Wait()
+	run.stopWatch()
 	run.emu.ClearFaults(t)
 	if n := run.awsCalls.Load(); n == 0 && duration > 30*time.Second {
 		t.Errorf("the AWS client made no call in %s: is the agent's file rendered? (%s)", duration, run.agent.Destinations[0])
 	}
 
-	calls := run.emu.Calls(t)
-	cf, err := os.Create(filepath.Join(out, "calls.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc := json.NewEncoder(cf)
-	for _, c := range calls {
-		enc.Encode(c)
-	}
-	cf.Close()
+	run.saveCalls()
 	if rec.err != nil {
 		t.Fatalf("writing the history: %v", rec.err)
 	}
@@ -233,9 +232,18 @@ type run struct {
 	broken string // SOAK_BROKEN
 	// emu has a second listener, AlsoURLs[0]: the mount's fallback STS
 	// endpoint, the same STS and IAM.
-	emu   *vaulttest.Emulator
+	emu *vaulttest.Emulator
+	// nw puts each node in its own network namespace; proxy is every
+	// node's STS link (at the emulator's own URLs, inside each namespace).
+	nw    *vaulttest.Network
+	proxy *vaulttest.LinkProxy
 	c     *vaulttest.Cluster
-	agent *vaulttest.Agent
+	// stopWatch stops the nodes' health watch.
+	stopWatch func()
+	// out is the output directory; savedCalls marks calls.jsonl written.
+	out        string
+	savedCalls sync.Once
+	agent      *vaulttest.Agent
 	// agentNode is the node the agent talks to; the schedule does not kill
 	// it (a Vault Agent has one address).
 	agentNode *vaulttest.Server
@@ -263,14 +271,31 @@ func arn(name string) string {
 	return "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + name
 }
 
-func newRun(t *testing.T, rec *recorder, broken string) *run {
-	r := &run{t: t, rec: rec, broken: broken, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
+func newRun(t *testing.T, rec *recorder, broken, out string) *run {
+	r := &run{t: t, rec: rec, broken: broken, out: out, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
 	// The AWS client is the awscli (`make test` installs it); without it
 	// the soak skips, which scripts/soak.sh reports as a failure.
 	r.awsBin, r.awsDir = testtool.Require(t, "aws", "--version"), t.TempDir()
 	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String())
-	r.c = vaulttest.StartCluster(t, vaulttest.ClusterOptions{})
+	// A run that fails half-way (a node that never rejoins, say) still
+	// leaves its call log for the checker: registered after the
+	// emulator's start, this runs before its stop.
+	t.Cleanup(r.saveCalls)
+	r.nw = vaulttest.NewNetwork(t, 3)
+	r.proxy = vaulttest.StartLinkProxy(t, r.nw, r.emu.URL, r.emu.AlsoURLs[0])
+	r.c = vaulttest.StartCluster(t, vaulttest.ClusterOptions{Network: r.nw})
 	active := r.c.WaitActive(t, 60*time.Second)
+	// Whose STS calls are whose, and every node's state from now on.
+	addrs := map[string]string{}
+	for i, n := range r.nw.Nodes {
+		addrs[n.SourceIP] = r.c.Nodes[i].NodeID()
+	}
+	now := time.Now()
+	rec.add(soak.Op{Client: "harness", Kind: soak.KindTopology, Invoke: now, Return: now, OK: true, Addrs: addrs})
+	r.stopWatch = r.c.WatchStates(stateEvery, func(node int, state string, at time.Time) {
+		rec.add(soak.Op{Client: "watch", Kind: soak.KindNodeState, Node: r.c.Nodes[node].NodeID(), Detail: state, Invoke: at, Return: at, OK: true})
+	})
+	t.Cleanup(r.stopWatch)
 	r.c.SetupPlugin(t, vaulttest.DefaultPluginVersion)
 	root := map[string]any{
 		"access_key": r.emu.AccessKey, "secret_key": r.emu.SecretKey, "region": "us-east-1",
@@ -325,6 +350,11 @@ aws_session_token = {{ .Data.security_token }}
 
 // do sends one Vault API request with token to node.
 func do(n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
+	return doWith(httpClient, n, token, method, path, body)
+}
+
+// doWith is do with client.
+func doWith(client *http.Client, n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -338,7 +368,7 @@ func do(n *vaulttest.Server, token, method, path string, body any) (int, []byte,
 		return 0, nil, err
 	}
 	req.Header.Set("X-Vault-Token", token)
-	resp, err := httpClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -348,6 +378,14 @@ func do(n *vaulttest.Server, token, method, path string, body any) (int, []byte,
 }
 
 var httpClient = &http.Client{Timeout: 45 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// healthClient asks a node's health and gives up soon.
+var healthClient = &http.Client{Timeout: 2 * time.Second}
+
+// readClient is the readers': a read through a node cut off from the
+// active one hangs (Vault forwards it into the partition) until the
+// client gives up, and a reader stuck 45 s would read little else.
+var readClient = &http.Client{Timeout: 15 * time.Second, CheckRedirect: httpClient.CheckRedirect}
 
 // upNodes are the nodes not killed by the schedule.
 func (r *run) upNodes() []*vaulttest.Server {
@@ -417,7 +455,7 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 			continue
 		}
 		n := nodes[rng.IntN(len(nodes))]
-		o := soak.Op{Client: fmt.Sprintf("reader-%d", i), Kind: soak.KindRead}
+		o := soak.Op{Client: fmt.Sprintf("reader-%d", i), Kind: soak.KindRead, Node: n.NodeID()}
 		token := r.readerToken
 		if k := rng.IntN(roleCount + 1); k < roleCount {
 			o.Role = roleName(k)
@@ -428,7 +466,7 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 			r.mu.Unlock()
 		}
 		o.Invoke = time.Now()
-		code, body, err := do(n, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
+		code, body, err := doWith(readClient, n, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
 		o.Return, o.Status = time.Now(), code
 		if err == nil && code == 200 {
 			var sec vaulttest.Secret
@@ -689,6 +727,17 @@ func (r *run) step(a action) {
 		r.clusterRestart(a.mode)
 	case actRegionDown:
 		r.regionDown(a.mode, a.hold)
+	case actPartition:
+		r.partition(a.mode, a.hold, a.role)
+	case actLinkFault:
+		r.linkFault(a.mode, a.hold)
+	case actClockStep:
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultClockStep, ClockOffset: a.offset, Invoke: time.Now()}
+		r.emu.SetConfig(t, map[string]any{"clock_offset": a.offset.String()})
+		time.Sleep(a.hold)
+		r.emu.SetConfig(t, map[string]any{"clock_offset": "0s"})
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
 	case actRoleChange: // change a role's role_arn, or delete and re-create it
 		role := roleName(a.role)
 		r.mu.Lock()
@@ -767,4 +816,134 @@ func (r *run) regionDown(mode string, hold time.Duration) {
 	r.emu.SetListener(t, r.emu.URL, vaulttest.ListenerUp)
 	o.Return, o.OK = time.Now(), true
 	r.rec.add(o)
+}
+
+// partition cuts one node off from the two others for hold (mode: the
+// active node, a standby, or the node pick names among the three), then
+// heals and waits for the cluster to re-form. Vault Agent's node is never
+// the one cut off (a Vault Agent has one address), as it is never killed.
+func (r *run) partition(mode string, hold time.Duration, pick int) {
+	t := r.t
+	active := r.c.WaitActive(t, 60*time.Second)
+	var cut *vaulttest.Server
+	switch mode {
+	case "isolate_active":
+		cut = active
+	case "split":
+		cut = r.c.Nodes[pick%len(r.c.Nodes)]
+	}
+	if cut == nil || cut == r.agentNode {
+		// A standby other than the agent's (the active node may be the
+		// agent's since a failover): the partition happens all the same.
+		for _, s := range r.c.Standbys(active) {
+			if s != r.agentNode {
+				cut, mode = s, "isolate_standby"
+				break
+			}
+		}
+	}
+	if cut == nil || cut == r.agentNode {
+		return
+	}
+	if cut == active {
+		mode = "isolate_active"
+	}
+	i := r.c.Index(cut)
+	o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultPartition, Detail: mode, Nodes: []string{cut.NodeID()}, Invoke: time.Now()}
+	r.nw.Partition(t, []int{i}, r.nw.Others(i))
+	time.Sleep(hold)
+	r.nw.Heal(t)
+	o.Return, o.OK = time.Now(), true
+	r.rec.add(o)
+	// The node cut off rejoins (a standby again) before the next action.
+	r.waitFormed(90 * time.Second)
+}
+
+// linkFault breaks the active node's link to STS (the one that calls) for
+// hold, as mode says (linkFaults), then restores it.
+func (r *run) linkFault(mode string, hold time.Duration) {
+	t := r.t
+	active := r.c.WaitActive(t, 60*time.Second)
+	i := r.c.Index(active)
+	var f vaulttest.LinkFault
+	loss := 0
+	switch mode {
+	case "latency_1s":
+		f.Latency = time.Second
+	case "latency_2s":
+		f.Latency = 2 * time.Second
+	case "latency_10s":
+		f.Latency = 10 * time.Second
+	case "loss_30pct":
+		loss = 30
+	case "reset_mid_response":
+		f.ResetAfter = 600
+	case "bandwidth_200Bps":
+		f.Bandwidth = 200
+	case "bandwidth_1000Bps":
+		f.Bandwidth = 1000
+	case "cut":
+		loss = 100
+	default:
+		t.Fatalf("unknown link fault %q", mode)
+	}
+	o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: soak.FaultSTSLink, Detail: mode, Node: active.NodeID(), Invoke: time.Now()}
+	r.proxy.SetFault(i, f)
+	if loss > 0 {
+		r.nw.SetLinkLoss(t, i, loss)
+	}
+	time.Sleep(hold)
+	r.proxy.SetFault(i, vaulttest.LinkFault{})
+	if loss > 0 {
+		r.nw.SetLinkLoss(t, i, 0)
+	}
+	o.Return, o.OK = time.Now(), true
+	r.rec.add(o)
+}
+
+// saveCalls writes the emulator's call log to calls.jsonl, once.
+func (r *run) saveCalls() {
+	r.savedCalls.Do(func() {
+		calls := r.emu.Calls(r.t)
+		cf, err := os.Create(filepath.Join(r.out, "calls.jsonl"))
+		if err != nil {
+			r.t.Error(err)
+			return
+		}
+		defer cf.Close()
+		enc := json.NewEncoder(cf)
+		for _, c := range calls {
+			enc.Encode(c)
+		}
+	})
+}
+
+// waitFormed waits up to timeout for the cluster to re-form (one node
+// active, the others standbys) and reports whether it did: a node that
+// never rejoins is the checker's to judge, not a reason to stop the run.
+func (r *run) waitFormed(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		active, standbys := 0, 0
+		for _, n := range r.c.Nodes {
+			code := 0
+			// A node stuck stepping down does not answer: a short wait.
+			if resp, err := healthClient.Get(n.Addr + "/v1/sys/health"); err == nil {
+				code = resp.StatusCode
+				resp.Body.Close()
+			}
+			switch code {
+			case 200:
+				active++
+			case 429, 473:
+				standbys++
+			}
+		}
+		if active == 1 && standbys == len(r.c.Nodes)-1 {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r.t.Logf("%s the cluster did not re-form within %s", time.Now().UTC().Format("15:04:05"), timeout)
+	return false
 }

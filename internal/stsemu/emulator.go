@@ -474,7 +474,8 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	roleArn := params.Get("RoleArn")
 	authz := r.Header.Get("Authorization")
 	listenerAddr, unavailable := e.listenerOf(r)
-	rec := Call{Time: now, Action: action, RoleArn: roleArn, AccessKeyID: credentialKeyID(authz), Listener: listenerAddr}
+	rec := Call{Time: now, Action: action, RoleArn: roleArn, AccessKeyID: credentialKeyID(authz), Listener: listenerAddr,
+		Source: remoteIP(r), ClockOffset: e.clockOffset()}
 	if sessionActions[action] {
 		rec.RoleSessionName, rec.SourceIdentity = params.Get("RoleSessionName"), params.Get("SourceIdentity")
 	}
@@ -523,6 +524,15 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 	h.Set("Date", e.signNow().UTC().Format(http.TimeFormat))
 	w.WriteHeader(rep.status)
 	_, _ = w.Write(rep.body)
+}
+
+// remoteIP is the caller's address without its port.
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // callSettings takes the throttling decision, picks a fault and copies the

@@ -72,6 +72,12 @@ type Call struct {
 	// Listener is the address of the listener the call came through
 	// (ListenerView.Addr); "" when served without one (a test's recorder).
 	Listener string `json:"listener,omitempty"`
+	// Source is the caller's IP address: a test that gives each caller an
+	// address of its own (the chaos soak's nodes) tells whose call it was.
+	Source string `json:"source,omitempty"`
+	// ClockOffset is the emulator's clock offset when the call arrived:
+	// Time minus ClockOffset is the host's time of the call.
+	ClockOffset time.Duration `json:"clock_offset,omitempty"`
 }
 
 // maxCalls bounds the call log: a long-lived dev server or a benchmark that

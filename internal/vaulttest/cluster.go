@@ -24,6 +24,10 @@ type ClusterOptions struct {
 	// Bin is the Vault binary of every node (default VaultBin: $VAULT_BIN
 	// or the pinned version).
 	Bin string
+	// Network, when set (NewNetwork with as many nodes), runs node i in
+	// namespace i at its address, so that Partition can cut it off from
+	// the others; the host reaches every node's API as before.
+	Network *Network
 }
 
 // Cluster is a set of Vault servers sharing integrated Raft storage: node 1
@@ -32,6 +36,19 @@ type ClusterOptions struct {
 type Cluster struct {
 	// Nodes are the servers in node-id order (node1, node2, ...).
 	Nodes []*Server
+	// Network is the cluster's network (ClusterOptions.Network), nil when
+	// the nodes share the host's loopback.
+	Network *Network
+}
+
+// Index returns the position of s in c.Nodes (its network node), or -1.
+func (c *Cluster) Index(s *Server) int {
+	for i, n := range c.Nodes {
+		if n == s {
+			return i
+		}
+	}
+	return -1
 }
 
 // StartCluster starts opts.Nodes Vault servers on loopback with raft
@@ -59,12 +76,21 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 		bin = VaultBin(tb)
 	}
 	ports := freePorts(tb, 2*opts.Nodes)
-	c := &Cluster{}
+	c := &Cluster{Network: opts.Network}
+	if nw := opts.Network; nw != nil && len(nw.Nodes) != opts.Nodes {
+		tb.Fatalf("a network of %d nodes for a cluster of %d", len(nw.Nodes), opts.Nodes)
+	}
 	for i := 0; i < opts.Nodes; i++ {
 		dir := tb.TempDir()
+		host := "127.0.0.1"
+		if opts.Network != nil {
+			// The node's own address in its namespace: nothing else
+			// listens there, so the ports are Vault's usual ones.
+			host, ports[2*i], ports[2*i+1] = opts.Network.Nodes[i].IP, 8200, 8201
+		}
 		s := &Server{
-			Addr:        fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
-			ClusterAddr: fmt.Sprintf("https://127.0.0.1:%d", ports[2*i+1]),
+			Addr:        fmt.Sprintf("http://%s:%d", host, ports[2*i]),
+			ClusterAddr: fmt.Sprintf("https://%s:%d", host, ports[2*i+1]),
 			Dir:         dir,
 			PluginDir:   filepath.Join(dir, "plugins"),
 			opts:        ServerOptions{Storage: "raft", NodeID: fmt.Sprintf("node%d", i+1), LogLevel: opts.LogLevel, Env: opts.Env, Dir: dir},
@@ -96,8 +122,12 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 		}
 		// All processes start at once: the joiners retry until node 1 is
 		// initialised, which saves their start-up time.
-		s.Process = StartProcess(tb, "vault-"+s.opts.NodeID, s.Dir, cleanEnv(opts.Env...), bin,
-			"server", "-config="+cfg, "-log-level="+opts.LogLevel)
+		args := []string{"server", "-config=" + cfg, "-log-level=" + opts.LogLevel}
+		procBin := bin
+		if opts.Network != nil {
+			procBin, args = opts.Network.Exec(i, bin, args...)
+		}
+		s.Process = StartProcess(tb, "vault-"+s.opts.NodeID, s.Dir, cleanEnv(opts.Env...), procBin, args...)
 	}
 
 	first := c.Nodes[0]
