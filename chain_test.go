@@ -1,9 +1,12 @@
 package awsresilient
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -306,5 +309,337 @@ func TestChainSourceFailingAndRecovering(t *testing.T) {
 	}
 	if n := len(f.emu.Calls()); n != 2 {
 		t.Fatalf("%d STS calls for the recovery of a hub and a target, want 2: %+v", n, f.emu.Calls())
+	}
+}
+
+// TestChainDeleteSource: deleting a role that others name as their
+// source_role is a 409 naming them, and changes nothing; force deletes it,
+// and the targets' next cycles, planned at once, fail naming the missing
+// source while they keep serving; creating it again plans them at once,
+// and they recover.
+func TestChainDeleteSource(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app1", "hub", nil)
+	f.writeChain("app2", "hub", nil)
+	f.mustReadCreds("app1")
+	served := f.mustReadCreds("app2").Data["access_key"]
+
+	before := snapshot(t, f.s)
+	resp, err := do(t, f.b, f.s, logical.DeleteOperation, "roles/hub", nil)
+	wantCoded(t, resp, err, http.StatusConflict, `role "hub" is the source_role of 2 roles (app1, app2)`, "force=true")
+	if !sameSnapshot(before, snapshot(t, f.s)) {
+		t.Fatal("a refused delete changed storage")
+	}
+	keys := mustDo(t, f.b, f.s, logical.ListOperation, "roles/", map[string]interface{}{"source_role": "hub"}).Data["keys"]
+	if fmt.Sprint(keys) != "[app1 app2]" {
+		t.Fatalf("LIST roles source_role=hub = %v", keys)
+	}
+	if resp, err := do(t, f.b, f.s, logical.ListOperation, "roles/", map[string]interface{}{"source_role": "hub", "after": "app1"}); err != nil || fmt.Sprint(resp.Data["keys"]) != "[app2]" {
+		t.Fatalf("LIST roles source_role=hub after=app1 = %v, %v", resp.Data["keys"], err)
+	}
+
+	now := f.clock.Now()
+	mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/hub", map[string]interface{}{"force": true})
+	for _, app := range []string{"app1", "app2"} {
+		if at, ok := f.b.refresher.plannedAt(roleKey(app)); !ok || !at.Equal(now) {
+			t.Fatalf("%s planned at %v (%v) after its source's delete, want now %v", app, at, ok, now)
+		}
+	}
+	f.settle()
+	st := f.status("app2")
+	if !strings.Contains(st["last_error"].(string), `SourceRoleFailed: source role "hub": does not exist`) {
+		t.Fatalf("status/app2 after its source's delete: %q", st["last_error"])
+	}
+	if chain := st["chain"].([]interface{}); chain[0].(map[string]interface{})["state"] != "missing" {
+		t.Fatalf("status/app2 chain %v, want the hub missing", chain)
+	}
+	if got := f.mustReadCreds("app2").Data["access_key"]; got != served {
+		t.Fatalf("app2 served %v without its source, want its cached %v", got, served)
+	}
+	// The targets still name it: a new hub is theirs at once.
+	if keys := mustDo(t, f.b, f.s, logical.ListOperation, "roles/", map[string]interface{}{"source_role": "hub"}).Data["keys"]; fmt.Sprint(keys) != "[app1 app2]" {
+		t.Fatalf("LIST roles source_role=hub after the delete = %v", keys)
+	}
+	now = f.clock.Now()
+	f.writeChain("hub", "", nil)
+	if at, _ := f.b.refresher.plannedAt(roleKey("app2")); !at.Equal(now) {
+		t.Fatalf("app2 planned at %v after its source came back, want now %v", at, now)
+	}
+	f.settle()
+	if st := f.status("app2"); st["failed_cycles"] != 0 {
+		t.Fatalf("app2 did not recover once its source exists again: %v", st)
+	}
+	// Unforced delete of a target, then of the hub with none left.
+	mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/app1", nil)
+	mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/app2", nil)
+	mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/hub", nil)
+}
+
+// TestChainSourceChangeReplansTargets: a change of what a source issues
+// drops its own credential and plans its targets' next cycles now, which
+// refresh it first; a target's change never touches its source.
+func TestChainSourceChangeReplansTargets(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app", "hub", nil)
+	f.mustReadCreds("app")
+
+	// The target's change: the hub's credential, status and plan stay.
+	hubCred, hubStatus := cached(t, f.s, "hub"), f.status("hub")
+	hubPlan, _ := f.b.refresher.plannedAt(roleKey("hub"))
+	f.writeChain("app", "hub", map[string]interface{}{"session_tags": "team=a"})
+	if c := cached(t, f.s, "hub"); c == nil || c.AccessKey != hubCred.AccessKey {
+		t.Fatal("a target's change dropped its source's credential")
+	}
+	if at, _ := f.b.refresher.plannedAt(roleKey("hub")); !at.Equal(hubPlan) || fmt.Sprint(f.status("hub")) != fmt.Sprint(hubStatus) {
+		t.Fatal("a target's change moved its source's plan or status")
+	}
+	f.mustReadCreds("app")
+	appPlan, _ := f.b.refresher.plannedAt(roleKey("app"))
+
+	// A change of what the hub issues; lease alone changes nothing.
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/hub", map[string]interface{}{"lease": false})
+	if at, _ := f.b.refresher.plannedAt(roleKey("app")); !at.Equal(appPlan) {
+		t.Fatalf("a lease change of the source moved its target's plan to %v", at)
+	}
+	now := f.clock.Now()
+	f.emu.ResetStats()
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/hub", map[string]interface{}{"session_tags": "tier=hub"})
+	if at, _ := f.b.refresher.plannedAt(roleKey("app")); !at.Equal(now) {
+		t.Fatalf("app planned at %v after its source changed, want now %v (it was %v)", at, now, appPlan)
+	}
+	f.settle()
+	calls := f.emu.Calls()
+	hub := cached(t, f.s, "hub")
+	if len(calls) != 2 || calls[0].RoleArn != chainARN("hub") || hub == nil || calls[1].AccessKeyID != hub.AccessKey {
+		t.Fatalf("after the source's change: %+v, want the new hub's refresh, then app signed by it", calls)
+	}
+}
+
+// TestChainRotationReachesTheFirstHop: a rotation of config/root's key
+// changes what signs the chain's first hop only: the hub's next refresh is
+// signed with the new key, the targets' keep being signed by the hub's
+// cached credential, and no plan of a target moves.
+func TestChainRotationReachesTheFirstHop(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+testRole, map[string]interface{}{"role_arn": testRoleARN})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app", "hub", nil)
+	f.mustReadCreds("app")
+	appPlan, _ := f.b.refresher.plannedAt(roleKey("app"))
+	hub0 := cached(t, f.s, "hub")
+
+	resp, err := f.rotate()
+	newKey := wantRotated(t, resp, err)
+	if at, _ := f.b.refresher.plannedAt(roleKey("app")); !at.Equal(appPlan) {
+		t.Fatalf("the rotation moved app's plan from %v to %v", appPlan, at)
+	}
+	// The hub's credential outlives the key that requested it: app
+	// refreshes with it, not with either root key.
+	f.emu.ResetStats()
+	f.refresh("app")
+	calls := f.emu.Calls()
+	if len(calls) != 1 || calls[0].AccessKeyID != hub0.AccessKey || calls[0].Outcome != "ok" {
+		t.Fatalf("app's refresh after the rotation: %+v, want one call signed by the hub's %s", calls, hub0.AccessKey)
+	}
+	f.emu.ResetStats()
+	f.refresh("hub")
+	if calls := f.emu.Calls(); len(calls) != 1 || calls[0].AccessKeyID != newKey || calls[0].Outcome != "ok" {
+		t.Fatalf("the hub's refresh after the rotation: %+v, want one call signed by the new key %s", calls, newKey)
+	}
+	hub1 := cached(t, f.s, "hub")
+	f.emu.ResetStats()
+	f.refresh("app")
+	if calls := f.emu.Calls(); len(calls) != 1 || calls[0].AccessKeyID != hub1.AccessKey {
+		t.Fatalf("app's refresh after the hub's: %+v, want one call signed by the hub's new %s", calls, hub1.AccessKey)
+	}
+}
+
+// TestChainEntityTarget: an entity-scoped role chained from a role-scoped
+// hub: the hub's credential is shared, and the last hop carries the
+// entity's session name and SourceIdentity, the hub's none.
+func TestChainEntityTarget(t *testing.T) {
+	ents := newEntityView()
+	ents.set("ent-1", "alice", nil)
+	ents.set("ent-2", "bob", nil)
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour, entities: ents})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app", "hub", map[string]interface{}{"cache_scope": "entity"})
+	read := func(entity string) map[string]interface{} {
+		resp, err := f.drivenReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/app", EntityID: entity})
+		if err != nil || resp.IsError() {
+			t.Fatalf("creds/app as %s: %v %v", entity, err, respErr(resp))
+		}
+		return resp.Data
+	}
+	alice, bob := read("ent-1"), read("ent-2")
+	hub := cached(t, f.s, "hub")
+	if c := issuing(t, f.emu, hub.AccessKey); c.SourceIdentity != "" || c.AccessKeyID != stsemu.DefaultAccessKey {
+		t.Fatalf("the hub was assumed with source identity %q signed by %s", c.SourceIdentity, c.AccessKeyID)
+	}
+	for who, d := range map[string]map[string]interface{}{"alice": alice, "bob": bob} {
+		c := issuing(t, f.emu, d["access_key"].(string))
+		if c.AccessKeyID != hub.AccessKey || c.SourceIdentity != who || c.RoleSessionName != "vault-"+who {
+			t.Fatalf("%s's credential: signed by %s, source identity %q, session %q; want the hub's %s, %q, vault-%s",
+				who, c.AccessKeyID, c.SourceIdentity, c.RoleSessionName, hub.AccessKey, who, who)
+		}
+	}
+	if n := len(okAssumes(f.emu, chainARN("hub"))); n != 1 {
+		t.Fatalf("the hub was assumed %d times for two entities, want once", n)
+	}
+	// A hub cannot be entity-scoped: its targets share it.
+	resp, err := do(t, f.b, f.s, logical.UpdateOperation, "roles/hub", map[string]interface{}{"cache_scope": "entity"})
+	wantBadRequest(t, resp, err, "is the source_role of 1 role (app)")
+}
+
+// TestChainStorageFaults fails each storage call of the writes and deletes
+// that change a chain, in turn, applied or not: afterwards the chain index
+// (LIST roles source_role=, a delete's 409) says what storage holds, and a
+// target is never stored without its source unless a forced delete said so.
+func TestChainStorageFaults(t *testing.T) {
+	ops := []struct {
+		name string
+		op   logical.Operation
+		path string
+		data map[string]interface{}
+	}{
+		{"add a target", logical.UpdateOperation, "roles/app2", map[string]interface{}{"role_arn": chainARN("app2"), "source_role": "hub"}},
+		{"move a target", logical.UpdateOperation, "roles/app1", map[string]interface{}{"source_role": "hub2"}},
+		{"clear a source", logical.UpdateOperation, "roles/app1", map[string]interface{}{"source_role": ""}},
+		{"change the source", logical.UpdateOperation, "roles/hub", map[string]interface{}{"session_tags": "a=b"}},
+		{"delete a target", logical.DeleteOperation, "roles/app1", nil},
+		{"force-delete the source", logical.DeleteOperation, "roles/hub", map[string]interface{}{"force": true}},
+	}
+	for _, o := range ops {
+		for _, applied := range []bool{false, true} {
+			for skip := 0; ; skip++ {
+				fs := newFaultStorage(new(logical.InmemStorage), 1)
+				b, _ := newTestBackend(t, testOpts{storage: fs})
+				for _, w := range []struct{ name, src string }{{"hub", ""}, {"hub2", ""}, {"app1", "hub"}} {
+					mustDo(t, b, fs, logical.UpdateOperation, "roles/"+w.name, map[string]interface{}{"role_arn": chainARN(w.name), "source_role": w.src})
+				}
+				fs.failAfter("", "", skip, 1, applied)
+				_, err := b.HandleRequest(context.Background(), &logical.Request{Operation: o.op, Path: o.path, Data: o.data, Storage: fs})
+				faulted := fs.injectedTotal() > 0
+				fs.heal()
+				for _, src := range []string{"hub", "hub2"} {
+					want := storedTargets(t, fs, src)
+					resp, lerr := do(t, b, fs, logical.ListOperation, "roles/", map[string]interface{}{"source_role": src})
+					if lerr != nil {
+						t.Fatalf("%s (call %d failed, applied %v): LIST: %v", o.name, skip, applied, lerr)
+					}
+					got := []string{}
+					if k, ok := resp.Data["keys"].([]string); ok {
+						got = k
+					}
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Fatalf("%s (call %d failed, applied %v, err %v): LIST roles source_role=%s = %v, storage has %v", o.name, skip, applied, err, src, got, want)
+					}
+				}
+				if !faulted {
+					break // the op ran through: every call was tried
+				}
+			}
+		}
+	}
+}
+
+// storedTargets scans storage for the roles whose source_role is src.
+func storedTargets(t *testing.T, s logical.Storage, src string) []string {
+	t.Helper()
+	names, err := listRoles(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []string{}
+	for _, n := range names {
+		r, err := getRole(context.Background(), s, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r != nil && r.SourceRole == src {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestChainStandbyInvalidation: a standby's chain index follows the active
+// node's role writes through Invalidate, as its mirror does.
+func TestChainStandbyInvalidation(t *testing.T) {
+	s := new(logical.InmemStorage)
+	active, _ := newTestBackend(t, testOpts{storage: s})
+	standby, _ := newTestBackend(t, testOpts{storage: s, standby: true})
+	write := func(name, src string) {
+		mustDo(t, active, s, logical.UpdateOperation, "roles/"+name, map[string]interface{}{"role_arn": chainARN(name), "source_role": src})
+		standby.InvalidateKey(context.Background(), rolePrefix+name)
+	}
+	list := func() string {
+		resp := mustDo(t, standby, s, logical.ListOperation, "roles/", map[string]interface{}{"source_role": "hub"})
+		return fmt.Sprint(resp.Data["keys"])
+	}
+	write("hub", "")
+	write("app1", "hub")
+	if got := list(); got != "[app1]" {
+		t.Fatalf("standby LIST roles source_role=hub = %s", got)
+	}
+	write("app2", "hub")
+	write("app1", "")
+	if got := list(); got != "[app2]" {
+		t.Fatalf("standby LIST roles source_role=hub after the active node's writes = %s, want [app2]", got)
+	}
+	st := mustDo(t, standby, s, logical.ReadOperation, "status/app2", nil).Data
+	if chain := st["chain"].([]interface{}); len(chain) != 2 || chain[0].(map[string]interface{})["role"] != "hub" || st["source_role"] != "hub" {
+		t.Fatalf("standby status/app2 source_role %v chain %v", st["source_role"], chain)
+	}
+}
+
+// TestChainConcurrentWrites: writes that would close a ring, run at once,
+// never all succeed, and a source deleted while a target is being written
+// to name it never leaves the target without it: the topology lock makes
+// each check and its write one step.
+func TestChainConcurrentWrites(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		b, s := getTestBackend(t)
+		const n = 4
+		for i := 0; i < n; i++ {
+			mustDo(t, b, s, logical.UpdateOperation, fmt.Sprintf("roles/r%d", i), map[string]interface{}{"role_arn": chainARN("r")})
+		}
+		mustDo(t, b, s, logical.UpdateOperation, "roles/hub", map[string]interface{}{"role_arn": chainARN("hub")})
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _ = b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: fmt.Sprintf("roles/r%d", i),
+					Data: map[string]interface{}{"source_role": fmt.Sprintf("r%d", (i+1)%n)}, Storage: s})
+			}()
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, _ = b.HandleRequest(context.Background(), &logical.Request{Operation: logical.UpdateOperation, Path: "roles/app",
+				Data: map[string]interface{}{"role_arn": chainARN("app"), "source_role": "hub"}, Storage: s})
+		}()
+		go func() {
+			defer wg.Done()
+			_, _ = b.HandleRequest(context.Background(), &logical.Request{Operation: logical.DeleteOperation, Path: "roles/hub", Storage: s})
+		}()
+		wg.Wait()
+		chained := 0
+		for i := 0; i < n; i++ {
+			if r, _ := getRole(context.Background(), s, fmt.Sprintf("r%d", i)); r.SourceRole != "" {
+				chained++
+			}
+		}
+		if chained == n {
+			t.Fatalf("round %d: every write of the ring succeeded: storage holds a cycle", round)
+		}
+		app, _ := getRole(context.Background(), s, "app")
+		hub, _ := getRole(context.Background(), s, "hub")
+		if app != nil && hub == nil {
+			t.Fatalf("round %d: app names hub as its source, but the hub was deleted without force", round)
+		}
 	}
 }
