@@ -312,7 +312,7 @@ func sourceProblem(name string, role *roleEntry) string {
 }
 
 // pathUp returns the chain that writing name with source_role src makes,
-// from its first hop down to name, or what is wrong with it: a source that
+// from its first hop down to name (each role signs the next), or what is wrong with it: a source that
 // does not exist or cannot sign, a cycle (with the whole path), a chain
 // over maxChainLength.
 func (c *chains) pathUp(ctx context.Context, s logical.Storage, name, src string) ([]string, string, error) {
@@ -324,7 +324,7 @@ func (c *chains) pathUp(ctx context.Context, s logical.Storage, name, src string
 				cyc = append(cyc, cur)
 			}
 			return nil, fmt.Sprintf("source_role %q makes a cycle: %s. A chain must start at a role without "+
-				"source_role, which config/root's identity signs", src, chainText(reverse(cyc))), nil
+				"source_role, which config/root's identity signs", src, chainText(cyc)), nil
 		}
 		def, err := c.def(ctx, s, cur, false)
 		if err != nil {
@@ -344,7 +344,7 @@ func (c *chains) pathUp(ctx context.Context, s logical.Storage, name, src string
 		path = append([]string{cur}, path...)
 		if len(path) > maxChainLength {
 			return nil, fmt.Sprintf("source_role %q makes a chain of more than %d roles (%s ...); "+
-				"a chain has at most %d roles: shorten it", src, maxChainLength, chainText(reverse(path)), maxChainLength), nil
+				"a chain has at most %d roles: shorten it", src, maxChainLength, chainText(path), maxChainLength), nil
 		}
 		cur = def.SourceRole
 	}
@@ -450,19 +450,9 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-func reverse(xs []string) []string {
-	out := make([]string, len(xs))
-	for i, x := range xs {
-		out[len(xs)-1-i] = x
-	}
-	return out
-}
-
-// chainText is a chain as the messages write it, from its first hop: the
-// path given runs from name up to the first hop.
-func chainText(up []string) string {
-	return strings.Join(reverse(up), " -> ")
-}
+// chainText is a chain as the messages write it, from its first hop: each
+// role signs the next.
+func chainText(down []string) string { return strings.Join(down, " -> ") }
 
 // namesList names roles in a message: "3 roles (a, b, c)", the first ten.
 func namesList(names []string) string {
