@@ -143,6 +143,7 @@ func TestDevScriptRejectsBadOptions(t *testing.T) {
 		{"DEV_STS_PORT=-1", "DEV_STS_PORT must be a port number from 1 to 65535; got '-1'"},
 		{"DEV_STS_PORT=70000", "DEV_STS_PORT must be a port number from 1 to 65535; got '70000'"},
 		{"DEV_STS_PORT=8201", "DEV_STS_PORT=8201 collides with Vault's ports (DEV_VAULT_PORT=8200 and 8201)"},
+		{"DEV_STS_TRUST_FILE=/nonexistent/trust.json", "DEV_STS_TRUST_FILE=/nonexistent/trust.json is not a readable file"},
 		{"DEV_ONCE=yes", "DEV_ONCE must be 1 (exit after the demo read) or 0; got 'yes'"},
 		{"PLUGIN_VERSION=1.0", "PLUGIN_VERSION must be a v-prefixed semantic version such as v0.1.0-dev"},
 		{"VAULT_BIN=/nonexistent/vault", "VAULT_BIN=/nonexistent/vault is not an executable file"},

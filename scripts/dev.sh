@@ -13,6 +13,8 @@
 # Environment (all optional; each is checked before anything starts):
 #   DEV_VAULT_PORT   Vault API port, 1 to 65534 (default 8200; the dev cluster listener takes the next port)
 #   DEV_STS_PORT     STS emulator port, 1 to 65535 (default 8599)
+#   DEV_STS_TRUST_FILE  a JSON file of roles in any account and their trust policies, given
+#                    to the emulator as -trust-file (sts-emulator -h: "Accounts and trust")
 #   DEV_ONCE         1 for --once, 0 (the default) to stay up until Ctrl-C
 #   PLUGIN_VERSION   version compiled into and registered for the plugin, a v-prefixed
 #                    semantic version (default v0.1.0-dev)
@@ -75,11 +77,16 @@ if [[ -n "${DEV_DIR:-}" ]]; then
 		bad_option "DEV_DIR=$DEV_DIR exists and is not a directory: give a directory (it is created if missing)"
 	fi
 fi
+if [[ -n "${DEV_STS_TRUST_FILE:-}" ]]; then
+	[[ "$DEV_STS_TRUST_FILE" == /* ]] || DEV_STS_TRUST_FILE="$caller_dir/$DEV_STS_TRUST_FILE"
+	[[ -f "$DEV_STS_TRUST_FILE" && -r "$DEV_STS_TRUST_FILE" ]] ||
+		bad_option "DEV_STS_TRUST_FILE=$DEV_STS_TRUST_FILE is not a readable file: give the emulator's -trust-file (a JSON list of roles)"
+fi
 # A mistyped option would be ignored without a word.
 for var in $(compgen -e DEV_); do
 	case "$var" in
-	DEV_VAULT_PORT | DEV_STS_PORT | DEV_ONCE | DEV_DIR) ;;
-	*) printf 'dev.sh: warning: %s is not an option and is ignored (the options: DEV_VAULT_PORT, DEV_STS_PORT, DEV_ONCE, DEV_DIR, PLUGIN_VERSION, VAULT_BIN)\n' "$var" >&2 ;;
+	DEV_VAULT_PORT | DEV_STS_PORT | DEV_STS_TRUST_FILE | DEV_ONCE | DEV_DIR) ;;
+	*) printf 'dev.sh: warning: %s is not an option and is ignored (the options: DEV_VAULT_PORT, DEV_STS_PORT, DEV_STS_TRUST_FILE, DEV_ONCE, DEV_DIR, PLUGIN_VERSION, VAULT_BIN)\n' "$var" >&2 ;;
 	esac
 done
 plugin_name="aws-resilient"
@@ -171,7 +178,7 @@ say "starting the STS emulator on 127.0.0.1:$sts_port"
 # once, and the background shell may not have opened it yet (under load,
 # sed's "can't read" then ended the script through set -e).
 : >"$work/sts-emulator.log"
-"$work/sts-emulator" -listen "127.0.0.1:$sts_port" >"$work/sts-emulator.log" 2>&1 &
+"$work/sts-emulator" -listen "127.0.0.1:$sts_port" ${DEV_STS_TRUST_FILE:+-trust-file "$DEV_STS_TRUST_FILE"} >"$work/sts-emulator.log" 2>&1 &
 pids+=($!)
 sts_url=
 for _ in $(seq 1 100); do
@@ -271,6 +278,7 @@ talking to the STS emulator at $sts_url. In another shell:
   vault write $plugin_name/roles/other credential_type=session_token
   vault path-help $plugin_name/creds/demo
   curl -s $sts_url/_emulator/stats   # STS calls the plugin made
+  curl -s $sts_url/_emulator/roles   # roles in other accounts and their trust (DEV_STS_TRUST_FILE)
 
 Prometheus metrics, through Vault, with the metrics-only token:
 

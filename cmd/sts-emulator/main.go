@@ -100,6 +100,41 @@ IAM:
   verification) and IAM accept it; -iam-revocation keeps a deleted key
   signing for a while although it is no longer listed.
 
+Accounts and trust:
+  Roles may be in any account. A role the -trust-file (or POST
+  /_emulator/roles) configures answers by its trust policy; any other role
+  is open to every caller in -account and the -accounts, and AccessDenied
+  elsewhere. The file is a JSON list:
+    [{"role_arn": "arn:aws:iam::111111111111:role/hub",
+      "trust": ["arn:aws:iam::123456789012:user/sts-emulator"],
+      "max_session_duration": 43200},
+     {"role_arn": "arn:aws:iam::222222222222:role/app",
+      "trust": ["arn:aws:iam::111111111111:role/hub"],
+      "set_source_identity": true}]
+  "trust" names the principals that may assume the role: "*" (anyone), an
+  account id or arn:aws:iam::ACCOUNT:root (any principal of the account),
+  arn:aws:iam::ACCOUNT:user/NAME (the user, with its key or its
+  GetSessionToken credentials), arn:aws:iam::ACCOUNT:role/[PATH/]NAME (any
+  session of that role), arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION or
+  arn:aws:sts::ACCOUNT:federated-user/NAME (that one); [] trusts nobody.
+  Otherwise AssumeRole is 403 AccessDenied "User: CALLER is not authorized
+  to perform: sts:AssumeRole on resource: ROLE", CALLER being the IAM user's
+  ARN or the session's arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION.
+  "set_source_identity" (default false) is the trust policy allowing
+  sts:SetSourceIdentity, which AWS requires for any source identity, sent
+  or inherited through role chaining; without it such a call is
+  AccessDenied on sts:SetSourceIdentity. A session's source identity stays
+  in every role it assumes, and may not change. "max_session_duration"
+  (3600 to 43200 seconds, default 43200) is the role's MaxSessionDuration:
+  a longer DurationSeconds is 400 ValidationError "The requested
+  DurationSeconds exceeds the MaxSessionDuration set for this role." An
+  AssumeRole signed with temporary credentials (an assumed-role session,
+  or GetSessionToken's) is role chaining: at most 1 hour, or 400
+  ValidationError "The requested DurationSeconds exceeds the 1 hour session
+  limit for roles assumed by role chaining." Every call in /_emulator/calls
+  and the log names the key that signed it (access_key_id) and the caller
+  it verified (caller_arn).
+
 Fault plans (-faults), comma-separated items:
   FAULT:N     the next N calls get FAULT, in order of appearance (":N" defaults to 1)
   FAULT=P     after the sequence, each call gets FAULT with probability P (sum <= 1)
@@ -127,12 +162,15 @@ Fault plans (-faults), comma-separated items:
 
 Control API (JSON, unsigned, loopback clients only):
   GET  /_emulator/stats               counts per action and outcome, per-second timeline
-  GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id, listener
+  GET  /_emulator/calls               every call: seq, time, action, outcome, role_arn, access_key_id,
+                                       caller_arn ("" unless the signature verified), role_session_name,
+                                       source_identity, issued_key_id, issued_expiration, listener
   POST /_emulator/reset               clear stats and calls
   GET|POST /_emulator/config          {"rate","burst","latency_min","latency_max","max_lifetime","deny",
                                        "iam_propagation","iam_inconsistency","iam_inconsistency_refusal",
                                        "iam_revocation","iam_refuse_first","partition" (read only),
-                                       "iam_region" (read only)};
+                                       "iam_region" (read only), "clock_offset", "skew_tolerance" (read only),
+                                       "accounts" (-account first; POST replaces the others)};
                                        POST applies only the fields sent
   GET|POST /_emulator/listeners       [{"addr","url","state"}]; POST {"addr":"127.0.0.1:8600","state":S}
                                        sets a listener's state S: up, refused (connections refused,
@@ -141,6 +179,10 @@ Control API (JSON, unsigned, loopback clients only):
   GET|POST|DELETE /_emulator/faults   {"sequence":[{"fault":"Throttling","count":3}],
                                        "probability":{"InternalFailure":0.2},"hang":"20s","match":"app",
                                        "actions":["iam:*"]}
+  GET|POST|PUT|DELETE /_emulator/roles
+                                       the configured roles, as -trust-file lists them, by ARN; POST adds
+                                       or replaces the roles sent, PUT replaces all, DELETE forgets all or
+                                       one (?role_arn=ARN); a bad list is 400 and changes nothing
   GET  /_emulator/iam/users           [{"user_name","user_id","arn","path","create_date",
                                         "access_keys":[{"access_key_id","status","create_date",
                                                         "usable_at","usable","settled_at",
@@ -166,7 +208,7 @@ Example:
 // printing the usage to stderr.
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
-	var latency, faults, deny string
+	var latency, faults, deny, trustFile string
 	fs := flag.NewFlagSet("sts-emulator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -183,7 +225,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	})
-	fs.StringVar(&o.cfg.Account, "account", stsemu.DefaultAccount, "AWS account `id` the emulator plays; roles in other accounts get AccessDenied")
+	fs.StringVar(&o.cfg.Account, "account", stsemu.DefaultAccount, "AWS account `id` of the IAM user (-iam-user); its roles, and those of -accounts, are open to any caller unless -trust-file configures them, other roles get AccessDenied")
+	fs.Func("accounts", "more AWS account `ids` played besides -account, comma-separated (repeatable): their roles are open like -account's (see Accounts and trust below)", func(s string) error {
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.cfg.Accounts = append(o.cfg.Accounts, a)
+			}
+		}
+		return stsemu.CheckAccounts(o.cfg.Accounts)
+	})
+	fs.StringVar(&trustFile, "trust-file", "", "JSON `file` configuring roles in any account: [{\"role_arn\", \"trust\": [principals], \"set_source_identity\", \"max_session_duration\"}] (see Accounts and trust below)")
 	fs.StringVar(&o.cfg.AccessKey, "access-key", stsemu.DefaultAccessKey, "access key `id` of the IAM user the emulator starts with (-iam-user); AWS's documentation example")
 	fs.StringVar(&o.cfg.SecretKey, "secret-key", stsemu.DefaultSecretKey, "secret `key` paired with -access-key; AWS's documentation example")
 	// Empty means stsemu's default, so an unset flag leaves Config as it was.
@@ -221,6 +272,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.faults, err = stsemu.ParseFaultPlan(faults); err != nil {
 		return o, usageError{err}
 	}
+	if trustFile != "" {
+		if o.cfg.Roles, err = readRoles(trustFile, o.cfg.Partition); err != nil {
+			return o, usageError{fmt.Errorf("-trust-file: %w", err)}
+		}
+	}
 	for _, p := range strings.Split(deny, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			o.cfg.Deny = append(o.cfg.Deny, p)
@@ -251,6 +307,26 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usageError{fmt.Errorf("-iam-user: %q is not an IAM user name ([\\w+=,.@-], 1 to 64 characters)", o.cfg.IAMUser)}
 	}
 	return o, nil
+}
+
+// readRoles reads and checks a -trust-file for the partition played.
+func readRoles(path, partition string) ([]stsemu.RoleTrust, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	roles, err := stsemu.DecodeRoles(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	// An unknown -partition is reported by its own check.
+	if _, perr := stsemu.LookupPartition(partition); perr == nil {
+		if err := stsemu.CheckRoles(partition, roles); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return roles, nil
 }
 
 func partitionErr(name string) error {

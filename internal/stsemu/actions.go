@@ -35,7 +35,8 @@ var stsActions = map[string]actionFunc{
 }
 
 // Lifetime bounds from the STS API reference. AssumeRole allows up to the
-// role's MaxSessionDuration, at most 12h; emulated roles all have 12h.
+// role's MaxSessionDuration, at most 12h; emulated roles have 12h unless
+// configured with less (RoleTrust.MaxSessionDuration).
 // Role chaining (assuming a role with assumed-role credentials) is capped
 // at 1h by AWS regardless.
 const (
@@ -280,7 +281,7 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	if ae != nil {
 		return nil, ae
 	}
-	if c.caller.kind == kindRole && explicit && d > maxChainedDuration*time.Second {
+	if chained(c.caller) && explicit && d > maxChainedDuration*time.Second {
 		return nil, apiErr(http.StatusBadRequest, "ValidationError",
 			"The requested DurationSeconds exceeds the 1 hour session limit for roles assumed by role chaining.")
 	}
@@ -308,10 +309,11 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 		return nil, ae
 	}
 
-	// Only roles in the emulator's own account trust it; anything else is
-	// what a missing trust policy looks like from the caller's side.
-	// A role of another partition is as foreign as one of another account.
-	if rolePartition != e.partition.Name || account != e.account || denied(c.set.deny, roleArn, roleName) {
+	// The role's trust policy (trust.go) decides; a role of an account
+	// not played, or of another partition, is what a missing trust policy
+	// looks like from the caller's side.
+	role, trusted := e.roles.authorize(c.caller, roleArn, account)
+	if rolePartition != e.partition.Name || !trusted || denied(c.set.deny, roleArn, roleName) {
 		return nil, accessDenied(c.caller.arn, "AssumeRole", roleArn)
 	}
 	// A source identity, once set, stays with every session chained from
@@ -324,6 +326,15 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 			return nil, accessDenied(c.caller.arn, "SetSourceIdentity", roleArn)
 		}
 		sourceIdentity = inherited
+	}
+	// AWS requires sts:SetSourceIdentity in the role's trust policy for
+	// any source identity, inherited ones too, and names that action.
+	if sourceIdentity != "" && !role.SetSourceIdentity {
+		return nil, accessDenied(c.caller.arn, "SetSourceIdentity", roleArn)
+	}
+	if d > time.Duration(role.maxSession())*time.Second {
+		return nil, apiErr(http.StatusBadRequest, "ValidationError",
+			"The requested DurationSeconds exceeds the MaxSessionDuration set for this role.")
 	}
 
 	// The assumed-role ARN names the role without its path, and the
@@ -342,6 +353,13 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	res.Credentials = e.issueFor(c, user, lifetime(c, d))
 	res.PackedPolicySize = packedPolicySize(polSize + extraSize)
 	return res, nil
+}
+
+// chained reports whether an AssumeRole by caller is role chaining, which
+// AWS caps at one hour: the caller signs with temporary credentials, a
+// role session's or, as AWS counts them too, GetSessionToken's.
+func chained(caller principal) bool {
+	return caller.kind == kindRole || caller.kind == kindSession || caller.kind == kindSessionMFA
 }
 
 // denied reports whether a deny pattern matches the role ARN or name.
@@ -423,7 +441,7 @@ func (e *Emulator) getFederationToken(c *call) (any, *apiError) {
 }
 
 func (e *Emulator) getCallerIdentity(c *call) (any, *apiError) {
-	res := getCallerIdentityResult{Arn: c.caller.arn, UserID: c.caller.userID, Account: e.account}
+	res := getCallerIdentityResult{Arn: c.caller.arn, UserID: c.caller.userID, Account: callerAccount(c.caller.arn)}
 	// GetCallerIdentity issues nothing, so the credential faults act on the
 	// caller: "expired" as if its token had expired, "empty_key" as a
 	// response missing the caller's id.

@@ -32,6 +32,8 @@ type ConfigView struct {
 	ClockOffset string `json:"clock_offset"`
 	// SkewTolerance is how far a signature's time may be off (read only).
 	SkewTolerance string `json:"skew_tolerance"`
+	// Accounts are the accounts played, the -account first (Accounts).
+	Accounts []string `json:"accounts"`
 }
 
 // configUpdate is a POST /_emulator/config body: only the fields sent apply.
@@ -52,10 +54,14 @@ type configUpdate struct {
 
 	// ClockOffset may be negative: AWS's clock behind the host's.
 	ClockOffset *string `json:"clock_offset"`
+
+	// Accounts replaces the accounts played besides the -account.
+	Accounts *[]string `json:"accounts"`
 }
 
 // ConfigView returns the current runtime settings.
 func (e *Emulator) ConfigView() ConfigView {
+	accounts := e.Accounts() // its own lock, not taken under mu
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	deny := append([]string{}, e.deny...)
@@ -78,6 +84,7 @@ func (e *Emulator) ConfigView() ConfigView {
 		IAMPropagation: e.iam.getPropagation().String(),
 		ClockOffset:    e.clockOffset().String(),
 		SkewTolerance:  e.skewTolerance.String(),
+		Accounts:       accounts,
 	}
 }
 
@@ -155,6 +162,8 @@ func (e *Emulator) serveControl(w http.ResponseWriter, r *http.Request) {
 		default:
 			allow(w, r, http.MethodGet, http.MethodPost)
 		}
+	case controlPrefix + "roles":
+		e.serveRoles(w, r)
 	case controlPrefix + "faults":
 		switch r.Method {
 		case http.MethodGet:
@@ -175,7 +184,7 @@ func (e *Emulator) serveControl(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		writeJSONError(w, http.StatusNotFound,
-			"unknown control path; try stats, calls, reset, config, faults, listeners or iam/users under "+controlPrefix)
+			"unknown control path; try stats, calls, reset, config, faults, listeners, roles or iam/users under "+controlPrefix)
 	}
 }
 
@@ -232,6 +241,11 @@ func (e *Emulator) applyConfig(u configUpdate) error {
 	if u.ClockOffset != nil {
 		if offset, err = time.ParseDuration(*u.ClockOffset); err != nil {
 			return fmt.Errorf("clock_offset: %w", err)
+		}
+	}
+	if u.Accounts != nil {
+		if err := e.SetAccounts(*u.Accounts); err != nil {
+			return fmt.Errorf("accounts: %w", err)
 		}
 	}
 

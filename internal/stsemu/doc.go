@@ -32,10 +32,18 @@
 //     identity cannot start with AWS's reserved "aws:"), role ARN
 //     arn:aws:iam::<12 digits>:role/<path/name>, policy at most 2048
 //     characters); a policy that is not a JSON object is 400
-//     MalformedPolicyDocument, as AWS answers.
-//  5. AssumeRole of a role in another account, or matching a deny pattern,
-//     is 403 AccessDenied; so is role chaining from a session whose source
-//     identity differs from the SourceIdentity sent (see below).
+//     MalformedPolicyDocument, as AWS answers. An AssumeRole signed with
+//     temporary credentials (role chaining) asking for more than an hour is
+//     400 ValidationError "The requested DurationSeconds exceeds the 1 hour
+//     session limit for roles assumed by role chaining."
+//  5. AssumeRole of a role whose trust policy does not admit the caller
+//     (below), or matching a deny pattern, is 403 AccessDenied "User:
+//     CALLER is not authorized to perform: sts:AssumeRole on resource:
+//     ROLE"; a source identity the role may not take, or a chained session
+//     changing its own, is AccessDenied naming sts:SetSourceIdentity; then
+//     a DurationSeconds over the role's MaxSessionDuration is 400
+//     ValidationError "The requested DurationSeconds exceeds the
+//     MaxSessionDuration set for this role."
 //
 // # Issued credentials
 //
@@ -58,11 +66,64 @@
 // response and sealed into the issued token, and it follows role chaining
 // as in AWS: a role assumed with that session inherits it when the request
 // sends none, may send the same value, and gets 403 AccessDenied for
-// another (AWS does not document that message; the emulator's names
-// sts:SetSourceIdentity). Each AssumeRole in Calls and GET /_emulator/calls
+// another (AWS documents that the value cannot change, not the message; the
+// emulator's names sts:SetSourceIdentity, as AWS's does for a role that
+// does not allow the action). Each AssumeRole in Calls and GET /_emulator/calls
 // records RoleSessionName and SourceIdentity (role_session_name,
 // source_identity) as sent, "" when absent, inherited values not included;
 // other actions record "". The log line of an AssumeRole ends with both.
+//
+// # Accounts and trust
+//
+// The emulator plays Config.Account (the IAM user's) and the
+// Config.Accounts besides it; a configured role exists in any account. A
+// role is configured by ARN (Config.Roles, SetRoles, PutRoles, the control API's
+// /_emulator/roles, sts-emulator's -trust-file) with a RoleTrust: the
+// principals its trust policy names ("*"; an account id or
+// arn:aws:iam::ACCOUNT:root, any principal of that account; an IAM user's
+// ARN, that user with its key or its GetSessionToken session; a role's
+// ARN, any session of that role; one session's or federated user's ARN),
+// whether it allows sts:SetSourceIdentity, and its MaxSessionDuration
+// (3600 to 43200 seconds, 43200 when not set). A role nobody configured is
+// what every role was before: anyone may assume it, for up to 12 h, with a
+// source identity, if its account is played; elsewhere it is
+// AccessDenied, as a missing role or trust policy looks to its caller.
+// Identity policies are not modelled: a trusted principal has the
+// permission, an account's root stands for all of its principals.
+//
+// A caller is the principal its signature names: the IAM user for its
+// long-term key and its GetSessionToken credentials, the assumed role for
+// a role session (arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION, ROLE in
+// the role's account, matched by a trust policy's role ARN by account and
+// name, the path dropped as in the session ARN). An AssumeRole signed with
+// temporary credentials, a role session's or GetSessionToken's, is role
+// chaining, which AWS caps at one hour whatever the role's maximum: more
+// is ValidationError, worded as users quote STS's answer
+// (TestAWSCLIRoleChaining checks it through the awscli). AWS requires sts:SetSourceIdentity in the
+// target role's trust policy for every AssumeRole carrying a source
+// identity, the one a chained session inherits too, and answers
+// AccessDenied "User: CALLER is not authorized to perform:
+// sts:SetSourceIdentity on resource: ROLE" otherwise; a configured role
+// without SetSourceIdentity does the same. GetCallerIdentity answers the
+// caller's own account, so a session of a role in another account names
+// that account.
+//
+// Every call in Calls and GET /_emulator/calls names the access key id of
+// its signature (access_key_id) and, once the signature verified, the
+// caller (caller_arn; "" when it did not): a test follows a chain through
+// the log alone, each hop's key being the IssuedKeyID of the call that
+// made it. The log line carries caller_arn too.
+//
+// The control API: GET /_emulator/roles lists the configured roles by ARN
+// as a JSON list of {"role_arn", "trust", "set_source_identity",
+// "max_session_duration"} (the last two omitted when false or 0); POST
+// with such a list adds them, replacing those of the same ARN; PUT
+// replaces them all; DELETE forgets them all, or one with
+// ?role_arn=ARN (404 when it is not configured). A list with a malformed
+// ARN or principal, a role twice, a missing trust (an empty list trusts
+// nobody) or a duration out of range is 400 and changes nothing. The
+// accounts played are /_emulator/config's "accounts" (Config.Account
+// first; POST {"accounts": [...]} replaces the others).
 //
 // # IAM
 //

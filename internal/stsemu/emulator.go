@@ -149,6 +149,19 @@ type Config struct {
 	// us-gov-west-1, cn-north-1). New panics on an unknown name; check it
 	// with LookupPartition first.
 	Partition string
+
+	// Accounts are the accounts played besides Account: anyone may assume
+	// a role of theirs that Roles does not configure, as in Account, while
+	// an unconfigured role of any other account is AccessDenied.
+	// SetAccounts changes them at runtime. New panics on an id that is not
+	// 12 digits.
+	Accounts []string
+
+	// Roles configures roles by ARN, in any account: the principals their
+	// trust policies name and their MaxSessionDuration (RoleTrust).
+	// SetRoles and PutRoles change them at runtime. New panics on an
+	// invalid list; check it with CheckRoles first.
+	Roles []RoleTrust
 }
 
 // Emulator is an STS and IAM endpoint. It is an http.Handler; Start also
@@ -183,8 +196,9 @@ type Emulator struct {
 	faults      faultState
 	rng         *mrand.Rand // not goroutine-safe, hence under mu
 
-	stats recorder      // has its own lock: recorded on every call, read rarely
-	iam   *iamDirectory // users and access keys; has its own lock
+	stats recorder       // has its own lock: recorded on every call, read rarely
+	iam   *iamDirectory  // users and access keys; has its own lock
+	roles *roleDirectory // accounts played and configured roles; has its own lock (trust.go)
 
 	lmu       sync.Mutex  // guards listeners and closed
 	listeners []*listener // every address served (Listen), in order
@@ -258,6 +272,13 @@ func New(cfg Config) *Emulator {
 	e.now = func() time.Time { return base().Add(e.clockOffset()) }
 	e.signNow = func() time.Time { return baseSign().Add(e.clockOffset()) }
 	e.iam.addUser(root, cfg.AccessKey, cfg.SecretKey)
+	e.roles = newRoleDirectory(part.Name, cfg.Account)
+	if err := e.SetAccounts(cfg.Accounts); err != nil {
+		panic("stsemu: Config.Accounts: " + err.Error())
+	}
+	if err := e.SetRoles(cfg.Roles); err != nil {
+		panic("stsemu: Config.Roles: " + err.Error())
+	}
 	e.maxLifetime = cfg.MaxLifetime
 	e.deny = append([]string(nil), cfg.Deny...)
 	e.setRateLocked(cfg.Rate, cfg.Burst)
@@ -437,6 +458,9 @@ type reply struct {
 	// Call.IssuedKeyID).
 	issuedKey string
 	issuedExp time.Time
+	// callerArn is the principal whose signature was verified, "" when
+	// none was (see Call.CallerArn).
+	callerArn string
 }
 
 func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
@@ -468,6 +492,7 @@ func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
 		rep = e.process(r, body, params, a, handler, action, reqID, now, s)
 	}
 
+	rec.CallerArn = rep.callerArn
 	if rep.abandoned || (s.latency > 0 && !e.wait(r.Context(), s.latency)) {
 		// The client gave up or the emulator is closing. Returning normally
 		// would make net/http send an empty 200, which a client could take
@@ -560,8 +585,8 @@ func (e *Emulator) process(r *http.Request, body []byte, params url.Values, a *a
 	case FaultResetAfter:
 		// The call takes effect (a key is created, deleted, ...) and only
 		// the answer is lost: the client cannot tell whether it happened.
-		e.serveAction(r, body, params, a, handler, action, reqID, now, s)
-		return reply{reset: true, outcome: string(FaultResetAfter)}
+		rep := e.serveAction(r, body, params, a, handler, action, reqID, now, s)
+		return reply{reset: true, outcome: string(FaultResetAfter), callerArn: rep.callerArn}
 	case FaultMalformed:
 		return reply{status: http.StatusOK, body: a.malformedBody(action), outcome: string(FaultMalformed)}
 	case FaultHang:
@@ -602,6 +627,13 @@ func (e *Emulator) serveAction(r *http.Request, body []byte, params url.Values, 
 	if ae != nil {
 		return a.errorReply(reqID, ae)
 	}
+	rep := e.runAction(caller, params, a, handler, action, reqID, now, s)
+	rep.callerArn = caller.arn
+	return rep
+}
+
+// runAction runs the action for an authenticated caller.
+func (e *Emulator) runAction(caller principal, params url.Values, a *api, handler actionFunc, action, reqID string, now time.Time, s settings) reply {
 	if a == iamAPI {
 		switch {
 		case caller.kind == kindSession || caller.kind == kindFederated:
@@ -697,8 +729,8 @@ func (e *Emulator) finish(c Call, started time.Time, status int) {
 	if e.logger != nil {
 		// Only ids, ARNs and names: a secret key, session token or
 		// signature never reaches the log.
-		line := fmt.Sprintf("action=%s outcome=%s status=%d latency=%s role_arn=%q access_key_id=%s",
-			orDash(c.Action), c.Outcome, status, time.Since(started).Round(time.Microsecond), c.RoleArn, orDash(c.AccessKeyID))
+		line := fmt.Sprintf("action=%s outcome=%s status=%d latency=%s role_arn=%q access_key_id=%s caller_arn=%s",
+			orDash(c.Action), c.Outcome, status, time.Since(started).Round(time.Microsecond), c.RoleArn, orDash(c.AccessKeyID), orDash(c.CallerArn))
 		if sessionActions[c.Action] {
 			line += fmt.Sprintf(" role_session_name=%q source_identity=%q", c.RoleSessionName, c.SourceIdentity)
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
@@ -89,3 +90,32 @@ func decodeXML(resp *http.Response, v any) error {
 func sha256Sum(b []byte) [32]byte { return sha256.Sum256(b) }
 
 func newBody(s string) io.ReadCloser { return io.NopCloser(strings.NewReader(s)) }
+
+// controlCall sends a control API request to e and returns the answer's
+// body, failing t unless its status is wantStatus.
+func controlCall(t *testing.T, e *Emulator, method, path, body string, wantStatus int) []byte {
+	t.Helper()
+	req, _ := http.NewRequest(method, e.URL()+path, strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != wantStatus {
+		t.Fatalf("%s %s: status %d (%s), want %d", method, path, resp.StatusCode, raw, wantStatus)
+	}
+	return raw
+}
+
+// wireCalls is GET /_emulator/calls as JSON objects, with its raw body for
+// messages.
+func wireCalls(t *testing.T, e *Emulator) ([]map[string]any, []byte) {
+	t.Helper()
+	raw := controlCall(t, e, http.MethodGet, "/_emulator/calls", "", http.StatusOK)
+	var wire []map[string]any
+	if err := json.Unmarshal(raw, &wire); err != nil {
+		t.Fatalf("GET /_emulator/calls: %v in %s", err, raw)
+	}
+	return wire, raw
+}

@@ -3,9 +3,7 @@ package stsemu
 import (
 	"encoding/json"
 	"errors"
-	"io"
 	"maps"
-	"net/http"
 	"reflect"
 	"slices"
 	"strings"
@@ -24,17 +22,7 @@ func TestIAMControlAPI(t *testing.T) {
 	e := startEmulator(t, Config{Now: clock.Now})
 	do := func(t *testing.T, method, path, body string, wantStatus int) []byte {
 		t.Helper()
-		req, _ := http.NewRequest(method, e.URL()+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != wantStatus {
-			t.Fatalf("%s %s: status %d (%s), want %d", method, path, resp.StatusCode, raw, wantStatus)
-		}
-		return raw
+		return controlCall(t, e, method, path, body, wantStatus)
 	}
 
 	t.Run("propagation through config", func(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -61,9 +60,10 @@ func TestStatsAndCalls(t *testing.T) {
 	ln := strings.TrimPrefix(e.URL(), "http://")
 	want := []Call{
 		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey, RoleSessionName: "test-session",
-			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC(), Listener: ln},
+			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC(), CallerArn: "arn:aws:iam::123456789012:user/sts-emulator", Listener: ln},
+		// A signature that fails names no caller: nobody was verified.
 		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey, Listener: ln},
-		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId), Listener: ln},
+		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId), CallerArn: "arn:aws:sts::123456789012:assumed-role/app/test-session", Listener: ln},
 	}
 	for i := range calls {
 		calls[i].Time = time.Time{}
@@ -83,16 +83,7 @@ func TestControlAPI(t *testing.T) {
 	e := startEmulator(t, Config{Rate: 2, Burst: 4, Deny: []string{"x*"}})
 	do := func(t *testing.T, method, path, body string, wantStatus int, out any) {
 		t.Helper()
-		req, _ := http.NewRequest(method, e.URL()+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != wantStatus {
-			t.Fatalf("%s %s: status %d (%s), want %d", method, path, resp.StatusCode, raw, wantStatus)
-		}
+		raw := controlCall(t, e, method, path, body, wantStatus)
 		if out != nil {
 			if err := json.Unmarshal(raw, out); err != nil {
 				t.Fatalf("%s %s: %v in %s", method, path, err, raw)
@@ -104,7 +95,8 @@ func TestControlAPI(t *testing.T) {
 		var cv ConfigView
 		do(t, "GET", "/_emulator/config", "", 200, &cv)
 		want := ConfigView{Rate: 2, Burst: 4, LatencyMin: "0s", LatencyMax: "0s", MaxLifetime: "12h0m0s", Deny: []string{"x*"}, IAMPropagation: "0s",
-			IAMInconsistency: "0s", IAMRevocation: "0s", Partition: "aws", IAMRegion: "us-east-1", ClockOffset: "0s", SkewTolerance: "5m0s"}
+			IAMInconsistency: "0s", IAMRevocation: "0s", Partition: "aws", IAMRegion: "us-east-1", ClockOffset: "0s", SkewTolerance: "5m0s",
+			Accounts: []string{DefaultAccount}}
 		if !reflect.DeepEqual(cv, want) {
 			t.Errorf("GET config = %+v, want %+v", cv, want)
 		}
@@ -258,9 +250,9 @@ func TestLogLines(t *testing.T) {
 	logged := buf.String()
 	lines := strings.Split(strings.TrimSpace(logged), "\n")
 	wantLines := []*regexp.Regexp{
-		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE role_session_name="test-session" source_identity="" issued_key_id=ASIA[A-Z0-9]+ issued_expiration=\S+Z listener=127\.0\.0\.1:\d+$`),
-		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE listener=127\.0\.0\.1:\d+$`),
-		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16} listener=127\.0\.0\.1:\d+$`),
+		regexp.MustCompile(`^action=AssumeRole outcome=ok status=200 latency=\S+ role_arn="arn:aws:iam::123456789012:role/app" access_key_id=AKIAIOSFODNN7EXAMPLE caller_arn=arn:aws:iam::123456789012:user/sts-emulator role_session_name="test-session" source_identity="" issued_key_id=ASIA[A-Z0-9]+ issued_expiration=\S+Z listener=127\.0\.0\.1:\d+$`),
+		regexp.MustCompile(`^action=GetCallerIdentity outcome=SignatureDoesNotMatch status=403 latency=\S+ role_arn="" access_key_id=AKIAIOSFODNN7EXAMPLE caller_arn=- listener=127\.0\.0\.1:\d+$`),
+		regexp.MustCompile(`^action=GetCallerIdentity outcome=ok status=200 latency=\S+ role_arn="" access_key_id=ASIA\w{16} caller_arn=arn:aws:sts::123456789012:assumed-role/app/test-session listener=127\.0\.0\.1:\d+$`),
 	}
 	if len(lines) != len(wantLines) {
 		t.Fatalf("%d log lines, want %d:\n%s", len(lines), len(wantLines), logged)

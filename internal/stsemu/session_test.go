@@ -1,8 +1,6 @@
 package stsemu
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"regexp"
 	"testing"
@@ -72,16 +70,7 @@ func TestSessionNameAndSourceIdentity(t *testing.T) {
 	}
 
 	// The control API carries the same fields, under snake_case names.
-	resp, err := http.Get(e.URL() + "/_emulator/calls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var wire []map[string]any
-	if err := json.Unmarshal(raw, &wire); err != nil {
-		t.Fatalf("GET /_emulator/calls: %v in %s", err, raw)
-	}
+	wire, raw := wireCalls(t, e)
 	if len(wire) != len(want) || wire[0]["role_session_name"] != "entity-42" || wire[0]["source_identity"] != "alice@example.com" ||
 		wire[1]["role_session_name"] != "" || wire[1]["source_identity"] != "" {
 		t.Errorf("GET /_emulator/calls = %s", raw)

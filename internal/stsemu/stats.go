@@ -62,6 +62,13 @@ type Call struct {
 	// or deleted. Never a secret: key ids only.
 	IssuedKeyID      string    `json:"issued_key_id,omitempty"`
 	IssuedExpiration time.Time `json:"issued_expiration,omitzero"`
+	// CallerArn is the principal whose signature the emulator verified:
+	// arn:aws:iam::ACCOUNT:user/NAME for a long-term key or its
+	// GetSessionToken credentials, arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION
+	// for a role session (whose access key is AccessKeyID), a federated
+	// user's ARN; "" when no signature was verified (unsigned, refused
+	// by the check or before it, or a fault answered first).
+	CallerArn string `json:"caller_arn"`
 	// Listener is the address of the listener the call came through
 	// (ListenerView.Addr); "" when served without one (a test's recorder).
 	Listener string `json:"listener,omitempty"`
