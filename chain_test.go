@@ -22,6 +22,30 @@ func chainARN(name string) string {
 	return "arn:aws:iam::" + stsemu.DefaultAccount + ":role/" + name
 }
 
+// hubAccount and spokeAccounts are the accounts of a hub-and-spoke estate:
+// the hub role in one, application roles in the others.
+const hubAccount = "111111111111"
+
+var spokeAccounts = []string{"222222222222", "333333333333", "444444444444", "555555555555", "666666666666"}
+
+// roleIn is the ARN of the IAM role name in account.
+func roleIn(account, name string) string { return "arn:aws:iam::" + account + ":role/" + name }
+
+// trustHub configures the emulator as a hub-and-spoke estate does its IAM:
+// the hub role in hubAccount trusts config/root's IAM user alone, and each
+// spoke (by ARN) trusts the hub role alone, with sts:SetSourceIdentity
+// when sourceIdentity is set.
+func trustHub(t *testing.T, emu *stsemu.Emulator, sourceIdentity bool, spokes ...string) {
+	t.Helper()
+	roles := []stsemu.RoleTrust{{RoleArn: roleIn(hubAccount, "hub"), Trust: []string{"arn:aws:iam::" + stsemu.DefaultAccount + ":user/" + stsemu.DefaultIAMUser}}}
+	for _, arn := range spokes {
+		roles = append(roles, stsemu.RoleTrust{RoleArn: arn, Trust: []string{roleIn(hubAccount, "hub")}, SetSourceIdentity: sourceIdentity})
+	}
+	if err := emu.SetRoles(roles); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // writeChain writes role name (an assumed_role of the IAM role of the same
 // name) with source_role src ("" for none) and any more fields.
 func (f *fixture) writeChain(name, src string, more map[string]interface{}) {
@@ -66,9 +90,11 @@ func okAssumes(emu *stsemu.Emulator, arn string) []stsemu.Call {
 // none for the source on the target's behalf once it is cached.
 func TestChainTargetSignedBySourceCredential(t *testing.T) {
 	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
-	f.writeChain("hub", "", nil)
-	f.writeChain("app1", "hub", nil)
-	f.writeChain("app2", "hub", nil)
+	app1ARN, app2ARN := roleIn(spokeAccounts[0], "app1"), roleIn(spokeAccounts[1], "app2")
+	trustHub(t, f.emu, false, app1ARN, app2ARN)
+	f.writeChain("hub", "", map[string]interface{}{"role_arn": roleIn(hubAccount, "hub")})
+	f.writeChain("app1", "hub", map[string]interface{}{"role_arn": app1ARN})
+	f.writeChain("app2", "hub", map[string]interface{}{"role_arn": app2ARN})
 
 	app1 := f.mustReadCreds("app1").Data
 	hub := cached(t, f.s, "hub")
@@ -78,14 +104,15 @@ func TestChainTargetSignedBySourceCredential(t *testing.T) {
 	if c := issuing(t, f.emu, hub.AccessKey); c.AccessKeyID != stsemu.DefaultAccessKey {
 		t.Fatalf("the hub's credential was signed by %s, want config/root's key %s", c.AccessKeyID, stsemu.DefaultAccessKey)
 	}
-	if c := issuing(t, f.emu, app1["access_key"].(string)); c.AccessKeyID != hub.AccessKey || c.RoleArn != chainARN("app1") {
-		t.Fatalf("app1's credential was issued for %s signed by %s, want %s signed by the hub's %s", c.RoleArn, c.AccessKeyID, chainARN("app1"), hub.AccessKey)
+	if c := issuing(t, f.emu, app1["access_key"].(string)); c.AccessKeyID != hub.AccessKey || c.RoleArn != app1ARN ||
+		c.CallerArn != "arn:aws:sts::"+hubAccount+":assumed-role/hub/vault-hub" {
+		t.Fatalf("app1's credential was issued for %s signed by %s (%s), want %s signed by the hub's %s", c.RoleArn, c.AccessKeyID, c.CallerArn, app1ARN, hub.AccessKey)
 	}
 	app2 := f.mustReadCreds("app2").Data
 	if c := issuing(t, f.emu, app2["access_key"].(string)); c.AccessKeyID != hub.AccessKey {
 		t.Fatalf("app2's credential was signed by %s, want the hub's %s", c.AccessKeyID, hub.AccessKey)
 	}
-	if n := len(okAssumes(f.emu, chainARN("hub"))); n != 1 {
+	if n := len(okAssumes(f.emu, roleIn(hubAccount, "hub"))); n != 1 {
 		t.Fatalf("the hub was assumed %d times for two targets, want once", n)
 	}
 	if n := len(f.emu.Calls()); n != 3 {
@@ -464,8 +491,10 @@ func TestChainEntityTarget(t *testing.T) {
 	ents.set("ent-1", "alice", nil)
 	ents.set("ent-2", "bob", nil)
 	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour, entities: ents})
-	f.writeChain("hub", "", nil)
-	f.writeChain("app", "hub", map[string]interface{}{"cache_scope": "entity"})
+	appARN := roleIn(spokeAccounts[0], "app")
+	trustHub(t, f.emu, true, appARN)
+	f.writeChain("hub", "", map[string]interface{}{"role_arn": roleIn(hubAccount, "hub")})
+	f.writeChain("app", "hub", map[string]interface{}{"role_arn": appARN, "cache_scope": "entity"})
 	read := func(entity string) map[string]interface{} {
 		resp, err := f.drivenReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/app", EntityID: entity})
 		if err != nil || resp.IsError() {
@@ -485,7 +514,7 @@ func TestChainEntityTarget(t *testing.T) {
 				who, c.AccessKeyID, c.SourceIdentity, c.RoleSessionName, hub.AccessKey, who, who)
 		}
 	}
-	if n := len(okAssumes(f.emu, chainARN("hub"))); n != 1 {
+	if n := len(okAssumes(f.emu, roleIn(hubAccount, "hub"))); n != 1 {
 		t.Fatalf("the hub was assumed %d times for two entities, want once", n)
 	}
 	// A hub cannot be entity-scoped: its targets share it.
@@ -641,5 +670,23 @@ func TestChainConcurrentWrites(t *testing.T) {
 		if app != nil && hub == nil {
 			t.Fatalf("round %d: app names hub as its source, but the hub was deleted without force", round)
 		}
+	}
+}
+
+// TestChainSessionTokenSource: a session_token role may be a source: its
+// GetSessionToken credential signs its targets' AssumeRole, which STS takes
+// for role chaining all the same (one hour at most).
+func TestChainSessionTokenSource(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	appARN := roleIn(spokeAccounts[2], "app")
+	if err := f.emu.SetRoles([]stsemu.RoleTrust{{RoleArn: appARN, Trust: []string{"arn:aws:iam::" + stsemu.DefaultAccount + ":user/" + stsemu.DefaultIAMUser}}}); err != nil {
+		t.Fatal(err)
+	}
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/st", map[string]interface{}{"credential_type": "session_token"})
+	f.writeChain("app", "st", map[string]interface{}{"role_arn": appARN})
+	app := f.mustReadCreds("app").Data
+	st := cached(t, f.s, "st")
+	if c := issuing(t, f.emu, app["access_key"].(string)); c.AccessKeyID != st.AccessKey {
+		t.Fatalf("app's credential was signed by %s, want the session token's %s", c.AccessKeyID, st.AccessKey)
 	}
 }
