@@ -690,3 +690,45 @@ func TestChainSessionTokenSource(t *testing.T) {
 		t.Fatalf("app's credential was signed by %s, want the session token's %s", c.AccessKeyID, st.AccessKey)
 	}
 }
+
+// TestChainColdReadNamesTheSource: a chained role with nothing cached,
+// whose source fails, answers its reads with a 503 that names the source
+// and where to look, not an STS outage of its own.
+func TestChainColdReadNamesTheSource(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app", "hub", nil)
+	f.emu.SetFaults(stsemu.FaultPlan{Probability: map[stsemu.Fault]float64{stsemu.FaultThrottling: 1}, Match: "role/hub"})
+	resp, err := f.readCreds("app")
+	wantCoded(t, resp, err, http.StatusServiceUnavailable, `no valid credential for role "app": a role of its chain failed: SourceRoleFailed: source role "hub": Throttling`,
+		"status/app shows the chain and the failing hop")
+	for _, c := range f.emu.Calls() {
+		if c.RoleArn != chainARN("hub") {
+			t.Fatalf("a call for %s while its source failed", c.RoleArn)
+		}
+	}
+}
+
+// TestChainThreeHops: a chain of three refreshes from the top: the hub
+// with config/root's key, mid with the hub's credential, leaf with mid's.
+func TestChainThreeHops(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("mid", "hub", nil)
+	f.writeChain("leaf", "mid", nil)
+	leaf := f.mustReadCreds("leaf").Data["access_key"].(string)
+	hub, mid := cached(t, f.s, "hub"), cached(t, f.s, "mid")
+	for _, c := range []struct{ key, signer string }{{hub.AccessKey, stsemu.DefaultAccessKey}, {mid.AccessKey, hub.AccessKey}, {leaf, mid.AccessKey}} {
+		if got := issuing(t, f.emu, c.key).AccessKeyID; got != c.signer {
+			t.Fatalf("%s was signed by %s, want %s", c.key, got, c.signer)
+		}
+	}
+	chain := f.status("leaf")["chain"].([]interface{})
+	var roles []string
+	for _, h := range chain {
+		roles = append(roles, h.(map[string]interface{})["role"].(string))
+	}
+	if strings.Join(roles, ",") != "hub,mid,leaf" {
+		t.Fatalf("status/leaf chain %v", roles)
+	}
+}
