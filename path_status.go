@@ -236,21 +236,23 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		}
 		b.entityBudgetStatus(d, name, sum.worstID, v.now)
 	}
-	if err := b.chainStatus(ctx, s, d, name, rs.role, v); err != nil {
+	chain, err := b.chainAbove(ctx, s, name, rs.role, v)
+	if err != nil {
 		return nil, err
 	}
+	// The chain ends with this role, as the answer says it.
+	d["source_role"] = rs.role.SourceRole
+	d["chain"] = append(chain, map[string]interface{}{"role": name, "state": d["state"], "failed_cycles": d["failed_cycles"], "last_error": d["last_error"]})
 	return d, nil
 }
 
-// chainStatus adds to a status answer d the role's source_role and its
-// chain: each hop from the first down to this one, with its state and its
-// last error, this role's as d says them, so that an alert on any hop
-// leads to the hop that fails.
-func (b *backend) chainStatus(ctx context.Context, s logical.Storage, d map[string]interface{}, name string, role *roleEntry, v reportView) error {
-	d["source_role"] = role.SourceRole
+// chainAbove is the role's chain above it for status: each hop from the
+// first down to its source, with its state and its last error, so that an
+// alert on any hop leads to the hop that fails.
+func (b *backend) chainAbove(ctx context.Context, s logical.Storage, name string, role *roleEntry, v reportView) ([]interface{}, error) {
 	hops, missing, err := b.state.chains.hops(ctx, s, name, role)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	chain := make([]interface{}, 0, len(hops)+1)
 	if missing != "" {
@@ -266,9 +268,7 @@ func (b *backend) chainStatus(ctx context.Context, s logical.Storage, d map[stri
 		chain = append(chain, map[string]interface{}{"role": hop, "state": v.report(roleKey(hop), rs).state,
 			"failed_cycles": st.FailedCycles, "last_error": st.LastError})
 	}
-	chain = append(chain, map[string]interface{}{"role": name, "state": d["state"], "failed_cycles": d["failed_cycles"], "last_error": d["last_error"]})
-	d["chain"] = chain
-	return nil
+	return chain, nil
 }
 
 // budgetStatus adds the read budget's view of key to a status answer d:
