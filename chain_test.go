@@ -215,22 +215,33 @@ func TestChainRoleWriteChecks(t *testing.T) {
 // sleeping goroutine to the next (and firing whatever falls due meanwhile).
 func (f *fixture) settle() {
 	f.t.Helper()
+	settleClock(f.clock, func() (n int) {
+		f.b.flights.view(func(m map[credKey]*flight) { n = len(m) })
+		return n
+	}, func(msg string) { f.t.Fatal(msg) })
+}
+
+// settleClock moves clk from one sleeping goroutine's timer to the next
+// until no cycle runs (inFlight) and no timer callback has been busy three
+// looks in a row; fail is told when that takes longer than
+// clocktest.WaitLimit.
+func settleClock(clk *clocktest.Fake, inFlight func() int, fail func(msg string)) {
 	deadline := time.Now().Add(clocktest.WaitLimit)
 	for quiet := 0; quiet < 3; {
-		n := 0
-		f.b.flights.view(func(m map[credKey]*flight) { n = len(m) })
-		if n == 0 && f.clock.Busy() == 0 {
+		if inFlight() == 0 && clk.Busy() == 0 {
 			quiet++
 			runtime.Gosched()
 			continue
 		}
 		quiet = 0
-		if at, ok := f.clock.NextSleeper(); ok {
-			f.clock.AdvanceTo(at)
+		if at, ok := clk.NextSleeper(); ok {
+			clk.AdvanceTo(at)
 			continue
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatal("cycles did not settle")
+			buf := make([]byte, 1<<20)
+			fail(fmt.Sprintf("cycles did not settle in %v; goroutines:\n%s", clocktest.WaitLimit, buf[:runtime.Stack(buf, true)]))
+			return
 		}
 		time.Sleep(50 * time.Microsecond)
 	}

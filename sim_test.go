@@ -785,30 +785,14 @@ func (s *sim) drive(done <-chan struct{}) {
 
 // settle lets every cycle that is running or due finish, on every mount.
 func (s *sim) settle() {
-	deadline := time.Now().Add(clocktest.WaitLimit)
-	for quiet := 0; quiet < 3; {
-		n := 0
+	settleClock(s.clk, func() (n int) {
 		for _, m := range s.all {
 			m.b.flights.mu.Lock()
 			n += len(m.b.flights.m)
 			m.b.flights.mu.Unlock()
 		}
-		if n == 0 && s.clk.Busy() == 0 {
-			quiet++
-			runtime.Gosched()
-			continue
-		}
-		quiet = 0
-		if at, ok := s.clk.NextSleeper(); ok {
-			s.clk.AdvanceTo(at)
-			continue
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			s.failf("cycles did not settle in %v; goroutines:\n%s", clocktest.WaitLimit, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
+		return n
+	}, func(msg string) { s.failf("%s", msg) })
 }
 
 func (s *sim) readCreds(name string) {
