@@ -377,6 +377,8 @@ func TestChainDeleteSource(t *testing.T) {
 		t.Fatalf("LIST roles source_role=hub after=app1 = %v, %v", resp.Data["keys"], err)
 	}
 
+	// The plan held, so that what is planned now is seen before it fires.
+	release := f.b.refresher.holdPlan()
 	now := f.clock.Now()
 	mustDo(t, f.b, f.s, logical.DeleteOperation, "roles/hub", map[string]interface{}{"force": true})
 	for _, app := range []string{"app1", "app2"} {
@@ -384,6 +386,7 @@ func TestChainDeleteSource(t *testing.T) {
 			t.Fatalf("%s planned at %v (%v) after its source's delete, want now %v", app, at, ok, now)
 		}
 	}
+	release()
 	f.settle()
 	st := f.status("app2")
 	if !strings.Contains(st["last_error"].(string), `SourceRoleFailed: source role "hub": does not exist`) {
@@ -399,11 +402,13 @@ func TestChainDeleteSource(t *testing.T) {
 	if keys := mustDo(t, f.b, f.s, logical.ListOperation, "roles/", map[string]interface{}{"source_role": "hub"}).Data["keys"]; fmt.Sprint(keys) != "[app1 app2]" {
 		t.Fatalf("LIST roles source_role=hub after the delete = %v", keys)
 	}
+	release = f.b.refresher.holdPlan()
 	now = f.clock.Now()
 	f.writeChain("hub", "", nil)
 	if at, _ := f.b.refresher.plannedAt(roleKey("app2")); !at.Equal(now) {
 		t.Fatalf("app2 planned at %v after its source came back, want now %v", at, now)
 	}
+	release()
 	f.settle()
 	if st := f.status("app2"); st["failed_cycles"] != 0 {
 		t.Fatalf("app2 did not recover once its source exists again: %v", st)
@@ -441,12 +446,14 @@ func TestChainSourceChangeReplansTargets(t *testing.T) {
 	if at, _ := f.b.refresher.plannedAt(roleKey("app")); !at.Equal(appPlan) {
 		t.Fatalf("a lease change of the source moved its target's plan to %v", at)
 	}
+	release := f.b.refresher.holdPlan()
 	now := f.clock.Now()
 	f.emu.ResetStats()
 	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/hub", map[string]interface{}{"session_tags": "tier=hub"})
 	if at, _ := f.b.refresher.plannedAt(roleKey("app")); !at.Equal(now) {
 		t.Fatalf("app planned at %v after its source changed, want now %v (it was %v)", at, now, appPlan)
 	}
+	release()
 	f.settle()
 	calls := f.emu.Calls()
 	hub := cached(t, f.s, "hub")
