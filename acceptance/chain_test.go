@@ -40,8 +40,9 @@ func TestChainHubAndSpokes(t *testing.T) {
 		margin   = lifetime / 2
 		rounds   = 100 * time.Second
 		// A denial from just before the hub's refresh is due, long enough
-		// for every target to fall due (within 10% of the margin) and fail.
-		denied  = 5 * time.Second
+		// for the targets planned near it (their plans are spread, so
+		// some of the 50) to fall due and fail.
+		denied  = 12 * time.Second
 		targets = 50
 	)
 	hubARN := "arn:aws:iam::" + chainAccounts[0] + ":role/hub"
@@ -66,7 +67,7 @@ func TestChainHubAndSpokes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newDevStack(t, []string{"-max-lifetime", lifetime.String(), "-trust-file", trustFile},
-		map[string]string{"retry_window": "2", "max_retries": "2", "refresh_fraction": "0.5"})
+		map[string]string{"retry_window": "2", "max_retries": "2", "refresh_fraction": "0.5", "sts_rate_limit": "50", "sts_burst": "50"})
 	v := s.vault
 	v.CLI(t, "write", mount+"/roles/hub", "role_arn="+hubARN)
 	for _, name := range names {
@@ -116,29 +117,40 @@ func TestChainHubAndSpokes(t *testing.T) {
 	}
 	s.emu.Reset(t)
 	s.emu.SetConfig(t, map[string]any{"deny": []string{"hub"}})
+	deniedFrom := time.Now()
+	plans := nextRefreshes(t, v)
 	ctx, cancel := context.WithTimeout(context.Background(), denied)
 	failedReads := readAll(ctx, t, v, names)
 	cancel()
 	if failedReads != "" {
 		t.Errorf("a target's read failed while the hub was denied: %s", failedReads)
 	}
-	named := 0
+	// Each target whose refresh was planned inside the denial, early
+	// enough for its cycle (retry_window 2 s) to end in it, names the hub.
+	named, due := 0, 0
 	for _, name := range names {
 		var st vaulttest.Secret
 		v.API(t, http.MethodGet, mount+"/status/"+name, nil, &st)
-		if strings.Contains(st.Str("last_error"), `SourceRoleFailed: source role "hub": AccessDenied`) {
+		says := strings.Contains(st.Str("last_error"), `SourceRoleFailed: source role "hub": AccessDenied`)
+		if says {
 			named++
 		}
+		if at := plans[name]; at.After(deniedFrom) && at.Before(deniedFrom.Add(denied-2*time.Second)) {
+			due++
+			if !says {
+				t.Errorf("target %s was due at %s, inside the hub's denial, and its status says %q, want the hub named", name, at.Format(time.RFC3339Nano), st.Str("last_error"))
+			}
+		}
+	}
+	if due == 0 {
+		t.Errorf("no target's refresh fell inside the hub's %s denial: the test proves nothing (plans %v)", denied, plans)
 	}
 	for _, c := range s.emu.Calls(t) {
 		if c.RoleArn != hubARN {
 			t.Errorf("a target's STS call while the hub was denied: %+v", c)
 		}
 	}
-	if named == 0 {
-		t.Error("no target's status names the denied hub")
-	}
-	t.Logf("%d of %d targets tried to refresh while the hub was denied; each names it", named, targets)
+	t.Logf("%d of %d targets were due inside the hub's denial, %d name it", due, targets, named)
 
 	// Allowed again: the hub once, each target that failed once.
 	s.emu.Reset(t)
@@ -208,6 +220,24 @@ func (e expirations) of(role string) map[time.Time]bool { return e.by[role] }
 
 // watchExpirations polls LIST status for d, far more often than
 // credentials are replaced, and returns every expiration it showed.
+// nextRefreshes is each role's next_refresh from LIST status.
+func nextRefreshes(t *testing.T, v *vaulttest.Server) map[string]time.Time {
+	t.Helper()
+	var info struct {
+		Data struct {
+			KeyInfo map[string]map[string]any `json:"key_info"`
+		} `json:"data"`
+	}
+	v.API(t, "LIST", mount+"/status", nil, &info)
+	plans := map[string]time.Time{}
+	for name, ki := range info.Data.KeyInfo {
+		if at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(ki["next_refresh"])); err == nil {
+			plans[name] = at
+		}
+	}
+	return plans
+}
+
 func watchExpirations(t *testing.T, v *vaulttest.Server, d time.Duration) expirations {
 	t.Helper()
 	e := expirations{by: map[string]map[time.Time]bool{}}
