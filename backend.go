@@ -204,6 +204,7 @@ func newBackend(opts backendOptions) *backend {
 	clocks.onChange = rf.clockStepped
 	b.state.onEvict = b.entityEvicted
 	b.entityChecks = new(entityChecks)
+	b.state.chains = newChains(b.state, rf, b.clients)
 	b.flights = newFlights(b.state.peek, rf.launchCycle, opts.onFlight)
 	rf.state, rf.flights = b.state, b.flights
 	rf.plan = dueplan.New(b.clock, rf.fireLock(), rf.fireDue)

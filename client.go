@@ -46,6 +46,9 @@ type stsEndpoint struct {
 	// clock is the endpoint's clock (awsClocks): its answers are sampled,
 	// its requests signed on it, and its credentials judged by it.
 	clock *clockSource
+	// source, for a chained role's client, is the source role's cached
+	// credential it signs with (chain.go); nil for config/root's.
+	source *sourceSigner
 }
 
 // keySwitchGrace is how long after a rotation switched config/root's key an
@@ -126,9 +129,14 @@ type stsClients struct {
 	// backendOptions.wrapSTS).
 	wrap func(endpoint string, api stsAPI) stsAPI
 
-	// mu guards current and retired.
+	// mu guards current, retired and sources.
 	mu      sync.RWMutex
 	current *clientSet
+	// sources are the sets that sign with a source role's cached
+	// credential (source_role, chain.go), by source role name: one set per
+	// source credential, replaced when the source's credential changes,
+	// dropped with config/root's on any change to it.
+	sources map[string]*clientSet
 	// retired are dropped sets that attempts still used when they were
 	// dropped (see reset).
 	retired []*clientSet
@@ -220,8 +228,6 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 	if cfg == nil {
 		cfg = defaultRootConfig()
 	}
-
-	urls, regions := stsTargets(cfg)
 	// Only a rotation's new key gets the grace: an operator who writes a
 	// key IAM does not know learns it from the first refusal. config/root
 	// says which key a rotation stored, and when, so a node that did not
@@ -236,10 +242,18 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 	case cfg.AccessKey == c.switchedTo:
 		graceUntil = c.switchedAt.Add(keySwitchGrace)
 	}
+	return c.buildSet(ctx, cfg, aws.Credentials{AccessKeyID: cfg.AccessKey, SecretAccessKey: cfg.SecretKey}, graceUntil)
+}
+
+// buildSet builds a client for each of cfg's STS endpoints, signing with
+// creds (the default chain when they have no key), with the grace after a
+// key change until graceUntil.
+func (c *stsClients) buildSet(ctx context.Context, cfg *rootConfig, creds aws.Credentials, graceUntil time.Time) (*clientSet, error) {
+	urls, regions := stsTargets(cfg)
 	built := make([]*stsEndpoint, 0, len(urls))
 	var closers []idleCloser
 	for i, u := range urls {
-		awsCfg, tr, err := newAWSConfig(ctx, regions[i], cfg.AccessKey, cfg.SecretKey)
+		awsCfg, tr, err := awsConfigFor(ctx, regions[i], creds)
 		if err != nil {
 			return nil, err
 		}
@@ -250,9 +264,62 @@ func (c *stsClients) build(ctx context.Context) (*clientSet, error) {
 		if c.wrap != nil {
 			api = c.wrap(endpoint, api)
 		}
-		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: cfg.SecretKey, graceUntil: graceUntil, label: endpointLabel(i), clock: src})
+		built = append(built, &stsEndpoint{url: endpoint, region: regions[i], api: api, secretKey: creds.SecretAccessKey, graceUntil: graceUntil, label: endpointLabel(i), clock: src})
 	}
-	return &clientSet{eps: built, idle: closers, accessKey: cfg.AccessKey}, nil
+	return &clientSet{eps: built, idle: closers, accessKey: creds.AccessKeyID}, nil
+}
+
+// acquireSource returns clients of config/root's STS endpoints that sign
+// with cred, the cached credential of the source role name (source_role),
+// and counts the caller among their users until it calls release. The set
+// is built once per source credential, the way config/root's is (the read
+// lock the fast path, the write lock re-checking), and replaced when the
+// source's credential changes.
+func (c *stsClients) acquireSource(ctx context.Context, name string, cred *cacheEntry) (eps []*stsEndpoint, release func(), err error) {
+	c.mu.RLock()
+	set := c.sources[name]
+	if set != nil && set.accessKey == cred.AccessKey {
+		eps, release = set.eps, set.acquire()
+	}
+	c.mu.RUnlock()
+	if release != nil {
+		return eps, release, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if set := c.sources[name]; set != nil && set.accessKey == cred.AccessKey {
+		return set.eps, set.acquire(), nil
+	}
+	cfg, err := c.readRoot(ctx)
+	if err != nil {
+		return nil, nil, &refreshError{Code: "StorageError", Message: "reading config/root failed", Retryable: true, cause: err}
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	set, err = c.buildSet(ctx, cfg, aws.Credentials{AccessKeyID: cred.AccessKey, SecretAccessKey: cred.SecretKey, SessionToken: cred.sessionToken()}, time.Time{})
+	if err != nil {
+		return nil, nil, err
+	}
+	signer := &sourceSigner{role: name, cred: cred}
+	for _, ep := range set.eps {
+		ep.source = signer
+	}
+	c.retireLocked(c.sources[name])
+	if c.sources == nil {
+		c.sources = map[string]*clientSet{}
+	}
+	c.sources[name] = set
+	return set.eps, set.acquire(), nil
+}
+
+// dropSource drops the clients signing with the source role name's
+// credential: the role was deleted or its definition changed.
+func (c *stsClients) dropSource(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retireLocked(c.sources[name])
+	delete(c.sources, name)
 }
 
 // stsTargets returns config/root's STS endpoints (the primary first, then
@@ -353,15 +420,26 @@ func (c *stsClients) switchKey(newKey string) {
 	}
 }
 
-// resetLocked drops the current set; c.mu held.
+// resetLocked drops the current set and the source roles' sets (their
+// endpoints are config/root's); c.mu held.
 func (c *stsClients) resetLocked() {
-	if old := c.current; old != nil {
+	c.retireLocked(c.current)
+	c.current = nil
+	for name, set := range c.sources {
+		c.retireLocked(set)
+		delete(c.sources, name)
+	}
+}
+
+// retireLocked closes a dropped set's idle connections and keeps it among
+// the retired sets while attempts still use it; c.mu held. nil is none.
+func (c *stsClients) retireLocked(old *clientSet) {
+	if old != nil {
 		for _, ic := range old.idle {
 			ic.CloseIdleConnections()
 		}
 		c.retired = append(c.retired, old)
 	}
-	c.current = nil
 	live := c.retired[:0]
 	for _, s := range c.retired {
 		if s.active.Load() > 0 {
@@ -419,6 +497,13 @@ func (c *stsClients) drainKey(ctx context.Context, accessKey string, timeout tim
 // no SDK retries, and an HTTP client of its own whose idle connections the
 // returned closer closes.
 func newAWSConfig(ctx context.Context, region, accessKey, secretKey string) (aws.Config, idleCloser, error) {
+	return awsConfigFor(ctx, region, aws.Credentials{AccessKeyID: accessKey, SecretAccessKey: secretKey})
+}
+
+// awsConfigFor is newAWSConfig for credentials that may carry a session
+// token: a source role's cached credential (source_role).
+func awsConfigFor(ctx context.Context, region string, creds aws.Credentials) (aws.Config, idleCloser, error) {
+	accessKey, secretKey := creds.AccessKeyID, creds.SecretAccessKey
 	opts := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithRegion(region),
 		// Our retry blocks are the only retry layer: the SDK's standard
@@ -427,7 +512,7 @@ func newAWSConfig(ctx context.Context, region, accessKey, secretKey string) (aws
 	}
 	if accessKey != "" {
 		opts = append(opts, awsconfig.WithCredentialsProvider(
-			credentials.NewStaticCredentialsProvider(accessKey, secretKey, "")))
+			credentials.NewStaticCredentialsProvider(accessKey, secretKey, creds.SessionToken)))
 	}
 	// Without keys, LoadDefaultConfig resolves the default chain
 	// (environment, shared files, web identity, ECS/EC2 metadata) behind

@@ -27,11 +27,16 @@
 //	settings.go    settings: config/refresh in force (policy)
 //	client.go      stsClients: the STS client sets built from config/root
 //	               (after a rotation, the old key's as a fallback until it
-//	               is drained); IAM's partition, region and endpoint
+//	               is drained) and one per source role's credential
+//	               (source_role); IAM's partition, region and endpoint
 //	rotation.go    rotator: root key rotation, config/root's lock and writes
 //	lifecycle.go   lifecycle: running, the end of the work (Clean, or
 //	               storage refusing a write: this node lost the active
 //	               role; fence), the background goroutines
+//	chain.go       chains: role chaining (source_role): the chain topology
+//	               (an index of roles/ that role writes keep) and its
+//	               checks, and a chained attempt's signing with its source
+//	               role's cached credential, fit to sign (sourceFit)
 //	entity.go      the rules of cache_scope=entity: session names (uniqueName,
 //	               the bounded template), admission and eviction
 //	               (admitLocked), dropping (entityDropReason) and the
@@ -52,6 +57,8 @@
 //
 //	reconciler.passes            one reconciler pass at a time
 //	rotator.rotations, .root     a rotation; config/root's read-change-write
+//	chains.topo                  a role write or delete: exclusive when it
+//	                             may change a chain, shared otherwise
 //	role store lock (lockFor)    every storage change of a role
 //	roleStates.admitMu           a new entity's admission (count, evict, store)
 //	flights.mu                   held by the plan while it fires (the
@@ -63,6 +70,6 @@
 //	reconciler.mu, rotator.mu,   the owners' small state; schedule index
 //	index shards, stsClients.mu, shards are written under the store lock
 //	limiter, metrics,
-//	entityChecks.mu
+//	entityChecks.mu, chains.mu
 //	lifecycle                    last: it calls nothing while held
 package awsresilient

@@ -347,10 +347,24 @@ type readTicket struct {
 // and waits for its current attempt, which it hurries. now is read once
 // the lock is held.
 func (fs *flights) read(key credKey, now func() time.Time) readTicket {
+	return fs.ticket(key, now, (*cacheEntry).validAt, true)
+}
+
+// source is read for a chained role's attempt asking for its source
+// role's credential (chain.go): the cached one only when fit to sign
+// (fit), and a failure answered at once is not counted as a read.
+func (fs *flights) source(key credKey, now func() time.Time, fit func(*cacheEntry, time.Time) bool) readTicket {
+	return fs.ticket(key, now, fit, false)
+}
+
+// ticket is read and source: usable says whether the cached credential
+// serves at now; count, whether a failure answered at once counts among
+// the key's reads answered fast.
+func (fs *flights) ticket(key credKey, now func() time.Time, usable func(*cacheEntry, time.Time) bool, count bool) readTicket {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	rs := fs.peek(key)
-	if rs != nil && !rs.stale && fs.m[key] == nil && rs.cred.validAt(now()) {
+	if rs != nil && !rs.stale && fs.m[key] == nil && usable(rs.cred, now()) {
 		return readTicket{f: doneFlight(rs.gen, cycleResult{cred: rs.cred})}
 	}
 	lf := fs.last[key]
@@ -360,7 +374,9 @@ func (fs *flights) read(key credKey, now func() time.Time) readTicket {
 		lf = nil
 	}
 	if fs.budget && lf != nil && now().Before(lf.until) {
-		lf.answered++
+		if count {
+			lf.answered++
+		}
 		cp := *lf
 		return readTicket{failed: &cp, refused: fs.m[key] == nil}
 	}

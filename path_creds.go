@@ -313,7 +313,7 @@ func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, ag
 		// (RateLimited: no call was made).
 		return b.failureAnswer(name, &lf, b.clock.Now())
 	}
-	reason := "refresh did not complete"
+	reason := "upstream STS unavailable: refresh did not complete"
 	if f.res.err != nil {
 		re := classify(f.res.err, "")
 		// A set-up error (no identity, a permission, a key) is not an
@@ -323,11 +323,20 @@ func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, ag
 			return logical.ErrorResponse("no valid credential for role %q: %s. %s; then read again, or run refresh/%s (status/%s shows the last error)",
 				name, re.Error(), hint, name, name), nil
 		}
-		reason = re.Error()
+		reason = whyUnavailable(name, re)
 	}
 	b.metrics.readsUnavailable.Inc()
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
-		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s", name, reason))
+		fmt.Sprintf("no valid credential for role %q: %s", name, reason))
+}
+
+// whyUnavailable says why a read found nothing to serve: STS's answer, or
+// for a chained role the failure of a role of its chain, and where to look.
+func whyUnavailable(name string, re *refreshError) string {
+	if re.Code == codeSourceFailed {
+		return fmt.Sprintf("a role of its chain failed: %s (status/%s shows the chain and the failing hop)", re.Error(), name)
+	}
+	return "upstream STS unavailable: " + re.Error()
 }
 
 // waitTry waits for f's cycle to end (nil, nil) or, with the read budget
@@ -384,8 +393,8 @@ func (b *backend) failureAnswer(name string, lf *lastFailure, now time.Time) (*l
 func failureUnavailable(name string, lf *lastFailure, now time.Time) (*logical.Response, error) {
 	wait := retryAfter(lf.until, now)
 	return retryAfterResponse(wait), logical.CodedError(http.StatusServiceUnavailable,
-		fmt.Sprintf("no valid credential for role %q: upstream STS unavailable: %s; next attempt allowed at %s (in %s)",
-			name, lf.err.Error(), lf.until.UTC().Format(time.RFC3339), wait))
+		fmt.Sprintf("no valid credential for role %q: %s; next attempt allowed at %s (in %s)",
+			name, whyUnavailable(name, lf.err), lf.until.UTC().Format(time.RFC3339), wait))
 }
 
 // retryAfter is how long a client should wait, at now, for an attempt

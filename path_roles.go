@@ -57,11 +57,11 @@ func pathsRoles(b *backend) []*framework.Path {
 				OperationPrefix: operationPrefixAWSResilient,
 				OperationSuffix: "roles",
 			},
-			Fields: listPageFields,
+			Fields: listRolesFields,
 			Operations: map[logical.Operation]framework.OperationHandler{
 				logical.ListOperation: &framework.PathOperation{
 					Callback: b.pathRolesList,
-					Summary:  "List the roles, in order, a page at a time with after and limit.",
+					Summary:  "List the roles, in order, a page at a time with after and limit; source_role lists a source's targets.",
 					Responses: map[int][]framework.Response{
 						http.StatusOK: {{
 							Description: "OK",
@@ -167,6 +167,20 @@ func pathsRoles(b *backend) []*framework.Path {
 						"entity beyond it evicts the least recently read credential unread for entity_idle_ttl, or is " +
 						"refused with a 400. 0 (default) means 1000. Changing it keeps the cached credentials.",
 				},
+				"source_role": {
+					Type: framework.TypeString,
+					Description: "Name of another role of this mount whose cached credential signs this role's AssumeRole " +
+						"(role chaining), instead of config/root's identity; empty (default) for none. assumed_role only, " +
+						"with a ttl of at most 1h (AWS's cap on chained sessions). The source must exist, be assumed_role " +
+						"or session_token (a federation token cannot call AssumeRole) with cache_scope=role, and a chain " +
+						"has at most 5 roles, without a cycle. Changing it drops the cached credential.",
+				},
+				"force": {
+					Type: framework.TypeBool,
+					Description: "Delete only: delete the role even when other roles name it as their source_role " +
+						"(without it such a delete is refused with a 409 naming them); their refreshes then fail until a " +
+						"role of this name exists again.",
+				},
 			},
 			ExistenceCheck: b.pathRolesExistenceCheck,
 			Operations: map[logical.Operation]framework.OperationHandler{
@@ -227,6 +241,7 @@ var roleResponseFields = map[string]*framework.FieldSchema{
 	"session_name_template": {Type: framework.TypeString, Description: "cache_scope=entity: the session name template in effect."},
 	"entity_idle_ttl":       {Type: framework.TypeDurationSecond, Description: "cache_scope=entity: seconds an unread entity credential is kept."},
 	"max_entities":          {Type: framework.TypeInt, Description: "cache_scope=entity: the most entities cached."},
+	"source_role":           {Type: framework.TypeString, Description: "The role whose cached credential signs this role's AssumeRole; empty for config/root's identity.", Required: true},
 }
 
 func (b *backend) pathRolesExistenceCheck(ctx context.Context, req *logical.Request, data *framework.FieldData) (bool, error) {
@@ -238,7 +253,15 @@ func (b *backend) pathRolesExistenceCheck(ctx context.Context, req *logical.Requ
 }
 
 func (b *backend) pathRolesList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
-	names, err := listRolesPage(ctx, req.Storage, data)
+	var names []string
+	var err error
+	if src := data.Get("source_role").(string); src != "" {
+		// A source's targets, from the chain index.
+		names, err = b.state.chains.targetsOf(ctx, req.Storage, src)
+		names = pageOf(names, data.Get("after").(string), data.Get("limit").(int))
+	} else {
+		names, err = listRolesPage(ctx, req.Storage, data)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -263,6 +286,22 @@ var listPageFields = map[string]*framework.FieldSchema{
 			"0 or less (the default) returns all of them.",
 	},
 }
+
+// listRolesFields are LIST roles/'s parameters: the page, and the source
+// whose targets to list.
+var listRolesFields = func() map[string]*framework.FieldSchema {
+	m := map[string]*framework.FieldSchema{
+		"source_role": {
+			Type: framework.TypeString,
+			Description: "Optional: list only the roles whose source_role is this role (its targets), " +
+				"paged by after and limit likewise.",
+		},
+	}
+	for k, v := range listPageFields {
+		m[k] = v
+	}
+	return m
+}()
 
 // listRolesPage returns the role names in byte order, those after data's
 // after and at most limit of them. It lists storage, the roles' truth,
@@ -355,6 +394,7 @@ func roleData(name string, role *roleEntry) map[string]interface{} {
 		"ttl":               int64(role.TTL / time.Second),
 		"lease":             !role.NoLease,
 		"cache_scope":       cacheScopeRole,
+		"source_role":       role.SourceRole,
 	}
 	if role.entityScoped() {
 		d["cache_scope"] = cacheScopeEntity
@@ -367,14 +407,44 @@ func roleData(name string, role *roleEntry) map[string]interface{} {
 
 func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
+	if _, ok := data.GetOk("force"); ok {
+		return logical.ErrorResponse("force is only valid on a delete of the role"), nil
+	}
+	// A write that may change a chain holds the chains' topology lock
+	// exclusively (chain.go), before the store lock.
+	src, _ := data.GetOk("source_role")
+	h, err := b.state.chains.hold(ctx, req.Storage, name, src != nil && src.(string) != "")
+	if err != nil {
+		return nil, err
+	}
+	defer h.release()
+	resp, w, err := b.writeRole(ctx, req, data, name, h)
+	switch {
+	case err != nil:
+		b.state.chains.failed(h, name)
+	case w != nil:
+		// The role's targets are planned under their own store locks,
+		// once this role's is released.
+		b.state.chains.written(ctx, h, name, w.old, w.role)
+	}
+	return resp, err
+}
 
+// roleWrite is a role write that storage accepted: the definitions before
+// and after.
+type roleWrite struct{ old, role *roleEntry }
+
+// writeRole is a role write under the role's store lock: it applies the
+// fields sent to the stored definition, checks the result (in the mount's
+// chains too, under h) and stores it. w is nil when nothing was stored.
+func (b *backend) writeRole(ctx context.Context, req *logical.Request, data *framework.FieldData, name string, h topoHold) (resp *logical.Response, w *roleWrite, err error) {
 	// The store lock makes "load, change, store, drop the cache" one step
 	// against a cycle that is about to store a credential for this role.
 	defer b.state.lockRole(roleKey(name))()
 
 	old, err := getRole(ctx, req.Storage, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	role := &roleEntry{CredentialType: credentialTypeAssumedRole, TTL: defaultRoleTTL}
 	if old != nil {
@@ -408,11 +478,21 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	if v, ok := data.GetOk("lease"); ok {
 		role.NoLease = !v.(bool)
 	}
+	if v, ok := data.GetOk("source_role"); ok {
+		role.SourceRole = strings.TrimSpace(v.(string))
+	}
 	if msg := applyEntityFields(role, data); msg != "" {
-		return logical.ErrorResponse(msg), nil
+		return logical.ErrorResponse(msg), nil, nil
 	}
 	if msg := role.validate(name); msg != "" {
-		return logical.ErrorResponse(msg), nil
+		return logical.ErrorResponse(msg), nil, nil
+	}
+	msg, err := b.state.chains.checkWrite(ctx, req.Storage, h, name, role)
+	if err != nil {
+		return nil, nil, err
+	}
+	if msg != "" {
+		return logical.ErrorResponse(msg), nil, nil
 	}
 	role.normalize()
 
@@ -420,28 +500,46 @@ func (b *backend) pathRolesWrite(ctx context.Context, req *logical.Request, data
 	// (tll=2h) then shows that nothing changed, and the sdk adds its warning
 	// naming the fields it ignored, which Vault would drop with an empty
 	// answer.
-	resp := &logical.Response{Data: roleData(name, role)}
+	resp = &logical.Response{Data: roleData(name, role)}
 	for _, w := range role.warnings() {
 		resp.AddWarning(w)
 	}
 	if old != nil && reflect.DeepEqual(old, role) {
 		// Nothing to change. The comparison is with storage, which a failed
 		// earlier write left as it was or with the new definition complete.
-		return resp, nil
+		return resp, nil, nil
 	}
 	// What the role issues changed (or the role is new): whatever is cached
 	// under this name was issued for another definition, and goes first.
 	if err := b.state.writeRoleLocked(ctx, req.Storage, name, old, role); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return resp, nil
+	return resp, &roleWrite{old: old, role: role}, nil
 }
 
 func (b *backend) pathRolesDelete(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
 	name := data.Get("name").(string)
-	if err := b.state.deleteRole(ctx, req.Storage, name); err != nil {
+	h, err := b.state.chains.hold(ctx, req.Storage, name, false)
+	if err != nil {
 		return nil, err
 	}
+	defer h.release()
+	if err := b.state.chains.checkDelete(h, name, data.Get("force").(bool)); err != nil {
+		return nil, err
+	}
+	var old *roleEntry
+	if h.exclusive {
+		// What the role was, for its targets (chains.written).
+		old, err = getRole(ctx, req.Storage, name)
+	}
+	if err == nil {
+		err = b.state.deleteRole(ctx, req.Storage, name)
+	}
+	if err != nil {
+		b.state.chains.failed(h, name)
+		return nil, err
+	}
+	b.state.chains.written(ctx, h, name, old, nil)
 	return nil, nil
 }
 
@@ -542,6 +640,9 @@ type roleEntry struct {
 	SessionNameTemplate string        `json:"session_name_template,omitempty"`
 	EntityIdleTTL       time.Duration `json:"entity_idle_ttl,omitempty"`
 	MaxEntities         int           `json:"max_entities,omitempty"`
+	// SourceRole names the role of the mount whose cached credential signs
+	// this role's AssumeRole (chain.go); "" for config/root's identity.
+	SourceRole string `json:"source_role,omitempty"`
 }
 
 // validate returns a message naming what is wrong and what is allowed, or ""

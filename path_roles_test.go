@@ -33,7 +33,7 @@ func TestRoles_CRUD(t *testing.T) {
 			want: map[string]interface{}{
 				"credential_type": "assumed_role", "role_arn": testRoleARN, "external_id": "",
 				"role_session_name": "vault-app", "policy_document": "", "policy_arns": []string{},
-				"session_tags": map[string]string{}, "ttl": int64(3600), "lease": true, "cache_scope": "role",
+				"session_tags": map[string]string{}, "ttl": int64(3600), "lease": true, "cache_scope": "role", "source_role": "",
 			},
 		},
 		{
@@ -53,7 +53,7 @@ func TestRoles_CRUD(t *testing.T) {
 				"external_id": "ext-123:abc", "role_session_name": "svc@app",
 				"policy_document": `{"Version":"2012-10-17","Statement":[]}`,
 				"policy_arns":     []string{"arn:aws:iam::aws:policy/ReadOnlyAccess", "arn:aws:iam::123456789012:policy/mine"},
-				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(7200), "lease": true, "cache_scope": "role",
+				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(7200), "lease": true, "cache_scope": "role", "source_role": "",
 			},
 		},
 		{
@@ -65,7 +65,7 @@ func TestRoles_CRUD(t *testing.T) {
 				"external_id": "ext-123:abc", "role_session_name": "svc@app",
 				"policy_document": `{"Version":"2012-10-17","Statement":[]}`,
 				"policy_arns":     []string{"arn:aws:iam::aws:policy/ReadOnlyAccess", "arn:aws:iam::123456789012:policy/mine"},
-				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900), "lease": true, "cache_scope": "role",
+				"session_tags":    map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900), "lease": true, "cache_scope": "role", "source_role": "",
 			},
 		},
 		{
@@ -78,7 +78,7 @@ func TestRoles_CRUD(t *testing.T) {
 				"credential_type": "federation_token", "role_arn": "", "external_id": "",
 				"role_session_name": "vault-app", "policy_document": `{"Version":"2012-10-17","Statement":[]}`,
 				"policy_arns":  []string{"arn:aws:iam::aws:policy/ReadOnlyAccess", "arn:aws:iam::123456789012:policy/mine"},
-				"session_tags": map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900), "lease": true, "cache_scope": "role",
+				"session_tags": map[string]string{"team": "core", "env": "prod"}, "ttl": int64(900), "lease": true, "cache_scope": "role", "source_role": "",
 			},
 		},
 		{
@@ -90,7 +90,7 @@ func TestRoles_CRUD(t *testing.T) {
 			want: map[string]interface{}{
 				"credential_type": "session_token", "role_arn": "", "external_id": "",
 				"role_session_name": "", "policy_document": "", "policy_arns": []string{},
-				"session_tags": map[string]string{}, "ttl": int64(900), "lease": true, "cache_scope": "role",
+				"session_tags": map[string]string{}, "ttl": int64(900), "lease": true, "cache_scope": "role", "source_role": "",
 			},
 		},
 	}

@@ -97,6 +97,8 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"aws_clock_samples":    {Type: framework.TypeInt, Description: "How many agreeing answers of the endpoint the measured offset rests on (at most 8)."},
 	"aws_clock_age":        {Type: framework.TypeInt, Description: "Seconds since the newest of those answers; -1 when the offset is not measured on this node."},
 	"reads_failed_fast":    {Type: framework.TypeInt, Description: "Reads answered at once with the last failure, without an STS call, since the role's last success on this node (memory only). For cache_scope=entity, summed over the role's entity credentials.", Required: true},
+	"source_role":          {Type: framework.TypeString, Description: "The role whose cached credential signs this role's AssumeRole (role chaining); empty when config/root's identity does.", Required: true},
+	"chain":                {Type: framework.TypeSlice, Description: "The role's chain, one entry per hop from its first hop (the role without source_role, which config/root's identity signs) down to this role: role, state (missing for a source that does not exist), failed_cycles and last_error. The first hop with failed_cycles above 0 is the one failing; the hops after it fail with SourceRoleFailed naming it. One entry for a role without source_role.", Required: true},
 }
 
 func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -234,7 +236,39 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 		}
 		b.entityBudgetStatus(d, name, sum.worstID, v.now)
 	}
+	chain, err := b.chainAbove(ctx, s, name, rs.role, v)
+	if err != nil {
+		return nil, err
+	}
+	// The chain ends with this role, as the answer says it.
+	d["source_role"] = rs.role.SourceRole
+	d["chain"] = append(chain, map[string]interface{}{"role": name, "state": d["state"], "failed_cycles": d["failed_cycles"], "last_error": d["last_error"]})
 	return d, nil
+}
+
+// chainAbove is the role's chain above it for status: each hop from the
+// first down to its source, with its state and its last error, so that an
+// alert on any hop leads to the hop that fails.
+func (b *backend) chainAbove(ctx context.Context, s logical.Storage, name string, role *roleEntry, v reportView) ([]interface{}, error) {
+	hops, missing, err := b.state.chains.hops(ctx, s, name, role)
+	if err != nil {
+		return nil, err
+	}
+	chain := make([]interface{}, 0, len(hops)+1)
+	if missing != "" {
+		chain = append(chain, map[string]interface{}{"role": missing, "state": "missing", "failed_cycles": 0,
+			"last_error": "no role of this name: create it, or change source_role of " + hops[0]})
+	}
+	for _, hop := range hops[:len(hops)-1] {
+		rs := b.state.peek(roleKey(hop))
+		if rs == nil {
+			continue // dropped since hops read it
+		}
+		st := rs.status()
+		chain = append(chain, map[string]interface{}{"role": hop, "state": v.report(roleKey(hop), rs).state,
+			"failed_cycles": st.FailedCycles, "last_error": st.LastError})
+	}
+	return chain, nil
 }
 
 // budgetStatus adds the read budget's view of key to a status answer d:

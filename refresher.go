@@ -502,10 +502,11 @@ func (rf *refresher) callPriority(key credKey, gen uint64, cred *cacheEntry) rat
 // tryFailed tells the flights that attempt i of j's cycle failed with a
 // retryable error (j.lastErr): its readers wake with it, and until the end
 // of its block readers get it at once (the read budget). An attempt that
-// made no STS call is no answer (attemptRefused).
+// made no STS call is no answer (attemptRefused), unless its source role's
+// failure stopped it (codeSourceFailed): that is its block's answer.
 func (rf *refresher) tryFailed(j *cycleJob, i int) {
 	end := j.start.Add(time.Duration(i+1) * j.block)
-	if !j.called {
+	if !j.called && j.lastErr.Code != codeSourceFailed {
 		// No STS call was made (no slot, the block over, the role
 		// unreadable): not an answer to give readers as the block's one
 		// call.
@@ -847,9 +848,11 @@ type attemptResult struct {
 // order they asked, with no slot left idle. The block moves to start at
 // that slot, and its new end is returned (movedEnd).
 func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
-	eps, release, err := rf.clients.acquire(ctx)
-	if err != nil {
-		return attemptResult{err: classify(err, "")}
+	// config/root's clients, or a chained role's, signing with its source
+	// role's cached credential once that is fit to sign (chain.go).
+	eps, release, rerr := rf.endpointsFor(ctx, role)
+	if rerr != nil {
+		return attemptResult{err: rerr}
 	}
 	defer release()
 	if now := rf.clock.Now(); now.After(w.blockEnd) {
@@ -875,6 +878,12 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 				rf.metrics.rateLimited.Inc()
 				out.err = &refreshError{Code: codeRateLimited, Message: "no STS call slot free before the end of the retry block (sts_rate_limit)", Retryable: true}
 			}
+			return out
+		}
+		if rerr := ep.unfit(rf.clock.Now(), rf.settings.policy().RefreshFraction); rerr != nil {
+			// Its slot came after its source's credential fell due: the
+			// call is not signed with it.
+			out.err = rerr
 			return out
 		}
 		d := min(w.timeout, max(w.blockEnd.Sub(rf.clock.Now()), min(w.timeout, minCallTime)))

@@ -95,6 +95,11 @@ type roleStates struct {
 	// clocks are AWS's clocks: a mirrored credential points at its issuing
 	// endpoint's (awsClocks.attach), by which it is judged.
 	clocks *awsClocks
+
+	// chains is the chain topology of the mount's roles (chain.go): an
+	// index of roles/ that role writes keep, and forget tells of every
+	// invalidated definition.
+	chains *chains
 }
 
 // put mirrors key; r.mu must be held for writing.
@@ -497,6 +502,9 @@ func (r *roleStates) markShapeUnsure(key credKey) {
 // marked: it is kept, not lost. Dropping loses no generation either way: an
 // entry loaded again gets a new one, which no cycle started before carries.
 func (r *roleStates) forget(key credKey, definition bool) {
+	if definition && r.chains != nil {
+		r.chains.forget(key.role())
+	}
 	var keep map[credKey]bool // checked, and must be kept
 	if definition && r.planner != nil {
 		// Asked before mu is taken: the refresher takes its locks first.

@@ -44,19 +44,22 @@ type simKnobs struct {
 	// its own storage and standby; they share the clock, STS, the identity
 	// store and the process's memory limit.
 	mounts int
+	// chain: a role write that sets or clears a source_role, or a forced
+	// delete of a source (chainOp, sim_test.go).
+	chain int
 }
 
 // simKnobsLegacy: what every seed ran with before these operations existed.
 var simKnobsLegacy = simKnobs{}
 
 // simKnobsDefault: new seeds run every operation.
-var simKnobsDefault = simKnobs{midLoad: 4, leaseFault: 3, overlap: 2, mounts: 2}
+var simKnobsDefault = simKnobs{midLoad: 4, leaseFault: 3, overlap: 2, mounts: 2, chain: 8}
 
 func (k simKnobs) String() string {
-	return fmt.Sprintf("midload=%d,leasefault=%d,overlap=%d,entities=%d,mounts=%d", k.midLoad, k.leaseFault, k.overlap, k.entities, max(k.mounts, 1))
+	return fmt.Sprintf("midload=%d,leasefault=%d,overlap=%d,entities=%d,mounts=%d,chain=%d", k.midLoad, k.leaseFault, k.overlap, k.entities, max(k.mounts, 1), k.chain)
 }
 
-func (k simKnobs) extra() int { return k.midLoad + k.leaseFault + k.overlap }
+func (k simKnobs) extra() int { return k.midLoad + k.leaseFault + k.overlap + k.chain }
 
 func parseSimKnobs(s string, base simKnobs) (simKnobs, error) {
 	k := base
@@ -78,6 +81,8 @@ func parseSimKnobs(s string, base simKnobs) (simKnobs, error) {
 			k.overlap = n
 		case "entities":
 			k.entities = n
+		case "chain":
+			k.chain = n
 		case "mounts":
 			if n > 2 {
 				return k, fmt.Errorf("at most 2 mounts; got %d", n)
@@ -98,8 +103,10 @@ func (s *sim) stepExtra(r int) {
 		s.midLoadChange()
 	case r < k.midLoad+k.leaseFault:
 		s.leaseOnlyFault()
-	default:
+	case r < k.midLoad+k.leaseFault+k.overlap:
 		s.overlapFailover()
+	default:
+		s.chainOp()
 	}
 }
 

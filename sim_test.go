@@ -72,6 +72,8 @@ type simFigures struct {
 	runs, steps, storageFaults, stsCalls, stsFaults, checks, served, restarts int
 	// entityServed counts credentials served by entity-scoped roles.
 	entityServed int
+	// chained counts the STS calls signed by a source role's credential.
+	chained int
 }
 
 func TestSimulation(t *testing.T) {
@@ -132,8 +134,8 @@ func TestSimulation(t *testing.T) {
 			do(run{seed, knobs}, steps)
 		}
 	}
-	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted), %d credentials served (%d of them per entity), %d restarts, %d invariant checks",
-		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.served, total.entityServed, total.restarts, total.checks)
+	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted, %d signed by a source role's credential), %d credentials served (%d of them per entity), %d restarts, %d invariant checks",
+		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.chained, total.served, total.entityServed, total.restarts, total.checks)
 }
 
 func (f *simFigures) add(o simFigures) {
@@ -146,6 +148,7 @@ func (f *simFigures) add(o simFigures) {
 	f.served += o.served
 	f.restarts += o.restarts
 	f.entityServed += o.entityServed
+	f.chained += o.chained
 }
 
 // sim is one run: the world, the backend under test, and what the model
@@ -288,6 +291,9 @@ func runSimulation(t *testing.T, seed uint64, steps int, knobs simKnobs) simFigu
 		if c.Outcome != "ok" {
 			fig.stsFaults++
 		}
+		if strings.HasPrefix(c.AccessKeyID, "ASIA") {
+			fig.chained++
+		}
 	}
 	return fig
 }
@@ -302,7 +308,7 @@ func (s *sim) initMount(seed uint64) {
 	s.size = &sizeLimitStorage{Storage: s.mem}
 	s.stored = &storedKeys{Storage: s.size, keys: map[string]bool{}, deletes: map[string]int{}}
 	s.fs = newFaultStorage(s.stored, seed)
-	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, expires: map[string]time.Time{}, inCall: map[string]int{}}
+	s.sts = &simSTS{s: s, issued: map[string]string{}, sources: map[string]string{}, expires: map[string]time.Time{}, calledAt: map[string]time.Time{}, inCall: map[string]int{}}
 	if s.knobs.entities > 0 && s == s.all[0] {
 		s.seedEntities(s.knobs.entities)
 	}
@@ -779,30 +785,14 @@ func (s *sim) drive(done <-chan struct{}) {
 
 // settle lets every cycle that is running or due finish, on every mount.
 func (s *sim) settle() {
-	deadline := time.Now().Add(clocktest.WaitLimit)
-	for quiet := 0; quiet < 3; {
-		n := 0
+	settleClock(s.clk, func() (n int) {
 		for _, m := range s.all {
 			m.b.flights.mu.Lock()
 			n += len(m.b.flights.m)
 			m.b.flights.mu.Unlock()
 		}
-		if n == 0 && s.clk.Busy() == 0 {
-			quiet++
-			runtime.Gosched()
-			continue
-		}
-		quiet = 0
-		if at, ok := s.clk.NextSleeper(); ok {
-			s.clk.AdvanceTo(at)
-			continue
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			s.failf("cycles did not settle in %v; goroutines:\n%s", clocktest.WaitLimit, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
+		return n
+	}, func(msg string) { s.failf("%s", msg) })
 }
 
 func (s *sim) readCreds(name string) {
@@ -1033,6 +1023,8 @@ func (s *sim) check() {
 		}
 	}
 
+	s.checkChains(roles)
+
 	// At most one STS call per role at a time, and no back-to-back cycles.
 	if v := s.sts.violation.Load(); v != nil {
 		s.failf("%s", *v)
@@ -1246,6 +1238,7 @@ type simSTS struct {
 	issued    map[string]string    // access key id -> role ARN
 	sources   map[string]string    // access key id -> SourceIdentity
 	expires   map[string]time.Time // access key id -> exact expiration
+	calledAt  map[string]time.Time // access key id -> when the call that issued it was made
 	inCall    map[string]int       // by node and key
 	nodes     int                  // nodes wrapped so far
 	violation atomic.Pointer[string]
@@ -1344,6 +1337,7 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 	if during := w.takeDuring(name); during != nil {
 		during()
 	}
+	calledAt := w.s.clk.Now()
 	out, err := c.api.AssumeRole(ctx, in, o...)
 	if err == nil && out.Credentials != nil && w.short.Load() {
 		if left := aws.ToTime(out.Credentials.Expiration).Sub(w.s.clk.Now()); left > 2*time.Second {
@@ -1358,6 +1352,7 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 		w.issued[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.RoleArn)
 		w.sources[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToString(in.SourceIdentity)
 		w.expires[aws.ToString(out.Credentials.AccessKeyId)] = aws.ToTime(out.Credentials.Expiration)
+		w.calledAt[aws.ToString(out.Credentials.AccessKeyId)] = calledAt
 	}
 	w.mu.Unlock()
 	return out, err
@@ -1445,4 +1440,139 @@ func (f *faultStorage) healthy() bool {
 		}
 	}
 	return true
+}
+
+// chainOp sets or clears a role's source_role (with a ttl that a chained
+// role may have, or not), or deletes a role with force, whatever names it
+// as a source: the writes the chain checks refuse are refused, the others
+// make chains of the simulation's roles.
+func (s *sim) chainOp() {
+	name := s.pick(simRoleNames)
+	if s.rng.IntN(6) == 0 {
+		resp, err := s.do(logical.DeleteOperation, "roles/"+name, map[string]interface{}{"force": true})
+		s.logf("force-delete %s: %s", name, outcome(resp, err))
+		return
+	}
+	data := map[string]interface{}{"source_role": ""}
+	if s.rng.IntN(4) > 0 {
+		data["source_role"] = s.pick(simRoleNames)
+	}
+	if cur, _ := getRole(context.Background(), s.mem, name); cur == nil || s.rng.IntN(4) == 0 {
+		data["role_arn"] = s.pick(simARNs)
+	}
+	if s.rng.IntN(3) == 0 {
+		data["ttl"] = []int{900, 1800, 3600, 7200}[s.rng.IntN(4)]
+	}
+	resp, err := s.do(logical.UpdateOperation, "roles/"+name, data)
+	s.logf("chain: write role %s %v: %s", name, data, outcome(resp, err))
+}
+
+// chainSlack is how far this node's view of a credential's life may be
+// from the simulation's exact one: the plugin judges it by its estimate of
+// AWS's clock, from Date headers in whole seconds.
+const chainSlack = 2 * time.Second
+
+// checkChains checks the chains in storage and every chained call:
+//   - no cycle, no chain over maxChainLength, every chained role an
+//     assumed_role of at most an hour, every existing source role-scoped
+//     (a source may be missing only after a forced delete);
+//   - every committed credential of a chained role was signed by a session
+//     (its source's credential), every other by config/root's key;
+//   - no credential was committed whose call was signed by a source
+//     credential that had expired, or was inside its refresh margin: a
+//     target never refreshes before its source when the source is due;
+//   - after a healthy periodic pass, LIST roles source_role=<r> on both
+//     nodes says what storage says.
+func (s *sim) checkChains(roles map[string]*roleEntry) {
+	if s.knobs.chain == 0 {
+		return
+	}
+	for name, role := range roles {
+		if role.SourceRole == "" {
+			continue
+		}
+		s.fig.checks++
+		if role.CredentialType != credentialTypeAssumedRole || role.TTL > maxChainedTTL {
+			s.failf("chained role %s is stored as %s with ttl %v", name, role.CredentialType, role.TTL)
+		}
+		n, seen := 1, map[string]bool{name: true}
+		for cur := role.SourceRole; cur != ""; n++ {
+			src := roles[cur]
+			if seen[cur] || src == nil {
+				if seen[cur] {
+					s.failf("storage holds a chain cycle through %s", cur)
+				}
+				break
+			}
+			if src.entityScoped() {
+				s.failf("role %s's chain has the entity-scoped source %s", name, cur)
+			}
+			seen[cur] = true
+			cur = src.SourceRole
+		}
+		if n > maxChainLength {
+			s.failf("role %s's chain has %d roles", name, n)
+		}
+	}
+	calls := s.emu.Calls()
+	signer := make(map[string]string, len(calls)) // issued key -> key that signed its call
+	for _, c := range calls {
+		if c.Action != "AssumeRole" || c.Outcome != "ok" || c.IssuedKeyID == "" {
+			continue
+		}
+		signer[c.IssuedKeyID] = c.AccessKeyID
+		exp, known := s.sts.expiryOf(c.AccessKeyID)
+		if !known || !s.stored.has(c.IssuedKeyID) {
+			continue // signed by config/root's key, or by another mount's, or not committed
+		}
+		s.sts.mu.Lock()
+		issued := s.sts.calledAt[c.AccessKeyID]
+		s.sts.mu.Unlock()
+		margin := time.Duration(defaultRefreshFraction * float64(exp.Sub(issued)))
+		s.fig.checks++
+		if left := exp.Sub(c.Time); left <= margin-chainSlack {
+			s.failf("credential %s (%s) was committed from a call at %v signed by source credential %s with %v left, inside its refresh margin %v",
+				c.IssuedKeyID, c.RoleArn, c.Time, c.AccessKeyID, left, margin)
+		}
+	}
+	for name, role := range roles {
+		c, _ := getCacheEntry(context.Background(), s.mem, roleKey(name))
+		if c == nil {
+			continue
+		}
+		by, ok := signer[c.AccessKey]
+		if !ok {
+			continue
+		}
+		s.fig.checks++
+		if session := strings.HasPrefix(by, "ASIA"); session != (role.SourceRole != "") {
+			s.failf("role %s (source_role %q) holds a credential whose call was signed by %s", name, role.SourceRole, by)
+		}
+	}
+	if !s.healedPass || !s.fs.healthy() {
+		return
+	}
+	for _, node := range []*backend{s.b, s.standby} {
+		for _, src := range simRoleNames {
+			want := []string{}
+			for _, name := range simRoleNames {
+				if r := roles[name]; r != nil && r.SourceRole == src {
+					want = append(want, name)
+				}
+			}
+			resp, err := node.HandleRequest(context.Background(), &logical.Request{Operation: logical.ListOperation, Path: "roles/",
+				Data: map[string]interface{}{"source_role": src}, Storage: s.fs})
+			if err != nil {
+				continue // a standby's load may fail on storage armed since
+			}
+			got, _ := resp.Data["keys"].([]string)
+			if got == nil {
+				got = []string{}
+			}
+			s.fig.checks++
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				s.failf("LIST roles source_role=%s = %v, storage holds %v", src, got, want)
+			}
+		}
+	}
 }

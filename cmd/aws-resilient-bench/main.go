@@ -46,6 +46,11 @@
 //	   replaced before expiry (target 100 %), failed healthy reads and
 //	   their p99, each with the read budget and without it (the
 //	   -tags nobudget build) side by side (Vault servers of their own)
+//	i  role chaining (source_role): a hub and -chain-targets targets in
+//	   -chain-accounts accounts beside as many flat roles: STS calls per
+//	   credential at each hop (target 1.000), target calls signed by the
+//	   hub's current credential, refresh spread, and the cached read of a
+//	   target against a flat role's (a Vault server of its own)
 //
 // Charts (PNG) and the raw figures (results.json) go to -out. The bench
 // never fails on a missed target; it exits non-zero only when it cannot
@@ -138,7 +143,7 @@ func main() {
 		return
 	}
 	var o options
-	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h", "comma-separated sections to run")
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h,i", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.StringVar(&o.doc, "doc", "", "after a run of every section, replace the table between the markers of this file (BENCHMARKS.md's \"Latest run\") with this run's")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
@@ -307,7 +312,7 @@ func (r *run) all() {
 	r.results["options"] = fmt.Sprintf("%+v", r.o)
 	r.logf("building the plugin and emulator, starting Vault")
 	vaulttest.EmulatorBin(r.tb)
-	// Sections e, f, g and h start servers of their own.
+	// Sections e, f, g, h and i start servers of their own.
 	if r.want("a") || r.want("b") || r.want("c") || r.want("d") {
 		r.vault, r.api = r.startVault()
 	}
@@ -335,6 +340,9 @@ func (r *run) all() {
 	}
 	if r.want("h") {
 		r.sectionH()
+	}
+	if r.want("i") {
+		r.sectionI()
 	}
 
 	var head strings.Builder
@@ -379,7 +387,7 @@ func (r *run) updateDoc(table string) {
 }
 
 // allSections are the sections a full run has.
-var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
 
 // ran returns the sections this run measured, in order.
 func (r *run) ran() []string {
