@@ -165,8 +165,11 @@ func TestBackend_NoTestHooksInProduction(t *testing.T) {
 	if err != logical.ErrUnsupportedPath {
 		t.Fatalf("got resp=%v err=%v, want unsupported path", resp, err)
 	}
-	if b.storage != s {
-		t.Fatal("the production backend wraps its storage")
+	// The background work's storage is the mount's behind the fence
+	// (lifecycle.fence), and nothing else: no test hook's wrapper.
+	f, ok := b.storage.(*fencedStorage)
+	if !ok || f.Storage != s {
+		t.Fatalf("the production backend's storage is %T, want the mount's storage behind the fence only", b.storage)
 	}
 }
 

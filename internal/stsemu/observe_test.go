@@ -60,10 +60,10 @@ func TestStatsAndCalls(t *testing.T) {
 	ln := strings.TrimPrefix(e.URL(), "http://")
 	want := []Call{
 		{Seq: 1, Action: "AssumeRole", Outcome: "ok", RoleArn: "arn:aws:iam::123456789012:role/app", AccessKeyID: DefaultAccessKey, RoleSessionName: "test-session",
-			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC(), CallerArn: "arn:aws:iam::123456789012:user/sts-emulator", Listener: ln},
+			IssuedKeyID: aws.ToString(c.AccessKeyId), IssuedExpiration: aws.ToTime(c.Expiration).UTC(), CallerArn: "arn:aws:iam::123456789012:user/sts-emulator", Listener: ln, Source: "127.0.0.1"},
 		// A signature that fails names no caller: nobody was verified.
-		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey, Listener: ln},
-		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId), CallerArn: "arn:aws:sts::123456789012:assumed-role/app/test-session", Listener: ln},
+		{Seq: 2, Action: "GetCallerIdentity", Outcome: "SignatureDoesNotMatch", AccessKeyID: DefaultAccessKey, Listener: ln, Source: "127.0.0.1"},
+		{Seq: 3, Action: "GetCallerIdentity", Outcome: "ok", AccessKeyID: aws.ToString(c.AccessKeyId), CallerArn: "arn:aws:sts::123456789012:assumed-role/app/test-session", Listener: ln, Source: "127.0.0.1"},
 	}
 	for i := range calls {
 		calls[i].Time = time.Time{}
