@@ -147,7 +147,11 @@ func (h *hookStorage) takeCacheWriteFailure() bool {
 // hooks is the mount's hook storage, which the test path drives; nil
 // before Setup gave the backend its storage.
 func (b *backend) hooks() *hookStorage {
-	h, _ := b.storage.(*hookStorage)
+	s := b.storage
+	if f, ok := s.(*fencedStorage); ok {
+		s = f.Storage // the hooks sit behind the fence (backend.fence)
+	}
+	h, _ := s.(*hookStorage)
 	return h
 }
 
