@@ -130,9 +130,13 @@ func TestCredentialsHelperProcess(t *testing.T) {
 		t.Fatalf("aws sts get-caller-identity: Arn %q (%v), want the app role's session", ident.Arn, err)
 	}
 	// The helper printed the plugin's cached credential: the same key a
-	// vault read gets.
+	// vault read gets. Its Expiration is on this host's clock (now plus the
+	// plugin's expires_in, whole seconds), here the emulator's too: never
+	// later than the credential's, and at most a second and the two
+	// reads' gap earlier.
 	pc := credentialProcess(t, helperEnv(t, v.Addr, appTok), "app")
-	if got := s.readCreds(t, "app"); got.AccessKey != pc.AccessKeyID || !got.Expiration.Equal(pc.Expiration) {
+	if got := s.readCreds(t, "app"); got.AccessKey != pc.AccessKeyID || pc.Expiration.After(got.Expiration) ||
+		pc.Expiration.Before(got.Expiration.Add(-2*time.Second)) {
 		t.Fatalf("credential-process printed %s (expires %s), vault read gives %s (expires %s)", pc.AccessKeyID, pc.Expiration, got.AccessKey, got.Expiration)
 	}
 
