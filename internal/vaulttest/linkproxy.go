@@ -262,8 +262,8 @@ func (p *LinkProxy) down(node int, up, down net.Conn) {
 		time.Sleep(time.Until(c.at))
 		f := p.Fault(node)
 		b := c.b
-		if f.ResetAfter > 0 && sent+len(b) >= f.ResetAfter {
-			_, _ = down.Write(b[:f.ResetAfter-sent])
+		if n, cut := resetCut(sent, len(b), f.ResetAfter); cut {
+			_, _ = down.Write(b[:n])
 			reset(down)
 			up.Close()
 			for range q {
@@ -281,6 +281,17 @@ func (p *LinkProxy) down(node int, up, down net.Conn) {
 	if tc, ok := down.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
+}
+
+// resetCut says whether a chunk of size bytes, after sent bytes went down
+// the connection, meets a reset after resetAfter bytes (0: none), and how
+// much of it goes down first. A fault set while a kept-alive connection
+// had already carried more than resetAfter resets it at its next chunk.
+func resetCut(sent, size, resetAfter int) (n int, cut bool) {
+	if resetAfter <= 0 || sent+size < resetAfter {
+		return size, false
+	}
+	return max(0, resetAfter-sent), true
 }
 
 // writePaced writes b at most bw bytes a second (unpaced when bw is 0), in
