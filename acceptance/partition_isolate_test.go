@@ -18,10 +18,7 @@ func TestPartitionIsolateActive(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()
 	s := newNetStack(t)
-	stop := s.readers(3)
-	time.Sleep(5 * time.Second)
-	active := s.c.WaitActive(t, 30*time.Second)
-	i := s.c.Index(active)
+	stop, active, i := s.readingActive(3)
 	s.fault(soak.Op{Fault: soak.FaultPartition, Detail: "isolate_active", Nodes: []string{active.NodeID()}}, 40*time.Second,
 		func() { s.nw.Partition(t, []int{i}, s.nw.Others(i)) },
 		func() { s.nw.Heal(t) })

@@ -19,10 +19,7 @@ func TestPartitionSlowSTSLink(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()
 	s := newNetStack(t)
-	stop := s.readers(3)
-	time.Sleep(5 * time.Second)
-	active := s.c.WaitActive(t, 30*time.Second)
-	i := s.c.Index(active)
+	stop, active, i := s.readingActive(3)
 	slow := s.fault(soak.Op{Fault: soak.FaultSTSLink, Detail: "latency_10s", Node: active.NodeID()}, 40*time.Second,
 		func() { s.proxy.SetFault(i, vaulttest.LinkFault{Latency: 10 * time.Second}) },
 		func() { s.proxy.SetFault(i, vaulttest.LinkFault{}) })

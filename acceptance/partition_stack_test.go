@@ -133,6 +133,15 @@ func (s *netStack) read(node *vaulttest.Server, role string, client *http.Client
 
 // readers reads random roles through random nodes every netReadEvery until
 // the returned stop is called (which waits for them).
+// readingActive starts n readers, lets them read for 5 s and returns the
+// active node and its index: the start every partition test shares.
+func (s *netStack) readingActive(n int) (stop func(), active *vaulttest.Server, i int) {
+	stop = s.readers(n)
+	time.Sleep(5 * time.Second)
+	active = s.c.WaitActive(s.t, 30*time.Second)
+	return stop, active, s.c.Index(active)
+}
+
 func (s *netStack) readers(n int) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup

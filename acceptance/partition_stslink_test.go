@@ -18,10 +18,7 @@ func TestPartitionCutActiveFromSTS(t *testing.T) {
 	vaulttest.SkipUnlessEnabled(t)
 	t.Parallel()
 	s := newNetStack(t)
-	stop := s.readers(3)
-	time.Sleep(5 * time.Second)
-	active := s.c.WaitActive(t, 30*time.Second)
-	i := s.c.Index(active)
+	stop, active, i := s.readingActive(3)
 	cut := s.fault(soak.Op{Fault: soak.FaultSTSLink, Detail: "cut", Node: active.NodeID()}, 40*time.Second,
 		func() { s.nw.SetLinkLoss(t, i, 100) },
 		func() { s.nw.SetLinkLoss(t, i, 0) })
