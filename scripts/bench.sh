@@ -22,6 +22,9 @@
 #   PLUGIN_REF  build the plugin from this commit (git archive) instead of
 #               the working tree, and report that commit: what another
 #               engineer has not committed yet is then not measured
+#   PLUGIN_BASE_REF  section a also mounts the plugin built from this commit
+#               and reads it in the same rounds: a change's cost to the
+#               cached read, side by side (e.g. PLUGIN_BASE_REF=HEAD~5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +59,14 @@ else
 	go build -tags nobudget -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient-nobudget" ./cmd/vault-plugin-secrets-aws-resilient
 fi
 export PLUGIN_NOBUDGET_BIN="$work/vault-plugin-secrets-aws-resilient-nobudget"
+if [[ -n "${PLUGIN_BASE_REF:-}" ]]; then
+	PLUGIN_BASE_COMMIT=$(git rev-parse --short "$PLUGIN_BASE_REF^{commit}")
+	export PLUGIN_BASE_COMMIT
+	mkdir "$work/base-src"
+	git archive "$PLUGIN_BASE_COMMIT" | tar -x -C "$work/base-src"
+	(cd "$work/base-src" && go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/aws-resilient-base" ./cmd/vault-plugin-secrets-aws-resilient)
+	export PLUGIN_BASE_BIN="$work/aws-resilient-base"
+fi
 go build -o "$work/sts-emulator" ./cmd/sts-emulator
 go build -o "$work/aws-resilient-bench" ./cmd/aws-resilient-bench
 export PLUGIN_BIN="$work/vault-plugin-secrets-aws-resilient"

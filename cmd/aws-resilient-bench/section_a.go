@@ -57,6 +57,8 @@ func (r *run) sectionA() {
 	r.mountNull(vault, "null")
 	must(tb, a.write("null/data", cred.Data))
 
+	base := r.mountBase(vault, a, emu)
+
 	must(tb, a.write("sys/mounts/aws", map[string]any{"type": "aws"}))
 	must(tb, a.write("aws/config/root", map[string]any{
 		"access_key": emu.AccessKey, "secret_key": emu.SecretKey, "region": "us-east-1",
@@ -76,6 +78,14 @@ func (r *run) sectionA() {
 		{"null_leased", "null external plugin read, leased", "null/leased"},
 		{"builtin", "built-in aws creds read", "aws/creds/bench"},
 	}
+	if base != "" {
+		// The plugin as it was, read in the same rounds right after the
+		// plugin as it is: a change to the read path shows as their ratio.
+		targets = append(targets[:3:3], append([]readTarget{
+			{"base", "aws-resilient creds read, base " + base, baseMount + "/creds/bench"},
+			{"base_nolease", "aws-resilient creds read, lease=false, base " + base, baseMount + "/creds/bench-nolease"},
+		}, targets[3:]...)...)
+	}
 	client := bench.NewHTTPClient(r.o.concurrency)
 	res := map[string]bench.LoadResult{}
 	calls := map[string]int{}
@@ -88,6 +98,9 @@ func (r *run) sectionA() {
 		"null":     pidsNamed(tb, vault, "bench-null"),
 		"emulator": {emu.Process.PID()},
 		"loadgen":  {os.Getpid()},
+	}
+	if base != "" {
+		procs["base"] = pidsNamed(tb, vault, baseCommand)
 	}
 	cpuOf := func() map[string]time.Duration {
 		out := map[string]time.Duration{}
@@ -107,7 +120,13 @@ func (r *run) sectionA() {
 	rounds := map[string][]bench.LoadResult{}
 	cpuSum := map[string]map[string]time.Duration{}
 	for round := 0; round < r.o.rounds; round++ {
-		for _, t := range targets {
+		order := targets
+		if base != "" && round%2 == 1 {
+			// Every other round reads the base build first, so that neither
+			// build always follows the other.
+			order = append([]readTarget{targets[0], targets[3], targets[4], targets[1], targets[2]}, targets[5:]...)
+		}
+		for _, t := range order {
 			if cpuSum[t.key] == nil {
 				cpuSum[t.key] = map[string]time.Duration{}
 			}
@@ -146,8 +165,8 @@ func (r *run) sectionA() {
 		}
 		cpuPerRead[t.key] = per
 		res[t.key] = lr
-		r.logf("a: %-36s %8.0f req/s (rounds %.0f)  p50 %s  p99 %s  errors %d  STS calls %d (incl. warm-up)  CPU/read: vault %.0fus plugin %.0fus null plugin %.0fus emulator %.0fus loadgen %.0fus",
-			t.name, lr.RPS(), lr.RoundRPS, ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)), lr.Errors, calls[t.key], perUS["vault"], perUS["plugin"], perUS["null"], perUS["emulator"], perUS["loadgen"])
+		r.logf("a: %-36s %8.0f req/s (rounds %.0f)  p50 %s  p99 %s  errors %d  STS calls %d (incl. warm-up)  CPU/read: vault %.0fus plugin %.0fus base %.0fus null plugin %.0fus emulator %.0fus loadgen %.0fus",
+			t.name, lr.RPS(), lr.RoundRPS, ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)), lr.Errors, calls[t.key], perUS["vault"], perUS["plugin"], perUS["base"], perUS["null"], perUS["emulator"], perUS["loadgen"])
 		raw[t.key] = map[string]any{
 			"name": t.name, "path": t.path, "rps": lr.RPS(), "rps_rounds": lr.RoundRPS, "requests": lr.Requests, "errors": lr.Errors,
 			"p50_ms": lr.Quantile(0.5).Seconds() * 1000, "p90_ms": lr.Quantile(0.9).Seconds() * 1000,
@@ -195,7 +214,7 @@ func (r *run) sectionA() {
 		lr := res[key]
 		cpu := cpuPerRead[key]
 		v := fmt.Sprintf("%.0f req/s, p50 %s, p99 %s, %d STS calls, CPU/read %dus Vault + %dus plugin",
-			lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)), calls[key], cpu["vault"].Microseconds(), (cpu["plugin"] + cpu["null"]).Microseconds())
+			lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)), calls[key], cpu["vault"].Microseconds(), pluginCPU(cpu).Microseconds())
 		if lr.Errors > 0 {
 			v += fmt.Sprintf(", %d ERRORS", lr.Errors)
 		}
@@ -237,6 +256,25 @@ func (r *run) sectionA() {
 		rn := row(key, " [floor of any external plugin]")
 		rn.Ratio = fmt.Sprintf("%.2fx KV", ratio(key, "kv"))
 		r.table.Add(rn)
+	}
+
+	// The plugin's own cost of a read, against the floor of any external
+	// plugin and, with a base build, against the plugin before the change.
+	for _, p := range [][2]string{{"plugin", "null_leased"}, {"plugin_nolease", "null"}} {
+		r.table.Add(bench.Row{Section: "a", Metric: fmt.Sprintf("%s vs %s, same rounds", res[p[0]].Name, res[p[1]].Name),
+			Value:  fmt.Sprintf("plugin CPU/read %dus vs %dus", pluginCPU(cpuPerRead[p[0]]).Microseconds(), pluginCPU(cpuPerRead[p[1]]).Microseconds()),
+			Ratio:  fmt.Sprintf("%.2fx", ratio(p[0], p[1])),
+			Target: fmt.Sprintf(">= %.2fx null", nullTarget), Result: nullVerdict(res[p[0]], res[p[1]])})
+	}
+	if base != "" {
+		for _, p := range [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}} {
+			r.table.Add(bench.Row{Section: "a", Metric: fmt.Sprintf("%s vs %s, same rounds", res[p[0]].Name, res[p[1]].Name),
+				Value: fmt.Sprintf("plugin CPU/read %dus vs %dus (%.2fx)", pluginCPU(cpuPerRead[p[0]]).Microseconds(), pluginCPU(cpuPerRead[p[1]]).Microseconds(),
+					cpuRatio(cpuPerRead[p[0]], cpuPerRead[p[1]])),
+				Ratio:  fmt.Sprintf("%.2fx", ratio(p[0], p[1])),
+				Target: fmt.Sprintf(">= %.2fx base, CPU <= %.2fx", baseTarget, 1/baseTarget),
+				Result: baseVerdict(res[p[0]], res[p[1]], cpuPerRead[p[0]], cpuPerRead[p[1]])})
+		}
 	}
 
 	// Latency distribution chart: CDF on a log axis.
@@ -282,12 +320,39 @@ func (r *run) sectionA() {
 	r.logf("a: wrote %s", path)
 }
 
-// Section a's targets: a creds read's throughput against a KV read's and
-// against the built-in engine's, in the same rounds.
+// Section a's targets: a creds read's throughput against a KV read's,
+// against the built-in engine's and against the null plugin's (leased
+// against leased), in the same rounds; with a base build, against the
+// plugin before a change (throughput and the plugin's CPU per read).
 const (
 	kvTarget      = 0.9
 	builtinTarget = 50.0
+	nullTarget    = 0.9
+	baseTarget    = 0.95
 )
+
+// pluginCPU is the CPU per read of whichever plugin process served it.
+func pluginCPU(cpu map[string]time.Duration) time.Duration {
+	return cpu["plugin"] + cpu["base"] + cpu["null"]
+}
+
+// cpuRatio is a's plugin CPU per read over b's.
+func cpuRatio(a, b map[string]time.Duration) float64 {
+	return float64(pluginCPU(a)) / float64(max(1, pluginCPU(b)))
+}
+
+// nullVerdict: a cached read p keeps up with the null plugin's read n, the
+// floor of any external plugin.
+func nullVerdict(p, n bench.LoadResult) string {
+	return bench.Verdict(roundRatio(p, n) >= nullTarget && p.Errors == 0)
+}
+
+// baseVerdict: the read p is unchanged from the base build's b: its
+// throughput at least baseTarget of b's, per round, and its plugin CPU per
+// read at most 1/baseTarget of b's.
+func baseVerdict(p, b bench.LoadResult, pcpu, bcpu map[string]time.Duration) string {
+	return bench.Verdict(roundRatio(p, b) >= baseTarget && cpuRatio(pcpu, bcpu) <= 1/baseTarget && p.Errors == 0)
+}
 
 // roundRatio is the median over rounds of a's throughput over b's within
 // each round: reads of one round run seconds apart, so outside load shifts
@@ -322,6 +387,44 @@ func (r *run) mountNull(s *vaulttest.Server, path string) {
 	sha := s.InstallPlugin(tb, exe, "bench-null")
 	s.CLI(tb, "plugin", "register", "-sha256="+sha, "-command=bench-null", "-args="+bench.NullPluginArg, "secret", "bench-null")
 	s.CLI(tb, "secrets", "enable", "-path="+path, "bench-null")
+}
+
+// baseMount and baseCommand are where the base build is mounted and the
+// name it runs under (not the plugin's, so that PluginPIDs does not count
+// it).
+const (
+	baseMount   = "aws-resilient-base"
+	baseCommand = "aws-resilient-base"
+)
+
+// mountBase mounts the plugin built from another commit
+// ($PLUGIN_BASE_BIN, set by scripts/bench.sh from PLUGIN_BASE_REF) at
+// baseMount, against emu, with the two roles section a reads, each read
+// once; it returns the base's commit, or "" when there is no base build.
+func (r *run) mountBase(s *vaulttest.Server, a *api, emu *vaulttest.Emulator) string {
+	bin := os.Getenv("PLUGIN_BASE_BIN")
+	if bin == "" {
+		return ""
+	}
+	tb := r.tb
+	sha := s.InstallPlugin(tb, bin, baseCommand)
+	s.CLI(tb, "plugin", "register", "-sha256="+sha, "-command="+baseCommand, "-version="+vaulttest.DefaultPluginVersion, "secret", baseCommand)
+	s.CLI(tb, "secrets", "enable", "-path="+baseMount, "-plugin-version="+vaulttest.DefaultPluginVersion, baseCommand)
+	must(tb, a.write(baseMount+"/config/root", map[string]any{
+		"access_key": emu.AccessKey, "secret_key": emu.SecretKey,
+		"region": "us-east-1", "sts_endpoint": emu.URL,
+	}))
+	for role, lease := range map[string]bool{"bench": true, "bench-nolease": false} {
+		must(tb, a.write(baseMount+"/roles/"+role, map[string]any{"credential_type": "assumed_role", "role_arn": roleARN("bench-a"), "lease": lease}))
+		_, err := a.read(baseMount + "/creds/" + role)
+		must(tb, err)
+	}
+	commit := os.Getenv("PLUGIN_BASE_COMMIT")
+	if commit == "" {
+		commit = "?"
+	}
+	r.results["plugin_base_commit"] = commit
+	return commit
 }
 
 // pidsNamed returns the server's descendant processes whose executable is

@@ -65,6 +65,35 @@ func TestVerdictsA(t *testing.T) {
 	wantResult(t, "no rounds", kvVerdict(lr(0), kv), "MISS")
 }
 
+// Section a against the null plugin (0.9x) and against a base build of the
+// plugin (0.95x throughput, CPU per read at most 1/0.95 of the base's), per
+// round. The figures are the 2026-12-04 runs': 1598 against the leased null
+// plugin's 1720 req/s, 253 against 228 us of plugin CPU per read.
+func TestVerdictsAAgainstNullAndBase(t *testing.T) {
+	lr := func(errors int, rps ...float64) bench.LoadResult {
+		return bench.LoadResult{RoundRPS: rps, Errors: errors}
+	}
+	cpu := func(plugin, base, null int) map[string]time.Duration {
+		return map[string]time.Duration{"vault": 700 * time.Microsecond, "plugin": time.Duration(plugin) * time.Microsecond,
+			"base": time.Duration(base) * time.Microsecond, "null": time.Duration(null) * time.Microsecond}
+	}
+	null := lr(0, 1720, 1700, 1750)
+	wantResult(t, "0.93x null", nullVerdict(lr(0, 1598, 1580, 1620), null), "PASS")
+	wantResult(t, "0.84x null", nullVerdict(lr(0, 1445, 1430, 1470), null), "MISS")
+	wantResult(t, "0.93x null with errors", nullVerdict(lr(1, 1598, 1580, 1620), null), "MISS")
+
+	base := lr(0, 2000, 1900, 2100)
+	wantResult(t, "unchanged", baseVerdict(lr(0, 1990, 1910, 2080), base, cpu(183, 0, 0), cpu(0, 181, 0)), "PASS")
+	wantResult(t, "0.93x base", baseVerdict(lr(0, 1860, 1770, 1950), base, cpu(183, 0, 0), cpu(0, 181, 0)), "MISS")
+	wantResult(t, "CPU 1.11x base", baseVerdict(lr(0, 1990, 1910, 2080), base, cpu(253, 0, 0), cpu(0, 228, 0)), "MISS")
+	wantResult(t, "CPU 1.05x base", baseVerdict(lr(0, 1990, 1910, 2080), base, cpu(190, 0, 0), cpu(0, 181, 0)), "PASS")
+	wantResult(t, "unchanged with errors", baseVerdict(lr(2, 1990, 1910, 2080), base, cpu(183, 0, 0), cpu(0, 181, 0)), "MISS")
+	// Vault's CPU is not the plugin's: it does not count.
+	if got := pluginCPU(cpu(183, 0, 0)); got != 183*time.Microsecond {
+		t.Errorf("pluginCPU = %v, want 183us", got)
+	}
+}
+
 // Section b: STS calls per credential from LIST status/'s expirations and
 // the emulator's calls (15 s lifetimes).
 func TestVerdictsB(t *testing.T) {
