@@ -49,6 +49,7 @@ func (r *run) sectionD() {
 	must(tb, a.write(null+"/data", cred.Data))
 	coldBurst(a, flight("warm-up"), o.sfReaders)
 	var rounds []map[string]any
+	inside := pluginTimesOf(a, mount)
 	for round := 0; round < o.sfRounds; round++ {
 		name := fmt.Sprintf("single-flight-%d", round)
 		createRoles(tb, a, mount, []string{name}, false)
@@ -75,6 +76,8 @@ func (r *run) sectionD() {
 			"p50_read_ms": pl.p50().Seconds() * 1000, "slowest_read_ms": pl.slowest.Seconds() * 1000,
 			"floor_p50_read_ms": fl.p50().Seconds() * 1000, "floor_slowest_read_ms": fl.slowest.Seconds() * 1000})
 	}
+	f.Inside = pluginTimesOf(a, mount).since(inside)
+	inside = pluginTimesOf(a, mount)
 	// One reader alone, interleaved likewise: a new role, a new name.
 	for i := 0; i < coldSingles; i++ {
 		name := fmt.Sprintf("single-reader-%d", i)
@@ -88,6 +91,7 @@ func (r *run) sectionD() {
 		f.Failed, f.FloorFailed = f.Failed+pl.errs, f.FloorFailed+fl.errs
 		f.PluginOne, f.FloorOne = append(f.PluginOne, pl.ok...), append(f.FloorOne, fl.ok...)
 	}
+	f.InsideOne = pluginTimesOf(a, mount).since(inside)
 	f.sort()
 	r.logf("d: cold reads, %d readers: p50 %s, p99 %s, max %s over %d reads; floor p50 %s; one reader: p50 %s, floor %s; STS latency %s",
 		o.sfReaders, ms(f.p50()), ms(f.p99()), ms(f.max()), len(f.Plugin), ms(f.floorP50()), ms(f.oneP50()), ms(f.floorOneP50()), ms(o.latency))
@@ -97,6 +101,7 @@ func (r *run) sectionD() {
 		"cold_read_p50_minus_sts_ms": (f.p50() - o.latency).Seconds() * 1000,
 		"floor_p50_ms":               f.floorP50().Seconds() * 1000, "floor_p99_ms": bench.Quantile(f.Floor, 0.99).Seconds() * 1000, "floor_failed": f.FloorFailed,
 		"cold_read_p50_over_floor_ms": (f.p50() - f.floorP50()).Seconds() * 1000,
+		"plugin_inside_100_readers":   f.Inside, "plugin_inside_one_reader": f.InsideOne,
 		"one_reader_reads":            len(f.PluginOne), "one_reader_p50_ms": f.oneP50().Seconds() * 1000, "one_reader_floor_p50_ms": f.floorOneP50().Seconds() * 1000,
 	}
 	for _, row := range coldRows(f, o.sfRounds) {
@@ -167,6 +172,61 @@ type coldFigures struct {
 	Distinct            int // the most distinct credentials a round's readers got
 	// Latencies of successful reads, sorted by sort.
 	Plugin, Floor, PluginOne, FloorOne []time.Duration
+	// Inside and InsideOne are where the time went inside the plugin, by
+	// its own metrics, in the bursts and in the reads alone.
+	Inside, InsideOne pluginTimes
+}
+
+// pluginTimes is what the plugin's metrics say of its cold reads: the
+// sums and counts of its STS call, refresh cycle (start to commit) and
+// cold-read wait histograms.
+type pluginTimes struct {
+	STSSum, CycleSum, WaitSum       float64
+	STSCount, CycleCount, WaitCount float64
+}
+
+// pluginTimesOf reads the three histograms from mount's metrics; zero
+// when they cannot be read (the breakdown is then left out).
+func pluginTimesOf(a *api, mount string) pluginTimes {
+	body, err := a.getRaw(mount + "/metrics")
+	if err != nil {
+		return pluginTimes{}
+	}
+	v := func(name string) float64 { x, _ := bench.PromSum(body, name); return x }
+	return pluginTimes{
+		STSSum: v("aws_resilient_sts_call_duration_seconds_sum"), STSCount: v("aws_resilient_sts_call_duration_seconds_count"),
+		CycleSum: v("aws_resilient_refresh_cycle_duration_seconds_sum"), CycleCount: v("aws_resilient_refresh_cycle_duration_seconds_count"),
+		WaitSum: v("aws_resilient_cold_read_wait_seconds_sum"), WaitCount: v("aws_resilient_cold_read_wait_seconds_count"),
+	}
+}
+
+// since is what happened between before and t.
+func (t pluginTimes) since(before pluginTimes) pluginTimes {
+	return pluginTimes{
+		STSSum: t.STSSum - before.STSSum, STSCount: t.STSCount - before.STSCount,
+		CycleSum: t.CycleSum - before.CycleSum, CycleCount: t.CycleCount - before.CycleCount,
+		WaitSum: t.WaitSum - before.WaitSum, WaitCount: t.WaitCount - before.WaitCount,
+	}
+}
+
+// mean returns sum/count as a duration, 0 for no count.
+func mean(sum, count float64) time.Duration {
+	if count == 0 {
+		return 0
+	}
+	return time.Duration(sum / count * float64(time.Second))
+}
+
+// String says where a cold read's time went inside the plugin: its STS
+// call, the rest of its cycle (before the call, validation, the commit's
+// storage writes), and a reader's wait for the cycle.
+func (t pluginTimes) String() string {
+	if t.CycleCount == 0 {
+		return "not measured"
+	}
+	call, cycle := mean(t.STSSum, t.STSCount), mean(t.CycleSum, t.CycleCount)
+	return fmt.Sprintf("cycle %s = STS call %s + the rest %s; a reader's wait %s (%d cycles, %d waits)",
+		ms(cycle), ms(call), ms(cycle-call), ms(mean(t.WaitSum, t.WaitCount)), int(t.CycleCount), int(t.WaitCount))
 }
 
 func (f *coldFigures) sort() {
@@ -223,6 +283,14 @@ func coldRows(f coldFigures, rounds int) []bench.Row {
 	rows = append(rows, bench.Row{Section: "d",
 		Metric: fmt.Sprintf("cold-read p50 over the floor, one reader alone (%d reads each)", len(f.PluginOne)),
 		Value:  v, Target: "<= 10ms", Result: res})
+	for _, in := range []struct {
+		who string
+		t   pluginTimes
+	}{{fmt.Sprintf("%d readers at once", f.Readers), f.Inside}, {"one reader alone", f.InsideOne}} {
+		if in.t.CycleCount > 0 {
+			rows = append(rows, bench.Row{Section: "d", Metric: "cold read inside the plugin (its metrics), " + in.who, Value: in.t.String()})
+		}
+	}
 	return rows
 }
 
