@@ -50,6 +50,62 @@ type lifecycle struct {
 	why string
 	// stops are the owners' own stops (their timers), run once by end.
 	stops []func()
+
+	// askMu guards asking: the question to Vault whether this node may
+	// write storage that is out now (writeSafe), nil when none is.
+	askMu  sync.Mutex
+	asking *writeSafeAnswer
+}
+
+// writeSafeAnswer is one question writeSafe put to Vault: safe is its
+// answer once done is closed; waiting counts the callers sharing it.
+type writeSafeAnswer struct {
+	done    chan struct{}
+	safe    bool
+	waiting int
+}
+
+// writeSafe answers whether this node may write storage, by ask (the
+// backend's WriteSafeReplicationState: two round trips to Vault), with
+// every caller that arrives while a question is out sharing its answer
+// instead of asking again. A burst of cold reads (100 readers of a role
+// with nothing cached) then puts one question to Vault instead of 100,
+// each queued behind the others and behind Vault's work on the very
+// requests, which delayed the first reader's STS call by 5 to 20 ms
+// (BENCHMARKS.md, section d). A shared answer is as fresh as the caller's
+// own would be: it was asked while the caller waited. Nothing is kept
+// once it is given.
+func (l *lifecycle) writeSafe(ask func() bool) bool {
+	l.askMu.Lock()
+	if a := l.asking; a != nil {
+		a.waiting++
+		l.askMu.Unlock()
+		<-a.done
+		return a.safe
+	}
+	a := &writeSafeAnswer{done: make(chan struct{})}
+	l.asking = a
+	l.askMu.Unlock()
+	defer func() {
+		// Even if ask panics: the callers sharing it are let go (with
+		// false, so none writes).
+		l.askMu.Lock()
+		l.asking = nil
+		l.askMu.Unlock()
+		close(a.done)
+	}()
+	a.safe = ask()
+	return a.safe
+}
+
+// sharingWriteSafe is how many callers wait for the question out now.
+func (l *lifecycle) sharingWriteSafe() int {
+	l.askMu.Lock()
+	defer l.askMu.Unlock()
+	if l.asking == nil {
+		return 0
+	}
+	return l.asking.waiting
 }
 
 func newLifecycle() *lifecycle {

@@ -3,6 +3,7 @@ package awsresilient
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -239,5 +240,43 @@ func TestLifecycle_CloseCancelsWaitsAndRefuses(t *testing.T) {
 	l.close() // a second Clean returns at once
 	if ran {
 		t.Error("f ran after close")
+	}
+}
+
+// TestLifecycle_WriteSafeSharesTheQuestionOut: callers that arrive while a
+// question to Vault is out share its answer (one question for a burst of
+// cold readers); the answer is not kept: the next caller asks again.
+func TestLifecycle_WriteSafeSharesTheQuestionOut(t *testing.T) {
+	for _, answer := range []bool{true, false} {
+		l := newLifecycle()
+		var asked atomic.Int32
+		entered, release := make(chan struct{}), make(chan struct{})
+		ask := func() bool {
+			if asked.Add(1) == 1 {
+				close(entered)
+				<-release
+			}
+			return answer
+		}
+		const joiners = 9
+		got := make(chan bool, joiners+1)
+		go func() { got <- l.writeSafe(ask) }()
+		<-entered
+		for range joiners {
+			go func() { got <- l.writeSafe(ask) }()
+		}
+		waitFor(t, "the joiners waiting on the question out", func() bool { return l.sharingWriteSafe() == joiners })
+		close(release)
+		for range joiners + 1 {
+			if g := <-got; g != answer {
+				t.Fatalf("answer %v, want %v", g, answer)
+			}
+		}
+		if n := asked.Load(); n != 1 {
+			t.Fatalf("asked Vault %d times for %d callers arriving together, want 1", n, joiners+1)
+		}
+		if l.writeSafe(ask) != answer || asked.Load() != 2 {
+			t.Fatalf("a caller after the answer: asked %d times in all, want 2 (an answer is not kept)", asked.Load())
+		}
 	}
 }

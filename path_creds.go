@@ -205,7 +205,7 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 		b.metrics.readsOK.Inc()
 		return b.credsResponse(key, rs.role, rs.cred, now), nil
 	}
-	if !b.WriteSafeReplicationState() {
+	if !b.life.writeSafe(b.WriteSafeReplicationState) {
 		return nil, logical.ErrReadOnly
 	}
 	e, err := b.System().EntityInfo(req.EntityID)
@@ -264,7 +264,8 @@ func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, ag
 	name := key.role()
 	// Cold: nothing valid is cached. Only a node that may write storage can
 	// fetch; a performance standby hands the request to the active node.
-	if !b.WriteSafeReplicationState() {
+	// Readers arriving together share one question to Vault (writeSafe).
+	if !b.life.writeSafe(b.WriteSafeReplicationState) {
 		return nil, logical.ErrReadOnly
 	}
 	waitStart := b.clock.Now()
