@@ -2,7 +2,6 @@ package soak
 
 import (
 	"bytes"
-	"strings"
 	"testing"
 	"time"
 )
@@ -182,12 +181,7 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			x := tc.base()
 			tc.break_(x)
-			r := check(x)
-			if len(r.Violations) != 1 || r.Violations[0].Rule != tc.rule || !strings.Contains(r.Violations[0].Msg, tc.says) {
-				var b bytes.Buffer
-				r.Write(&b)
-				t.Fatalf("want exactly one %s violation saying %q; got:\n%s", tc.rule, tc.says, b.String())
-			}
+			wantOneViolation(t, x, tc.rule, tc.says)
 		})
 	}
 }
@@ -247,11 +241,7 @@ func TestNetworkAllowances(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			x := tc.base()
 			tc.add(x)
-			if r := check(x); len(r.Violations) != 0 {
-				var b bytes.Buffer
-				r.Write(&b)
-				t.Fatalf("violations:\n%s", b.String())
-			}
+			wantNoViolation(t, x)
 		})
 	}
 }

@@ -303,13 +303,30 @@ func TestEachRuleCatchesItsViolation(t *testing.T) {
 			}
 			x := tc.base()
 			tc.break_(x)
-			r := check(x)
-			if len(r.Violations) != 1 || r.Violations[0].Rule != tc.rule || !strings.Contains(r.Violations[0].Msg, tc.says) {
-				var b bytes.Buffer
-				r.Write(&b)
-				t.Fatalf("want exactly one %s violation saying %q; got:\n%s", tc.rule, tc.says, b.String())
-			}
+			wantOneViolation(t, x, tc.rule, tc.says)
 		})
+	}
+}
+
+// wantOneViolation fails t unless checking x finds exactly one violation,
+// of rule, whose message says says.
+func wantOneViolation(t *testing.T, x *h, rule, says string) {
+	t.Helper()
+	r := check(x)
+	if len(r.Violations) != 1 || r.Violations[0].Rule != rule || !strings.Contains(r.Violations[0].Msg, says) {
+		var b bytes.Buffer
+		r.Write(&b)
+		t.Fatalf("want exactly one %s violation saying %q; got:\n%s", rule, says, b.String())
+	}
+}
+
+// wantNoViolation fails t if checking x finds any violation.
+func wantNoViolation(t *testing.T, x *h) {
+	t.Helper()
+	if r := check(x); len(r.Violations) != 0 {
+		var b bytes.Buffer
+		r.Write(&b)
+		t.Fatalf("flagged:\n%s", b.String())
 	}
 }
 
@@ -420,11 +437,7 @@ func TestAllowances(t *testing.T) {
 			}
 			x := tc.base()
 			tc.add(x)
-			if r := check(x); len(r.Violations) != 0 {
-				var b bytes.Buffer
-				r.Write(&b)
-				t.Fatalf("flagged:\n%s", b.String())
-			}
+			wantNoViolation(t, x)
 		})
 	}
 }
