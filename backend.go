@@ -221,12 +221,14 @@ func newBackend(opts backendOptions) *backend {
 	b.life.onEnd(b.reconciler.stop)
 	b.life.onEnd(b.rotator.stop)
 
+	// creds/ first: the sdk routes a request by trying each path's pattern
+	// in this order, and a creds read is the hot path.
 	paths := []*framework.Path{
+		pathCreds(b),
 		pathConfigRoot(b),
 		pathConfigRefresh(b),
 	}
 	paths = append(paths, pathsRoles(b)...)
-	paths = append(paths, pathCreds(b))
 	paths = append(paths, pathsStatus(b)...)
 	paths = append(paths, pathRefresh(b))
 	paths = append(paths, pathMetrics(b))

@@ -442,11 +442,9 @@ func (b *backend) credsResponse(key credKey, role *roleEntry, cred *cacheEntry, 
 		data["rotation_period"] = int64(cred.Expiration.Sub(cred.awsIssuedAt()).Round(time.Second) / time.Second)
 		return &logical.Response{Data: data}
 	}
-	// Internal data is stored with the lease: the role and the key id only.
-	resp := b.Secret(secretTypeCreds).Response(data, map[string]interface{}{
-		"role":       key.role(),
-		"access_key": cred.AccessKey,
-	})
+	// No internal data rides with the lease: revoking does nothing, so
+	// nothing needs it, and Vault would store it with every lease.
+	resp := b.Secret(secretTypeCreds).Response(data, nil)
 	ttl := cred.remaining(now).Truncate(time.Second)
 	resp.Secret.TTL = ttl
 	resp.Secret.MaxTTL = ttl
