@@ -42,29 +42,33 @@ trap 'rm -rf "$work"' EXIT
 mkdir "$work/tmp"
 
 # The harness registers the plugin as v0.1.0-dev; the compiled-in version
-# must match (Vault checks).
+# must match (Vault checks). build_plugin SRC OUT [go build flags...] builds
+# the plugin from the tree SRC into OUT; src_of REF DIR puts commit REF's
+# tree in DIR and prints DIR.
+build_plugin() {
+	local src=$1 out=$2
+	shift 2
+	(cd "$src" && go build "$@" -ldflags "-X main.version=v0.1.0-dev" -o "$out" ./cmd/vault-plugin-secrets-aws-resilient)
+}
+src_of() {
+	mkdir "$2"
+	git archive "$1" | tar -x -C "$2"
+	echo "$2"
+}
+src=.
 if [[ -n "${PLUGIN_REF:-}" ]]; then
 	PLUGIN_COMMIT=$(git rev-parse --short "$PLUGIN_REF^{commit}")
 	export PLUGIN_COMMIT
-	mkdir "$work/plugin-src"
-	git archive "$PLUGIN_COMMIT" | tar -x -C "$work/plugin-src"
-	(cd "$work/plugin-src" && go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient)
-else
-	go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient" ./cmd/vault-plugin-secrets-aws-resilient
+	src=$(src_of "$PLUGIN_COMMIT" "$work/plugin-src")
 fi
+build_plugin "$src" "$work/vault-plugin-secrets-aws-resilient"
 # Section h's baseline: the same plugin without the read budget.
-if [[ -n "${PLUGIN_REF:-}" ]]; then
-	(cd "$work/plugin-src" && go build -tags nobudget -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient-nobudget" ./cmd/vault-plugin-secrets-aws-resilient)
-else
-	go build -tags nobudget -ldflags "-X main.version=v0.1.0-dev" -o "$work/vault-plugin-secrets-aws-resilient-nobudget" ./cmd/vault-plugin-secrets-aws-resilient
-fi
+build_plugin "$src" "$work/vault-plugin-secrets-aws-resilient-nobudget" -tags nobudget
 export PLUGIN_NOBUDGET_BIN="$work/vault-plugin-secrets-aws-resilient-nobudget"
 if [[ -n "${PLUGIN_BASE_REF:-}" ]]; then
 	PLUGIN_BASE_COMMIT=$(git rev-parse --short "$PLUGIN_BASE_REF^{commit}")
 	export PLUGIN_BASE_COMMIT
-	mkdir "$work/base-src"
-	git archive "$PLUGIN_BASE_COMMIT" | tar -x -C "$work/base-src"
-	(cd "$work/base-src" && go build -ldflags "-X main.version=v0.1.0-dev" -o "$work/aws-resilient-base" ./cmd/vault-plugin-secrets-aws-resilient)
+	build_plugin "$(src_of "$PLUGIN_BASE_COMMIT" "$work/base-src")" "$work/aws-resilient-base"
 	export PLUGIN_BASE_BIN="$work/aws-resilient-base"
 fi
 go build -o "$work/sts-emulator" ./cmd/sts-emulator
