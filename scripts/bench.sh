@@ -13,9 +13,10 @@
 # Not run by CI, and a missed target never fails it: the exit status is
 # non-zero only when the bench cannot run (CI runs the verdicts on recorded
 # figures instead: cmd/aws-resilient-bench's tests). A full run takes about
-# 25 minutes on 2 idle cores (section f, scale, about 6 of them at its
+# 33 minutes on 2 idle cores (section f, scale, about 6 of them at its
 # default -roles 2000; section g, per-entity credentials, about 7 with its
-# second size; section e about 6); it needs the pinned Vault
+# second size; section i, chaining, about 7; section e about 4); it needs
+# the pinned Vault
 # (scripts/vault.sh builds it once).
 #
 # Environment:
