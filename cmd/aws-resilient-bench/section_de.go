@@ -102,7 +102,7 @@ func (r *run) sectionD() {
 		"floor_p50_ms":               f.floorP50().Seconds() * 1000, "floor_p99_ms": bench.Quantile(f.Floor, 0.99).Seconds() * 1000, "floor_failed": f.FloorFailed,
 		"cold_read_p50_over_floor_ms": (f.p50() - f.floorP50()).Seconds() * 1000,
 		"plugin_inside_100_readers":   f.Inside, "plugin_inside_one_reader": f.InsideOne,
-		"one_reader_reads":            len(f.PluginOne), "one_reader_p50_ms": f.oneP50().Seconds() * 1000, "one_reader_floor_p50_ms": f.floorOneP50().Seconds() * 1000,
+		"one_reader_reads": len(f.PluginOne), "one_reader_p50_ms": f.oneP50().Seconds() * 1000, "one_reader_floor_p50_ms": f.floorOneP50().Seconds() * 1000,
 	}
 	for _, row := range coldRows(f, o.sfRounds) {
 		r.table.Add(row)
