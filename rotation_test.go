@@ -953,7 +953,11 @@ func TestRotation_LostCreateAnswerResolvedLater(t *testing.T) {
 			var iamOffset atomic.Int64
 			iamOffset.Store(int64(-tc.skew))
 			iamNow := func() time.Time { return clk.Now().Add(time.Duration(iamOffset.Load())) }
-			emu := startEmulator(t, stsemu.Config{Now: iamNow, MaxLifetime: 10 * time.Minute})
+			// STS's older 15 minutes of signature skew: the test's own IAM
+			// calls (deleteUserKey, createKey) sign on the host's running
+			// clock, up to a second past the fake one, against an IAM 5
+			// minutes behind it; the plugin signs on the offset it measured.
+			emu := startEmulator(t, stsemu.Config{Now: iamNow, MaxLifetime: 10 * time.Minute, SkewTolerance: 15 * time.Minute})
 			f := newFixtureWith(t, fixtureOpts{}, clk, emu)
 			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"iam_endpoint": emu.URL()})
 			old := rootKeyID(t, f)
