@@ -67,15 +67,6 @@ cleanup_net() {
 trap cleanup_net EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-if ! command -v nft >/dev/null; then
-	echo "soak: no nft on PATH: installing Debian's nftables" >&2
-	if [[ $(id -u) -ne 0 ]]; then
-		echo "soak.sh: the soak's network namespaces need root" >&2
-		exit 2
-	fi
-	apt-get update >&2
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables >&2
-fi
 # broken_plugin FILE SED: build the plugin with FILE patched by the sed
 # expression SED through a build overlay; the working tree is not touched.
 broken_plugin() {
@@ -91,13 +82,34 @@ broken_plugin() {
 	export PLUGIN_BIN="$tmp/plugin"
 	echo "soak: BROKEN=$BROKEN plugin build" >&2
 }
-valid_at='return c != nil \&\& c.Expiration.Sub(now) >= minServeValidity'
+# broken_patch NAME: the file and the sed expression of BROKEN=NAME's
+# plugin build, tab-separated; nothing for a mode that breaks the soak's
+# own side. Each must still change its file and build: `scripts/soak.sh
+# --check-broken` checks them all, and the unit tests run it
+# (internal/soak's TestBrokenBuildsStillApply).
+valid_at='return c.Expiration.Add(-offset).Sub(now) >= max(minServeValidity, maxErr)'
+broken_patch() {
+	case "$1" in
+	serve-expired) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return c.Expiration.Add(-offset).Sub(now) >= min(-24*time.Hour, maxErr) \/\/ BROKEN/" ;;
+	cycle-per-read) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return false \&\& ${valid_at#return } \/\/ BROKEN/" ;;
+	forget-storage) printf '%s\t%s\n' storage.go 's/^\treturn readNew\[cacheEntry\](ctx, .*$/\treturn nil, nil \/\/ BROKEN/' ;;
+	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
+	esac
+}
+if [[ "${1:-}" == --check-broken ]]; then
+	for name in serve-expired cycle-per-read forget-storage deposed-keeps-refreshing; do
+		IFS=$'\t' read -r file expr < <(broken_patch "$name")
+		BROKEN=$name broken_plugin "$file" "$expr"
+		rm -rf "$(dirname "$PLUGIN_BIN")"
+	done
+	exit 0
+fi
 case "${BROKEN:-}" in
 "") ;;
-serve-expired) broken_plugin path_creds.go "s/${valid_at}/return c != nil/" ;;
-cycle-per-read) broken_plugin path_creds.go "s/${valid_at}/return false/" ;;
-forget-storage) broken_plugin storage.go 's/^\tc := new(cacheEntry)$/\treturn nil, nil \/\/ BROKEN\n&/' ;;
-deposed-keeps-refreshing) broken_plugin lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
+serve-expired | cycle-per-read | forget-storage | deposed-keeps-refreshing)
+	IFS=$'\t' read -r file expr < <(broken_patch "$BROKEN")
+	broken_plugin "$file" "$expr"
+	;;
 no-fallback | aws-ignores-failures)
 	# The soak's own side (internal/soak's driver) breaks, not the plugin.
 	export SOAK_BROKEN="$BROKEN"
@@ -108,6 +120,15 @@ no-fallback | aws-ignores-failures)
 	exit 2
 	;;
 esac
+if ! command -v nft >/dev/null; then
+	echo "soak: no nft on PATH: installing Debian's nftables" >&2
+	if [[ $(id -u) -ne 0 ]]; then
+		echo "soak.sh: the soak's network namespaces need root" >&2
+		exit 2
+	fi
+	apt-get update >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables >&2
+fi
 VAULT_BIN=$(./scripts/vault.sh)
 export VAULT_BIN VAULT_ACC=1 SOAK=1 SOAK_DURATION="$duration" SOAK_SEED="$seed" SOAK_OUT="$out"
 echo "soak: ${duration}, seed ${seed}, output in ${out}" >&2
