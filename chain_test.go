@@ -293,6 +293,56 @@ func TestChainSourceRefreshedFirst(t *testing.T) {
 	}
 }
 
+// TestChainTargetRetriesBeforeItsCredentialExpires: a source denied for
+// good (AccessDenied, final for the source's own call) does not push its
+// targets' next cycles past their credentials: after each failed cycle a
+// target is planned at the latest one retry window before its credential
+// expires, so that it finds the source recovered while it still serves.
+func TestChainTargetRetriesBeforeItsCredentialExpires(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app", "hub", nil)
+	f.mustReadCreds("app")
+	app := cached(t, f.s, "app")
+	window := f.b.settings.policy().RetryWindow
+	f.emu.SetDeny([]string{"hub"})
+	f.emu.ResetStats()
+	cycles, last := 0, time.Time{}
+	for {
+		at, ok := f.b.refresher.plannedAt(roleKey("app"))
+		if !ok {
+			t.Fatal("app has no plan")
+		}
+		if !at.Before(app.expiry()) {
+			break
+		}
+		// At the latest one retry window before expiry, or, when the last
+		// cycle ran later than two windows before it, one window after
+		// that cycle (a role's cycles never overlap their windows).
+		if latest := app.expiry().Add(-window); at.After(latest) && at.After(last.Add(window).Add(time.Second)) {
+			t.Fatalf("after %d failed cycles app is planned at %s, past its credential's expiry %s less one retry window",
+				cycles, at.Format(time.RFC3339), app.expiry().Format(time.RFC3339))
+		}
+		f.advanceTo(at)
+		if st := f.status("app"); st["failed_cycles"] != cycles+1 {
+			t.Fatalf("after its cycle at %s app has failed_cycles %v, want %d", at.Format(time.RFC3339), st["failed_cycles"], cycles+1)
+		}
+		cycles, last = cycles+1, at
+	}
+	if last.Before(app.expiry().Add(-2 * window)) {
+		t.Fatalf("app's last cycle ran at %s, more than two retry windows before its credential expired at %s",
+			last.Format(time.RFC3339), app.expiry().Format(time.RFC3339))
+	}
+	if cycles < 5 {
+		t.Fatalf("only %d failed cycles before app's credential expired: the test proves little", cycles)
+	}
+	for _, c := range f.emu.Calls() {
+		if c.RoleArn != chainARN("hub") {
+			t.Fatalf("a call for %s while its source was denied: %+v", c.RoleArn, c)
+		}
+	}
+}
+
 // TestChainSourceFailingAndRecovering: a source that AWS denies makes its
 // targets' attempts fail with the source's name and error, without an STS
 // call of their own, while each keeps serving its cached credential;

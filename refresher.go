@@ -749,7 +749,13 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 		if j.upstream {
 			st.FailedCycles++
 			st.RateLimitedSince = time.Time{}
-			st.NextRefresh = nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: j.lastErr.Retryable})
+			// A source role's failure is the source's to retry, on its own
+			// schedule; the target's next cycle must still come before the
+			// credential it serves expires, to find the source recovered
+			// (asking costs no STS call while it has not), so it counts as
+			// retryable here whatever it was for the source (AccessDenied).
+			retryable := j.lastErr.Retryable || j.lastErr.Code == codeSourceFailed
+			st.NextRefresh = nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: retryable})
 			return st, st.NextRefresh
 		}
 		// A cycle whose every attempt our own limiter refused made no STS
