@@ -166,11 +166,17 @@ func (s *netStack) readers(n int) (stop func()) {
 
 // fault runs f between the two records of a fault op.
 func (s *netStack) fault(o soak.Op, hold time.Duration, on, off func()) soak.Op {
-	o.Client, o.Kind, o.Invoke = "faults", soak.KindFault, time.Now()
+	// The fault's window is when it is surely in force: from on's return
+	// to off's call. Calls that slip through while on runs (the cut not
+	// yet applied) or while off runs (the link already back) are not
+	// the fault's: off ran for tens of milliseconds under CI's load, and
+	// two refreshes it let through counted as calls through a cut link.
+	o.Client, o.Kind = "faults", soak.KindFault
 	on()
+	o.Invoke = time.Now()
 	time.Sleep(hold)
-	off()
 	o.Return, o.OK = time.Now(), true
+	off()
 	s.add(o)
 	return o
 }
