@@ -52,8 +52,12 @@ func (b *backend) inputError(req *logical.Request) string {
 	}
 	sort.Strings(names)
 	for _, name := range names {
+		// The sdk decodes a number field weakly: JSON true would be taken as
+		// 1 and false as 0 ({"max_retries": true} stored as 1), so a
+		// boolean is refused here, from the raw data, before it converts.
+		_, isBool := req.Data[name].(bool)
 		fd := framework.FieldData{Raw: map[string]interface{}{name: req.Data[name]}, Schema: p.Fields}
-		if _, _, err := fd.GetOkErr(name); err != nil {
+		if _, _, err := fd.GetOkErr(name); err != nil || (isBool && isNumberField(p.Fields[name].Type)) {
 			return conversionMessage(name, p.Fields[name], req.Data[name])
 		}
 	}
@@ -69,6 +73,9 @@ func conversionMessage(name string, f *framework.FieldSchema, v interface{}) str
 		got = string([]rune(got)[:64]) + "..."
 	}
 	given := fmt.Sprintf("got %q", got)
+	if _, isBool := v.(bool); isBool {
+		given = fmt.Sprintf("got %v, which is a boolean, not a number", v)
+	}
 	isInt := f.Type == framework.TypeInt || f.Type == framework.TypeInt64 || f.Type == framework.TypeDurationSecond
 	if _, err := strconv.ParseInt(fmt.Sprint(v), 10, 64); isInt && errors.Is(err, strconv.ErrRange) {
 		given += ", which is out of range" // a whole number all the same: say why it is refused
@@ -77,6 +84,17 @@ func conversionMessage(name string, f *framework.FieldSchema, v interface{}) str
 		given = "got a value that is not (not shown: the field is secret)"
 	}
 	return fmt.Sprintf("%s takes %s; %s. %s: %s", name, fieldTakes(f.Type), given, name, f.Description)
+}
+
+// isNumberField reports whether a field of type t takes a number (or a
+// duration, which may be given in seconds).
+func isNumberField(t framework.FieldType) bool {
+	switch t {
+	case framework.TypeInt, framework.TypeInt64, framework.TypeFloat,
+		framework.TypeDurationSecond, framework.TypeSignedDurationSecond:
+		return true
+	}
+	return false
 }
 
 // fieldTakes says, for a newcomer, what a field of type t accepts: the

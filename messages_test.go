@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -298,4 +299,66 @@ func TestMessages_SessionTemplate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMessages_BooleanForNumber: a JSON boolean for a number field is a 400
+// naming the field, on every path, with storage unchanged (issue 45, item
+// 2). The sdk's weak decoding took true as 1: {"max_retries": true} was
+// stored as 1, {"sts_rate_limit": true} got a 400 about sts_burst, a field
+// not sent, and {"refresh_fraction": true} said "got 1". The last subtest
+// holds the table to every number field of every path, so that a new
+// field gets a row.
+func TestMessages_BooleanForNumber(t *testing.T) {
+	tests := []struct {
+		op          logical.Operation
+		path, field string
+		want        string // what the field takes, in fieldTakes's words
+	}{
+		{logical.UpdateOperation, "config/root", "rotation_period", "takes a duration"},
+		{logical.UpdateOperation, "config/refresh", "max_retries", "takes a whole number"},
+		{logical.UpdateOperation, "config/refresh", "retry_window", "takes a duration"},
+		{logical.UpdateOperation, "config/refresh", "refresh_fraction", "takes a number, such as 0.5"},
+		{logical.UpdateOperation, "config/refresh", "sts_rate_limit", "takes a number, such as 0.5"},
+		{logical.UpdateOperation, "config/refresh", "sts_burst", "takes a whole number"},
+		{logical.UpdateOperation, "config/refresh", "metrics_max_roles", "takes a whole number"},
+		{logical.UpdateOperation, "config/refresh", "max_entity_credentials", "takes a whole number"},
+		{logical.CreateOperation, "roles/app2", "ttl", "takes a duration"},
+		{logical.UpdateOperation, "roles/app", "ttl", "takes a duration"},
+		{logical.UpdateOperation, "roles/app", "entity_idle_ttl", "takes a duration"},
+		{logical.UpdateOperation, "roles/app", "max_entities", "takes a whole number"},
+		{logical.ListOperation, "roles/", "limit", "takes a whole number"},
+		{logical.ListOperation, "status/", "limit", "takes a whole number"},
+		{logical.UpdateOperation, "test/storage-faults", "cache_write_failures", "takes a whole number"},
+	}
+	f := newFixture(t, fixtureOpts{testHooks: true})
+	covered := map[string]bool{}
+	for _, tc := range tests {
+		p := f.b.Route(tc.path)
+		if p == nil {
+			continue // test/ paths exist only in a build with the test hooks
+		}
+		covered[p.Pattern+" "+tc.field] = true
+		for _, v := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s %s %s=%v", tc.op, tc.path, tc.field, v), func(t *testing.T) {
+				before := snapshot(t, f.s)
+				resp, err := do(t, f.b, f.s, tc.op, tc.path, map[string]interface{}{tc.field: v})
+				wantBadRequest(t, resp, err, tc.field+" "+tc.want, fmt.Sprintf("got %v, which is a boolean, not a number", v))
+				if msg := respErr(resp); !strings.HasPrefix(msg, tc.field+" ") {
+					t.Errorf("the message does not start with the field sent: %s", msg)
+				}
+				if !sameSnapshot(before, snapshot(t, f.s)) {
+					t.Fatal("a refused write changed storage")
+				}
+			})
+		}
+	}
+	t.Run("every number field has a row", func(t *testing.T) {
+		for _, p := range f.b.Paths {
+			for name, fs := range p.Fields {
+				if isNumberField(fs.Type) && !strings.Contains(p.Pattern, "(?P<"+name+">") && !covered[p.Pattern+" "+name] {
+					t.Errorf("path %s: number field %s has no row", p.Pattern, name)
+				}
+			}
+		}
+	})
 }
