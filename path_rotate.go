@@ -81,6 +81,9 @@ func (b *backend) pathRotateRootWrite(ctx context.Context, req *logical.Request,
 		// key that lives on and why; config/rotation records it.
 		resp.AddWarning(res.warning)
 	}
+	if res.replay != "" {
+		resp.AddWarning(res.replay)
+	}
 	return resp, nil
 }
 
@@ -129,7 +132,9 @@ old_key_not_deleted, and the reconciler retries the delete every minute.
 A rotation that fails before step 4 deletes the new key and leaves
 config/root exactly as it was; after a failed write of config/root both
 keys are kept and recorded. A request that arrives while a rotation runs,
-or within 10 seconds of its end, returns that rotation's result. The
+or within 10 seconds of its end with config/root unchanged since, returns
+that rotation's result, saying that it is a replay, of which rotation and
+when it ended (the vault CLI retries a 5xx twice). The
 response carries the new access key id, never its secret. A 400 means the operator must act (no static keys, a
 missing IAM permission, a user that already has 2 keys: LimitExceeded); a
 503 means AWS trouble, with the AWS error code. The IAM user needs

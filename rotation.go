@@ -2,6 +2,9 @@ package awsresilient
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -43,7 +46,9 @@ const (
 // rotationRepeatWindow: a config/rotate-root request that arrives while a
 // rotation runs, or this soon after one ended, gets that rotation's result
 // instead of running another. The vault CLI retries a 5xx twice, 1 to 1.5 s
-// apart, so one command could otherwise run three rotations.
+// apart, so one command could otherwise run three rotations. A change of
+// config/root ends the window: the answer was about the config it ran with
+// (a refusal for want of keys must not outlive the keys' write).
 const rotationRepeatWindow = 10 * time.Second
 
 // rotationCleanupTimeout bounds the clean-up a rotation still does after
@@ -160,19 +165,52 @@ func (r *rotator) sleepUntil(ctx context.Context, t time.Time, hurry <-chan stru
 
 // lastRotation is a rotation's result as its caller got it.
 type lastRotation struct {
-	ended time.Time
-	res   rotationResult
-	err   error
+	ended   time.Time
+	trigger string
+	res     rotationResult
+	err     error
+	// root is config/root as the rotation left it (rootFingerprint); ""
+	// when it could not be read, which never matches.
+	root string
+}
+
+// rootFingerprint identifies a stored config/root (nil: none stored)
+// without keeping its secret: a digest of its stored form.
+func rootFingerprint(cfg *rootConfig) string {
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:])
 }
 
 // recent returns the result of a rotation that ended within
-// rotationRepeatWindow before now. Called with the rotation lock held.
-func (r *rotator) recent(now time.Time) (rotationResult, error, bool) {
+// rotationRepeatWindow before now, with config/root (root, its
+// fingerprint now) unchanged since, marked as a replay: a 400 or 503 says
+// so in its message, a success in res.replay. Called with the rotation
+// lock held.
+func (r *rotator) recent(now time.Time, root string) (rotationResult, error, bool) {
 	l := r.last
-	if l.ended.IsZero() || now.Sub(l.ended) >= rotationRepeatWindow || now.Before(l.ended) {
+	if l.ended.IsZero() || now.Sub(l.ended) >= rotationRepeatWindow || now.Before(l.ended) || l.root == "" || l.root != root {
 		return rotationResult{}, nil, false
 	}
-	return l.res, l.err, true
+	note := fmt.Sprintf("this is the answer of the %s rotation that ended at %s, %s before this request, replayed: "+
+		"a config/rotate-root request within %s of a rotation's end, with config/root unchanged since, gets that "+
+		"rotation's answer instead of starting another (the vault CLI retries a 5xx); a request after %s, or "+
+		"after a change of config/root, starts a new rotation",
+		l.trigger, l.ended.UTC().Format(time.RFC3339), now.Sub(l.ended).Round(time.Millisecond), rotationRepeatWindow,
+		l.ended.Add(rotationRepeatWindow).UTC().Format(time.RFC3339))
+	if l.err != nil {
+		var re *rotationError
+		if errors.As(l.err, &re) {
+			return rotationResult{}, &rotationError{status: re.status, msg: re.msg + " (" + note + ")"}, true
+		}
+		return rotationResult{}, fmt.Errorf("%w (%s)", l.err, note), true
+	}
+	res := l.res
+	res.replay = note
+	return res, nil, true
 }
 
 // waitCleanup waits for the deletes of recorded keys that reconciler passes
@@ -377,6 +415,9 @@ func (c *creationIntent) covers(k iamtypes.AccessKeyMetadata) bool {
 type rotationResult struct {
 	newID   string
 	warning string
+	// replay, when set, says that this is an earlier rotation's result
+	// (recent): a warning of the answer.
+	replay string
 }
 
 // rotationError is a failed rotation as the caller sees it: 400 for what
@@ -526,11 +567,6 @@ func (r *rotator) deposed() bool { return r.life.ended() == "deposed" }
 func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger string) (rotationResult, error) {
 	defer r.lockRotations()()
 	now := r.clock.Now()
-	if trigger == rotationManual {
-		if res, err, ok := r.recent(now); ok {
-			return res, err
-		}
-	}
 	st, err := getRotationState(ctx, s)
 	if err != nil {
 		return rotationResult{}, err
@@ -538,6 +574,11 @@ func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 	cfg, err := getRootConfig(ctx, s)
 	if err != nil {
 		return rotationResult{}, err
+	}
+	if trigger == rotationManual {
+		if res, err, ok := r.recent(now, rootFingerprint(cfg)); ok {
+			return res, err
+		}
 	}
 	if trigger == rotationScheduled {
 		due := cfg != nil && cfg.AccessKey != "" && cfg.RotationPeriod > 0 && !st.NextRotation.IsZero() &&
@@ -582,7 +623,10 @@ func (r *rotator) rotateLocked(ctx context.Context, s logical.Storage, trigger s
 		// leave it; this write only brings the record up to date.
 		r.logger().Error("recording the root key rotation's outcome failed", "error", err)
 	}
-	r.last = lastRotation{ended: r.clock.Now(), res: res, err: rerr}
+	r.last = lastRotation{ended: r.clock.Now(), trigger: trigger, res: res, err: rerr}
+	if after, err := getRootConfig(ctx, s); err == nil {
+		r.last.root = rootFingerprint(after)
+	}
 	switch {
 	case rerr != nil:
 		r.logger().Warn("root key rotation failed", "trigger", trigger, "error", rerr.Error())

@@ -1324,6 +1324,50 @@ func TestRotation_RepeatedRequestSharesTheResult(t *testing.T) {
 	wantOnlyKeys(t, f.emu, rootKeyID(t, f))
 }
 
+// Issue 45, item 1: the repeat window ends when config/root changes (a
+// refusal for want of keys is not the answer once the keys are written),
+// and a repeated answer says that it is one, of which rotation, ended when.
+func TestRotation_ReplayEndsWhenConfigRootChanges(t *testing.T) {
+	f := rotationFixture(t, fixtureOpts{})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "", "secret_key": ""})
+	resp, err := f.rotate()
+	wantBadRequest(t, resp, err, "needs a static access_key and secret_key")
+	if strings.Contains(respErr(resp), "replayed") {
+		t.Fatalf("the first answer calls itself a replay: %s", respErr(resp))
+	}
+	ended := f.clock.Now()
+	f.clock.Advance(time.Second)
+	resp, err = f.driven(logical.UpdateOperation, "config/rotate-root")
+	wantBadRequest(t, resp, err, "needs a static access_key and secret_key",
+		"this is the answer of the manual rotation that ended at "+ended.UTC().Format(time.RFC3339)+", 1s before this request, replayed",
+		"a request after "+ended.Add(rotationRepeatWindow).UTC().Format(time.RFC3339)+", or after a change of config/root, starts a new rotation")
+
+	// The keys written, a request at once is a new rotation.
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{
+		"access_key": stsemu.DefaultAccessKey, "secret_key": stsemu.DefaultSecretKey})
+	resp, err = f.driven(logical.UpdateOperation, "config/rotate-root")
+	id := wantRotated(t, resp, err)
+	if len(resp.Warnings) != 0 {
+		t.Fatalf("a new rotation's answer has warnings %q", resp.Warnings)
+	}
+	if id == stsemu.DefaultAccessKey {
+		t.Fatal("the rotation kept the key")
+	}
+	// Its retry is a replay of a success, said in a warning. The rotation
+	// stored its new key: that is not a change that ends the window.
+	f.clock.Advance(2 * time.Second)
+	resp, err = f.driven(logical.UpdateOperation, "config/rotate-root")
+	if got := wantRotated(t, resp, err); got != id {
+		t.Fatalf("a retry 2s after the rotation got %s, want its %s", got, id)
+	}
+	if w := strings.Join(resp.Warnings, "\n"); !strings.Contains(w, "this is the answer of the manual rotation that ended at") || !strings.Contains(w, "2s before this request, replayed") {
+		t.Fatalf("a replayed success does not say so: warnings %q", resp.Warnings)
+	}
+	if n := iamCalls(f.emu, "CreateAccessKey"); n != 1 {
+		t.Fatalf("%d CreateAccessKey calls, want 1", n)
+	}
+}
+
 // Breakage: the identity check of the verification. A new key that signs as
 // another principal than the user GetUser named is never stored.
 func TestRotation_VerificationChecksTheIdentity(t *testing.T) {
