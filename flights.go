@@ -522,6 +522,26 @@ func (fs *flights) lastFailed(key credKey, gen uint64) (lastFailure, bool) {
 	return *lf, true
 }
 
+// forgetFailures drops every key's remembered failure and returns the
+// keys that had one, and lets the running cycles' next attempts go at
+// once: config/root changed (backend.rootChanged), and a failure under
+// the old one is no answer for the new.
+func (fs *flights) forgetFailures() []credKey {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	keys := make([]credKey, 0, len(fs.last))
+	for key := range fs.last {
+		keys = append(keys, key)
+		delete(fs.last, key)
+	}
+	for _, f := range fs.m {
+		if f.try != nil {
+			f.try.hurryUp()
+		}
+	}
+	return keys
+}
+
 // forgetLocked drops key's read budget memory: the key's generation is
 // gone for good (refresher.unplan, under the role's store lock); mu held
 // (withPlan).

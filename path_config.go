@@ -350,7 +350,21 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	if msg != "" {
 		return logical.ErrorResponse(msg), nil
 	}
+	b.rootChanged()
 	return b.writtenAnswer(ctx, req, b.pathConfigRootRead), nil
+}
+
+// rootChanged treats a change of config/root as a definition change for
+// the failures it may have caused (an unknown key, a wrong endpoint):
+// they are forgotten, so that a read tries again instead of getting the
+// old failure until its next attempt time, and every role that was
+// failing gets an attempt at once, as refresh/<name> starts one (a
+// cycle the plan fires would wait for its herd slot), with the clients
+// config/root's write rebuilt.
+func (b *backend) rootChanged() {
+	for _, key := range b.flights.forgetFailures() {
+		b.flights.wait(key)
+	}
 }
 
 // writtenAnswer answers a successful write with what a read returns now, so
@@ -371,6 +385,7 @@ func (b *backend) pathConfigRootDelete(ctx context.Context, req *logical.Request
 	if err := b.rotator.deleteRoot(ctx, req.Storage); err != nil {
 		return nil, err
 	}
+	b.rootChanged()
 	return nil, nil
 }
 

@@ -328,3 +328,54 @@ func TestConfigRefresh_BadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigRoot_ChangeForgetsFailures: a change of config/root is a
+// definition change for the failures it may have caused (issue 45, item 5):
+// after a read failed for an unknown key and the key is fixed, the next
+// read tries again at once instead of getting the old failure until the
+// next attempt time, and the failing role gets a background attempt at
+// once, as a rewritten role does.
+func TestConfigRoot_ChangeForgetsFailures(t *testing.T) {
+	f := newFixture(t, fixtureOpts{rand: randMax})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": "AKIAUNKNOWNUNKNOWN00"})
+	resp, err := f.readCreds(testRole)
+	wantBadRequest(t, resp, err, "InvalidClientTokenId")
+	calls := len(f.log.all())
+	// Before the fix, a read again gets the same failure, without a call.
+	resp, err = f.readCreds(testRole)
+	wantBadRequest(t, resp, err, "InvalidClientTokenId")
+	if n := len(f.log.all()); n != calls {
+		t.Fatalf("%d STS calls for a read within the failure's block, want %d", n, calls)
+	}
+	if at, ok := f.b.refresher.plannedAt(roleKey(testRole)); !ok || !at.After(f.clock.Now()) {
+		t.Fatalf("the failing role's next cycle is planned at %v (%v), want later than now %v", at, ok, f.clock.Now())
+	}
+
+	f.drainFlights()
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"access_key": stsemu.DefaultAccessKey})
+	now := f.clock.Now()
+	if n := f.b.flights.remembered(); n != 0 {
+		t.Errorf("the read budget still remembers %d failures", n)
+	}
+	// The write started the failing role's attempt, which succeeds at once.
+	var fl *flight
+	select {
+	case fl = <-f.flights:
+	default:
+		t.Fatal("the write of config/root started no cycle for the failing role")
+	}
+	f.clock.DriveUntil(t, fl.done)
+	if fl.res.err != nil {
+		t.Fatalf("the attempt after the fix failed: %v", fl.res.err)
+	}
+	if waited := f.clock.Now().Sub(now); waited != 0 {
+		t.Errorf("the attempt after the fix waited %s, want at once", waited)
+	}
+	if n := len(f.log.all()); n != calls+1 {
+		t.Errorf("%d STS calls, want %d: one attempt after the fix", n, calls+1)
+	}
+	if st := f.status(testRole); st["state"] != "fresh" {
+		t.Errorf("status after the fix: %v", st)
+	}
+	f.mustReadCreds(testRole)
+}
