@@ -106,6 +106,10 @@ func (c *common) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*cred
 		fmt.Fprintf(stderr, "aws-resilient-credentials %s: --role is required (the role under <mount>/roles/)\n", fs.Name())
 		return nil, 2
 	}
+	if err := credhelper.CheckRole(c.role); err != nil {
+		fmt.Fprintf(stderr, "aws-resilient-credentials %s: %v\n", fs.Name(), err)
+		return nil, 2
+	}
 	r, err := credhelper.NewReader(c.mount, c.role, c.tokenFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "aws-resilient-credentials: %v\n", err)

@@ -149,6 +149,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"serve", "--role", "app", "--listen", "0.0.0.0:0"}, "needs --allow-remote"},
 		{[]string{"serve", "--role", "app", "--listen", ":0"}, "needs --allow-remote"},
 		{[]string{"serve", "--role", "app", "--listen", "9911"}, "use host:port"},
+		// Issue 45, item 3: a role name is checked with the plugin's rule
+		// before a path is made of it.
+		{[]string{"credential-process", "--role", "../../sys/health"}, `--role "../../sys/health" is not a valid role name`},
+		{[]string{"serve", "--role", "app/../../sys/health"}, "give the name only, not a path"},
+		{[]string{"credential-process", "--role", "-app"}, "beginning and ending with a letter, digit or _"},
+		{[]string{"credential-process", "--role", "app name"}, "ASCII letters, digits, _, - and ."},
 	} {
 		code, stdout, stderr := runCmd(t, tc.args...)
 		if code != 2 || stdout != "" || !strings.Contains(stderr, tc.says) {
