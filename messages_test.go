@@ -362,3 +362,47 @@ func TestMessages_BooleanForNumber(t *testing.T) {
 		}
 	})
 }
+
+// TestMessages_RoleARNPartition: a role_arn in another partition than the
+// region the mount calls STS in is refused at write, naming both
+// partitions (issue 45, item 4); it was stored and failed at read with
+// trust-policy advice.
+func TestMessages_RoleARNPartition(t *testing.T) {
+	tests := []struct {
+		name string
+		root map[string]interface{} // config/root written first
+		arn  string
+		want []string // nil: accepted
+	}{
+		{"China ARN, default region", nil, "arn:aws-cn:iam::123456789012:role/app",
+			[]string{"role_arn arn:aws-cn:iam::123456789012:role/app is in partition aws-cn", "region us-east-1, of partition aws,", "arn:aws:iam::", "a region of partition aws-cn"}},
+		{"GovCloud ARN, default region", nil, "arn:aws-us-gov:iam::123456789012:role/app",
+			[]string{"partition aws-us-gov", "of partition aws,"}},
+		{"aws ARN, China region", map[string]interface{}{"region": "cn-north-1"}, "arn:aws:iam::123456789012:role/app",
+			[]string{"is in partition aws,", "region cn-north-1, of partition aws-cn"}},
+		{"aws ARN, sts_region in GovCloud", map[string]interface{}{"sts_region": "us-gov-west-1"}, "arn:aws:iam::123456789012:role/app",
+			[]string{"region us-gov-west-1, of partition aws-us-gov"}},
+		{"China ARN, China region", map[string]interface{}{"region": "cn-north-1"}, "arn:aws-cn:iam::123456789012:role/app", nil},
+		{"aws ARN, default region", nil, "arn:aws:iam::123456789012:role/app", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{})
+			if tc.root != nil {
+				mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", tc.root)
+			}
+			before := snapshot(t, f.s)
+			resp, err := do(t, f.b, f.s, logical.CreateOperation, "roles/other", map[string]interface{}{"role_arn": tc.arn})
+			if tc.want == nil {
+				if err != nil || resp.IsError() {
+					t.Fatalf("refused: err=%v resp=%v", err, respErr(resp))
+				}
+				return
+			}
+			wantBadRequest(t, resp, err, tc.want...)
+			if !sameSnapshot(before, snapshot(t, f.s)) {
+				t.Fatal("a refused role write changed storage")
+			}
+		})
+	}
+}

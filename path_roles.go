@@ -487,6 +487,9 @@ func (b *backend) writeRole(ctx context.Context, req *logical.Request, data *fra
 	if msg := role.validate(name); msg != "" {
 		return logical.ErrorResponse(msg), nil, nil
 	}
+	if msg, err := role.otherPartition(ctx, req.Storage); err != nil || msg != "" {
+		return partitionAnswer(msg, err)
+	}
 	msg, err := b.state.chains.checkWrite(ctx, req.Storage, h, name, role)
 	if err != nil {
 		return nil, nil, err
@@ -665,6 +668,40 @@ func (r *roleEntry) validate(name string) string {
 		return fmt.Sprintf("ttl must be between %s and %s; got %s", minRoleTTL, maxRoleTTL, r.TTL)
 	}
 	return ""
+}
+
+// otherPartition returns a 400 message when role_arn is in another AWS
+// partition than the STS region config/root signs for (sts_region, or
+// region): STS refuses such a role, and the read's message would then be
+// about its trust policy.
+func (r *roleEntry) otherPartition(ctx context.Context, s logical.Storage) (string, error) {
+	if r.RoleARN == "" {
+		return "", nil
+	}
+	cfg, err := getRootConfig(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	if cfg == nil {
+		cfg = defaultRootConfig()
+	}
+	_, regions := stsTargets(cfg)
+	arnPart, _, _ := strings.Cut(strings.TrimPrefix(r.RoleARN, "arn:"), ":")
+	if mount := partitionOf(regions[0]).name; arnPart != mount {
+		return fmt.Sprintf("role_arn %s is in partition %s, but this mount calls STS in region %s, of partition %s, "+
+			"and STS assumes only roles of its own partition: write the ARN of a role in %s (arn:%s:iam::...), or "+
+			"set config/root's region (or sts_region) to a region of partition %s",
+			r.RoleARN, arnPart, regions[0], mount, mount, mount, arnPart), nil
+	}
+	return "", nil
+}
+
+// partitionAnswer is writeRole's answer to otherPartition's refusal.
+func partitionAnswer(msg string, err error) (*logical.Response, *roleWrite, error) {
+	if err != nil {
+		return nil, nil, err
+	}
+	return logical.ErrorResponse(msg), nil, nil
 }
 
 // validateCredentialType checks the credential type against the cache
