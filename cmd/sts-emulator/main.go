@@ -303,6 +303,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usageError{fmt.Errorf("-iam-propagation: negative %s", o.cfg.IAMPropagation)}
 	case partitionErr(o.cfg.Partition) != nil:
 		return o, usageError{fmt.Errorf("-partition: %w", partitionErr(o.cfg.Partition))}
+	case stsemu.CheckAccounts([]string{o.cfg.Account}) != nil:
+		// As -accounts is checked: an -account of the wrong length
+		// started an emulator whose every ARN named it.
+		return o, usageError{fmt.Errorf("-account: %w", stsemu.CheckAccounts([]string{o.cfg.Account}))}
 	case o.cfg.IAMUser != "" && !iamUserName.MatchString(o.cfg.IAMUser):
 		return o, usageError{fmt.Errorf("-iam-user: %q is not an IAM user name ([\\w+=,.@-], 1 to 64 characters)", o.cfg.IAMUser)}
 	}

@@ -31,6 +31,7 @@ func TestParseFlags(t *testing.T) {
 		args    []string
 		check   func(t *testing.T, o options)
 		wantErr bool
+		says    string // words the error carries
 	}{
 		{name: "defaults", args: nil, check: func(t *testing.T, o options) {
 			want := options{listen: "127.0.0.1:8599", cfg: stsemu.Config{
@@ -90,6 +91,10 @@ func TestParseFlags(t *testing.T) {
 		{name: "negative rate", args: []string{"-rate", "-1"}, wantErr: true},
 		{name: "zero max lifetime", args: []string{"-max-lifetime", "0s"}, wantErr: true},
 		{name: "unknown flag", args: []string{"-nope"}, wantErr: true},
+		// Issue 45, item 6: -account is checked as -accounts is.
+		{name: "short account", args: []string{"-account", "12345"}, wantErr: true, says: `-account: account "12345" is not a 12-digit account id`},
+		{name: "short accounts", args: []string{"-accounts", "12345"}, wantErr: true, says: `account "12345" is not a 12-digit account id`},
+		{name: "account with letters", args: []string{"-account", "12345678901a"}, wantErr: true, says: "-account: "},
 		{name: "stray argument", args: []string{"extra"}, wantErr: true},
 	}
 	for _, tc := range tests {
@@ -101,6 +106,9 @@ func TestParseFlags(t *testing.T) {
 			if err != nil {
 				if !errors.As(err, new(usageError)) {
 					t.Errorf("err %v is not a usageError (exit status 2)", err)
+				}
+				if !strings.Contains(err.Error(), tc.says) {
+					t.Errorf("err %q does not say %q", err, tc.says)
 				}
 				return
 			}
