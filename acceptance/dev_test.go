@@ -58,6 +58,8 @@ func TestDevScriptOnce(t *testing.T) {
 	out := stdout.String()
 	for _, want := range []string{"access_key", "ASIA", "secret_key", "security_token", "expiration",
 		"export VAULT_ADDR=http://127.0.0.1:" + strconv.Itoa(vaultPort), "export VAULT_TOKEN=",
+		// The docs' blocks use these (issue 45, item 9).
+		"export STS_ADDR=http://127.0.0.1:" + strconv.Itoa(stsPort), "export DEV_DIR=" + devDir,
 		"/v1/aws-resilient/metrics", "metrics_path: /v1/aws-resilient/metrics", "credentials_file: ",
 		// The README's quick start needs the vault CLI on PATH, and its
 		// monitoring page a complete config with the rules installed.

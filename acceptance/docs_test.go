@@ -38,12 +38,31 @@ import (
 // unsets) carries over to the next block of the same file; every docs/ page
 // starts from the environment README.md's blocks left, the quick start's.
 //
-// The blocks are written for the dev set-up's defaults (Vault on
-// 127.0.0.1:8200, the emulator on 127.0.0.1:8599, files in
-// /tmp/aws-resilient-dev-8200, Prometheus on 127.0.0.1:9090, the
-// credentials helper's endpoint on 127.0.0.1:9911); the test runs them on
-// free ports and rewrites those five strings, nothing else.
+// The blocks name make dev's addresses and work directory only through
+// the variables it prints to paste (VAULT_ADDR, STS_ADDR, DEV_DIR:
+// TestDocsBlocksUseDevVariables), and the test runs make dev on other
+// ports than the defaults, starting README.md from exactly the lines make
+// dev printed, so that a block runs as written on any port. Two addresses
+// are the blocks' own, Prometheus's 127.0.0.1:9090 and the credentials
+// helper's 127.0.0.1:9911: the test rewrites those two, to free ports.
 const runnableFence = "```sh runnable"
+
+// devHardCoded are make dev's default addresses and work directory, which
+// no shell block may name (issue 45, item 9): a user who chose other
+// ports (DEV_VAULT_PORT, DEV_STS_PORT) would have to rewrite each block.
+var devHardCoded = []string{"127.0.0.1:8200", "localhost:8200", "127.0.0.1:8599", "localhost:8599", "/tmp/aws-resilient-dev-"}
+
+// devExports returns the lines make dev printed for a user to paste
+// ("  export NAME=..."), as a script to source.
+func devExports(stdout string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(stdout, "\n") {
+		if l := strings.TrimSpace(line); strings.HasPrefix(l, "export ") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
 
 // docsWithExamples are the files whose runnable blocks run: README.md first,
 // then every docs/*.md in name order.
@@ -252,11 +271,10 @@ func TestDocsExamples(t *testing.T) {
 	stsPort := vaulttest.FreePort(t)
 	promPort := vaulttest.FreePort(t)
 	helperPort := vaulttest.FreePort(t)
-	devDir := fmt.Sprintf("/tmp/aws-resilient-dev-%d", vaultPort)
+	if vaultPort == 8200 || stsPort == 8599 {
+		t.Fatalf("the free ports picked are make dev's defaults (%d, %d): the blocks would not be tried on others", vaultPort, stsPort)
+	}
 	rewrite := strings.NewReplacer(
-		"127.0.0.1:8200", "127.0.0.1:"+strconv.Itoa(vaultPort),
-		"127.0.0.1:8599", "127.0.0.1:"+strconv.Itoa(stsPort),
-		"/tmp/aws-resilient-dev-8200", devDir,
 		"127.0.0.1:9090", "127.0.0.1:"+strconv.Itoa(promPort),
 		"127.0.0.1:9911", "127.0.0.1:"+strconv.Itoa(helperPort),
 	)
@@ -319,6 +337,18 @@ func TestDocsExamples(t *testing.T) {
 		}
 	}
 
+	// README.md starts from the lines make dev printed to paste, and
+	// nothing else of make dev's.
+	exports := devExports(devOut.String())
+	for _, name := range []string{"VAULT_ADDR", "VAULT_TOKEN", "STS_ADDR", "DEV_DIR", "PATH"} {
+		if !strings.Contains(exports, "export "+name+"=") {
+			t.Fatalf("make dev printed no line export %s=... to paste; it printed:\n%s", name, exports)
+		}
+	}
+	pasted := filepath.Join(t.TempDir(), "pasted")
+	if err := os.WriteFile(pasted, []byte(exports), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	state := filepath.Join(t.TempDir(), "env")
 	readmeState := filepath.Join(t.TempDir(), "env-after-readme")
 	for i, f := range files {
@@ -326,7 +356,7 @@ func TestDocsExamples(t *testing.T) {
 		// Every page starts from the environment the README left.
 		src := readmeState
 		if i == 0 {
-			src = os.DevNull
+			src = pasted
 		}
 		if err := copyFile(src, state); err != nil {
 			t.Fatal(err)
@@ -550,4 +580,35 @@ func testFunctions(t *testing.T, root string) map[string]string {
 		t.Fatal(err)
 	}
 	return funcs
+}
+
+// TestDocsBlocksUseDevVariables: no shell block of README.md or docs/*.md
+// names make dev's default addresses or work directory; the blocks use
+// $VAULT_ADDR, $STS_ADDR and $DEV_DIR, which make dev prints to paste, so
+// that they run as written on any port (issue 45, item 9). It needs no
+// Vault and runs in the unit pass.
+func TestDocsBlocksUseDevVariables(t *testing.T) {
+	root := vaulttest.RepoRoot(t)
+	for _, f := range docsWithExamples(t, root) {
+		rel, _ := filepath.Rel(root, f)
+		blocks, _, err := parseMarkdown(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range blocks {
+			if !isShellBlock(b) {
+				continue
+			}
+			for i, line := range b.body {
+				if notRunMarker.MatchString(line) && i == 0 && strings.Contains(line, "make dev prints these lines") {
+					break // the README's copy of what make dev prints
+				}
+				for _, hard := range devHardCoded {
+					if strings.Contains(line, hard) {
+						t.Errorf("%s:%d: %q names %s: write it with $VAULT_ADDR, $STS_ADDR or $DEV_DIR (make dev prints them)", rel, b.line+1+i, strings.TrimSpace(line), hard)
+					}
+				}
+			}
+		}
+	}
 }

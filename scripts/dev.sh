@@ -21,7 +21,9 @@
 #   VAULT_BIN        a Vault v1.19.0 binary to use instead of building one
 #   DEV_DIR          work directory (default /tmp/aws-resilient-dev-<DEV_VAULT_PORT>, made
 #                    afresh and removed on exit; a DEV_DIR you give is kept): the Prometheus
-#                    token and config, logs
+#                    token and config, logs. make dev prints it among the lines to paste
+#                    (VAULT_ADDR, VAULT_TOKEN, STS_ADDR, DEV_DIR, PATH); a make dev started
+#                    again from that shell then keeps the directory, as a DEV_DIR you give
 set -euo pipefail
 
 caller_dir=$(pwd)
@@ -265,11 +267,15 @@ PROM
 cat <<HINT
 
 Vault is running at $VAULT_ADDR with the plugin mounted at $plugin_name/,
-talking to the STS emulator at $sts_url. In another shell:
+talking to the STS emulator at $sts_url. In another shell, paste these
+lines: the examples of README.md and docs/ use them, so they run as
+written on these ports:
 
   export VAULT_ADDR=$VAULT_ADDR
-  export VAULT_TOKEN=$dev_token     # dev server root token, local only
-  export PATH="$(dirname "$vault"):\$PATH"
+  export VAULT_TOKEN=$dev_token                        # dev server root token, local only
+  export STS_ADDR=$sts_url          # the STS emulator
+  export DEV_DIR=$work     # make dev's work directory: tokens, configs, logs
+  export PATH="$(dirname "$vault"):\$PATH"   # the vault CLI make dev uses
 
   vault read $plugin_name/creds/demo            # served from the cache: no STS call
   vault read $plugin_name/status/demo           # state, expiration, next_refresh, last_error
