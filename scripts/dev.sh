@@ -167,7 +167,11 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-say "Vault binary (built once into your cache directory; about 11 minutes the first time)"
+if [[ -n "${VAULT_BIN:-}" ]]; then
+	say "Vault binary: VAULT_BIN=$VAULT_BIN (its version is checked)"
+else
+	say "Vault binary (built once into your cache directory: 15 to 30 minutes the first time, with its progress below; VAULT_BIN=/path/to/vault make dev skips the build with a Vault you have)"
+fi
 vault=$("$root/scripts/vault.sh")
 echo "$vault" >&2
 
