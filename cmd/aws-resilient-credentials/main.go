@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -94,8 +95,17 @@ func (c *common) register(fs *flag.FlagSet) {
 }
 
 func (c *common) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*credhelper.Reader, int) {
-	fs.SetOutput(stderr)
+	// flag's own answer to a mistake is the error and every flag's
+	// default; the error with what to do is shorter and says more.
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "usage of aws-resilient-credentials %s:\n", fs.Name())
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+		} else {
+			fmt.Fprintf(stderr, "aws-resilient-credentials %s: %s\n", fs.Name(), flagError(fs, err))
+		}
 		return nil, 2
 	}
 	if fs.NArg() > 0 {
@@ -254,4 +264,31 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	<-done
 	return 0
+}
+
+// flagError is a flag parse error with what to do: for an unknown flag,
+// the flags of that name's start ("did you mean --role?"); for a bad or
+// missing value, what the flag takes; and where the flags are listed.
+func flagError(fs *flag.FlagSet, err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		name = strings.TrimLeft(name, "-")
+		var near []string
+		fs.VisitAll(func(f *flag.Flag) {
+			if len(name) >= 2 && (strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) ||
+				len(name) >= 3 && strings.HasPrefix(f.Name, name[:3])) {
+				near = append(near, "--"+f.Name)
+			}
+		})
+		if len(near) > 0 {
+			msg += " (did you mean " + strings.Join(near, " or ") + "?)"
+		}
+	} else {
+		fs.VisitAll(func(f *flag.Flag) {
+			if strings.Contains(msg, " -"+f.Name+":") || strings.HasSuffix(msg, " -"+f.Name) {
+				msg += " (--" + f.Name + ": " + f.Usage + ")"
+			}
+		})
+	}
+	return msg + "; aws-resilient-credentials help lists the commands and their flags"
 }

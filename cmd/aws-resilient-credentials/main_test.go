@@ -145,7 +145,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"credential-process"}, "--role is required"},
 		{[]string{"serve"}, "--role is required"},
 		{[]string{"credential-process", "--role", "app", "extra"}, `unexpected argument "extra"`},
-		{[]string{"credential-process", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"credential-process", "--no-such-flag"}, "flag provided but not defined: -no-such-flag; aws-resilient-credentials help lists"},
+		// Issue 45, item 11: a flag error says what to do.
+		{[]string{"credential-process", "--rol", "app"}, "flag provided but not defined: -rol (did you mean --role?); aws-resilient-credentials help lists"},
+		{[]string{"serve", "--role", "app", "--listne", "127.0.0.1:0"}, "did you mean --listen?"},
+		{[]string{"serve", "--role", "app", "--allow-remote=maybe"}, "--allow-remote: allow a --listen address other hosts can reach"},
+		{[]string{"credential-process", "--role"}, "flag needs an argument: -role (--role: the role to read"},
 		{[]string{"serve", "--role", "app", "--listen", "0.0.0.0:0"}, "needs --allow-remote"},
 		{[]string{"serve", "--role", "app", "--listen", ":0"}, "needs --allow-remote"},
 		{[]string{"serve", "--role", "app", "--listen", "9911"}, "use host:port"},
