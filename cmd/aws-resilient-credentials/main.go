@@ -276,7 +276,7 @@ func flagError(fs *flag.FlagSet, err error) string {
 		var near []string
 		fs.VisitAll(func(f *flag.Flag) {
 			if len(name) >= 2 && (strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) ||
-				len(name) >= 3 && strings.HasPrefix(f.Name, name[:3])) {
+				len(name) >= 3 && strings.HasPrefix(f.Name, name[:3]) || editDistance(name, f.Name) <= 2) {
 				near = append(near, "--"+f.Name)
 			}
 		})
@@ -286,9 +286,32 @@ func flagError(fs *flag.FlagSet, err error) string {
 	} else {
 		fs.VisitAll(func(f *flag.Flag) {
 			if strings.Contains(msg, " -"+f.Name+":") || strings.HasSuffix(msg, " -"+f.Name) {
-				msg += " (--" + f.Name + ": " + f.Usage + ")"
+				_, usage := flag.UnquoteUsage(f)
+				msg += " (--" + f.Name + ": " + usage + ")"
 			}
 		})
 	}
 	return msg + "; aws-resilient-credentials help lists the commands and their flags"
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes: flag names
+// are ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

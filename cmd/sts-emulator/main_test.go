@@ -90,7 +90,12 @@ func TestParseFlags(t *testing.T) {
 		{name: "negative refuse-first", args: []string{"-iam-refuse-first", "-1"}, wantErr: true},
 		{name: "negative rate", args: []string{"-rate", "-1"}, wantErr: true},
 		{name: "zero max lifetime", args: []string{"-max-lifetime", "0s"}, wantErr: true},
-		{name: "unknown flag", args: []string{"-nope"}, wantErr: true},
+		{name: "unknown flag", args: []string{"-nope"}, wantErr: true, says: "flag provided but not defined: -nope; sts-emulator -h lists the flags"},
+		// Issue 45, item 11: a flag error says what to do.
+		{name: "mistyped flag", args: []string{"-lisen", "127.0.0.1:0"}, wantErr: true, says: "-lisen (did you mean -listen?); sts-emulator -h lists the flags"},
+		{name: "misspelt flag", args: []string{"-acount", "123456789012"}, wantErr: true, says: "-acount (did you mean -account or -accounts?)"},
+		{name: "bad duration", args: []string{"-max-lifetime", "an hour"}, wantErr: true, says: "(-max-lifetime: cap on the lifetime of issued credentials"},
+		{name: "missing value", args: []string{"-rate"}, wantErr: true, says: "flag needs an argument: -rate (-rate: token-bucket throttling in requests/s;"},
 		// Issue 45, item 6: -account is checked as -accounts is.
 		{name: "short account", args: []string{"-account", "12345"}, wantErr: true, says: `-account: account "12345" is not a 12-digit account id`},
 		{name: "short accounts", args: []string{"-accounts", "12345"}, wantErr: true, says: `account "12345" is not a 12-digit account id`},
