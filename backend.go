@@ -273,6 +273,11 @@ func (b *backend) HandleRequest(ctx context.Context, req *logical.Request) (*log
 		return logical.ErrorResponse(msg), nil
 	}
 	resp, err := b.Backend.HandleRequest(ctx, req)
+	if errors.Is(err, logical.ErrUnsupportedOperation) {
+		if uerr := b.unsupportedOperation(req); uerr != nil {
+			return nil, uerr
+		}
+	}
 	if errors.Is(err, logical.ErrUnsupportedPath) {
 		if msg := badNameMessage(req.Path); msg != "" {
 			return logical.ErrorResponse(msg), nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -186,4 +187,45 @@ func number(v interface{}) (float64, bool) {
 		return f, err == nil
 	}
 	return 0, false
+}
+
+// unsupportedOperation is the answer to an operation that a path of the
+// plugin does not take (vault read config/rotate-root): still a 405, but
+// instead of Vault's bare "unsupported operation" it names the operations
+// the path takes and where its help is. nil for a path that is not the
+// plugin's.
+func (b *backend) unsupportedOperation(req *logical.Request) error {
+	p := b.Route(req.Path)
+	if p == nil {
+		return nil
+	}
+	var takes []string
+	seen := map[string]bool{}
+	for op := range p.Operations {
+		if v := operationVerb(op); !seen[v] {
+			seen[v] = true
+			takes = append(takes, v)
+		}
+	}
+	sort.Strings(takes)
+	path := req.MountPoint + req.Path
+	return logical.CodedError(http.StatusMethodNotAllowed, fmt.Sprintf("%s does not take %s; it takes %s (vault path-help %s says what each does)",
+		path, operationVerb(req.Operation), strings.Join(takes, ", "), path))
+}
+
+// operationVerb names op as the vault CLI command that sends it.
+func operationVerb(op logical.Operation) string {
+	switch op {
+	case logical.ReadOperation:
+		return "read (vault read)"
+	case logical.CreateOperation, logical.UpdateOperation:
+		return "write (vault write)"
+	case logical.DeleteOperation:
+		return "delete (vault delete)"
+	case logical.ListOperation:
+		return "list (vault list)"
+	case logical.PatchOperation:
+		return "patch (vault patch)"
+	}
+	return string(op)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -403,6 +404,30 @@ func TestMessages_RoleARNPartition(t *testing.T) {
 			if !sameSnapshot(before, snapshot(t, f.s)) {
 				t.Fatal("a refused role write changed storage")
 			}
+		})
+	}
+}
+
+// TestMessages_UnsupportedOperation: an operation a path of the plugin does
+// not take is still a 405, whose message names the operations the path
+// takes and its help (issue 45, item 11), instead of Vault's bare
+// "unsupported operation".
+func TestMessages_UnsupportedOperation(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	tests := []struct {
+		op   logical.Operation
+		path string
+		want []string
+	}{
+		{logical.ReadOperation, "config/rotate-root", []string{"config/rotate-root does not take read (vault read); it takes write (vault write)", "vault path-help "}},
+		{logical.DeleteOperation, "creds/app", []string{"creds/app does not take delete (vault delete); it takes read (vault read)"}},
+		{logical.ListOperation, "config/root", []string{"config/root does not take list (vault list); it takes delete (vault delete), read (vault read), write (vault write)"}},
+		{logical.UpdateOperation, "status/app", []string{"status/app does not take write (vault write); it takes read (vault read)"}},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.op)+" "+tc.path, func(t *testing.T) {
+			resp, err := do(t, f.b, f.s, tc.op, tc.path, nil)
+			wantCoded(t, resp, err, http.StatusMethodNotAllowed, tc.want...)
 		})
 	}
 }
