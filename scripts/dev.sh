@@ -276,9 +276,9 @@ lines: the examples of README.md and docs/ use them, so they run as
 written on these ports:
 
   export VAULT_ADDR=$VAULT_ADDR
-  export VAULT_TOKEN=$dev_token                        # dev server root token, local only
-  export STS_ADDR=$sts_url          # the STS emulator
-  export DEV_DIR=$work     # make dev's work directory: tokens, configs, logs
+  export VAULT_TOKEN=$dev_token   # dev server root token, local only
+  export STS_ADDR=$sts_url   # the STS emulator
+  export DEV_DIR=$(printf %q "$work")   # make dev's work directory: tokens, configs, logs
   export PATH="$(dirname "$vault"):\$PATH"   # the vault CLI make dev uses
 
   vault read $plugin_name/creds/demo            # served from the cache: no STS call
