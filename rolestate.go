@@ -790,7 +790,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key c
 	r.put(key, &copied)
 	r.mu.Unlock()
 	r.planner.planAt(key, next)
-	r.index.Set(ctx, s, key, next, rs.cred.expiry())
+	r.index.Set(ctx, s, key, next, rs.cred.awsExpiration())
 	return st, rs.cred, next, nil
 }
 
