@@ -407,3 +407,29 @@ func judgedAt(t *testing.T, b *backend, key credKey, left time.Duration) time.Ti
 	}
 	return at
 }
+
+// TestClock_OddAheadAllowanceBoundedByTheCredentialsLife: one failed
+// answer dated 12 minutes ahead (unconfirmed) takes at most a quarter of a
+// 10-minute credential's life: with STS then unreachable, the credential
+// with 9m55s left is still served, with a lease short by that allowance.
+func TestClock_OddAheadAllowanceBoundedByTheCredentialsLife(t *testing.T) {
+	f := clockFixture(t, 0)
+	c := firstCredential(t, f, 0)
+	f.b.refresher.unplan(roleKey(testRole))
+	f.clock.AdvanceTo(c.Expiration.Add(-9*time.Minute - 55*time.Second))
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/other", map[string]interface{}{"role_arn": testRoleARN})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+	f.emu.SetClockOffset(12 * time.Minute)
+	_, _ = f.coldCycle("other") // a 503 dated 12 minutes ahead: odd
+	if a := f.b.clients.awsTime().lookup(f.emu.URL()).estimate().Ahead; a < 5*time.Minute {
+		t.Fatalf("ahead allowed for %s after one answer 12 minutes ahead; the test needs more than the cap", a)
+	}
+	f.emu.Close() // unreachable from here
+	resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
+	if resp.Data["access_key"] != c.AccessKey {
+		t.Fatal("not the cached credential")
+	}
+	if lo := c.Expiration.Sub(f.clock.Now()) - 10*time.Minute/4 - 2*time.Second; resp.Secret.TTL < lo {
+		t.Fatalf("lease ttl %s, want at least %s: the odd answer took more than a quarter of the credential's life", resp.Secret.TTL, lo)
+	}
+}
