@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/awsclock"
@@ -54,6 +55,10 @@ type awsClocks struct {
 	// than clockStepThreshold (the refresher moves the plans of the
 	// credentials it issued), with the offset in force before and after.
 	onChange func(src *clockSource, before, after time.Duration)
+	// onDateNotAWS, when set, is told when an endpoint's Date is found not
+	// to be AWS's clock (issuedSample): by the Date offset dateOffset,
+	// by STS's own issue time issueOffset.
+	onDateNotAWS func(src *clockSource, dateOffset, issueOffset time.Duration)
 }
 
 // clockStepThreshold is how far an endpoint's offset must move before the
@@ -69,6 +74,13 @@ type clockSource struct {
 	est  awsclock.Estimator
 	// now is this node's clock (awsClocks.clock.Now).
 	now func() time.Time
+	// clocks is the owner of this source.
+	clocks *awsClocks
+	// dateNotAWS: the endpoint's Date disagreed with the issue time STS
+	// wrote into a credential (issuedSample), so something between this
+	// node and STS (a proxy) dates answers by its own clock; from then on
+	// only STS's own instants are samples of AWS's clock.
+	dateNotAWS atomic.Bool
 }
 
 // unmeasuredError is how far this node takes its own clock to be from an
@@ -101,7 +113,7 @@ func (a *awsClocks) source(name string) *clockSource {
 	defer a.mu.Unlock()
 	s := a.sources[name]
 	if s == nil {
-		s = &clockSource{name: name, now: a.clock.Now}
+		s = &clockSource{name: name, now: a.clock.Now, clocks: a}
 		a.sources[name] = s
 	}
 	return s
@@ -147,8 +159,11 @@ func (s *clockSource) judge(now time.Time, lifetime time.Duration) (offset, maxE
 		ahead = min(ahead, time.Duration(aheadFraction*float64(lifetime)))
 	}
 	basis = clockMeasured
-	if e.Prior {
+	switch {
+	case e.Prior:
 		basis = clockStored
+	case s.dateNotAWS.Load():
+		basis = clockIssueTimes
 	}
 	return e.Offset, max(e.ErrorAt(now), ahead), basis
 }
@@ -179,6 +194,8 @@ type clockReading struct {
 	est    awsclock.Estimate
 	odd    int64
 	notAWS int64
+	// dateNotAWS: the endpoint's Date is not AWS's clock (issuedSample).
+	dateNotAWS bool
 }
 
 // basis is what the reading rests on (aws_clock_basis).
@@ -188,6 +205,8 @@ func (r clockReading) basis() string {
 		return clockUnmeasured
 	case r.est.Prior:
 		return clockStored
+	case r.dateNotAWS:
+		return clockIssueTimes
 	}
 	return clockMeasured
 }
@@ -196,7 +215,7 @@ func (r clockReading) basis() string {
 func (a *awsClocks) readings() []clockReading {
 	var out []clockReading
 	for _, s := range a.all() {
-		out = append(out, clockReading{source: s.name, est: s.est.Current(), odd: s.est.Odd(), notAWS: s.est.NotAWS()})
+		out = append(out, clockReading{source: s.name, est: s.est.Current(), odd: s.est.Odd(), notAWS: s.est.NotAWS(), dateNotAWS: s.dateNotAWS.Load()})
 	}
 	return out
 }
@@ -269,8 +288,56 @@ func (m *clockMiddleware) HandleDeserialize(ctx context.Context, in middleware.D
 		// AWS accepted the signature, made on the offset in force.
 		sample.Accepted, sample.SignOffset = true, signOffset
 	}
+	if m.src.dateNotAWS.Load() {
+		// A proxy's clock, not AWS's (issuedSample).
+		return out, md, err
+	}
 	m.clocks.observe(m.src, sample)
 	return out, md, err
+}
+
+// issuedSample takes the issue time of a credential the endpoint just
+// issued (its Expiration less the duration asked for: an instant STS wrote
+// into the answer's body, which no proxy rewrites) as a sample of AWS's
+// clock, from a call sent at sent and answered at received, signed with
+// signOffset. When the estimate drawn from the endpoint's Date disagrees
+// with it beyond both their resolutions, the Date is not AWS's (a proxy in
+// front of STS dating answers by its own clock): the estimate is replaced
+// by this sample, later Dates are ignored, and the log and status say so.
+// A lifetime STS shortened (a cap) would date the issue earlier than it
+// was, by far more than the signature's tolerance: such a sample is not
+// taken.
+func (a *awsClocks) issuedSample(s *clockSource, sent, received, issue time.Time, signOffset time.Duration) {
+	// Expiration has whole seconds, and STS may round either way.
+	sample := awsclock.Sample{Sent: sent, Received: received, Date: issue.Add(-awsclock.Resolution), Resolution: 2 * awsclock.Resolution,
+		Accepted: true, SignOffset: signOffset}
+	lo, hi := sample.Bounds()
+	if w := awsclock.SigningTolerance + awsclock.Resolution; hi < signOffset-w || lo > signOffset+w {
+		return
+	}
+	cur := s.est.Current()
+	if !s.dateNotAWS.Load() && s.est.NotAWS() > 0 {
+		// Answers to signatures AWS accepted were dated further off than
+		// AWS allows: the Date is not AWS's, whatever this sample says.
+		s.dateNotAWS.Store(true)
+		if a.onDateNotAWS != nil {
+			a.onDateNotAWS(s, 0, lo+(hi-lo)/2)
+		}
+	}
+	if s.dateNotAWS.Load() || !cur.Measured() {
+		a.observe(s, sample)
+		return
+	}
+	// Widened by the error the Date-based estimate has had since.
+	if e := cur.ErrorAt(received); lo <= cur.Offset+e && hi >= cur.Offset-e {
+		return // they agree: the Date is AWS's
+	}
+	s.dateNotAWS.Store(true)
+	if a.onDateNotAWS != nil {
+		a.onDateNotAWS(s, cur.Offset, lo+(hi-lo)/2)
+	}
+	sample.Authoritative = true
+	a.observe(s, sample)
 }
 
 // clockSigner signs every request on the endpoint's clock: the local clock
@@ -377,6 +444,10 @@ const (
 	// clockLocal: by this host's clock: the credential was fetched before
 	// the plugin measured AWS's clock.
 	clockLocal = "local"
+	// clockIssueTimes: measured, from the issue times STS writes into its
+	// credentials, because the endpoint's Date header is not AWS's clock
+	// (a proxy in front of STS dates its answers by its own).
+	clockIssueTimes = "measured_issue_times"
 )
 
 // clockStatus adds to a status answer d how the credential c's life is
@@ -422,7 +493,7 @@ func (a *awsClocks) clocksView() map[string]interface{} {
 		v := map[string]interface{}{
 			"offset": r.est.Offset.Seconds(), "error": r.est.ErrorAt(now).Seconds(),
 			"samples": r.est.Samples, "odd_samples": r.odd, "age": int64(-1), "basis": r.basis(),
-			"date_not_aws": r.notAWS,
+			"date_not_aws": r.notAWS, "date_is_aws": !r.dateNotAWS,
 		}
 		if r.est.Measured() {
 			v["age"] = int64(max(now.Sub(r.est.At), 0) / time.Second)
@@ -585,4 +656,26 @@ func (c *stsClients) startClocks(ctx context.Context, s logical.Storage, logger 
 	tr := awshttp.NewBuildableClient().GetTransport()
 	defer tr.CloseIdleConnections()
 	c.clocks.probe(ctx, &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, urls)
+}
+
+// callTimes are the local times around one STS call and the offset it was
+// signed with, for issuedSample.
+type callTimes struct {
+	sent, received time.Time
+	signOffset     time.Duration
+}
+
+// beginCall notes the local time and signing offset as a call to the
+// endpoint starts.
+func (s *clockSource) beginCall() callTimes {
+	return callTimes{sent: s.now(), signOffset: s.clocks.signingOffset(s)}
+}
+
+// issuedBy takes the credential c the endpoint issued in the call begun as
+// ct, for duration asked, as a sample of AWS's clock (issuedSample).
+func (s *clockSource) issuedBy(ct callTimes, c *cacheEntry, asked time.Duration) {
+	if c.Expiration.IsZero() || asked <= 0 {
+		return
+	}
+	s.clocks.issuedSample(s, ct.sent, s.now(), c.Expiration.Add(-asked), ct.signOffset)
 }

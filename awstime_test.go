@@ -1,6 +1,11 @@
 package awsresilient
 
 import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -431,5 +436,66 @@ func TestClock_OddAheadAllowanceBoundedByTheCredentialsLife(t *testing.T) {
 	}
 	if lo := c.Expiration.Sub(f.clock.Now()) - 10*time.Minute/4 - 2*time.Second; resp.Secret.TTL < lo {
 		t.Fatalf("lease ttl %s, want at least %s: the odd answer took more than a quarter of the credential's life", resp.Secret.TTL, lo)
+	}
+}
+
+// datingProxy is a reverse proxy in front of the emulator that dates its
+// answers by its own clock, skew ahead of clk (nginx does unless told to
+// pass the upstream's Date).
+func datingProxy(t *testing.T, f *fixture, skew time.Duration) string {
+	t.Helper()
+	target, err := url.Parse(f.emu.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := httputil.NewSingleHostReverseProxy(target)
+	p.ModifyResponse = func(r *http.Response) error {
+		r.Header.Set("Date", f.clock.Now().Add(skew).UTC().Format(http.TimeFormat))
+		return nil
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestClock_ProxyDateIsNotAWSs: behind a proxy that dates answers by its
+// own clock 2 or 6 minutes ahead, while the host's clock and AWS's agree,
+// issuance goes on (no call refused for its signing time), the credentials
+// are judged by AWS's clock as the issue times STS writes show it, and
+// config/root says the endpoint's Date is not AWS's.
+func TestClock_ProxyDateIsNotAWSs(t *testing.T) {
+	for _, skew := range []time.Duration{2 * time.Minute, 6 * time.Minute} {
+		t.Run(skew.String(), func(t *testing.T) {
+			clk := newFakeClock(time.Now().Truncate(time.Second))
+			f := newFixtureWith(t, fixtureOpts{}, clk, startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: time.Hour}))
+			proxy := datingProxy(t, f, skew)
+			mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"sts_endpoint": proxy})
+			for i := 0; i < 4; i++ {
+				name := fmt.Sprintf("r%d", i)
+				// STS issues what it is asked for (the emulator's longest).
+				mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN, "ttl": "15m"})
+				if resp, err := f.coldCycle(name); err != nil || resp.IsError() {
+					t.Fatalf("read %d behind a proxy %s ahead: err=%v resp=%v", i, skew, err, respErr(resp))
+				}
+			}
+			if n := f.emu.Stats().Count("", "SignatureDoesNotMatch"); n != 0 {
+				t.Fatalf("%d calls refused for their signature behind the proxy", n)
+			}
+			clocks := mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data["aws_clocks"].(map[string]interface{})
+			v, _ := clocks[proxy].(map[string]interface{})
+			if v == nil || v["date_is_aws"] != false || v["basis"] != clockIssueTimes {
+				t.Fatalf("config/root aws_clocks[%s] = %v, want date_is_aws false, basis %s", proxy, v, clockIssueTimes)
+			}
+			within(t, "offset from the issue times", time.Duration(v["offset"].(float64)*float64(time.Second)), 0, 2*time.Second)
+			st := f.status("r0")
+			if st["aws_clock_basis"] != clockIssueTimes {
+				t.Fatalf("status basis %v, want %s", st["aws_clock_basis"], clockIssueTimes)
+			}
+			c := cached(t, f.s, "r0")
+			resp := f.mustReadCreds("r0")
+			if resp.Secret.TTL > c.Expiration.Sub(f.clock.Now()) || resp.Secret.TTL < c.Expiration.Sub(f.clock.Now())-3*time.Second {
+				t.Fatalf("lease ttl %s, want the credential's life by AWS's clock, %s", resp.Secret.TTL, c.Expiration.Sub(f.clock.Now()))
+			}
+		})
 	}
 }

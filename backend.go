@@ -205,6 +205,11 @@ func newBackend(opts backendOptions) *backend {
 	b.refresher = rf
 	b.state = newRoleStates(rf, b.clock.Now, b.index, clocks)
 	clocks.onChange = rf.clockStepped
+	clocks.onDateNotAWS = func(src *clockSource, dateOffset, issueOffset time.Duration) {
+		logger().Warn("the STS endpoint's Date header is not AWS's clock (a proxy in front of STS dating answers by its own clock?): "+
+			"judging and signing by the issue times STS writes into credentials instead; have the proxy pass STS's Date through",
+			"endpoint", src.name, "date_offset", dateOffset.String(), "issue_time_offset", issueOffset.String())
+	}
 	b.state.onEvict = b.entityEvicted
 	b.entityChecks = new(entityChecks)
 	b.state.chains = newChains(b.state, rf, b.clients)

@@ -63,6 +63,14 @@ type Sample struct {
 	// endpoint may date answers by its own clock).
 	Accepted   bool
 	SignOffset time.Duration
+	// Authoritative: Date is AWS's own clock beyond doubt (an instant STS
+	// wrote into its answer's body, which no proxy rewrites): adopted at
+	// once when it disagrees with the estimate, as a refusal of the
+	// signing time is.
+	Authoritative bool
+	// Resolution is how far after Date AWS's clock may have been; zero
+	// means the Date header's (Resolution).
+	Resolution time.Duration
 }
 
 // SigningTolerance is how far from AWS's clock a request's signing time may
@@ -74,7 +82,11 @@ const SigningTolerance = 5 * time.Minute
 // allows: AWS wrote Date in [Date, Date+Resolution) of its clock at a local
 // time in [Sent, Received].
 func (s Sample) Bounds() (lo, hi time.Duration) {
-	return s.Date.Sub(s.Received), s.Date.Add(Resolution).Sub(s.Sent)
+	res := s.Resolution
+	if res <= 0 {
+		res = Resolution
+	}
+	return s.Date.Sub(s.Received), s.Date.Add(res).Sub(s.Sent)
 }
 
 // proof is what an accepted signature proves of the offset: within
@@ -246,8 +258,8 @@ func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 		if len(e.kept) > Keep {
 			e.kept = append(e.kept[:0], e.kept[len(e.kept)-Keep:]...)
 		}
-	case s.SkewRefused:
-		// AWS refused our time: what we kept is wrong.
+	case s.SkewRefused || s.Authoritative:
+		// AWS refused our time, or wrote its own: what we kept is wrong.
 		e.kept = []interval{n}
 	case e.odd != nil && agree([]interval{*e.odd, n}, n.at) && e.withinProof([]interval{*e.odd, n}, n.at):
 		// Two in a row agree with each other and not with the rest, and
