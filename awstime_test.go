@@ -499,3 +499,25 @@ func TestClock_ProxyDateIsNotAWSs(t *testing.T) {
 		})
 	}
 }
+
+// TestClock_FallbackExpirationsComparedOnOneClock: a fallback endpoint
+// whose clock is 2 minutes behind the primary's issues, a minute after
+// the primary did, a credential whose expiration reads earlier than the
+// cached one's on its own clock but is later in fact: it is committed, not
+// refused as "expiring before the cached one".
+func TestClock_FallbackExpirationsComparedOnOneClock(t *testing.T) {
+	f := clockFixture(t, 0)
+	c := firstCredential(t, f, 0)
+	fallback := startEmulator(t, stsemu.Config{Now: f.clock.Now, MaxLifetime: 10 * time.Minute, ClockOffset: -2 * time.Minute})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"sts_fallback_endpoints": fallback.URL()})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+	f.clock.Advance(time.Minute)
+	st := f.refresh(testRole)
+	if st["last_error"] != "" && st["last_error"] != nil {
+		t.Fatalf("refresh through the fallback: last_error %v", st["last_error"])
+	}
+	got := cached(t, f.s, testRole)
+	if got.AccessKey == c.AccessKey || got.ClockSource != fallback.URL() {
+		t.Fatalf("cached %s from %s, want the fallback's new credential", got.AccessKey, got.ClockSource)
+	}
+}

@@ -591,6 +591,22 @@ func (c *cacheEntry) expiry() time.Time {
 	return c.expires()
 }
 
+// expiresBefore reports whether c surely expires before o. Issued by one
+// endpoint, their expirations are instants of one clock and compare as
+// they are; issued by two (a fallback's after the primary's), each is an
+// instant of its own endpoint's clock, so they are compared on this node's
+// clock through each endpoint's offset, and only a difference beyond both
+// estimates' errors counts.
+func (c *cacheEntry) expiresBefore(o *cacheEntry) bool {
+	if c.src == nil || o.src == nil || c.src == o.src {
+		return c.Expiration.Before(o.Expiration)
+	}
+	now := c.src.now()
+	cOff, cErr, _ := c.clockAt(now)
+	oOff, oErr, _ := o.clockAt(now)
+	return c.Expiration.Add(-cOff).Add(cErr + oErr).Before(o.Expiration.Add(-oOff))
+}
+
 // awsExpiration is the credential's expiration on AWS's clock, as the
 // schedule index stores it (every node's hint sorts by the same instants);
 // zero when there is none.
