@@ -521,3 +521,13 @@ func TestClock_FallbackExpirationsComparedOnOneClock(t *testing.T) {
 		t.Fatalf("cached %s from %s, want the fallback's new credential", got.AccessKey, got.ClockSource)
 	}
 }
+
+// TestClock_SkewRefusalCountedAsItsOwnOutcome: a call AWS refused for its
+// signing time is counted as outcome RequestTimeTooSkewed, not "other".
+func TestClock_SkewRefusalCountedAsItsOwnOutcome(t *testing.T) {
+	f := clockFixture(t, 10*time.Minute)
+	firstCredential(t, f, 10*time.Minute)
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"action": "AssumeRole", "endpoint": "primary", "outcome": codeClockSkew}, 1)
+	sc.want("aws_resilient_sts_calls_total", map[string]string{"action": "AssumeRole", "endpoint": "primary", "outcome": "ok"}, 1)
+}
