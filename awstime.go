@@ -279,6 +279,9 @@ func (m *clockMiddleware) HandleDeserialize(ctx context.Context, in middleware.D
 	if perr != nil {
 		return out, md, err
 	}
+	if ct, ok := ctx.Value(callTimesKey{}).(callTimes); ok {
+		ct.date.Store(&date)
+	}
 	sample := awsclock.Sample{Sent: sent, Received: received, Date: date}
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
@@ -298,43 +301,39 @@ func (m *clockMiddleware) HandleDeserialize(ctx context.Context, in middleware.D
 
 // issuedSample takes the issue time of a credential the endpoint just
 // issued (its Expiration less the duration asked for: an instant STS wrote
-// into the answer's body, which no proxy rewrites) as a sample of AWS's
-// clock, from a call sent at sent and answered at received, signed with
-// signOffset. When the estimate drawn from the endpoint's Date disagrees
-// with it beyond both their resolutions, the Date is not AWS's (a proxy in
-// front of STS dating answers by its own clock): the estimate is replaced
-// by this sample, later Dates are ignored, and the log and status say so.
-// A lifetime STS shortened (a cap) would date the issue earlier than it
-// was, by far more than the signature's tolerance: such a sample is not
-// taken.
-func (a *awsClocks) issuedSample(s *clockSource, sent, received, issue time.Time, signOffset time.Duration) {
+// into the answer's body, which no proxy rewrites) as evidence of AWS's
+// clock, from the call ct, whose answer was dated date (zero: none). When
+// the two disagree beyond both their resolutions, the Date is not AWS's (a
+// proxy in front of STS dating answers by its own clock): the estimate is
+// replaced by the issue time, later Dates are ignored, and the log and
+// status say so; from then on the issue times are the endpoint's samples.
+// While they agree the Date is AWS's and the sample adds nothing (taken as
+// well, it would confirm as a step the very answer it came with). A
+// lifetime STS shortened (a cap) would date the issue earlier than it was,
+// by far more than the signature's tolerance: such a sample is not taken.
+func (a *awsClocks) issuedSample(s *clockSource, ct callTimes, received, issue time.Time) {
 	// Expiration has whole seconds, and STS may round either way.
-	sample := awsclock.Sample{Sent: sent, Received: received, Date: issue.Add(-awsclock.Resolution), Resolution: 2 * awsclock.Resolution,
-		Accepted: true, SignOffset: signOffset}
+	sample := awsclock.Sample{Sent: ct.sent, Received: received, Date: issue.Add(-awsclock.Resolution), Resolution: 2 * awsclock.Resolution,
+		Accepted: true, SignOffset: ct.signOffset}
 	lo, hi := sample.Bounds()
-	if w := awsclock.SigningTolerance + awsclock.Resolution; hi < signOffset-w || lo > signOffset+w {
+	if w := awsclock.SigningTolerance + awsclock.Resolution; hi < ct.signOffset-w || lo > ct.signOffset+w {
 		return
 	}
-	cur := s.est.Current()
-	if !s.dateNotAWS.Load() && s.est.NotAWS() > 0 {
-		// Answers to signatures AWS accepted were dated further off than
-		// AWS allows: the Date is not AWS's, whatever this sample says.
-		s.dateNotAWS.Store(true)
-		if a.onDateNotAWS != nil {
-			a.onDateNotAWS(s, 0, lo+(hi-lo)/2)
-		}
-	}
-	if s.dateNotAWS.Load() || !cur.Measured() {
+	if s.dateNotAWS.Load() {
 		a.observe(s, sample)
 		return
 	}
-	// Widened by the error the Date-based estimate has had since.
-	if e := cur.ErrorAt(received); lo <= cur.Offset+e && hi >= cur.Offset-e {
+	date := ct.date.Load()
+	if date == nil {
+		return
+	}
+	dlo, dhi := awsclock.Sample{Sent: ct.sent, Received: received, Date: *date}.Bounds()
+	if dlo <= hi && dhi >= lo {
 		return // they agree: the Date is AWS's
 	}
 	s.dateNotAWS.Store(true)
 	if a.onDateNotAWS != nil {
-		a.onDateNotAWS(s, cur.Offset, lo+(hi-lo)/2)
+		a.onDateNotAWS(s, dlo+(dhi-dlo)/2, lo+(hi-lo)/2)
 	}
 	sample.Authoritative = true
 	a.observe(s, sample)
@@ -661,21 +660,28 @@ func (c *stsClients) startClocks(ctx context.Context, s logical.Storage, logger 
 // callTimes are the local times around one STS call and the offset it was
 // signed with, for issuedSample.
 type callTimes struct {
-	sent, received time.Time
-	signOffset     time.Duration
+	sent       time.Time
+	signOffset time.Duration
+	// date is the answer's Date, as the sampling middleware read it.
+	date *atomic.Pointer[time.Time]
 }
 
+// callTimesKey carries a call's callTimes to the sampling middleware.
+type callTimesKey struct{}
+
 // beginCall notes the local time and signing offset as a call to the
-// endpoint starts.
-func (s *clockSource) beginCall() callTimes {
-	return callTimes{sent: s.now(), signOffset: s.clocks.signingOffset(s)}
+// endpoint starts, and returns ctx carrying them to the middleware, which
+// notes the answer's Date in them.
+func (s *clockSource) beginCall(ctx context.Context) (context.Context, callTimes) {
+	ct := callTimes{sent: s.now(), signOffset: s.clocks.signingOffset(s), date: new(atomic.Pointer[time.Time])}
+	return context.WithValue(ctx, callTimesKey{}, ct), ct
 }
 
 // issuedBy takes the credential c the endpoint issued in the call begun as
-// ct, for duration asked, as a sample of AWS's clock (issuedSample).
+// ct, for duration asked, as evidence of AWS's clock (issuedSample).
 func (s *clockSource) issuedBy(ct callTimes, c *cacheEntry, asked time.Duration) {
-	if c.Expiration.IsZero() || asked <= 0 {
+	if c.Expiration.IsZero() || asked <= 0 || ct.date == nil {
 		return
 	}
-	s.clocks.issuedSample(s, ct.sent, s.now(), c.Expiration.Add(-asked), ct.signOffset)
+	s.clocks.issuedSample(s, ct, s.now(), c.Expiration.Add(-asked))
 }

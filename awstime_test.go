@@ -531,3 +531,31 @@ func TestClock_SkewRefusalCountedAsItsOwnOutcome(t *testing.T) {
 	sc.want("aws_resilient_sts_calls_total", map[string]string{"action": "AssumeRole", "endpoint": "primary", "outcome": codeClockSkew}, 1)
 	sc.want("aws_resilient_sts_calls_total", map[string]string{"action": "AssumeRole", "endpoint": "primary", "outcome": "ok"}, 1)
 }
+
+// TestClock_AWSStepIsNoProxy: when AWS's clock itself steps, the Date and
+// the issue times STS writes move together: the Date stays AWS's, and the
+// step is taken on two answers as before.
+func TestClock_AWSStepIsNoProxy(t *testing.T) {
+	clk := newFakeClock(time.Now().Truncate(time.Second))
+	f := newFixtureWith(t, fixtureOpts{}, clk, startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: time.Hour}))
+	read := func(name string) {
+		t.Helper()
+		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN, "ttl": "15m"})
+		if resp, err := f.coldCycle(name); err != nil || resp.IsError() {
+			t.Fatalf("read %s: err=%v resp=%v", name, err, respErr(resp))
+		}
+	}
+	read("r0")
+	f.emu.SetClockOffset(2 * time.Minute)
+	read("r1")
+	if off := f.b.clients.awsTime().lookup(f.emu.URL()).offset(); off != 0 {
+		t.Fatalf("one answer of a stepped clock moved the offset to %s", off)
+	}
+	read("r2")
+	clocks := mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data["aws_clocks"].(map[string]interface{})
+	v := clocks[f.emu.URL()].(map[string]interface{})
+	if v["date_is_aws"] != true || v["basis"] != clockMeasured {
+		t.Fatalf("after AWS's clock stepped: %v, want its Date still AWS's", v)
+	}
+	within(t, "offset after the step", time.Duration(v["offset"].(float64)*float64(time.Second)), 2*time.Minute, time.Second)
+}

@@ -594,7 +594,7 @@ func (ep *stsEndpoint) fetch(ctx context.Context, sess stsSession, role *roleEnt
 		ct    callTimes
 	)
 	if ep.clock != nil {
-		ct = ep.clock.beginCall()
+		ctx, ct = ep.clock.beginCall(ctx)
 	}
 	switch role.CredentialType {
 	case credentialTypeAssumedRole:
