@@ -303,8 +303,11 @@ func (m *clockMiddleware) HandleDeserialize(ctx context.Context, in middleware.D
 // issued (its Expiration less the duration asked for: an instant STS wrote
 // into the answer's body, which no proxy rewrites) as evidence of AWS's
 // clock, from the call ct, whose answer was dated date (zero: none). When
-// the two disagree beyond both their resolutions, the Date is not AWS's (a
-// proxy in front of STS dating answers by its own clock): the estimate is
+// the two disagree beyond both their resolutions in a way no shortened
+// lifetime explains (the issue later than the Date allows, or the Date
+// further from the accepted signature's time than AWS allows), the Date is
+// not AWS's (a proxy in front of STS dating answers by its own clock): the
+// estimate is
 // replaced by the issue time, later Dates are ignored, and the log and
 // status say so; from then on the issue times are the endpoint's samples.
 // While they agree the Date is AWS's and the sample adds nothing (taken as
@@ -328,8 +331,20 @@ func (a *awsClocks) issuedSample(s *clockSource, ct callTimes, received, issue t
 		return
 	}
 	dlo, dhi := awsclock.Sample{Sent: ct.sent, Received: received, Date: *date}.Bounds()
-	if dlo <= hi && dhi >= lo {
-		return // they agree: the Date is AWS's
+	w := awsclock.SigningTolerance + awsclock.Resolution
+	switch {
+	case dhi < ct.signOffset-w || dlo > ct.signOffset+w:
+		// AWS accepted the signature this Date says was off by more than
+		// AWS allows: the Date is not AWS's.
+	case lo > dhi:
+		// AWS's issue time is later than the Date allows: the Date is
+		// behind AWS's clock (a shortened lifetime can only make it seem
+		// earlier).
+	default:
+		// They agree, or the issue time seems earlier than the Date: a
+		// lifetime STS shortened below the one asked for looks the same
+		// as a Date ahead of AWS's clock, so that is no evidence.
+		return
 	}
 	s.dateNotAWS.Store(true)
 	if a.onDateNotAWS != nil {

@@ -459,12 +459,12 @@ func datingProxy(t *testing.T, f *fixture, skew time.Duration) string {
 }
 
 // TestClock_ProxyDateIsNotAWSs: behind a proxy that dates answers by its
-// own clock 2 or 6 minutes ahead, while the host's clock and AWS's agree,
+// own clock 2 minutes behind or 6 minutes ahead, while the host's clock and AWS's agree,
 // issuance goes on (no call refused for its signing time), the credentials
 // are judged by AWS's clock as the issue times STS writes show it, and
 // config/root says the endpoint's Date is not AWS's.
 func TestClock_ProxyDateIsNotAWSs(t *testing.T) {
-	for _, skew := range []time.Duration{2 * time.Minute, 6 * time.Minute} {
+	for _, skew := range []time.Duration{-2 * time.Minute, 6 * time.Minute} {
 		t.Run(skew.String(), func(t *testing.T) {
 			clk := newFakeClock(time.Now().Truncate(time.Second))
 			f := newFixtureWith(t, fixtureOpts{}, clk, startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: time.Hour}))
