@@ -218,7 +218,7 @@ func TestClock_NewNodeJudgesByItsOwnClock(t *testing.T) {
 	within(t, "the new node's offset", time.Duration(st["aws_clock_offset"].(float64)*float64(time.Second)), 4*time.Minute, time.Second)
 	sc := scrapeMetrics(t, other, f.s, "")
 	within(t, "the new node's aws_resilient_aws_clock_offset_seconds",
-		time.Duration(sc.must("aws_resilient_aws_clock_offset_seconds", map[string]string{"endpoint": "primary"})*float64(time.Second)), 4*time.Minute, time.Second)
+		time.Duration(sc.must("aws_resilient_aws_clock_offset_seconds", map[string]string{"endpoint": "primary", "basis": clockMeasured})*float64(time.Second)), 4*time.Minute, time.Second)
 
 	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
 	f.b.refresher.unplan(roleKey(testRole))
