@@ -559,3 +559,24 @@ func TestClock_AWSStepIsNoProxy(t *testing.T) {
 	}
 	within(t, "offset after the step", time.Duration(v["offset"].(float64)*float64(time.Second)), 2*time.Minute, time.Second)
 }
+
+// TestClock_IndexStoresAWSExpirations: the schedule index records a
+// credential's expiration as the AWS instant STS wrote, whichever path
+// writes it (a success's commit, a failure's), so that every node sorts
+// overdue roles by the same instants.
+func TestClock_IndexStoresAWSExpirations(t *testing.T) {
+	const offset = 3 * time.Minute
+	f := clockFixture(t, offset)
+	c := firstCredential(t, f, offset)
+	if it := storedIndex(t, f.s)[testRole]; !it.Exp().Equal(c.Expiration) {
+		t.Fatalf("index after the commit: exp %v, want the AWS instant %v", it.Exp(), c.Expiration)
+	}
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+	f.fireScheduled(roleKey(testRole))
+	if st := f.status(testRole); st["failed_cycles"] != 1 {
+		t.Fatalf("failed_cycles = %v, want 1", st["failed_cycles"])
+	}
+	if it := storedIndex(t, f.s)[testRole]; !it.Exp().Equal(c.Expiration) {
+		t.Fatalf("index after a failure: exp %v, want the AWS instant %v (%s apart)", it.Exp(), c.Expiration, c.Expiration.Sub(it.Exp()))
+	}
+}
