@@ -569,6 +569,9 @@ func (a *awsClocks) load(ctx context.Context, s logical.Storage) error {
 // survive a restart. Only where storage is writable (the active node): by
 // each commit of a credential and by the periodic pass.
 func (a *awsClocks) persist(ctx context.Context, s logical.Storage) error {
+	if s == nil {
+		return nil // before Initialize
+	}
 	a.persistMu.Lock()
 	defer a.persistMu.Unlock()
 	a.mu.Lock()
