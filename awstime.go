@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,9 +17,11 @@ import (
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/dueplan"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	smithy "github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/hashicorp/vault/sdk/logical"
 )
 
 // awsClocks owns this node's estimates of AWS's clock, one per endpoint
@@ -35,6 +39,15 @@ import (
 // credential points at.
 type awsClocks struct {
 	clock clock.Clock
+	// host names this host in storage (clock/<host>): its estimates are
+	// its own, of its own clock, and only it seeds from them.
+	host string
+	// stored is what clock/<host> held after the last load or write;
+	// guarded by mu.
+	stored map[string]storedClock
+	// persistMu serialises the writes of clock/<host> (persist), so that
+	// concurrent commits write it once; taken only in persist, before mu.
+	persistMu sync.Mutex
 	// mu guards sources.
 	mu      sync.Mutex
 	sources map[string]*clockSource
@@ -42,6 +55,10 @@ type awsClocks struct {
 	// than clockStepThreshold (the refresher moves the plans of the
 	// credentials it issued), with the offset in force before and after.
 	onChange func(src *clockSource, before, after time.Duration)
+	// onDateNotAWS, when set, is told when an endpoint's Date is found not
+	// to be AWS's clock (issuedSample): by the Date offset dateOffset,
+	// by STS's own issue time issueOffset.
+	onDateNotAWS func(src *clockSource, dateOffset, issueOffset time.Duration)
 }
 
 // clockStepThreshold is how far an endpoint's offset must move before the
@@ -55,17 +72,39 @@ type clockSource struct {
 	// or "iam.<partition>". Credentials record it (cacheEntry.ClockSource).
 	name string
 	est  awsclock.Estimator
-	// prior is the offset (nanoseconds) recorded with the newest
-	// credential loaded from storage that this endpoint issued, which
-	// stands in for a measurement until this node has one of its own: a
-	// restarted plugin or a new active node signs on the clock the
-	// credentials were judged by. priorSet says there is one.
-	prior    atomic.Int64
-	priorSet atomic.Bool
+	// now is this node's clock (awsClocks.clock.Now).
+	now func() time.Time
+	// clocks is the owner of this source.
+	clocks *awsClocks
+	// dateNotAWS: the endpoint's Date disagreed with the issue time STS
+	// wrote into a credential (issuedSample), so something between this
+	// node and STS (a proxy) dates answers by its own clock; from then on
+	// only STS's own instants are samples of AWS's clock.
+	dateNotAWS atomic.Bool
 }
 
-func newAWSClocks(c clock.Clock) *awsClocks {
-	return &awsClocks{clock: c, sources: map[string]*clockSource{}}
+// unmeasuredError is how far this node takes its own clock to be from an
+// endpoint's it has no estimate of (no answer since it started, and none
+// stored for this host): a host further off than AWS's signing tolerance
+// cannot sign a request AWS accepts, so no credential can be issued or
+// chained on it; one within it is judged so that nothing AWS may already
+// take for expired is served and refreshes are planned early. The first
+// answer (awsClocks.probe asks for one on start) replaces it.
+const unmeasuredError = awsclock.SigningTolerance
+
+func newAWSClocks(c clock.Clock, host string) *awsClocks {
+	return &awsClocks{clock: c, host: storageHostName(host), sources: map[string]*clockSource{}}
+}
+
+// storageHostName makes a host name a storage key segment.
+func storageHostName(h string) string {
+	if h == "" {
+		h, _ = os.Hostname()
+	}
+	if h == "" {
+		h = "unknown"
+	}
+	return strings.NewReplacer("/", "_", ".", "_").Replace(h)
 }
 
 // source returns the endpoint's clock, made on first use.
@@ -74,7 +113,7 @@ func (a *awsClocks) source(name string) *clockSource {
 	defer a.mu.Unlock()
 	s := a.sources[name]
 	if s == nil {
-		s = &clockSource{name: name}
+		s = &clockSource{name: name, now: a.clock.Now, clocks: a}
 		a.sources[name] = s
 	}
 	return s
@@ -101,58 +140,92 @@ func (a *awsClocks) all() []*clockSource {
 }
 
 // offset is what this node takes for the endpoint's offset now: its own
-// estimate once it has measured one, else the prior a stored credential
-// brought, else none (the local clock).
-func (s *clockSource) offset() time.Duration {
-	if e := s.est.Current(); e.Measured() {
-		return e.Offset
+// estimate, or none (the local clock) before it has one.
+func (s *clockSource) offset() time.Duration { return s.est.Current().Offset }
+
+// judge is the offset this node judges the endpoint's credentials by at
+// now, the most it can be off, and what it rests on (aws_clock_basis): its
+// own estimate, widened by the drift since its newest sample, or, before it
+// has one, the local clock with unmeasuredError. An answer not yet
+// confirmed that put AWS ahead counts as error (it may be right), at most
+// aheadFraction of the credential's life (lifetime; 0: unbounded).
+func (s *clockSource) judge(now time.Time, lifetime time.Duration) (offset, maxErr time.Duration, basis string) {
+	e := s.est.Current()
+	if !e.Measured() {
+		return 0, unmeasuredError, clockUnmeasured
 	}
-	if s.priorSet.Load() {
-		return time.Duration(s.prior.Load())
+	ahead := e.Ahead
+	if lifetime > 0 {
+		ahead = min(ahead, time.Duration(aheadFraction*float64(lifetime)))
 	}
-	return 0
+	basis = clockMeasured
+	switch {
+	case e.Prior:
+		basis = clockStored
+	case s.dateNotAWS.Load():
+		basis = clockIssueTimes
+	}
+	return e.Offset, max(e.ErrorAt(now), ahead), basis
 }
 
+// aheadFraction bounds what one odd answer putting AWS ahead takes from a
+// credential (Estimate.Ahead): a quarter of its life, so that a 10-minute
+// credential is not refused for the rest of an outage on one answer's word.
+const aheadFraction = 0.25
+
 // observe takes one answer of the endpoint as a sample of its clock, and
-// tells onChange when the offset moved.
+// tells onChange when the offset moved. The offset before is the one the
+// estimator held when it took the sample: of concurrent answers around a
+// step, one moves the plans.
 func (a *awsClocks) observe(s *clockSource, sample awsclock.Sample) {
-	before := s.offset()
-	est, changed := s.est.Add(sample)
-	if !changed || a.onChange == nil {
+	before, est, changed := s.est.Observe(sample)
+	if !changed || a.onChange == nil || !before.Measured() {
 		return
 	}
-	if d := est.Offset - before; d >= clockStepThreshold || -d >= clockStepThreshold {
-		a.onChange(s, before, est.Offset)
+	if d := est.Offset - before.Offset; d >= clockStepThreshold || -d >= clockStepThreshold {
+		a.onChange(s, before.Offset, est.Offset)
 	}
 }
 
 // clockReading is an endpoint's clock as status, config/ and the metrics
 // show it.
 type clockReading struct {
-	source    string
-	est       awsclock.Estimate
-	odd       int64
-	fromPrior bool
-	prior     time.Duration
+	source string
+	est    awsclock.Estimate
+	odd    int64
+	notAWS int64
+	// dateNotAWS: the endpoint's Date is not AWS's clock (issuedSample).
+	dateNotAWS bool
+}
+
+// basis is what the reading rests on (aws_clock_basis).
+func (r clockReading) basis() string {
+	switch {
+	case !r.est.Measured():
+		return clockUnmeasured
+	case r.est.Prior:
+		return clockStored
+	case r.dateNotAWS:
+		return clockIssueTimes
+	}
+	return clockMeasured
 }
 
 // readings returns every endpoint's clock as measured, by name.
 func (a *awsClocks) readings() []clockReading {
 	var out []clockReading
 	for _, s := range a.all() {
-		r := clockReading{source: s.name, est: s.est.Current(), odd: s.est.Odd()}
-		if !r.est.Measured() && s.priorSet.Load() {
-			r.fromPrior, r.prior = true, time.Duration(s.prior.Load())
-		}
-		out = append(out, r)
+		out = append(out, clockReading{source: s.name, est: s.est.Current(), odd: s.est.Odd(), notAWS: s.est.NotAWS(), dateNotAWS: s.dateNotAWS.Load()})
 	}
 	return out
 }
 
 // attach points a credential read from storage (or just issued) at its
-// endpoint's clock, and lets it stand as that endpoint's prior while this
-// node has measured none. A credential that names no endpoint (written
-// before the plugin measured clocks) keeps the local clock.
+// endpoint's clock on this node, by which this node judges it. A
+// credential that names no endpoint (written before the plugin measured
+// clocks) keeps the local clock. The offset an older version stored with
+// the credential (the issuing host's) is not taken as this node's: only
+// its issue time on AWS's clock is derived from it (awsIssuedAt).
 func (a *awsClocks) attach(c *cacheEntry) {
 	if c == nil || c.ClockSource == "" {
 		return
@@ -161,18 +234,18 @@ func (a *awsClocks) attach(c *cacheEntry) {
 	c.src = s
 	// Interned: the mirror keeps no string of its own per credential.
 	c.ClockSource = s.name
-	if !s.est.Current().Measured() {
-		s.prior.Store(int64(c.ClockOffset))
-		s.priorSet.Store(true)
+	if c.AWSIssuedAt.IsZero() && !c.IssuedAt.IsZero() {
+		c.AWSIssuedAt = c.IssuedAt.Add(c.ClockOffset)
 	}
+	c.ClockOffset, c.ClockError = 0, 0
 }
 
 // issued records on a credential an endpoint just issued the clock it is
-// judged by: the endpoint, and the offset in force with its error.
+// judged by, and the offset in force, with which the commit dates its
+// issue on AWS's clock (cacheEntry.AWSIssuedAt).
 func (s *clockSource) issued(c *cacheEntry) {
-	est := s.est.Current()
 	c.ClockSource, c.src = s.name, s
-	c.ClockOffset, c.ClockError = s.offset(), est.Error
+	c.issueOffset = s.offset()
 }
 
 // clockMiddleware takes every answer of an endpoint (errors too) as a
@@ -191,6 +264,7 @@ func (m *clockMiddleware) HandleDeserialize(ctx context.Context, in middleware.D
 	middleware.DeserializeOutput, middleware.Metadata, error,
 ) {
 	sent := m.clocks.clock.Now()
+	signOffset := m.clocks.signingOffset(m.src)
 	out, md, err := next.HandleDeserialize(ctx, in)
 	received := m.clocks.clock.Now()
 	resp, _ := out.RawResponse.(*smithyhttp.Response)
@@ -205,13 +279,79 @@ func (m *clockMiddleware) HandleDeserialize(ctx context.Context, in middleware.D
 	if perr != nil {
 		return out, md, err
 	}
+	if ct, ok := ctx.Value(callTimesKey{}).(callTimes); ok {
+		ct.date.Store(&date)
+	}
 	sample := awsclock.Sample{Sent: sent, Received: received, Date: date}
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
 		sample.SkewRefused = awsclock.IsSkewError(ae.ErrorCode(), ae.ErrorMessage())
 	}
+	if req, ok := in.Request.(*smithyhttp.Request); ok && err == nil && req.Header.Get("Authorization") != "" {
+		// AWS accepted the signature, made on the offset in force.
+		sample.Accepted, sample.SignOffset = true, signOffset
+	}
+	if m.src.dateNotAWS.Load() {
+		// A proxy's clock, not AWS's (issuedSample).
+		return out, md, err
+	}
 	m.clocks.observe(m.src, sample)
 	return out, md, err
+}
+
+// issuedSample takes the issue time of a credential the endpoint just
+// issued (its Expiration less the duration asked for: an instant STS wrote
+// into the answer's body, which no proxy rewrites) as evidence of AWS's
+// clock, from the call ct, whose answer was dated date (zero: none). When
+// the two disagree beyond both their resolutions in a way no shortened
+// lifetime explains (the issue later than the Date allows, or the Date
+// further from the accepted signature's time than AWS allows), the Date is
+// not AWS's (a proxy in front of STS dating answers by its own clock): the
+// estimate is
+// replaced by the issue time, later Dates are ignored, and the log and
+// status say so; from then on the issue times are the endpoint's samples.
+// While they agree the Date is AWS's and the sample adds nothing (taken as
+// well, it would confirm as a step the very answer it came with). A
+// lifetime STS shortened (a cap) would date the issue earlier than it was,
+// by far more than the signature's tolerance: such a sample is not taken.
+func (a *awsClocks) issuedSample(s *clockSource, ct callTimes, received, issue time.Time) {
+	// Expiration has whole seconds, and STS may round either way.
+	sample := awsclock.Sample{Sent: ct.sent, Received: received, Date: issue.Add(-awsclock.Resolution), Resolution: 2 * awsclock.Resolution,
+		Accepted: true, SignOffset: ct.signOffset}
+	lo, hi := sample.Bounds()
+	if w := awsclock.SigningTolerance + awsclock.Resolution; hi < ct.signOffset-w || lo > ct.signOffset+w {
+		return
+	}
+	if s.dateNotAWS.Load() {
+		a.observe(s, sample)
+		return
+	}
+	date := ct.date.Load()
+	if date == nil {
+		return
+	}
+	dlo, dhi := awsclock.Sample{Sent: ct.sent, Received: received, Date: *date}.Bounds()
+	w := awsclock.SigningTolerance + awsclock.Resolution
+	switch {
+	case dhi < ct.signOffset-w || dlo > ct.signOffset+w:
+		// AWS accepted the signature this Date says was off by more than
+		// AWS allows: the Date is not AWS's.
+	case lo > dhi:
+		// AWS's issue time is later than the Date allows: the Date is
+		// behind AWS's clock (a shortened lifetime can only make it seem
+		// earlier).
+	default:
+		// They agree, or the issue time seems earlier than the Date: a
+		// lifetime STS shortened below the one asked for looks the same
+		// as a Date ahead of AWS's clock, so that is no evidence.
+		return
+	}
+	s.dateNotAWS.Store(true)
+	if a.onDateNotAWS != nil {
+		a.onDateNotAWS(s, dlo+(dhi-dlo)/2, lo+(hi-lo)/2)
+	}
+	sample.Authoritative = true
+	a.observe(s, sample)
 }
 
 // clockSigner signs every request on the endpoint's clock: the local clock
@@ -238,7 +378,7 @@ func (s clockSigner) SignHTTP(ctx context.Context, credentials aws.Credentials, 
 // recently: AWS keeps one clock, so IAM's first call in a rotation is
 // signed right on a host minutes off when STS has answered before.
 func (a *awsClocks) signingOffset(src *clockSource) time.Duration {
-	if src.est.Current().Measured() || src.priorSet.Load() {
+	if src.est.Current().Measured() {
 		return src.offset()
 	}
 	var newest awsclock.Estimate
@@ -295,7 +435,7 @@ func (rf *refresher) clockStepped(src *clockSource, before, after time.Duration)
 // bothClocks names now on both clocks, for a log line or an error about
 // the credential c's life: this host's, and the issuing endpoint's.
 func bothClocks(c *cacheEntry, now time.Time) string {
-	offset, maxErr := c.clock()
+	offset, maxErr, _ := c.clockAt(now)
 	return fmt.Sprintf("local clock %s, AWS's clock %s (offset %s ± %s)", now.UTC().Format(time.RFC3339), now.Add(offset).UTC().Format(time.RFC3339),
 		offset.Round(time.Millisecond), maxErr.Round(time.Millisecond))
 }
@@ -307,15 +447,21 @@ func (c *stsClients) awsTime() *awsClocks { return c.clocks }
 // How a credential's life is judged, as status says it (aws_clock_basis).
 const (
 	// clockMeasured: by this node's estimate of the issuing endpoint's
-	// clock.
+	// clock, from its answers since this node started.
 	clockMeasured = "measured"
-	// clockStored: by the offset recorded with the credential, as the node
-	// that fetched it measured it; this node has not measured the endpoint
-	// (a standby, or a node that made no call to it since it started).
+	// clockStored: by this host's estimate as it stood when the plugin
+	// last stopped (persisted), which no answer since has confirmed.
 	clockStored = "stored"
+	// clockUnmeasured: this node has no estimate of the endpoint's clock
+	// yet: by its own clock, taken to be up to unmeasuredError off.
+	clockUnmeasured = "unmeasured"
 	// clockLocal: by this host's clock: the credential was fetched before
 	// the plugin measured AWS's clock.
 	clockLocal = "local"
+	// clockIssueTimes: measured, from the issue times STS writes into its
+	// credentials, because the endpoint's Date header is not AWS's clock
+	// (a proxy in front of STS dates its answers by its own).
+	clockIssueTimes = "measured_issue_times"
 )
 
 // clockStatus adds to a status answer d how the credential c's life is
@@ -332,20 +478,15 @@ func clockStatus(d map[string]interface{}, c *cacheEntry, now time.Time) {
 	if c == nil {
 		return
 	}
-	offset, maxErr := c.clock()
+	offset, maxErr, basis := c.clockAt(now)
 	d["expires_in"] = c.expiresIn(now)
 	d["aws_clock_offset"] = offset.Seconds()
 	d["aws_clock_error"] = maxErr.Seconds()
 	d["aws_clock_endpoint"] = c.ClockSource
-	switch est := c.src.estimate(); {
-	case est.Measured():
-		d["aws_clock_basis"] = clockMeasured
+	d["aws_clock_basis"] = basis
+	if est := c.src.estimate(); est.Measured() {
 		d["aws_clock_samples"] = est.Samples
 		d["aws_clock_age"] = int64(max(now.Sub(est.At), 0) / time.Second)
-	case c.ClockSource != "":
-		d["aws_clock_basis"] = clockStored
-	default:
-		d["aws_clock_basis"] = clockLocal
 	}
 }
 
@@ -364,18 +505,201 @@ func (a *awsClocks) clocksView() map[string]interface{} {
 	out := map[string]interface{}{}
 	for _, r := range a.readings() {
 		v := map[string]interface{}{
-			"offset": r.est.Offset.Seconds(), "error": r.est.Error.Seconds(),
-			"samples": r.est.Samples, "odd_samples": r.odd, "age": int64(-1), "basis": clockMeasured,
+			"offset": r.est.Offset.Seconds(), "error": r.est.ErrorAt(now).Seconds(),
+			"samples": r.est.Samples, "odd_samples": r.odd, "age": int64(-1), "basis": r.basis(),
+			"date_not_aws": r.notAWS, "date_is_aws": !r.dateNotAWS,
 		}
-		switch {
-		case r.est.Measured():
+		if r.est.Measured() {
 			v["age"] = int64(max(now.Sub(r.est.At), 0) / time.Second)
-		case r.fromPrior:
-			v["offset"], v["basis"] = r.prior.Seconds(), clockStored
-		default:
-			v["basis"] = clockLocal
+		} else {
+			v["error"] = unmeasuredError.Seconds()
 		}
 		out[r.source] = v
 	}
 	return out
+}
+
+// hostClocks is clock/<host>: the host's estimate of each endpoint's clock
+// as it stood at its last write. A restarted plugin on the same host
+// starts from it (awsClocks.load) and judges as it did before it stopped;
+// another host ignores it, as another host's offset says nothing of its own
+// clock.
+type hostClocks struct {
+	Endpoints map[string]storedClock `json:"endpoints"`
+}
+
+// storedClock is one endpoint's estimate as stored: offset and error at
+// At (this host's time of its newest sample).
+type storedClock struct {
+	Offset time.Duration `json:"offset"`
+	Error  time.Duration `json:"error"`
+	At     time.Time     `json:"at"`
+}
+
+// clockPersistAge is how old the stored estimate of an endpoint may grow
+// while newer samples agree with it before it is written again: the error
+// a restart starts from is widened by the drift since At (500 ppm: 0.3 s
+// per 10 minutes).
+const clockPersistAge = 10 * time.Minute
+
+// load seeds every endpoint's estimator from this host's stored estimates,
+// widened by the drift since (awsclock.Estimator.Seed); an endpoint this
+// node has measured since it started keeps its own.
+func (a *awsClocks) load(ctx context.Context, s logical.Storage) error {
+	if s == nil {
+		return nil
+	}
+	hc, err := getHostClocks(ctx, s, a.host)
+	if err != nil || hc == nil {
+		return err
+	}
+	now := a.clock.Now()
+	for name, sc := range hc.Endpoints {
+		a.source(name).est.Seed(awsclock.Estimate{Offset: sc.Offset, Error: sc.Error, Samples: 1, At: sc.At}, now)
+	}
+	a.mu.Lock()
+	a.stored = hc.Endpoints
+	a.mu.Unlock()
+	return nil
+}
+
+// persist writes this host's estimates when one moved from what is stored
+// (by a tenth of a second, or its error did), or is older than
+// clockPersistAge behind a newer agreeing sample, so that corrections
+// survive a restart. Only where storage is writable (the active node): by
+// each commit of a credential and by the periodic pass.
+func (a *awsClocks) persist(ctx context.Context, s logical.Storage) error {
+	if s == nil {
+		return nil // before Initialize
+	}
+	a.persistMu.Lock()
+	defer a.persistMu.Unlock()
+	a.mu.Lock()
+	stored := a.stored
+	a.mu.Unlock()
+	next := map[string]storedClock{}
+	dirty := false
+	for _, src := range a.all() {
+		e := src.est.Current()
+		if !e.Measured() {
+			continue
+		}
+		sc, ok := stored[src.name]
+		if e.Prior {
+			// Nothing new: keep what is stored.
+			if ok {
+				next[src.name] = sc
+			}
+			continue
+		}
+		cur := storedClock{Offset: e.Offset, Error: e.Error, At: e.At}
+		next[src.name] = cur
+		d, de := cur.Offset-sc.Offset, cur.Error-sc.Error
+		if !ok || d >= 100*time.Millisecond || -d >= 100*time.Millisecond || de >= 100*time.Millisecond || -de >= 100*time.Millisecond ||
+			cur.At.Sub(sc.At) >= clockPersistAge {
+			dirty = true
+		}
+	}
+	if !dirty {
+		return nil
+	}
+	if err := putHostClocks(ctx, s, a.host, &hostClocks{Endpoints: next}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.stored = next
+	a.mu.Unlock()
+	return nil
+}
+
+// probeTimeout bounds a probe's exchange: a sample from a longer one says
+// little (awsclock.MaxRoundTrip), and a start should not wait on it.
+const probeTimeout = 5 * time.Second
+
+// probe measures every named STS endpoint this node has no estimate of,
+// from the Date of one unsigned request to it: STS answers it
+// (MissingAuthenticationToken) without a credential, costing no quota and
+// no call of any role. It returns when every probe answered or failed.
+func (a *awsClocks) probe(ctx context.Context, hc *http.Client, urls []string) {
+	var wg sync.WaitGroup
+	for _, u := range urls {
+		src := a.source(u)
+		if src.est.Current().Measured() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+			if err != nil {
+				return
+			}
+			sent := a.clock.Now()
+			resp, err := hc.Do(req)
+			received := a.clock.Now()
+			if err != nil {
+				return
+			}
+			_ = resp.Body.Close()
+			if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+				a.observe(src, awsclock.Sample{Sent: sent, Received: received, Date: date})
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// startClocks is what a node does about AWS's clocks as it starts (and so
+// as it becomes the active node, which Vault starts the mount on): it
+// seeds its estimates from those this host stored before it stopped, then
+// measures every configured STS endpoint it still has no estimate of
+// (probe), so that it judges credentials by its own measurement rather
+// than conservatively (unmeasuredError). Best effort: a node that cannot
+// reach STS stays conservative and says so (aws_clock_basis).
+func (c *stsClients) startClocks(ctx context.Context, s logical.Storage, logger interface{ Warn(string, ...interface{}) }) {
+	if err := c.clocks.load(ctx, s); err != nil {
+		logger.Warn("reading this host's stored estimates of AWS's clock failed; measuring anew", "error", err)
+	}
+	cfg, err := c.readRoot(ctx)
+	if err != nil || cfg == nil {
+		return
+	}
+	urls, regions := stsTargets(cfg)
+	for i := range urls {
+		urls[i] = stsClockName(urls[i], regions[i])
+	}
+	tr := awshttp.NewBuildableClient().GetTransport()
+	defer tr.CloseIdleConnections()
+	c.clocks.probe(ctx, &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, urls)
+}
+
+// callTimes are the local times around one STS call and the offset it was
+// signed with, for issuedSample.
+type callTimes struct {
+	sent       time.Time
+	signOffset time.Duration
+	// date is the answer's Date, as the sampling middleware read it.
+	date *atomic.Pointer[time.Time]
+}
+
+// callTimesKey carries a call's callTimes to the sampling middleware.
+type callTimesKey struct{}
+
+// beginCall notes the local time and signing offset as a call to the
+// endpoint starts, and returns ctx carrying them to the middleware, which
+// notes the answer's Date in them.
+func (s *clockSource) beginCall(ctx context.Context) (context.Context, callTimes) {
+	ct := callTimes{sent: s.now(), signOffset: s.clocks.signingOffset(s), date: new(atomic.Pointer[time.Time])}
+	return context.WithValue(ctx, callTimesKey{}, ct), ct
+}
+
+// issuedBy takes the credential c the endpoint issued in the call begun as
+// ct, for duration asked, as evidence of AWS's clock (issuedSample).
+func (s *clockSource) issuedBy(ct callTimes, c *cacheEntry, asked time.Duration) {
+	if c.Expiration.IsZero() || asked <= 0 || ct.date == nil {
+		return
+	}
+	s.clocks.issuedSample(s, ct, s.now(), c.Expiration.Add(-asked))
 }

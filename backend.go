@@ -74,6 +74,9 @@ type backendOptions struct {
 	// onPlan, when set, is called after every change of the refresher's
 	// plan: tests with a fake clock wake their waiters with it.
 	onPlan func()
+	// host names this host's stored estimates of AWS's clocks
+	// (clock/<host>); "" is os.Hostname.
+	host string
 	// wrapIAM, when set, wraps each IAM client a rotation builds.
 	wrapIAM func(api iamAPI) iamAPI
 	// passWorkers is how many roles a reconciler pass reconciles at once;
@@ -183,7 +186,7 @@ func newBackend(opts backendOptions) *backend {
 	// AWS's clocks, one per endpoint: the clients sample and sign on them,
 	// the mirror judges credentials by them (roleStates), the refresher
 	// moves its plans when one steps.
-	clocks := newAWSClocks(b.clock)
+	clocks := newAWSClocks(b.clock, opts.host)
 	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, clocks, readRoot, opts.wrapSTS)
 	b.rotator = newRotator(rotatorOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
@@ -202,6 +205,11 @@ func newBackend(opts backendOptions) *backend {
 	b.refresher = rf
 	b.state = newRoleStates(rf, b.clock.Now, b.index, clocks)
 	clocks.onChange = rf.clockStepped
+	clocks.onDateNotAWS = func(src *clockSource, dateOffset, issueOffset time.Duration) {
+		logger().Warn("the STS endpoint's Date header is not AWS's clock (a proxy in front of STS dating answers by its own clock?): "+
+			"judging and signing by the issue times STS writes into credentials instead; have the proxy pass STS's Date through",
+			"endpoint", src.name, "date_offset", dateOffset.String(), "issue_time_offset", issueOffset.String())
+	}
 	b.state.onEvict = b.entityEvicted
 	b.entityChecks = new(entityChecks)
 	b.state.chains = newChains(b.state, rf, b.clients)
@@ -303,6 +311,7 @@ func (b *backend) initialize(_ context.Context, req *logical.InitializationReque
 	// what they need on demand.
 	began := b.life.spawn(func(ctx context.Context) {
 		defer b.life.started()
+		b.clients.startClocks(ctx, b.storage, b.Logger())
 		if !b.WriteSafeReplicationState() {
 			b.warmMirror(ctx)
 			return

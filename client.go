@@ -591,7 +591,11 @@ func (ep *stsEndpoint) fetch(ctx context.Context, sess stsSession, role *roleEnt
 	var (
 		creds *ststypes.Credentials
 		arn   string
+		ct    callTimes
 	)
+	if ep.clock != nil {
+		ctx, ct = ep.clock.beginCall(ctx)
+	}
 	switch role.CredentialType {
 	case credentialTypeAssumedRole:
 		in := &sts.AssumeRoleInput{
@@ -657,7 +661,9 @@ func (ep *stsEndpoint) fetch(ctx context.Context, sess stsSession, role *roleEnt
 	}
 	if ep.clock != nil {
 		// Its expiration is an instant of this endpoint's clock, which
-		// the answer just sampled.
+		// the answer just sampled: by its Date, and by the issue time STS
+		// wrote into it.
+		ep.clock.issuedBy(ct, c, time.Duration(*duration)*time.Second)
 		ep.clock.issued(c)
 	}
 	return c, nil

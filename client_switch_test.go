@@ -22,7 +22,7 @@ func TestSTSClients_SwitchKeepsTheOldKeyAsFallback(t *testing.T) {
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
 	root.cfg.KeySetAt = t0
-	c := newSTSClients(func() time.Time { return t0 }, newAWSClocks(clock.Real{}), root.read, nil)
+	c := newSTSClients(func() time.Time { return t0 }, newAWSClocks(clock.Real{}, "test"), root.read, nil)
 	acquire := func() ([]*stsEndpoint, func()) {
 		t.Helper()
 		eps, release, err := c.acquire(context.Background())
@@ -286,7 +286,7 @@ func TestSTSClients_GraceSurvivesAFailover(t *testing.T) {
 			root := &fakeRoot{cfg: testRootConfig("AKIATWO")}
 			root.cfg.KeySetAt, root.cfg.KeyRotated = t0, tc.rotated
 			// A fresh owner: no switchKey ever ran on this node.
-			c := newSTSClients(func() time.Time { return t0.Add(time.Minute) }, newAWSClocks(clock.Real{}), root.read, nil)
+			c := newSTSClients(func() time.Time { return t0.Add(time.Minute) }, newAWSClocks(clock.Real{}, "test"), root.read, nil)
 			eps, release, err := c.acquire(context.Background())
 			if err != nil {
 				t.Fatal(err)

@@ -248,7 +248,7 @@ func TestSTSClients_BuiltOnceForConcurrentUsers(t *testing.T) {
 		}
 	}
 	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
-	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}), root.read, nil)
+	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}, "test"), root.read, nil)
 
 	// Every user past the read lock at once: the re-check alone builds once.
 	sameSet("past the read lock", concurrently(func() (*stsEndpoint, error) {
@@ -284,7 +284,7 @@ func TestSTSClients_BuiltOnceForConcurrentUsers(t *testing.T) {
 func TestSTSClients_ResetRebuildsFromNewConfig(t *testing.T) {
 	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
 	var wrapped []string
-	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}), root.read, func(endpoint string, api stsAPI) stsAPI {
+	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}, "test"), root.read, func(endpoint string, api stsAPI) stsAPI {
 		wrapped = append(wrapped, endpoint) // builds hold the write lock
 		return api
 	})
@@ -326,7 +326,7 @@ func TestSTSClients_ResetRebuildsFromNewConfig(t *testing.T) {
 // current set, or a dropped one nobody used, is not waited for.
 func TestSTSClients_RetiredUntilReleased(t *testing.T) {
 	root := &fakeRoot{cfg: testRootConfig("AKIAONE")}
-	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}), root.read, nil)
+	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}, "test"), root.read, nil)
 	ctx := context.Background()
 
 	_, releaseOne, err := c.acquire(ctx)
@@ -375,7 +375,7 @@ func TestSTSClients_RetiredUntilReleased(t *testing.T) {
 func TestSTSClients_FailedReadRetried(t *testing.T) {
 	root := &fakeRoot{}
 	root.set(testRootConfig("AKIAONE"), errors.New("storage down"))
-	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}), root.read, nil)
+	c := newSTSClients(time.Now, newAWSClocks(clock.Real{}, "test"), root.read, nil)
 
 	_, release, err := c.acquire(context.Background())
 	var re *refreshError

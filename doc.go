@@ -25,6 +25,10 @@
 //	               orphans, index repair
 //	schedindex.go  the refresher's start from the schedule index (hints)
 //	settings.go    settings: config/refresh in force (policy)
+//	awstime.go     awsClocks: this node's estimate of each AWS endpoint's
+//	               clock (internal/awsclock), by which every credential is
+//	               judged (cacheEntry.clockAt) and every request signed;
+//	               measured on start, persisted per host (clock/<host>)
 //	client.go      stsClients: the STS client sets built from config/root
 //	               (after a rotation, the old key's as a fallback until it
 //	               is drained) and one per source role's credential
@@ -71,5 +75,6 @@
 //	index shards, stsClients.mu, shards are written under the store lock
 //	limiter, metrics,
 //	entityChecks.mu, chains.mu
+//	awsClocks.persistMu          a write of clock/<host> (then awsClocks.mu)
 //	lifecycle                    last: it calls nothing while held
 package awsresilient

@@ -60,7 +60,19 @@ type testOpts struct {
 	onFlight  func(key credKey, f *flight)
 	logger    hclog.Logger // default: discard
 	entities  *entityView  // Vault's identity store, as EntityInfo sees it
+	// hostOffset sets this backend's host clock apart from clock (another
+	// node's host, minutes slow or fast): its Now is clock's plus this.
+	hostOffset time.Duration
 }
+
+// shiftedClock is a host clock offset from the shared fake clock: timers
+// count the same durations, Now reads d apart.
+type shiftedClock struct {
+	*clocktest.Fake
+	d time.Duration
+}
+
+func (c shiftedClock) Now() time.Time { return c.Fake.Now().Add(c.d) }
 
 // entityView is a system view whose EntityInfo answers from a map that a
 // test changes (creates, renames, deletes entities), as Vault's identity
@@ -141,10 +153,17 @@ func newTestBackend(tb testing.TB, o testOpts) (*backend, logical.Storage) {
 		o.entities.SystemView = config.System
 		config.System = o.entities
 	}
-	opts := backendOptions{rand: o.rand, testHooks: o.testHooks && testHooksBuilt, wrapSTS: o.wrapSTS, onFlight: o.onFlight}
+	// Every test backend runs on one host unless its clock is apart.
+	opts := backendOptions{rand: o.rand, testHooks: o.testHooks && testHooksBuilt, wrapSTS: o.wrapSTS, onFlight: o.onFlight, host: "test-host"}
+	if o.hostOffset != 0 {
+		opts.host = "test-host" + o.hostOffset.String()
+	}
 	if o.clock != nil {
 		opts.clock = o.clock
 		opts.onPlan = o.clock.Poke
+		if o.hostOffset != 0 {
+			opts.clock = shiftedClock{o.clock, o.hostOffset}
+		}
 	}
 	b, err := newBackendWith(context.Background(), config, opts)
 	if err != nil {

@@ -264,6 +264,10 @@ var knownOutcome = func() map[string]bool {
 		"RequestTimeout", "RequestTimeoutException", "ConcurrentModification",
 		// Ours: no AWS answer.
 		"Timeout", "ConnectionError", "MalformedResponse", "UnknownError",
+		// Ours: AWS refused the request's signing time, whatever the
+		// service's code (codeClockSkew); counted apart so that it shows
+		// after the clock was corrected.
+		codeClockSkew,
 	} {
 		m[code] = true
 	}

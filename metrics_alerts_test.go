@@ -79,9 +79,12 @@ func TestMetrics_ExpiringWhileFailingGauge(t *testing.T) {
 
 	// No more cycles while the clock moves to the edges.
 	release := f.b.refresher.holdPlan()
-	f.clock.AdvanceTo(c.Expiration.Add(-warn))
+	// Left is judged at the late edge of the node's estimate of AWS's
+	// clock.
+	edge := judgedAt(t, f.b, roleKey(testRole), warn)
+	f.clock.AdvanceTo(edge.Add(-time.Millisecond))
 	gauges(0)
-	f.clock.Advance(time.Nanosecond)
+	f.clock.AdvanceTo(edge.Add(time.Millisecond))
 	gauges(1)
 	f.clock.AdvanceTo(c.Expiration)
 	gauges(1)

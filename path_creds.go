@@ -464,22 +464,29 @@ type cacheEntry struct {
 	// RoleHash identifies the role definition the credential was issued
 	// for (roleEntry.hash); empty in entries written before it existed.
 	RoleHash string `json:"role_hash,omitempty"`
+	// AWSIssuedAt is when the credential was issued, on the clock of the
+	// endpoint that issued it (ClockSource), as Expiration is: what is
+	// stored is AWS's instants, which every node judges with its own
+	// estimate of that endpoint's clock (cacheEntry.clockAt). IssuedAt is
+	// the issuing node's own time (status's last_success).
+	AWSIssuedAt time.Time `json:"aws_issued_at,omitempty"`
 	// ClockSource names the endpoint that issued the credential, whose
-	// clock Expiration is an instant of (awsClocks); ClockOffset is that
-	// clock's offset from the issuing node's (AWS time minus local time)
-	// in force when it was issued, and ClockError the most it could be
-	// off. IssuedAt is the issuing node's time, so IssuedAt + ClockOffset
-	// is the issue time on AWS's clock. A node that has not measured the
-	// endpoint itself (a standby, a restarted plugin, a new active node)
-	// judges the credential by ClockOffset. All three are empty in entries
+	// clock Expiration is an instant of (awsClocks). Empty in entries
 	// written before the plugin measured AWS's clock: those are judged by
 	// the local clock, as they were.
-	ClockSource string        `json:"clock_source,omitempty"`
+	ClockSource string `json:"clock_source,omitempty"`
+	// ClockOffset and ClockError are what versions before aws_issued_at
+	// stored: the issuing host's offset. Read only to date such an entry's
+	// issue on AWS's clock (awsClocks.attach); never written, never judged
+	// by: another host's offset says nothing of this one's clock.
 	ClockOffset time.Duration `json:"clock_offset,omitempty"`
 	ClockError  time.Duration `json:"clock_error,omitempty"`
 	// src is the issuing endpoint's clock on this node (awsClocks.attach,
 	// clockSource.issued), nil for an entry that names none.
 	src *clockSource
+	// issueOffset is the offset in force when the credential was fetched
+	// (clockSource.issued), until the commit dates AWSIssuedAt with it.
+	issueOffset time.Duration
 	// tokenRaw is the session token decoded from base64, held by the
 	// in-memory mirror instead of SessionToken (mirrored): a quarter
 	// smaller, and the token is the bulk of a cached role's memory.
@@ -534,35 +541,45 @@ func (c *cacheEntry) sessionToken() string {
 // refreshMargin is how long before expiration the credential's refresh is
 // due: fraction × its issued lifetime, on AWS's clock.
 func (c *cacheEntry) refreshMargin(fraction float64) time.Duration {
-	lifetime := max(c.Expiration.Sub(c.awsIssuedAt()), 0)
-	return time.Duration(fraction * float64(lifetime))
+	return time.Duration(fraction * float64(c.lifetime()))
 }
 
 // awsIssuedAt is when the credential was issued, on the clock of the
 // endpoint that issued it.
-func (c *cacheEntry) awsIssuedAt() time.Time { return c.IssuedAt.Add(c.ClockOffset) }
-
-// clock is the offset (AWS time minus local time) this node judges the
-// credential by, and the most it can be off: its issuing endpoint's, as this
-// node measured it, or, until it has, the one recorded with the credential.
-// This is the one place that knows it: every instant compared with the
-// credential's expiration goes through expires.
-func (c *cacheEntry) clock() (offset, maxErr time.Duration) {
-	if c.src != nil {
-		if e := c.src.est.Current(); e.Measured() {
-			// An answer not yet confirmed that put AWS ahead counts as
-			// error: it may be right.
-			return e.Offset, max(e.Error, e.Ahead)
-		}
+func (c *cacheEntry) awsIssuedAt() time.Time {
+	if !c.AWSIssuedAt.IsZero() {
+		return c.AWSIssuedAt
 	}
-	return c.ClockOffset, c.ClockError
+	return c.IssuedAt.Add(c.ClockOffset)
 }
 
-// expires is when the credential expires on this node's clock: its
-// expiration, an instant of AWS's clock, less AWS's offset.
+// lifetime is the credential's issued life, on AWS's clock.
+func (c *cacheEntry) lifetime() time.Duration { return max(c.Expiration.Sub(c.awsIssuedAt()), 0) }
+
+// clockAt is the offset (AWS time minus local time) this node judges the
+// credential by at now, the most it can be off, and what that rests on:
+// its issuing endpoint's clock as this node estimates it (clockSource.judge),
+// never the issuing node's. This is the one place that knows it: every
+// instant compared with the credential's expiration goes through it.
+func (c *cacheEntry) clockAt(now time.Time) (offset, maxErr time.Duration, basis string) {
+	if c.src == nil {
+		return 0, 0, clockLocal
+	}
+	return c.src.judge(now, c.lifetime())
+}
+
+// expires is when the credential expires on this node's clock, as its
+// refresh is planned by: its expiration, an instant of AWS's clock, less
+// AWS's offset, and less the estimate's error beyond clockStepThreshold
+// (a plan a second off is what its jitter allows already, but a node that
+// has not measured AWS's clock plans as early as it may be off).
 func (c *cacheEntry) expires() time.Time {
-	offset, _ := c.clock()
-	return c.Expiration.Add(-offset)
+	var now time.Time
+	if c.src != nil {
+		now = c.src.now()
+	}
+	offset, maxErr, _ := c.clockAt(now)
+	return c.Expiration.Add(-offset - max(maxErr-clockStepThreshold, 0))
 }
 
 // expiry is the credential's expiration on this node's clock (expires);
@@ -574,9 +591,38 @@ func (c *cacheEntry) expiry() time.Time {
 	return c.expires()
 }
 
+// expiresBefore reports whether c surely expires before o. Issued by one
+// endpoint, their expirations are instants of one clock and compare as
+// they are; issued by two (a fallback's after the primary's), each is an
+// instant of its own endpoint's clock, so they are compared on this node's
+// clock through each endpoint's offset, and only a difference beyond both
+// estimates' errors counts.
+func (c *cacheEntry) expiresBefore(o *cacheEntry) bool {
+	if c.src == nil || o.src == nil || c.src == o.src {
+		return c.Expiration.Before(o.Expiration)
+	}
+	now := c.src.now()
+	cOff, cErr, _ := c.clockAt(now)
+	oOff, oErr, _ := o.clockAt(now)
+	return c.Expiration.Add(-cOff).Add(cErr + oErr).Before(o.Expiration.Add(-oOff))
+}
+
+// awsExpiration is the credential's expiration on AWS's clock, as the
+// schedule index stores it (every node's hint sorts by the same instants);
+// zero when there is none.
+func (c *cacheEntry) awsExpiration() time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.Expiration
+}
+
 // remaining is how long the credential has left at now (this node's
-// clock), by AWS's clock.
-func (c *cacheEntry) remaining(now time.Time) time.Duration { return c.expires().Sub(now) }
+// clock), by AWS's clock at the late edge of this node's estimate.
+func (c *cacheEntry) remaining(now time.Time) time.Duration {
+	offset, maxErr, _ := c.clockAt(now)
+	return c.Expiration.Add(-offset - maxErr).Sub(now)
+}
 
 // expiresIn is remaining in whole seconds, rounded down and never
 // negative, as creds/ and status/ answer it (expires_in): a client that
@@ -587,16 +633,14 @@ func (c *cacheEntry) expiresIn(now time.Time) int64 {
 }
 
 // validAt reports whether the credential may be served at now (this node's
-// clock): it has at least minServeValidity left by AWS's clock, or, when
-// the offset is less certain than that, as long as the offset could be
-// off, so that a credential AWS may already take for expired is not
-// served.
+// clock): it has at least minServeValidity left by AWS's clock at the late
+// edge of this node's estimate (remaining), so that a credential AWS may
+// already take for expired is not served.
 func (c *cacheEntry) validAt(now time.Time) bool {
 	if c == nil {
 		return false
 	}
-	offset, maxErr := c.clock()
-	return c.Expiration.Add(-offset).Sub(now) >= max(minServeValidity, maxErr)
+	return c.remaining(now) >= minServeValidity
 }
 
 const pathCredsHelpSyn = `Read the role's AWS credential from the cache.`

@@ -22,7 +22,10 @@ func TestCreds_Lease(t *testing.T) {
 	if resp.Secret == nil || resp.Secret.Renewable {
 		t.Fatalf("secret = %+v, want a non-renewable lease", resp.Secret)
 	}
-	if want := c.Expiration.Sub(f.clock.Now()).Truncate(time.Second); resp.Secret.TTL != want || resp.Secret.MaxTTL != want {
+	// Its remaining validity at the late edge of the node's estimate of
+	// AWS's clock: the Date's whole second leaves it up to 1 s ahead.
+	maxErr := time.Duration(f.status(testRole)["aws_clock_error"].(float64) * float64(time.Second))
+	if want := (c.Expiration.Sub(f.clock.Now()) - maxErr).Truncate(time.Second); resp.Secret.TTL != want || resp.Secret.MaxTTL != want {
 		t.Fatalf("TTL = %v, MaxTTL = %v, want the remaining validity %v", resp.Secret.TTL, resp.Secret.MaxTTL, want)
 	}
 	wantData := map[string]interface{}{
@@ -43,7 +46,7 @@ func TestCreds_Lease(t *testing.T) {
 	t.Run("TTL shrinks as the credential ages", func(t *testing.T) {
 		f.clock.Advance(2*time.Minute + 500*time.Millisecond)
 		resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
-		if want := c.Expiration.Sub(f.clock.Now()).Truncate(time.Second); resp.Secret.TTL != want {
+		if want := f.b.state.peek(roleKey(testRole)).cred.remaining(f.clock.Now()).Truncate(time.Second); resp.Secret.TTL != want || want < 7*time.Minute+58*time.Second {
 			t.Fatalf("TTL = %v, want %v", resp.Secret.TTL, want)
 		}
 	})
@@ -104,7 +107,6 @@ func TestCreds_UnknownRole(t *testing.T) {
 func TestCreds_NeverServesExpired(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	first := f.mustReadCreds(testRole)
-	exp := cached(t, f.s, testRole).Expiration
 	// STS is down from here on, so no cycle can replace the credential.
 	// The background refresh is dropped: it would run its failing cycles
 	// on its own while the clock jumps, and this test is about what reads
@@ -112,13 +114,16 @@ func TestCreds_NeverServesExpired(t *testing.T) {
 	f.emu.SetFaults(alwaysFail(stsemu.FaultThrottling))
 	f.b.refresher.unplan(roleKey(testRole))
 
-	f.clock.AdvanceTo(exp.Add(-minServeValidity - time.Nanosecond))
+	// Left is judged at the late edge of the node's estimate of AWS's
+	// clock (its offset and error).
+	edge := judgedAt(t, f.b, roleKey(testRole), minServeValidity)
+	f.clock.AdvanceTo(edge.Add(-time.Millisecond))
 	resp := mustDo(t, f.b, f.s, logical.ReadOperation, "creds/"+testRole, nil)
 	if resp.Data["access_key"] != first.Data["access_key"] || resp.Secret.TTL != time.Second {
 		t.Fatalf("with just over 1s left: key %v TTL %v, want the cached one with TTL 1s", resp.Data["access_key"], resp.Secret.TTL)
 	}
 
-	f.clock.AdvanceTo(exp.Add(-minServeValidity + time.Nanosecond))
+	f.clock.AdvanceTo(edge.Add(time.Millisecond))
 	r, err := f.readCreds(testRole)
 	wantCoded(t, r, err, 503, "Throttling")
 

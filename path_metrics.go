@@ -433,33 +433,37 @@ func writeClockGauges(w *expositionWriter, clocks *awsClocks, root *rootConfig) 
 		root = defaultRootConfig()
 	}
 	type labelled struct {
-		label string
-		est   awsclock.Estimate
+		label, basis string
+		est          awsclock.Estimate
 	}
 	var measured []labelled
+	add := func(label string, src *clockSource) {
+		if src == nil || !src.estimate().Measured() {
+			return
+		}
+		r := clockReading{est: src.estimate(), dateNotAWS: src.dateNotAWS.Load()}
+		measured = append(measured, labelled{label, r.basis(), r.est})
+	}
 	urls, regions := stsTargets(root)
 	for i, u := range urls {
-		if src := clocks.lookup(stsClockName(u, regions[i])); src.estimate().Measured() {
-			measured = append(measured, labelled{endpointLabel(i), src.estimate()})
-		}
+		add(endpointLabel(i), clocks.lookup(stsClockName(u, regions[i])))
 	}
 	if t, ok := iamTargetOf(root); ok {
-		if src := clocks.lookup(t.endpoint); src.estimate().Measured() {
-			measured = append(measured, labelled{"iam", src.estimate()})
-		}
+		add("iam", clocks.lookup(t.endpoint))
 	}
+	now := clocks.clock.Now()
 	for _, f := range []struct {
 		name, help string
 		value      func(e awsclock.Estimate) float64
 	}{
-		{"aws_resilient_aws_clock_offset_seconds", "Seconds AWS's clock (the endpoint's, from the Date of its answers) is ahead of this Vault host's; negative: behind. Credentials are judged and requests signed on it. Absent until this node has an answer from the endpoint.",
+		{"aws_resilient_aws_clock_offset_seconds", "Seconds AWS's clock (the endpoint's, from the Date of its answers, or from the issue times STS writes when the Date is not AWS's) is ahead of this Vault host's; negative: behind. Credentials are judged and requests signed on it. basis: measured (this node's answers since it started), measured_issue_times, or stored (this host's estimate from before the plugin last stopped, not yet confirmed). Every node measures as it starts; absent while it has no estimate of the endpoint (it then judges credentials as if its clock were up to 5 minutes off).",
 			func(e awsclock.Estimate) float64 { return e.Offset.Seconds() }},
-		{"aws_resilient_aws_clock_offset_error_seconds", "The most aws_resilient_aws_clock_offset_seconds can be off by.",
-			func(e awsclock.Estimate) float64 { return e.Error.Seconds() }},
+		{"aws_resilient_aws_clock_offset_error_seconds", "The most aws_resilient_aws_clock_offset_seconds can be off by now (widened by 500 ppm of drift since the newest sample).",
+			func(e awsclock.Estimate) float64 { return e.ErrorAt(now).Seconds() }},
 	} {
 		w.family(f.name, f.help)
 		for _, m := range measured {
-			w.sample(f.name, f.value(m.est), "endpoint", m.label)
+			w.sample(f.name, f.value(m.est), "endpoint", m.label, "basis", m.basis)
 		}
 	}
 }

@@ -393,8 +393,19 @@ func (rf *refresher) plannedAt(key credKey) (time.Time, bool) {
 // status records, or, when it records none, the regular refresh point of
 // the cached credential.
 func (rf *refresher) plannedRefresh(rs *roleState) time.Time {
-	if next := rs.status().NextRefresh; !next.IsZero() {
-		return next
+	if st := rs.status(); !st.NextRefresh.IsZero() {
+		// A success's plan was made on the clock of the node that
+		// committed it; this node's judgement of the credential bounds it
+		// (the latest a jittered plan could be by its own estimate of AWS's
+		// clock), so that a node on a slower clock, or unsure of AWS's,
+		// does not wait past what it takes for the credential's end.
+		if rs.cred != nil && st.FailedCycles == 0 {
+			margin := rs.cred.refreshMargin(rf.settings.policy().RefreshFraction)
+			if latest := rs.cred.expires().Add(-margin).Add(margin/10 + clockStepThreshold); latest.Before(st.NextRefresh) {
+				return latest
+			}
+		}
+		return st.NextRefresh
 	}
 	if rs.cred != nil {
 		return nextRefreshAfterSuccess(rf.rand, rs.cred, rf.settings.policy().RefreshFraction)
@@ -693,6 +704,11 @@ func (rf *refresher) cycleAttempt(ctx context.Context, j *cycleJob, rs *roleStat
 // that makes the attempt a failure instead.
 func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *roleEntry, cred *cacheEntry) (cycleResult, *refreshError) {
 	cred.IssuedAt = j.lastAttempt
+	if cred.src != nil {
+		// What is stored is AWS's instants: the issue on the endpoint's
+		// clock, as Expiration is.
+		cred.AWSIssuedAt = cred.IssuedAt.Add(cred.issueOffset)
+	}
 	rerr := validateCredential(cred, role, rf.clock.Now())
 	rf.metrics.countRejection(rerr)
 	if rerr != nil {
@@ -711,9 +727,14 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 		return rf.cycleStopped(), nil
 	}
 	if err == nil {
+		// This host's estimate of AWS's clock, when it moved, outlives a
+		// restart from now on (clock/<host>).
+		if perr := rf.clients.awsTime().persist(ctx, rf.storage()); perr != nil {
+			rf.logger().Warn("storing this host's estimates of AWS's clock failed; the next pass tries again", "error", perr)
+		}
 		rf.logger().Info("refresh succeeded", "role", j.key.String(), "attempt", j.attempts, "outcome", "ok",
 			"expiration", cred.Expiration.UTC().Format(time.RFC3339), "next_refresh", next.UTC().Format(time.RFC3339),
-			"aws_clock_offset", cred.ClockOffset.String())
+			"aws_clock_offset", cred.issueOffset.String())
 		return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}, nil
 	}
 	j.f.ending.Store(false)

@@ -738,7 +738,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 	if rs == nil || rs.gen != gen {
 		return errRoleChanged
 	}
-	if rs.cred != nil && cred.Expiration.Before(rs.cred.Expiration) {
+	if rs.cred != nil && cred.expiresBefore(rs.cred) {
 		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
 	}
 	if rs.use != nil {
@@ -790,7 +790,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key c
 	r.put(key, &copied)
 	r.mu.Unlock()
 	r.planner.planAt(key, next)
-	r.index.Set(ctx, s, key, next, rs.cred.expiry())
+	r.index.Set(ctx, s, key, next, rs.cred.awsExpiration())
 	return st, rs.cred, next, nil
 }
 

@@ -154,7 +154,7 @@ func TestNewIAMClient_SendsAndSignsPerPartition(t *testing.T) {
 			Retryer:     func() aws.Retryer { return aws.NopRetryer{} },
 			HTTPClient:  c,
 		}
-		_, _ = newIAMClient(awsCfg, newAWSClocks(clock.Real{}), target).GetUser(context.Background(), &iam.GetUserInput{})
+		_, _ = newIAMClient(awsCfg, newAWSClocks(clock.Real{}, "test"), target).GetUser(context.Background(), &iam.GetUserInput{})
 		if len(c.reqs) != 1 {
 			t.Fatalf("%s: %d requests", region, len(c.reqs))
 		}

@@ -123,7 +123,7 @@ func (rf *refresher) checkHint(ctx context.Context, key credKey, f *flight) bool
 	}
 	f.ending.Store(true)
 	rf.planAt(key, at)
-	rf.index.Set(ctx, rf.storage(), key, at, rs.cred.expiry())
+	rf.index.Set(ctx, rf.storage(), key, at, rs.cred.awsExpiration())
 	return false
 }
 

@@ -20,6 +20,7 @@ import (
 //	cache/<key>      cacheEntry      the one good credential (seal-wrapped)
 //	status/<key>     statusEntry     the refresher's record of the key
 //	sched/<n>        schedule index shard (schedindex.go): a hint only
+//	clock/<host>     hostClocks      a host's estimates of AWS's clocks (awstime.go)
 //
 // <key> is a credKey in its String form: a role name, or <role>/<entity ID>
 // for an entity credential (cache_scope=entity). config/ and cache/ are listed in
@@ -33,6 +34,7 @@ const (
 	rolePrefix         = "roles/"
 	cachePrefix        = "cache/"
 	statusPrefix       = "status/"
+	clockPrefix        = "clock/"
 )
 
 // credKey names one cached credential: a role's own (entity "") or an
@@ -321,4 +323,15 @@ func deleteEntityData(ctx context.Context, s logical.Storage, name string) error
 		}
 	}
 	return nil
+}
+
+// getHostClocks returns the estimates of AWS's clocks the host named host
+// stored, or nil, nil when there are none.
+func getHostClocks(ctx context.Context, s logical.Storage, host string) (*hostClocks, error) {
+	return readNew[hostClocks](ctx, s, clockPrefix+host, fmt.Sprintf("AWS clock estimates of host %q", host))
+}
+
+// putHostClocks writes the host's estimates of AWS's clocks.
+func putHostClocks(ctx context.Context, s logical.Storage, host string, c *hostClocks) error {
+	return writeJSON(ctx, s, clockPrefix+host, fmt.Sprintf("AWS clock estimates of host %q", host), c)
 }

@@ -87,10 +87,10 @@ broken_plugin() {
 # own side. Each must still change its file and build: `scripts/soak.sh
 # --check-broken` checks them all, and the unit tests run it
 # (internal/soak's TestBrokenBuildsStillApply).
-valid_at='return c.Expiration.Add(-offset).Sub(now) >= max(minServeValidity, maxErr)'
+valid_at='return c.remaining(now) >= minServeValidity'
 broken_patch() {
 	case "$1" in
-	serve-expired) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return c.Expiration.Add(-offset).Sub(now) >= min(-24*time.Hour, maxErr) \/\/ BROKEN/" ;;
+	serve-expired) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return c.remaining(now) >= -24*time.Hour \/\/ BROKEN/" ;;
 	cycle-per-read) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return false \&\& ${valid_at#return } \/\/ BROKEN/" ;;
 	forget-storage) printf '%s\t%s\n' storage.go 's/^\treturn readNew\[cacheEntry\](ctx, .*$/\treturn nil, nil \/\/ BROKEN/' ;;
 	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;

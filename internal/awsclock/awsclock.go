@@ -57,13 +57,44 @@ type Sample struct {
 	// SkewRefused: AWS refused the request because of its signature's
 	// time (IsSkewError).
 	SkewRefused bool
+	// Accepted: AWS accepted the request's signature, made at local time +
+	// SignOffset, which proves the offset within SigningTolerance of
+	// SignOffset whatever the answer's Date says (a proxy in front of the
+	// endpoint may date answers by its own clock).
+	Accepted   bool
+	SignOffset time.Duration
+	// Authoritative: Date is AWS's own clock beyond doubt (an instant STS
+	// wrote into its answer's body, which no proxy rewrites): adopted at
+	// once when it disagrees with the estimate, as a refusal of the
+	// signing time is.
+	Authoritative bool
+	// Resolution is how far after Date AWS's clock may have been; zero
+	// means the Date header's (Resolution).
+	Resolution time.Duration
 }
+
+// SigningTolerance is how far from AWS's clock a request's signing time may
+// be before AWS refuses it (SigV4: 5 minutes, for STS and IAM): a request
+// AWS accepted was signed within it.
+const SigningTolerance = 5 * time.Minute
 
 // Bounds returns the offsets (AWS time minus local time) the sample
 // allows: AWS wrote Date in [Date, Date+Resolution) of its clock at a local
 // time in [Sent, Received].
 func (s Sample) Bounds() (lo, hi time.Duration) {
-	return s.Date.Sub(s.Received), s.Date.Add(Resolution).Sub(s.Sent)
+	res := s.Resolution
+	if res <= 0 {
+		res = Resolution
+	}
+	return s.Date.Sub(s.Received), s.Date.Add(res).Sub(s.Sent)
+}
+
+// proof is what an accepted signature proves of the offset: within
+// SigningTolerance of the signing offset.
+func (s Sample) proof() interval {
+	// X-Amz-Date has whole seconds.
+	w := SigningTolerance + Resolution
+	return interval{lo: s.SignOffset - w, hi: s.SignOffset + w, at: s.Received}
 }
 
 // Estimate is the offset of AWS's clock from the local one (AWS time minus
@@ -84,6 +115,19 @@ type Estimate struct {
 	// A decision that must not err late (serving a credential AWS may
 	// take for expired) allows for it until the next answer settles it.
 	Ahead time.Duration
+	// Prior: the estimate rests on a stored one (Seed) and no answer has
+	// agreed with it yet on this run.
+	Prior bool
+}
+
+// ErrorAt is Error widened by the drift the two clocks may have had from
+// the newest sample (At) to now: an estimate not refreshed for an hour is
+// up to 1.8 s less sure at 500 ppm.
+func (e Estimate) ErrorAt(now time.Time) time.Duration {
+	if d := now.Sub(e.At); d > 0 && !e.At.IsZero() {
+		return e.Error + d/1e6*driftPPM
+	}
+	return e.Error
 }
 
 // MaxAhead bounds Estimate.Ahead: a step further than STS's signature
@@ -107,7 +151,42 @@ type Estimator struct {
 	cur atomic.Pointer[Estimate]
 	// refused counts the samples held as odd, for status.
 	refused atomic.Int64
+	// proof is the bound the newest accepted signature set on the offset
+	// (Sample.proof), which a step must stay within: a clock that answers
+	// a signed call with a Date further off than AWS's tolerance is not
+	// AWS's. Only a refusal of the signing time (AWS's own word) moves the
+	// estimate past it.
+	proof *interval
+	// notAWS counts the answers whose Date an accepted signature proved
+	// not AWS's (further from the signing offset than SigningTolerance).
+	notAWS atomic.Int64
+	// prior: kept holds only the seeded estimate (Seed).
+	prior bool
 }
+
+// Seed makes p, a stored estimate (this host's, as persisted before a
+// restart), the estimator's starting point when it has no sample: kept as
+// one interval of p's error widened to now, so that one answer disagreeing
+// with it is held as odd rather than adopted. It reports whether it seeded.
+func (e *Estimator) Seed(p Estimate, now time.Time) bool {
+	if !p.Measured() {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.kept) > 0 {
+		return false
+	}
+	err := p.ErrorAt(now)
+	e.kept = []interval{{lo: p.Offset - err, hi: p.Offset + err, at: now}}
+	e.prior = true
+	est := Estimate{Offset: p.Offset, Error: err, Samples: 1, At: now, Prior: true}
+	e.cur.Store(&est)
+	return true
+}
+
+// NotAWS counts the answers whose Date was proved not AWS's clock.
+func (e *Estimator) NotAWS() int64 { return e.notAWS.Load() }
 
 // interval is a sample's bounds on the offset, taken at local time at.
 type interval struct {
@@ -142,15 +221,35 @@ func (e *Estimator) Odd() int64 { return e.refused.Load() }
 // offset changed. A sample without a Date, whose call took longer than
 // MaxRoundTrip or whose local times run backwards is ignored.
 func (e *Estimator) Add(s Sample) (Estimate, bool) {
+	_, est, changed := e.Observe(s)
+	return est, changed
+}
+
+// Observe is Add, also returning the estimate in force just before the
+// sample, read under the same lock: of concurrent answers around a step,
+// exactly one sees the step (before != after).
+func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 	rtt := s.Received.Sub(s.Sent)
 	if s.Date.IsZero() || rtt < 0 || rtt > MaxRoundTrip {
-		return e.Current(), false
+		cur := e.Current()
+		return cur, cur, false
 	}
 	lo, hi := s.Bounds()
 	n := interval{lo: lo, hi: hi, at: s.Received}
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	old := e.Current()
+	if s.Accepted {
+		p := s.proof()
+		if !agree([]interval{p, n}, n.at) {
+			// AWS accepted a signature this Date says was off by more
+			// than AWS allows: the Date is not AWS's (a proxy's clock).
+			e.notAWS.Add(1)
+			return old, old, false
+		}
+		e.proof = &p
+	}
 	switch {
 	case len(e.kept) == 0:
 		e.kept = []interval{n}
@@ -159,30 +258,41 @@ func (e *Estimator) Add(s Sample) (Estimate, bool) {
 		if len(e.kept) > Keep {
 			e.kept = append(e.kept[:0], e.kept[len(e.kept)-Keep:]...)
 		}
-	case s.SkewRefused:
-		// AWS refused our time: what we kept is wrong.
+	case s.SkewRefused || s.Authoritative:
+		// AWS refused our time, or wrote its own: what we kept is wrong.
 		e.kept = []interval{n}
-	case e.odd != nil && agree([]interval{*e.odd, n}, n.at):
-		// Two in a row agree with each other and not with the rest: a
-		// clock stepped.
+	case e.odd != nil && agree([]interval{*e.odd, n}, n.at) && e.withinProof([]interval{*e.odd, n}, n.at):
+		// Two in a row agree with each other and not with the rest, and
+		// with what AWS last accepted: a clock stepped.
 		e.kept = []interval{*e.odd, n}
 	default:
 		e.odd = &n
 		e.refused.Add(1)
-		cur := e.Current()
-		if ahead := n.hi - cur.Offset; n.lo > cur.Offset+cur.Error && ahead > cur.Ahead {
+		cur := old
+		ahead := n.hi - cur.Offset
+		if e.proof != nil {
+			ahead = min(ahead, e.proof.widened(n.at).hi-cur.Offset)
+		}
+		if n.lo > cur.Offset+cur.Error && ahead > cur.Ahead {
 			// AWS may have stepped ahead: until a second answer says,
 			// allow for it where being late matters.
 			cur.Ahead = min(ahead, MaxAhead)
 			e.cur.Store(&cur)
 		}
-		return cur, false
+		return old, cur, false
 	}
 	e.odd = nil
-	old := e.Current()
+	e.prior = e.prior && len(e.kept) == 1 && e.kept[0].at.Before(n.at)
 	est := estimate(e.kept)
+	est.Prior = e.prior
 	e.cur.Store(&est)
-	return est, est.Offset != old.Offset || !old.Measured()
+	return old, est, est.Offset != old.Offset || !old.Measured()
+}
+
+// withinProof reports whether the intervals agree with the bound the
+// newest accepted signature set (none: they do).
+func (e *Estimator) withinProof(ivs []interval, now time.Time) bool {
+	return e.proof == nil || agree(append(ivs[:len(ivs):len(ivs)], *e.proof), now)
 }
 
 // agree reports whether the intervals, widened to now, have an offset in

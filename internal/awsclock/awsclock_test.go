@@ -228,3 +228,105 @@ func TestEstimator_OddAheadIsAllowedFor(t *testing.T) {
 		t.Fatalf("odd answer 3 h ahead: Ahead %s, want the bound %s", est.Ahead, MaxAhead)
 	}
 }
+
+// A stored estimate seeded after a restart is a prior one answer cannot
+// overturn: an answer an hour off is held as odd; a second agreeing with
+// it is a step (the clock did move).
+func TestEstimator_SeededPriorHoldsAgainstOneAnswer(t *testing.T) {
+	var e Estimator
+	if !e.Seed(Estimate{Offset: 90 * time.Second, Error: 300 * time.Millisecond, Samples: 3, At: t0}, t0.Add(time.Minute)) {
+		t.Fatal("Seed on an empty estimator did nothing")
+	}
+	if cur := e.Current(); cur.Offset != 90*time.Second || !cur.Prior || cur.Error < 300*time.Millisecond {
+		t.Fatalf("seeded: %+v, want 90s as a prior", cur)
+	}
+	now := t0.Add(2 * time.Minute)
+	est, changed := e.Add(answer(now, 20*time.Millisecond, -time.Hour, 0.5))
+	if changed || est.Offset != 90*time.Second {
+		t.Fatalf("one answer an hour slow after a restart: %+v changed=%v, want the prior kept", est, changed)
+	}
+	// An answer agreeing with the prior confirms it.
+	if est, _ = e.Add(answer(now.Add(time.Second), 20*time.Millisecond, 90*time.Second, 0.5)); est.Prior || est.Samples != 2 {
+		t.Fatalf("after an agreeing answer: %+v, want measured from 2", est)
+	}
+}
+
+// A successful signed call proves the offset within SigningTolerance of
+// the one it was signed with: answers dated 3 h off cannot step the
+// estimate (a wrong clock in front of the endpoint), and a signed answer
+// whose Date contradicts its signature is not AWS's. Only AWS refusing the
+// signature's time moves it that far.
+func TestEstimator_StepBoundedByAcceptedSignature(t *testing.T) {
+	var e Estimator
+	ok := answer(t0, 20*time.Millisecond, 0, 0.5)
+	ok.Accepted = true
+	e.Add(ok)
+	now := t0
+	for i := 0; i < 3; i++ {
+		now = now.Add(time.Second)
+		if est, changed := e.Add(answer(now, 20*time.Millisecond, 3*time.Hour, 0.5)); changed || est.Offset != 0 {
+			t.Fatalf("answer %d dated 3 h ahead (unsigned, failed): %+v changed=%v, want no step past the signature's bound", i, est, changed)
+		}
+	}
+	if a := e.Current().Ahead; a > SigningTolerance+2*Resolution {
+		t.Fatalf("ahead allowed for %s, beyond what the accepted signature allows", a)
+	}
+	signed := answer(now.Add(time.Second), 20*time.Millisecond, 6*time.Hour, 0.5)
+	signed.Accepted = true
+	if est, changed := e.Add(signed); changed || e.NotAWS() != 1 || est.Offset != 0 {
+		t.Fatalf("accepted signature with a Date 6 h off: %+v changed=%v notAWS=%d, want ignored as not AWS's", est, changed, e.NotAWS())
+	}
+	// A step within the bound still happens on two agreeing answers.
+	e.Add(answer(now.Add(2*time.Second), 20*time.Millisecond, 2*time.Minute, 0.5))
+	if est, changed := e.Add(answer(now.Add(3*time.Second), 20*time.Millisecond, 2*time.Minute, 0.5)); !changed || est.Offset < 119*time.Second {
+		t.Fatalf("a 2-minute step within the bound: %+v changed=%v", est, changed)
+	}
+	refused := answer(now.Add(4*time.Second), 20*time.Millisecond, 3*time.Hour, 0.5)
+	refused.SkewRefused = true
+	if est, changed := e.Add(refused); !changed || est.Offset < 3*time.Hour-time.Second {
+		t.Fatalf("AWS refusing the signing time, 3 h off: %+v changed=%v, want adopted", est, changed)
+	}
+}
+
+// Of concurrent answers around a step, exactly one sees the estimate
+// before the step: the step is applied (and the plans moved) once.
+func TestEstimator_ObserveSeesAStepOnce(t *testing.T) {
+	for run := 0; run < 50; run++ {
+		var e Estimator
+		e.Add(answer(t0, 10*time.Millisecond, 0, 0.5))
+		e.Add(answer(t0.Add(time.Second), 10*time.Millisecond, 90*time.Second, 0.5)) // odd
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		steps := 0
+		start := make(chan struct{})
+		for i := 0; i < 32; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				before, after, _ := e.Observe(answer(t0.Add(2*time.Second), 10*time.Millisecond, 90*time.Second, 0.5))
+				if d := after.Offset - before.Offset; d > time.Second {
+					mu.Lock()
+					steps++
+					mu.Unlock()
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if steps != 1 {
+			t.Fatalf("run %d: %d answers saw the step, want 1", run, steps)
+		}
+	}
+}
+
+// The error widens with the time since the newest sample (driftPPM).
+func TestEstimate_ErrorWidensWithElapsedTime(t *testing.T) {
+	e := Estimate{Offset: time.Second, Error: 200 * time.Millisecond, Samples: 3, At: t0}
+	if got := e.ErrorAt(t0.Add(time.Hour)); got != 200*time.Millisecond+1800*time.Millisecond {
+		t.Fatalf("an hour later: error %s, want 2s at 500 ppm", got)
+	}
+	if got := e.ErrorAt(t0.Add(-time.Hour)); got != 200*time.Millisecond {
+		t.Fatalf("before the sample: error %s, want the sample's", got)
+	}
+}

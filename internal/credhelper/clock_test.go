@@ -121,3 +121,32 @@ func TestSkew_MalformedExpiresIn(t *testing.T) {
 		}
 	}
 }
+
+// TestSkew_ExpirationFromTheRequestsSend: expires_in is counted from an
+// instant of the exchange; on a 400 ms trip the expiry is dated from the
+// request's send, never from the answer's arrival (400 ms late).
+func TestSkew_ExpirationFromTheRequestsSend(t *testing.T) {
+	clk := clocktest.NewFake(t0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The plugin judged 10 s left as the request arrived; the answer
+		// takes 400 ms back.
+		clk.Advance(400 * time.Millisecond)
+		data := map[string]any{"access_key": "AK", "secret_key": "s", "security_token": "t",
+			"expiration": t0.Add(10 * time.Second).UTC().Format(time.RFC3339), "expires_in": int64(10)}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"data": data})
+	}))
+	t.Cleanup(srv.Close)
+	client, err := api.NewClient(&api.Config{Address: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reader{Client: client, Mount: "aws-resilient", Role: "app", Clock: clk}
+	cr, err := r.Read(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := t0.Add(10 * time.Second); !cr.Expiration.Equal(want) {
+		t.Fatalf("Expiration %s, want the send's time + expires_in = %s", cr.Expiration, want)
+	}
+}

@@ -34,9 +34,9 @@ type Credential struct {
 	SecretAccessKey string
 	SessionToken    string
 	// Expiration is when the credential expires on this host's clock:
-	// the host's time when the plugin's answer arrived plus its
-	// expires_in, the seconds the credential had left by AWS's clock
-	// (rounded down, which covers the answer's trip from Vault). Every
+	// the host's time when the request to the plugin was sent plus its
+	// expires_in, the seconds the credential had left by AWS's clock at
+	// some instant of the exchange (so never late, however long the trip). Every
 	// decision here (serve, read again) and the Expiration handed to the
 	// SDKs, which compare it with this host's clock, use it: this host's
 	// clock may be minutes off AWS's, and the plugin judges by AWS's.
@@ -168,15 +168,17 @@ func (r *Reader) Read(ctx context.Context) (Credential, error) {
 	} else {
 		c.SetToken(tok)
 	}
+	// expires_in is counted from some instant of the exchange: from its
+	// start the credential's end is never late, however long the trip.
+	sent := r.now()
 	sec, err := c.Logical().ReadWithContext(ctx, r.Path())
-	received := r.now()
 	if err != nil {
 		return Credential{}, r.explain(err, from)
 	}
 	if sec == nil {
 		return Credential{}, &Error{Kind: KindNotFound, Msg: fmt.Sprintf("%s at %s: not found: check that the plugin is mounted at %q (vault secrets list) and the role %q exists (vault list %s/roles)", r.Path(), c.Address(), r.Mount, r.Role, r.Mount)}
 	}
-	return credentialOf(sec, r.Path(), received)
+	return credentialOf(sec, r.Path(), sent)
 }
 
 // ClockNote says, for a log line, how far AWS's clock is from this host's
@@ -208,10 +210,10 @@ func (r *Reader) now() time.Time {
 	return r.Clock.Now()
 }
 
-// credentialOf checks the answer, which arrived at received (this host's
+// credentialOf checks the answer, to a request sent at sent (this host's
 // clock), has every part of a credential, and puts its expiry on this
 // host's clock (Credential.Expiration).
-func credentialOf(sec *api.Secret, path string, received time.Time) (Credential, error) {
+func credentialOf(sec *api.Secret, path string, sent time.Time) (Credential, error) {
 	str := func(k string) string { s, _ := sec.Data[k].(string); return s }
 	cr := Credential{AccessKeyID: str("access_key"), SecretAccessKey: str("secret_key"), SessionToken: str("security_token")}
 	var missing []string
@@ -233,7 +235,7 @@ func credentialOf(sec *api.Secret, path string, received time.Time) (Credential,
 		if err != nil || n < 0 {
 			return Credential{}, &Error{Kind: KindMalformed, Msg: fmt.Sprintf("%s answered an expires_in that is not a whole number of seconds: %v", path, v)}
 		}
-		cr.Expiration = received.Add(time.Duration(n) * time.Second)
+		cr.Expiration = sent.Add(time.Duration(n) * time.Second)
 	}
 	cr.Leased = sec.LeaseID != ""
 	if ttl, ok := sec.Data["ttl"]; ok {

@@ -167,6 +167,8 @@ type Config struct {
 // Emulator is an STS and IAM endpoint. It is an http.Handler; Start also
 // serves it on a loopback port. All methods are safe for concurrent use.
 type Emulator struct {
+	// probes counts the bare unsigned GETs answered (Probes).
+	probes atomic.Int64
 	// Immutable after New.
 	account   string
 	partition Partition
@@ -426,6 +428,10 @@ type settings struct {
 // quoted 15 minutes; Config.SkewTolerance plays either.)
 const DefaultSkewTolerance = 5 * time.Minute
 
+// Probes counts the bare unsigned GETs the emulator answered (a client's
+// probe of its clock's Date), which are not calls.
+func (e *Emulator) Probes() int64 { return e.probes.Load() }
+
 // SetClockOffset moves the emulator's clock to Now() + d, from the next call
 // on: credentials issued after it expire by the moved clock, answers are
 // dated by it and signatures are checked against it. Credentials issued
@@ -464,6 +470,19 @@ type reply struct {
 }
 
 func (e *Emulator) serveAPI(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.RawQuery == "" && r.Header.Get("Authorization") == "" {
+		// A bare unsigned GET calls no action: STS answers it without a
+		// credential, throttling or quota, and clients send one for the
+		// Date of the answer (a clock probe). It is no call (Calls, Stats)
+		// and counted apart (Probes).
+		e.probes.Add(1)
+		rep := stsAPI.errorReply(newRequestID(), apiErr(http.StatusBadRequest, "MissingAction", "Missing Action"))
+		w.Header().Set("Content-Type", "text/xml")
+		w.Header().Set("Date", e.signNow().UTC().Format(http.TimeFormat))
+		w.WriteHeader(rep.status)
+		_, _ = w.Write(rep.body)
+		return
+	}
 	started := time.Now() // real time: the logged latency is what the client saw
 	now := e.now()
 	reqID := newRequestID()
