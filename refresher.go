@@ -752,7 +752,9 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 			// A source role's failure is the source's to retry, on its own
 			// schedule; the target's next cycle must still come before the
 			// credential it serves expires, to find the source recovered
-			// (asking costs no STS call while it has not), so it counts as
+			// (asking costs no STS call while it has not: a target waits
+			// on the source's own schedule, flights.source, after a
+			// retryable failure as after a final one), so it counts as
 			// retryable here whatever it was for the source (AccessDenied).
 			retryable := j.lastErr.Retryable || j.lastErr.Code == codeSourceFailed
 			st.NextRefresh = nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: retryable})
