@@ -35,6 +35,14 @@ const (
 	// could not be signed: its source role failed, is missing or is
 	// refreshing. The message names the source and its error.
 	codeSourceFailed = "SourceRoleFailed"
+	// codeSourceRing is the error code of a chained role's attempt whose
+	// chain runs in a ring of source_roles: the write-time checks forbid
+	// one, but storage can hold one all the same (two nodes that both
+	// believed they were active, a sys/raw edit, a restore). No attempt of
+	// a role on the ring, or below it, can succeed until a role write
+	// breaks it: it fails at once, naming the ring, instead of waiting on
+	// a source that waits on it.
+	codeSourceRing = "SourceRoleCycle"
 )
 
 // chains owns the mount's chain topology: which role each chained role's
@@ -367,12 +375,41 @@ func (c *chains) written(ctx context.Context, h topoHold, name string, old, role
 	c.mu.Lock()
 	c.linkLocked(name, src)
 	targets := c.targetsLocked(name)
+	below := c.belowLocked(name)
 	c.mu.Unlock()
 	if old != nil && role != nil && old.equal(role) {
 		return
 	}
 	c.clients.dropSource(name)
 	c.replan(targets)
+	// Every role below name may call at once on its next attempt: the
+	// chain above it changed, which may have fixed its last failure (a
+	// ring broken, a source created again).
+	for _, t := range below {
+		for _, key := range append(c.state.entityKeys(t), roleKey(t)) {
+			c.rf.flights.sourceChanged(key)
+		}
+	}
+}
+
+// belowLocked returns the roles below name in its chains (its targets,
+// theirs, and so on), name excepted even on a ring; mu held.
+func (c *chains) belowLocked(name string) []string {
+	seen := map[string]bool{name: true}
+	var out []string
+	next := []string{name}
+	for len(next) > 0 {
+		cur := next[0]
+		next = next[1:]
+		for _, t := range c.targetsLocked(cur) {
+			if !seen[t] {
+				seen[t] = true
+				out = append(out, t)
+				next = append(next, t)
+			}
+		}
+	}
+	return out
 }
 
 // failed records that a write or delete of name failed part-way: storage
@@ -499,16 +536,84 @@ func (ep *stsEndpoint) unfit(now time.Time, fraction float64) *refreshError {
 		ep.source.role, ep.source.cred.Expiration.UTC().Format(time.RFC3339))}
 }
 
-// endpointsFor returns the STS endpoints an attempt for role calls: config/
-// root's, or for a chained role clients signing with its source's cached
-// credential, once fit to sign (sourceCredential).
-func (rf *refresher) endpointsFor(ctx context.Context, role *roleEntry) ([]*stsEndpoint, func(), *refreshError) {
+// ringAbove returns the ring of source_roles that the chain above the
+// role name (defined as role) runs into, as the mirror (or storage) holds
+// it now, from the role where it closes back down to that role (each
+// signs the next); nil when there is none. The chain is walked up to its
+// first hop, or to a source that does not exist.
+func (c *chains) ringAbove(ctx context.Context, s logical.Storage, name string, role *roleEntry) ([]string, error) {
+	up := []string{name}
+	for cur := role.SourceRole; cur != ""; {
+		for i, n := range up {
+			if n != cur {
+				continue
+			}
+			// up[i] is the source of up[i-1]: the ring, written from
+			// the role that closes it down through its targets.
+			ring := []string{cur}
+			for j := len(up) - 1; j >= i; j-- {
+				ring = append(ring, up[j])
+			}
+			return ring, nil
+		}
+		rs, err := c.state.current(ctx, s, roleKey(cur))
+		if err != nil {
+			return nil, err
+		}
+		if rs == nil {
+			return nil, nil
+		}
+		up = append(up, cur)
+		cur = rs.role.SourceRole
+	}
+	return nil, nil
+}
+
+// ringFailed is the error of an attempt for the role name whose chain runs
+// into ring (ringAbove).
+func ringFailed(name string, ring []string) *refreshError {
+	where := fmt.Sprintf("role %q is on a ring of source_roles", name)
+	if !contains(ring, name) {
+		where = fmt.Sprintf("the chain above role %q runs into a ring of source_roles", name)
+	}
+	return &refreshError{Code: codeSourceRing, Retryable: false, Message: fmt.Sprintf(
+		"%s: %s, which storage holds although role writes refuse it (two nodes that both believed they were active, "+
+			"a sys/raw edit, a restore); no role of the ring can be signed until a write of one of %s breaks it",
+		where, chainText(ring), namesList(uniqueSorted(ring)))}
+}
+
+// uniqueSorted returns the distinct names, sorted.
+func uniqueSorted(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// endpointsFor returns the STS endpoints an attempt for the role name
+// (defined as role) calls: config/root's, or for a chained role clients
+// signing with its source's cached credential, once fit to sign
+// (sourceCredential). A chain that runs in a ring fails at once, naming
+// it (ringAbove): asking the source would wait on a cycle that waits on
+// this one.
+func (rf *refresher) endpointsFor(ctx context.Context, name string, role *roleEntry) ([]*stsEndpoint, func(), *refreshError) {
 	if role.SourceRole == "" {
 		eps, release, err := rf.clients.acquire(ctx)
 		if err != nil {
 			return nil, nil, classify(err, "")
 		}
 		return eps, release, nil
+	}
+	ring, err := rf.state.chains.ringAbove(ctx, rf.storage(), name, role)
+	if err != nil {
+		return nil, nil, &refreshError{Code: "StorageError", Message: fmt.Sprintf("reading the chain above role %q failed", name), Retryable: true, cause: err}
+	}
+	if ring != nil {
+		return nil, nil, ringFailed(name, ring)
 	}
 	cred, rerr := rf.sourceCredential(ctx, role.SourceRole)
 	if rerr != nil {

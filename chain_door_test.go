@@ -1,9 +1,13 @@
 package awsresilient
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
@@ -63,4 +67,52 @@ func TestChainRetryableHubOutageNotAmplified(t *testing.T) {
 	if withFailed != aloneFailed {
 		t.Fatalf("the hub counts %v failed cycles with 40 targets, %v alone: its alerts count its targets' activity", withFailed, aloneFailed)
 	}
+}
+
+// ringInStorage makes roles/a's source_role b in storage behind the
+// write-time checks, as two active nodes, a sys/raw edit or a restore
+// can, and tells the backend (Invalidate).
+func ringInStorage(t *testing.T, f *fixture, a, b string) {
+	t.Helper()
+	ctx := context.Background()
+	role, err := getRole(ctx, f.s, a)
+	if err != nil || role == nil {
+		t.Fatalf("roles/%s: %v %v", a, role, err)
+	}
+	role.SourceRole = b
+	if err := putRole(ctx, f.s, a, role); err != nil {
+		t.Fatal(err)
+	}
+	f.b.InvalidateKey(ctx, rolePrefix+a)
+}
+
+// TestChainRingInStorageFailsAndRecovers: a ring of source_roles that
+// storage holds does not freeze its roles: a read of either answers at
+// once with an error naming the ring, without an STS call, status shows
+// it, and writing source_role="" on one role breaks it: both serve again.
+func TestChainRingInStorageFailsAndRecovers(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("a", "", nil)
+	f.writeChain("b", "a", nil)
+	f.writeChain("c", "b", nil)
+	ringInStorage(t, f, "a", "b")
+	f.emu.ResetStats()
+	for name, ring := range map[string]string{"a": "a -> b -> a", "b": "b -> a -> b", "c": "b -> a -> b"} {
+		resp, err := f.readCreds(name)
+		wantBadRequest(t, resp, err, "SourceRoleCycle", ring, "break it with a role write")
+		st := f.status(name)
+		if le, _ := st["last_error"].(string); !strings.Contains(le, "SourceRoleCycle") || st["state"] == stateRefreshing {
+			t.Fatalf("status/%s with a ring in storage: state %v last_error %q", name, st["state"], le)
+		}
+	}
+	if n := len(f.emu.Calls()); n != 0 {
+		t.Fatalf("%d STS calls for roles on a ring: %+v", n, f.emu.Calls())
+	}
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "roles/a", map[string]interface{}{"source_role": ""})
+	for _, name := range []string{"c", "b", "a"} {
+		if resp, err := f.readCreds(name); err != nil || resp.IsError() {
+			t.Fatalf("creds/%s after the ring was broken: %v %v", name, err, respErr(resp))
+		}
+	}
+	f.settle()
 }

@@ -509,6 +509,16 @@ func (fs *flights) forcedLocked(key credKey) {
 	}
 }
 
+// sourceChanged lets the next attempt for key go at once, as forced
+// does: the definition of its source role changed (chains.replan), a
+// definition change, which the budget leaves out. The failure stays for
+// status.
+func (fs *flights) sourceChanged(key credKey) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.forcedLocked(key)
+}
+
 // failing reports whether key's last attempt for generation gen failed
 // (and no success came since): a cycle for a key with nothing valid cached
 // and a failing record calls STS at best effort (ratelimit.BestEffort). A

@@ -858,7 +858,7 @@ type attemptResult struct {
 func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
 	// config/root's clients, or a chained role's, signing with its source
 	// role's cached credential once that is fit to sign (chain.go).
-	eps, release, rerr := rf.endpointsFor(ctx, role)
+	eps, release, rerr := rf.endpointsFor(ctx, key.role(), role)
 	if rerr != nil {
 		return attemptResult{err: rerr}
 	}
