@@ -116,3 +116,50 @@ func TestChainRingInStorageFailsAndRecovers(t *testing.T) {
 	}
 	f.settle()
 }
+
+// TestChainTargetServedWhileHubCredentialValid: with the hub alone
+// failing (denied, STS healthy), a target due while the hub's credential
+// is inside its refresh margin asks for the hub's refresh first and, once
+// that failed, signs with the hub's credential still valid: it stays
+// served about an hour after the hub's failure began, not only until its
+// own credential of before expires.
+func TestChainTargetServedWhileHubCredentialValid(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("app", "hub", nil)
+	f.mustReadCreds("app")
+	hub0, app0 := cached(t, f.s, "hub"), cached(t, f.s, "app")
+	hubPlan, _ := f.b.refresher.plannedAt(roleKey("hub"))
+	f.emu.SetDeny([]string{"hub"})
+	f.emu.ResetStats()
+	// Past the expiry of app's credential of before the denial.
+	end := app0.expiry().Add(time.Minute)
+	f.advanceTo(hubPlan)
+	for {
+		at, ok := f.clock.Next()
+		if !ok || at.After(end) {
+			break
+		}
+		f.advanceTo(at)
+	}
+	f.clock.AdvanceTo(end)
+	app := cached(t, f.s, "app")
+	if app == nil || app.AccessKey == app0.AccessKey {
+		t.Fatalf("app was not refreshed while the hub's credential was still valid (hub expired %s)", hub0.Expiration.UTC())
+	}
+	if got := issuing(t, f.emu, app.AccessKey).AccessKeyID; got != hub0.AccessKey {
+		t.Fatalf("app's new credential was signed by %s, want the hub's last credential %s", got, hub0.AccessKey)
+	}
+	if !app.expiry().After(hub0.expiry().Add(30 * time.Minute)) {
+		t.Fatalf("app's new credential expires %s, the hub's %s: want it served well past the hub's", app.Expiration.UTC(), hub0.Expiration.UTC())
+	}
+	if resp, err := f.readCreds("app"); err != nil || resp.IsError() || resp.Data["access_key"] != app.AccessKey {
+		t.Fatalf("creds/app %s after the hub's credential expired: %v %v", f.clock.Now().UTC(), err, respErr(resp))
+	}
+	// Never signed with a hub credential past its expiry.
+	for _, c := range f.emu.Calls() {
+		if c.RoleArn == chainARN("app") && c.AccessKeyID == hub0.AccessKey && !c.Time.Before(hub0.Expiration) {
+			t.Fatalf("app's call at %s was signed by the hub's credential expired at %s", c.Time, hub0.Expiration)
+		}
+	}
+}

@@ -857,8 +857,9 @@ type attemptResult struct {
 // that slot, and its new end is returned (movedEnd).
 func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
 	// config/root's clients, or a chained role's, signing with its source
-	// role's cached credential once that is fit to sign (chain.go).
-	eps, release, rerr := rf.endpointsFor(ctx, key.role(), role)
+	// role's cached credential (chain.go), checked again once the slot
+	// has come (sourceNow).
+	eps, release, src, rerr := rf.endpointsFor(ctx, key.role(), role)
 	if rerr != nil {
 		return attemptResult{err: rerr}
 	}
@@ -888,9 +889,9 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 			}
 			return out
 		}
-		if rerr := ep.unfit(rf.clock.Now(), rf.settings.policy().RefreshFraction); rerr != nil {
-			// Its slot came after its source's credential fell due: the
-			// call is not signed with it.
+		if rerr := rf.sourceNow(ctx, src); rerr != nil {
+			// Its slot came after its source was deleted, re-pointed or
+			// its credential expired: the call is not signed with it.
 			out.err = rerr
 			return out
 		}
