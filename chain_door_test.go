@@ -163,3 +163,74 @@ func TestChainTargetServedWhileHubCredentialValid(t *testing.T) {
 		}
 	}
 }
+
+// TestChainHubChangedDuringSlotWait: an attempt of a target that took
+// the hub's credential and waits for its sts_rate_limit slot checks the
+// hub again once the slot has come: re-pointed meanwhile (a new role_arn),
+// the call is not signed with the old hub, and the target's next attempt
+// signs with the hub as it now is; force-deleted meanwhile, the attempt
+// fails naming the deleted hub, which status shows, and nothing is
+// signed with the old hub after the delete.
+func TestChainHubChangedDuringSlotWait(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(f *fixture)
+	}{
+		{"repointed", func(f *fixture) {
+			mustDo(f.t, f.b, f.s, logical.UpdateOperation, "roles/hub", map[string]interface{}{"role_arn": chainARN("hub2")})
+		}},
+		{"force-deleted", func(f *fixture) {
+			mustDo(f.t, f.b, f.s, logical.DeleteOperation, "roles/hub", map[string]interface{}{"force": true})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour, refresh: map[string]interface{}{"sts_rate_limit": 1, "sts_burst": 1}})
+			f.writeChain("hub", "", nil)
+			f.writeChain("app", "hub", nil)
+			app0 := f.mustReadCreds("app").Data["access_key"]
+			hub0 := cached(t, f.s, "hub")
+			f.emu.ResetStats()
+			// The next three slots are someone else's: app's attempt
+			// waits for the fourth, inside its block.
+			now := f.clock.Now()
+			for i := 0; i < 3; i++ {
+				if _, ok := f.b.refresher.limiter.Reserve(now, now.Add(4*time.Second)); !ok {
+					t.Fatal("set-up: no slot to hold")
+				}
+			}
+			p := f.start(logical.UpdateOperation, "refresh/app")
+			waitFor(t, "app's attempt waiting for its slot", func() bool {
+				at, ok := f.clock.NextSleeper()
+				return ok && at.After(now)
+			})
+			tc.change(f)
+			f.await(p)
+			f.settle()
+			for _, c := range f.emu.Calls() {
+				if c.RoleArn == chainARN("app") && c.AccessKeyID == hub0.AccessKey {
+					t.Fatalf("app's call at %s was signed by the hub's credential of before the change (%s)", c.Time, tc.name)
+				}
+			}
+			st := f.status("app")
+			if tc.name == "force-deleted" {
+				if le, _ := st["last_error"].(string); !strings.Contains(le, `source role "hub"`) || !strings.Contains(le, "deleted") {
+					t.Fatalf("status/app after its hub was deleted under its attempt: last_error %q", le)
+				}
+				if got := cached(t, f.s, "app"); got == nil || got.AccessKey != app0 {
+					t.Fatalf("app's cached credential changed after its hub was deleted: %v", got)
+				}
+				return
+			}
+			hub1, app1 := cached(t, f.s, "hub"), cached(t, f.s, "app")
+			if hub1 == nil || app1 == nil || app1.AccessKey == app0 {
+				t.Fatalf("app was not refreshed through its re-pointed hub: hub %v app %v", hub1, app1)
+			}
+			if c := issuing(t, f.emu, hub1.AccessKey); c.RoleArn != chainARN("hub2") {
+				t.Fatalf("the hub's credential is for %s, want the new role_arn", c.RoleArn)
+			}
+			if got := issuing(t, f.emu, app1.AccessKey).AccessKeyID; got != hub1.AccessKey {
+				t.Fatalf("app's credential was signed by %s, want the re-pointed hub's %s", got, hub1.AccessKey)
+			}
+		})
+	}
+}
