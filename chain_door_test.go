@@ -234,3 +234,16 @@ func TestChainHubChangedDuringSlotWait(t *testing.T) {
 		})
 	}
 }
+
+// TestChainSourceRoleNameRule: a source_role that no role can be named
+// (the role-name rule; ".." which Vault's storage refuses in a key) is a
+// 400 that names the rule, before any storage read of it.
+func TestChainSourceRoleNameRule(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	for _, src := range []string{"..", "a..b", "../hub", "bad name", "hub/x", "-hub", "hub."} {
+		resp, err := do(t, f.b, f.s, logical.UpdateOperation, "roles/app", map[string]interface{}{"role_arn": chainARN("app"), "source_role": src})
+		wantBadRequest(t, resp, err, "is not a valid role name", "a role name is")
+	}
+	f.writeChain("app", "hub", nil)
+}
