@@ -684,7 +684,7 @@ func (rf *refresher) sourceCredential(ctx context.Context, name string) (*source
 	fit := func(c *cacheEntry, now time.Time) bool { return sourceFit(c, now, fraction) }
 	t := rf.flights.source(roleKey(name), rf.clock.Now, fit)
 	if t.failed != nil {
-		return rf.lastResort(name, gen, sourceFailed(name, t.failed.err.Error(), t.failed.err.Retryable))
+		return rf.lastResort(name, gen, sourceErr(name, t.failed.err))
 	}
 	var try <-chan struct{}
 	var passed <-chan struct{}
@@ -694,7 +694,7 @@ func (rf *refresher) sourceCredential(ctx context.Context, name string) (*source
 	select {
 	case <-t.f.done:
 	case <-try:
-		return rf.lastResort(name, gen, sourceFailed(name, t.try.fail.err.Error(), t.try.fail.err.Retryable))
+		return rf.lastResort(name, gen, sourceErr(name, t.try.fail.err))
 	case <-passed:
 		return rf.lastResort(name, gen, &refreshError{Code: codeRateLimited, Retryable: true, Message: fmt.Sprintf(
 			"source role %q: its refresh got no STS call slot before the end of its retry block (sts_rate_limit)", name)})
@@ -712,8 +712,7 @@ func (rf *refresher) sourceCredential(ctx context.Context, name string) (*source
 	case errors.Is(res.err, errRoleChanged):
 		return nil, sourceFailed(name, "it changed during its refresh", true)
 	}
-	rerr := classify(res.err, "")
-	return rf.lastResort(name, gen, sourceFailed(name, rerr.Error(), rerr.Retryable))
+	return rf.lastResort(name, gen, sourceErr(name, classify(res.err, "")))
 }
 
 // lastResort is the source credential a target's attempt signs with once
@@ -735,6 +734,16 @@ func (rf *refresher) lastResort(name string, gen uint64, rerr *refreshError) (*s
 			"expiration", rs.cred.Expiration.UTC().Format(time.RFC3339), "error", rerr.Message)
 	}
 	return use, nil
+}
+
+// sourceErr is a chained role's attempt that failed because its source
+// role's refresh failed with rerr. It names the source and the code of its
+// error, not its message, which may name config/root's IAM user and the
+// source's role_arn: the target's status, log and readers see this error,
+// and a token allowed to read the target's status need not be allowed the
+// source's; status/<source> shows the whole error.
+func sourceErr(name string, rerr *refreshError) *refreshError {
+	return sourceFailed(name, fmt.Sprintf("%s (status/%s shows its error)", rerr.Code, name), rerr.Retryable)
 }
 
 // sourceFailed is a chained role's attempt that its source role failed.

@@ -247,3 +247,41 @@ func TestChainSourceRoleNameRule(t *testing.T) {
 	}
 	f.writeChain("app", "hub", nil)
 }
+
+// TestChainTargetStatusKeepsTheHubsError: status/<target> names each hop
+// above it, its state and the code of its error, with where its whole
+// error is (status/<hop>), but not that error: it names config/root's
+// IAM user and the hub's role_arn, which a token allowed the target's
+// status need not be allowed. The target's own last_error, and its
+// readers' 503, likewise name the hub and its code only.
+func TestChainTargetStatusKeepsTheHubsError(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", map[string]interface{}{"ttl": 1800})
+	f.writeChain("app", "hub", nil)
+	f.mustReadCreds("app")
+	appPlan, _ := f.b.refresher.plannedAt(roleKey("app"))
+	f.emu.SetDeny([]string{"hub"})
+	f.advanceTo(appPlan)
+	secret := []string{chainARN("hub"), stsemu.DefaultIAMUser}
+	hubErr, _ := f.status("hub")["last_error"].(string)
+	for _, s := range secret {
+		if !strings.Contains(hubErr, s) {
+			t.Fatalf("set-up: status/hub last_error %q does not name %s", hubErr, s)
+		}
+	}
+	st := f.status("app")
+	text := fmt.Sprint(st)
+	for _, s := range secret {
+		if strings.Contains(text, s) {
+			t.Fatalf("status/app shows %s, from the hub's error: %s", s, text)
+		}
+	}
+	hop := st["chain"].([]interface{})[0].(map[string]interface{})
+	if hop["role"] != "hub" || hop["state"] == "" || hop["failed_cycles"] == 0 ||
+		hop["last_error"] != "AccessDenied (status/hub shows the whole error)" {
+		t.Fatalf("status/app's hop: %v", hop)
+	}
+	if le := st["last_error"].(string); !strings.Contains(le, `SourceRoleFailed: source role "hub": AccessDenied (status/hub shows its error)`) {
+		t.Fatalf("status/app last_error %q", le)
+	}
+}
