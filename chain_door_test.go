@@ -53,19 +53,26 @@ func hubOutage(t *testing.T, n int, fault stsemu.Fault, outage time.Duration) (h
 // schedule: over a 40-minute outage the hub is called as often with 40
 // targets as alone, and counts as many failed cycles, instead of once per
 // retry block for as long as any target cycles.
+// An AccessDenied hub (final) is not amplified either: its targets get
+// its failure at once until its next planned cycle (the source's read
+// budget).
 func TestChainRetryableHubOutageNotAmplified(t *testing.T) {
 	const outage = 40 * time.Minute
-	alone, aloneFailed, _ := hubOutage(t, 0, stsemu.FaultThrottling, outage)
-	with, withFailed, _ := hubOutage(t, 40, stsemu.FaultThrottling, outage)
-	t.Logf("hub calls over %v: %d alone, %d with 40 targets; failed_cycles %v alone, %v with", outage, alone, with, aloneFailed, withFailed)
-	if alone < 10 {
-		t.Fatalf("set-up: the hub alone was called %d times in %v, want a retrying outage", alone, outage)
-	}
-	if with > alone {
-		t.Fatalf("the hub was called %d times with 40 targets, %d alone: its targets multiply a failing hub's calls", with, alone)
-	}
-	if withFailed != aloneFailed {
-		t.Fatalf("the hub counts %v failed cycles with 40 targets, %v alone: its alerts count its targets' activity", withFailed, aloneFailed)
+	for _, fault := range []stsemu.Fault{stsemu.FaultThrottling, stsemu.FaultAccessDenied} {
+		t.Run(string(fault), func(t *testing.T) {
+			alone, aloneFailed, _ := hubOutage(t, 0, fault, outage)
+			with, withFailed, _ := hubOutage(t, 40, fault, outage)
+			t.Logf("hub calls over %v: %d alone, %d with 40 targets; failed_cycles %v alone, %v with", outage, alone, with, aloneFailed, withFailed)
+			if alone < 10 {
+				t.Fatalf("set-up: the hub alone was called %d times in %v, want a failing hub's cycles", alone, outage)
+			}
+			if with > alone {
+				t.Fatalf("the hub was called %d times with 40 targets, %d alone: its targets multiply a failing hub's calls", with, alone)
+			}
+			if withFailed != aloneFailed {
+				t.Fatalf("the hub counts %v failed cycles with 40 targets, %v alone: its alerts count its targets' activity", withFailed, aloneFailed)
+			}
+		})
 	}
 }
 
@@ -283,5 +290,70 @@ func TestChainTargetStatusKeepsTheHubsError(t *testing.T) {
 	}
 	if le := st["last_error"].(string); !strings.Contains(le, `SourceRoleFailed: source role "hub": AccessDenied (status/hub shows its error)`) {
 		t.Fatalf("status/app last_error %q", le)
+	}
+}
+
+// sourceSets returns the access keys of the source credentials that
+// stsClients holds signing clients for, by source role.
+func sourceSets(b *backend) map[string]string {
+	b.clients.mu.RLock()
+	defer b.clients.mu.RUnlock()
+	out := map[string]string{}
+	for name, set := range b.clients.sources {
+		out[name] = set.accessKey
+	}
+	return out
+}
+
+// TestChainHubClientsDropped: the clients signing with a hub's credential
+// (which hold its secret) are dropped when the hub is deleted or given a
+// new definition, not kept until the process ends.
+func TestChainHubClientsDropped(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		data map[string]interface{}
+		op   logical.Operation
+	}{
+		{"repointed", map[string]interface{}{"role_arn": chainARN("hub2")}, logical.UpdateOperation},
+		{"force-deleted", map[string]interface{}{"force": true}, logical.DeleteOperation},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+			f.writeChain("hub", "", nil)
+			f.writeChain("app", "hub", nil)
+			f.mustReadCreds("app")
+			hub0 := cached(t, f.s, "hub")
+			if got := sourceSets(f.b); len(got) != 1 || got["hub"] != hub0.AccessKey {
+				t.Fatalf("set-up: signing clients for %v, want the hub's", got)
+			}
+			mustDo(t, f.b, f.s, tc.op, "roles/hub", tc.data)
+			f.settle()
+			for name, key := range sourceSets(f.b) {
+				if key == hub0.AccessKey {
+					t.Fatalf("signing clients of %s with the hub's old credential kept after the hub was %s", name, tc.name)
+				}
+			}
+		})
+	}
+}
+
+// TestChainSourceRoleChangeDropsTargetCache: a target whose source_role
+// changes is a new definition: its cached credential, issued through the
+// old source, is not served again; the next read is issued through the
+// new source.
+func TestChainSourceRoleChangeDropsTargetCache(t *testing.T) {
+	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
+	f.writeChain("hub", "", nil)
+	f.writeChain("hub2", "", nil)
+	f.writeChain("app", "hub", nil)
+	old := f.mustReadCreds("app").Data["access_key"]
+	f.writeChain("app", "hub2", nil)
+	got := f.mustReadCreds("app").Data["access_key"].(string)
+	if got == old {
+		t.Fatalf("app served its credential issued through hub after its source_role became hub2")
+	}
+	hub2 := cached(t, f.s, "hub2")
+	if hub2 == nil || issuing(t, f.emu, got).AccessKeyID != hub2.AccessKey {
+		t.Fatalf("app's credential after the change was not signed by hub2's")
 	}
 }
