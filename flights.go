@@ -140,6 +140,11 @@ type lastFailure struct {
 	// attempt's block, or after a non-retryable error the key's next
 	// planned cycle. Readers get err at once until then.
 	until time.Time
+	// answerUntil is until as the failed call set it, before attempts that
+	// made no call (attemptRefused) moved until on: the end of the block
+	// of the key's last STS call. The one door's invariant (at most one
+	// call per key per block) is checked against it.
+	answerUntil time.Time
 	// next is, once the key's cycle ended on a retryable failure, when its
 	// next cycle is planned (the source's own schedule): a target asking
 	// for the key as its source (flights.source) gets err at once until
@@ -411,7 +416,7 @@ func (fs *flights) ticket(key credKey, now func() time.Time, usable func(*cacheE
 func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now, until time.Time) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fail := fs.rememberLocked(key, lastFailure{gen: f.gen, err: err, at: now, until: until})
+	fail := fs.rememberLocked(key, lastFailure{gen: f.gen, err: err, at: now, until: until, answerUntil: until})
 	t := f.try
 	f.try = newTry()
 	f.try.notBefore = until
@@ -471,7 +476,7 @@ func (fs *flights) landBudgetLocked(key credKey, f *flight, res cycleResult) {
 		}
 		return
 	}
-	fail := lastFailure{gen: f.gen, err: rerr, until: res.next}
+	fail := lastFailure{gen: f.gen, err: rerr, until: res.next, answerUntil: res.next}
 	if res.status != nil {
 		fail.at = res.status.LastAttempt
 	}
@@ -505,7 +510,7 @@ func (fs *flights) nextTry(f *flight) *tryOutcome {
 // operator says the cause is fixed); mu held. The failure stays for status.
 func (fs *flights) forcedLocked(key credKey) {
 	if lf := fs.last[key]; lf != nil {
-		lf.until, lf.next = time.Time{}, time.Time{}
+		lf.until, lf.answerUntil, lf.next = time.Time{}, time.Time{}, time.Time{}
 	}
 }
 
