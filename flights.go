@@ -515,9 +515,9 @@ func (fs *flights) forcedLocked(key credKey) {
 }
 
 // sourceChanged lets the next attempt for key go at once, as forced
-// does: the definition of its source role changed (chains.replan), a
-// definition change, which the budget leaves out. The failure stays for
-// status.
+// does: the definition of a role above it in its chain changed
+// (chains.written), a definition change, which the budget leaves out.
+// The failure stays for status.
 func (fs *flights) sourceChanged(key credKey) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
