@@ -357,3 +357,32 @@ func TestChainSourceRoleChangeDropsTargetCache(t *testing.T) {
 		t.Fatalf("app's credential after the change was not signed by hub2's")
 	}
 }
+
+// TestChainHubOutageThousandTargets is the bench row of a retryable hub
+// outage behind 1 000 targets, on the fake clock: the hub is called no
+// more often than alone (at most one call per retry block), and every
+// target still serves a valid credential at the end of the outage.
+func TestChainHubOutageThousandTargets(t *testing.T) {
+	const outage = 40 * time.Minute
+	alone, _, _ := hubOutage(t, 0, stsemu.FaultThrottling, outage)
+	start := time.Now()
+	with, _, f := hubOutage(t, 1000, stsemu.FaultThrottling, outage)
+	block := f.b.settings.policy().block()
+	blocks := float64(outage / block)
+	t.Logf("hub calls over %v (%0.f blocks of %v): %d alone, %d with 1 000 targets (%.3f per block); %v of real time",
+		outage, blocks, block, alone, with, float64(with)/blocks, time.Since(start).Round(time.Millisecond))
+	if with > alone {
+		t.Fatalf("the hub was called %d times with 1 000 targets, %d alone", with, alone)
+	}
+	dark := 0
+	now := f.clock.Now()
+	for i := 0; i < 1000; i++ {
+		c := cached(t, f.s, fmt.Sprintf("app%02d", i))
+		if c == nil || !c.validAt(now) {
+			dark++
+		}
+	}
+	if dark > 0 {
+		t.Fatalf("%d of 1 000 targets have no valid credential at the end of the hub's outage", dark)
+	}
+}
