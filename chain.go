@@ -35,6 +35,14 @@ const (
 	// could not be signed: its source role failed, is missing or is
 	// refreshing. The message names the source and its error.
 	codeSourceFailed = "SourceRoleFailed"
+	// codeSourceRing is the error code of a chained role's attempt whose
+	// chain runs in a ring of source_roles: the write-time checks forbid
+	// one, but storage can hold one all the same (two nodes that both
+	// believed they were active, a sys/raw edit, a restore). No attempt of
+	// a role on the ring, or below it, can succeed until a role write
+	// breaks it: it fails at once, naming the ring, instead of waiting on
+	// a source that waits on it.
+	codeSourceRing = "SourceRoleCycle"
 )
 
 // chains owns the mount's chain topology: which role each chained role's
@@ -367,12 +375,41 @@ func (c *chains) written(ctx context.Context, h topoHold, name string, old, role
 	c.mu.Lock()
 	c.linkLocked(name, src)
 	targets := c.targetsLocked(name)
+	below := c.belowLocked(name)
 	c.mu.Unlock()
 	if old != nil && role != nil && old.equal(role) {
 		return
 	}
 	c.clients.dropSource(name)
 	c.replan(targets)
+	// Every role below name may call at once on its next attempt: the
+	// chain above it changed, which may have fixed its last failure (a
+	// ring broken, a source created again).
+	for _, t := range below {
+		for _, key := range append(c.state.entityKeys(t), roleKey(t)) {
+			c.rf.flights.sourceChanged(key)
+		}
+	}
+}
+
+// belowLocked returns the roles below name in its chains (its targets,
+// theirs, and so on), name excepted even on a ring; mu held.
+func (c *chains) belowLocked(name string) []string {
+	seen := map[string]bool{name: true}
+	var out []string
+	next := []string{name}
+	for len(next) > 0 {
+		cur := next[0]
+		next = next[1:]
+		for _, t := range c.targetsLocked(cur) {
+			if !seen[t] {
+				seen[t] = true
+				out = append(out, t)
+				next = append(next, t)
+			}
+		}
+	}
+	return out
 }
 
 // failed records that a write or delete of name failed part-way: storage
@@ -479,57 +516,159 @@ type sourceSigner struct {
 }
 
 // sourceFit reports whether a source's credential may sign a target's
-// call at now: valid, and not yet due for its own refresh (more than
-// refresh_fraction of its lifetime left), so that no target's call is
-// signed by a credential about to expire or whose refresh is failing.
+// call at now without asking for the source's refresh first: valid, and
+// not yet due for its own refresh (more than refresh_fraction of its
+// lifetime left). A credential inside its margin is refreshed first
+// (sourceCredential); when that fails, any credential still valid signs
+// (sourceUse.signs).
 func sourceFit(c *cacheEntry, now time.Time, fraction float64) bool {
 	return c.validAt(now) && c.remaining(now) > c.refreshMargin(fraction)
 }
 
-// unfit says why ep may not make a call at now: it signs with a source
-// credential that is no longer fit (sourceFit), after the attempt waited
-// for its rate limiter slot. nil for config/root's clients, and for a fit
-// source.
-func (ep *stsEndpoint) unfit(now time.Time, fraction float64) *refreshError {
-	if ep.source == nil || sourceFit(ep.source.cred, now, fraction) {
-		return nil
-	}
-	return &refreshError{Code: codeSourceFailed, Retryable: true, Message: fmt.Sprintf(
-		"source role %q: its credential became due for refresh (expiring at %s) before this attempt's call; the next attempt asks for its refresh",
-		ep.source.role, ep.source.cred.Expiration.UTC().Format(time.RFC3339))}
+// sourceUse is the source credential an attempt of a chained role signs
+// with, and the source's generation when the attempt took it: once the
+// attempt's rate limiter slot has come, the source is checked again as it
+// now is (sourceNow).
+type sourceUse struct {
+	role string
+	gen  uint64
+	cred *cacheEntry
 }
 
-// endpointsFor returns the STS endpoints an attempt for role calls: config/
-// root's, or for a chained role clients signing with its source's cached
-// credential, once fit to sign (sourceCredential).
-func (rf *refresher) endpointsFor(ctx context.Context, role *roleEntry) ([]*stsEndpoint, func(), *refreshError) {
+// signs reports whether the source credential may still sign a call at
+// now: valid (validAt, as a served credential). A chained session's life
+// does not depend on its signer's remaining life, so a credential inside
+// its refresh margin signs once its refresh failed.
+func (u *sourceUse) signs(now time.Time) bool { return u.cred.validAt(now) }
+
+// sourceNow checks, once an attempt's rate limiter slot has come, the
+// source it holds against the source as it now is: deleted (force=true)
+// or given a new definition while the attempt waited (re-pointed), the
+// call is not signed with the old one, and the attempt fails naming it
+// (status shows it; the next attempt signs with the source as it now
+// is). A credential no longer valid does not sign either. nil for
+// config/root's clients (u nil), and for a source that still signs.
+func (rf *refresher) sourceNow(ctx context.Context, u *sourceUse) *refreshError {
+	if u == nil {
+		return nil
+	}
+	rs, err := rf.state.current(ctx, rf.storage(), roleKey(u.role))
+	switch {
+	case err != nil:
+		return &refreshError{Code: "StorageError", Message: fmt.Sprintf("reading source role %q failed", u.role), Retryable: true, cause: err}
+	case rs == nil:
+		return sourceFailed(u.role, "was deleted while this attempt waited for its STS call slot (force=true?): create it, or change this role's source_role", false)
+	case rs.gen != u.gen:
+		return sourceFailed(u.role, "its definition changed while this attempt waited for its STS call slot: the next attempt signs with the source as it now is", true)
+	case !u.signs(rf.clock.Now()):
+		return sourceFailed(u.role, fmt.Sprintf("its credential (expiring at %s) was no longer valid when this attempt's STS call slot came: "+
+			"the next attempt asks for its refresh", u.cred.Expiration.UTC().Format(time.RFC3339)), true)
+	}
+	return nil
+}
+
+// ringAbove returns the ring of source_roles that the chain above the
+// role name (defined as role) runs into, as the mirror (or storage) holds
+// it now, from the role where it closes back down to that role (each
+// signs the next); nil when there is none. The chain is walked up to its
+// first hop, or to a source that does not exist.
+func (c *chains) ringAbove(ctx context.Context, s logical.Storage, name string, role *roleEntry) ([]string, error) {
+	up := []string{name}
+	for cur := role.SourceRole; cur != ""; {
+		for i, n := range up {
+			if n != cur {
+				continue
+			}
+			// up[i] is the source of up[i-1]: the ring, written from
+			// the role that closes it down through its targets.
+			ring := []string{cur}
+			for j := len(up) - 1; j >= i; j-- {
+				ring = append(ring, up[j])
+			}
+			return ring, nil
+		}
+		rs, err := c.state.current(ctx, s, roleKey(cur))
+		if err != nil {
+			return nil, err
+		}
+		if rs == nil {
+			return nil, nil
+		}
+		up = append(up, cur)
+		cur = rs.role.SourceRole
+	}
+	return nil, nil
+}
+
+// ringFailed is the error of an attempt for the role name whose chain runs
+// into ring (ringAbove).
+func ringFailed(name string, ring []string) *refreshError {
+	where := fmt.Sprintf("role %q is on a ring of source_roles", name)
+	if !contains(ring, name) {
+		where = fmt.Sprintf("the chain above role %q runs into a ring of source_roles", name)
+	}
+	return &refreshError{Code: codeSourceRing, Retryable: false, Message: fmt.Sprintf(
+		"%s: %s, which storage holds although role writes refuse it (two nodes that both believed they were active, "+
+			"a sys/raw edit, a restore); no role of the ring can be signed until a write of one of %s breaks it",
+		where, chainText(ring), namesList(uniqueSorted(ring)))}
+}
+
+// uniqueSorted returns the distinct names, sorted.
+func uniqueSorted(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// endpointsFor returns the STS endpoints an attempt for the role name
+// (defined as role) calls: config/root's, or for a chained role clients
+// signing with its source's cached credential (sourceCredential), with
+// the source as the attempt took it (use, for sourceNow). A chain that
+// runs in a ring fails at once, naming it (ringAbove): asking the source
+// would wait on a cycle that waits on this one.
+func (rf *refresher) endpointsFor(ctx context.Context, name string, role *roleEntry) ([]*stsEndpoint, func(), *sourceUse, *refreshError) {
 	if role.SourceRole == "" {
 		eps, release, err := rf.clients.acquire(ctx)
 		if err != nil {
-			return nil, nil, classify(err, "")
+			return nil, nil, nil, classify(err, "")
 		}
-		return eps, release, nil
+		return eps, release, nil, nil
 	}
-	cred, rerr := rf.sourceCredential(ctx, role.SourceRole)
-	if rerr != nil {
-		return nil, nil, rerr
-	}
-	eps, release, err := rf.clients.acquireSource(ctx, role.SourceRole, cred)
+	ring, err := rf.state.chains.ringAbove(ctx, rf.storage(), name, role)
 	if err != nil {
-		return nil, nil, classify(err, "")
+		return nil, nil, nil, &refreshError{Code: "StorageError", Message: fmt.Sprintf("reading the chain above role %q failed", name), Retryable: true, cause: err}
 	}
-	return eps, release, nil
+	if ring != nil {
+		return nil, nil, nil, ringFailed(name, ring)
+	}
+	use, rerr := rf.sourceCredential(ctx, role.SourceRole)
+	if rerr != nil {
+		return nil, nil, nil, rerr
+	}
+	eps, release, err := rf.clients.acquireSource(ctx, role.SourceRole, use.cred)
+	if err != nil {
+		return nil, nil, nil, classify(err, "")
+	}
+	return eps, release, use, nil
 }
 
 // sourceCredential returns the cached credential of the source role name
-// once it is fit to sign a target's call (sourceFit). When it is not, it
-// asks for the source's refresh as a cold read does (flights.source),
-// under the source's read budget: it gets the source's last failure at
-// once while its next attempt is not allowed, else joins (or starts) the
-// source's cycle, hurries its current attempt and waits for that attempt
-// only. Every outcome but a fit credential fails the target's attempt
-// with the source's name and error (codeSourceFailed).
-func (rf *refresher) sourceCredential(ctx context.Context, name string) (*cacheEntry, *refreshError) {
+// that a target's attempt signs with. A credential fit to sign
+// (sourceFit) signs at once. When it is not, the attempt asks for the
+// source's refresh as a cold read does (flights.source), under the
+// source's read budget and on its schedule: it gets the source's last
+// failure at once while its next attempt is not allowed (or, after a
+// failed cycle, not planned yet), else joins (or starts) the source's
+// cycle, hurries its current attempt and waits for that attempt only.
+// When the refresh fails, a source credential still valid signs all the
+// same (lastResort); without one the target's attempt fails with the
+// source's name and error (codeSourceFailed).
+func (rf *refresher) sourceCredential(ctx context.Context, name string) (*sourceUse, *refreshError) {
 	rs, err := rf.state.current(ctx, rf.storage(), roleKey(name))
 	if err != nil {
 		return nil, &refreshError{Code: "StorageError", Message: fmt.Sprintf("reading source role %q failed", name), Retryable: true, cause: err}
@@ -540,11 +679,12 @@ func (rf *refresher) sourceCredential(ctx context.Context, name string) (*cacheE
 	if why := sourceProblem(name, rs.role); why != "" {
 		return nil, sourceFailed(name, why, false)
 	}
+	gen := rs.gen
 	fraction := rf.settings.policy().RefreshFraction
 	fit := func(c *cacheEntry, now time.Time) bool { return sourceFit(c, now, fraction) }
 	t := rf.flights.source(roleKey(name), rf.clock.Now, fit)
 	if t.failed != nil {
-		return nil, sourceFailed(name, t.failed.err.Error(), t.failed.err.Retryable)
+		return rf.lastResort(name, gen, sourceErr(name, t.failed.err))
 	}
 	var try <-chan struct{}
 	var passed <-chan struct{}
@@ -554,24 +694,56 @@ func (rf *refresher) sourceCredential(ctx context.Context, name string) (*cacheE
 	select {
 	case <-t.f.done:
 	case <-try:
-		return nil, sourceFailed(name, t.try.fail.err.Error(), t.try.fail.err.Retryable)
+		return rf.lastResort(name, gen, sourceErr(name, t.try.fail.err))
 	case <-passed:
-		return nil, &refreshError{Code: codeRateLimited, Retryable: true, Message: fmt.Sprintf(
-			"source role %q: its refresh got no STS call slot before the end of its retry block (sts_rate_limit)", name)}
+		return rf.lastResort(name, gen, &refreshError{Code: codeRateLimited, Retryable: true, Message: fmt.Sprintf(
+			"source role %q: its refresh got no STS call slot before the end of its retry block (sts_rate_limit)", name)})
 	case <-ctx.Done():
 		return nil, errShuttingDown // the cycle stops: runCycle sees ctx
 	}
 	res := t.f.res
 	switch {
+	case fit(res.cred, rf.clock.Now()) && t.f.gen == gen:
+		return &sourceUse{role: name, gen: gen, cred: res.cred}, nil
 	case fit(res.cred, rf.clock.Now()):
-		return res.cred, nil
+		return nil, sourceFailed(name, "it changed during its refresh", true)
 	case res.err == nil:
-		return nil, sourceFailed(name, "its refresh ended without a credential fit to sign", true)
+		return rf.lastResort(name, gen, sourceFailed(name, "its refresh ended without a credential fit to sign", true))
 	case errors.Is(res.err, errRoleChanged):
 		return nil, sourceFailed(name, "it changed during its refresh", true)
 	}
-	rerr := classify(res.err, "")
-	return nil, sourceFailed(name, rerr.Error(), rerr.Retryable)
+	return rf.lastResort(name, gen, sourceErr(name, classify(res.err, "")))
+}
+
+// lastResort is the source credential a target's attempt signs with once
+// the source's refresh failed with rerr: the source's cached credential
+// for generation gen while it is still valid (sourceUse.signs), inside
+// its refresh margin or not, so that targets keep refreshing while their
+// hub's last credential lives; rerr when there is none.
+func (rf *refresher) lastResort(name string, gen uint64, rerr *refreshError) (*sourceUse, *refreshError) {
+	rs := rf.state.peek(roleKey(name))
+	if rs == nil || rs.stale || rs.gen != gen || rs.cred == nil {
+		return nil, rerr
+	}
+	use := &sourceUse{role: name, gen: gen, cred: rs.cred}
+	if !use.signs(rf.clock.Now()) {
+		return nil, rerr
+	}
+	if l := rf.logger(); l.IsDebug() {
+		l.Debug("source role's refresh failed: signing with its credential still valid", "source_role", name,
+			"expiration", rs.cred.Expiration.UTC().Format(time.RFC3339), "error", rerr.Message)
+	}
+	return use, nil
+}
+
+// sourceErr is a chained role's attempt that failed because its source
+// role's refresh failed with rerr. It names the source and the code of its
+// error, not its message, which may name config/root's IAM user and the
+// source's role_arn: the target's status, log and readers see this error,
+// and a token allowed to read the target's status need not be allowed the
+// source's; status/<source> shows the whole error.
+func sourceErr(name string, rerr *refreshError) *refreshError {
+	return sourceFailed(name, fmt.Sprintf("%s (status/%s shows its error)", rerr.Code, name), rerr.Retryable)
 }
 
 // sourceFailed is a chained role's attempt that its source role failed.

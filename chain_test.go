@@ -298,9 +298,11 @@ func TestChainSourceRefreshedFirst(t *testing.T) {
 // targets' next cycles past their credentials: after each failed cycle a
 // target is planned at the latest one retry window before its credential
 // expires, so that it finds the source recovered while it still serves.
+// The hub's credential (30 minutes) expires before app's first cycle
+// (lastResort has nothing valid to sign with).
 func TestChainTargetRetriesBeforeItsCredentialExpires(t *testing.T) {
 	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
-	f.writeChain("hub", "", nil)
+	f.writeChain("hub", "", map[string]interface{}{"ttl": 1800})
 	f.writeChain("app", "hub", nil)
 	f.mustReadCreds("app")
 	app := cached(t, f.s, "app")
@@ -347,16 +349,18 @@ func TestChainTargetRetriesBeforeItsCredentialExpires(t *testing.T) {
 // targets' attempts fail with the source's name and error, without an STS
 // call of their own, while each keeps serving its cached credential;
 // status names the failing hop; once the source recovers, so do they.
+// The hub's credential (30 minutes) expires before app's cycle: until
+// then app would sign with it (lastResort).
 func TestChainSourceFailingAndRecovering(t *testing.T) {
 	f := newFixture(t, fixtureOpts{noRole: true, maxLifetime: time.Hour})
-	f.writeChain("hub", "", nil)
+	f.writeChain("hub", "", map[string]interface{}{"ttl": 1800})
 	f.writeChain("app", "hub", nil)
 	served := f.mustReadCreds("app").Data["access_key"]
-	hubPlan, _ := f.b.refresher.plannedAt(roleKey("hub"))
+	appPlan, _ := f.b.refresher.plannedAt(roleKey("app"))
 
 	f.emu.SetDeny([]string{"hub"})
 	f.emu.ResetStats()
-	f.advanceTo(hubPlan)
+	f.advanceTo(appPlan)
 	st := f.status("app")
 	if st["failed_cycles"] != 1 || !strings.Contains(st["last_error"].(string), `SourceRoleFailed: source role "hub": AccessDenied`) {
 		t.Fatalf("status/app after the hub was denied: failed_cycles %v last_error %q", st["failed_cycles"], st["last_error"])

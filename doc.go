@@ -17,7 +17,9 @@
 //	rolestate.go   roleStates: the mirror of roles/, cache/ and status/, the
 //	               generations and the per-role store locks (lockFor)
 //	flights.go     flights: the one refresh cycle in progress per key, and
-//	               the read budget (one STS call per key per retry block)
+//	               the read budget (one STS call per key per retry block):
+//	               the one door every asker goes through, a chained target
+//	               asking for its source included (on the source's schedule)
 //	refresher.go   refresher: the plan, its firing (fireDue), the cycle
 //	               (runCycle over a cycleJob, attempt, the commits)
 //	timing.go      every timing rule as a pure function of (time, config, rand)
@@ -40,7 +42,10 @@
 //	chain.go       chains: role chaining (source_role): the chain topology
 //	               (an index of roles/ that role writes keep) and its
 //	               checks, and a chained attempt's signing with its source
-//	               role's cached credential, fit to sign (sourceFit)
+//	               role's cached credential: fit to sign (sourceFit), or
+//	               still valid once the source's refresh failed
+//	               (lastResort), checked again at the call (sourceNow); a
+//	               ring that storage holds fails at once (ringAbove)
 //	entity.go      the rules of cache_scope=entity: session names (uniqueName,
 //	               the bounded template), admission and eviction
 //	               (admitLocked), dropping (entityDropReason) and the

@@ -121,6 +121,8 @@ var operatorCodes = map[string]string{
 	"ValidationError":         "STS refused a parameter of the role: check the role's definition",
 	"InvalidRole":             "the role cannot work as written: fix it with a role write",
 	"ClientConfigError":       "the AWS client could not be configured from config/root",
+	codeSourceRing: "the chain's source_roles run in a ring, which no credential can sign: break it with a role write " +
+		"(source_role=\"\" or another source on one of its roles)",
 }
 
 // operatorHint returns what the operator should do about an error with this

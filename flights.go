@@ -140,6 +140,17 @@ type lastFailure struct {
 	// attempt's block, or after a non-retryable error the key's next
 	// planned cycle. Readers get err at once until then.
 	until time.Time
+	// answerUntil is until as the failed call set it, before attempts that
+	// made no call (attemptRefused) moved until on: the end of the block
+	// of the key's last STS call. The one door's invariant (at most one
+	// call per key per block) is checked against it.
+	answerUntil time.Time
+	// next is, once the key's cycle ended on a retryable failure, when its
+	// next cycle is planned (the source's own schedule): a target asking
+	// for the key as its source (flights.source) gets err at once until
+	// then while no cycle runs, instead of starting the key's retry cycle
+	// anew as soon as the failed one ended. Zero while the cycle runs.
+	next time.Time
 	// answered counts the reads answered with a failure at once, without a
 	// call, since the key's last success on this node.
 	answered int64
@@ -352,14 +363,20 @@ func (fs *flights) read(key credKey, now func() time.Time) readTicket {
 
 // source is read for a chained role's attempt asking for its source
 // role's credential (chain.go): the cached one only when fit to sign
-// (fit), and a failure answered at once is not counted as a read.
+// (fit), and a failure answered at once is not counted as a read. A
+// target waits on its source's own schedule: once the source's cycle
+// ended on a retryable failure, asking before the source's next planned
+// cycle gets that failure at once (lastFailure.next), however many
+// targets ask; only the source's plan (or refresh/<source>, or a cold
+// reader of the source itself, one call per block) starts its next cycle.
 func (fs *flights) source(key credKey, now func() time.Time, fit func(*cacheEntry, time.Time) bool) readTicket {
 	return fs.ticket(key, now, fit, false)
 }
 
-// ticket is read and source: usable says whether the cached credential
-// serves at now; count, whether a failure answered at once counts among
-// the key's reads answered fast.
+// ticket is read (count) and source (!count): usable says whether the
+// cached credential serves at now; count, whether a failure answered at
+// once counts among the key's reads answered fast. A source asker also
+// waits for the key's next planned cycle after a failed one.
 func (fs *flights) ticket(key credKey, now func() time.Time, usable func(*cacheEntry, time.Time) bool, count bool) readTicket {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -373,7 +390,7 @@ func (fs *flights) ticket(key credKey, now func() time.Time, usable func(*cacheE
 		delete(fs.last, key)
 		lf = nil
 	}
-	if fs.budget && lf != nil && now().Before(lf.until) {
+	if fs.budget && lf != nil && (now().Before(lf.until) || !count && fs.m[key] == nil && now().Before(lf.next)) {
 		if count {
 			lf.answered++
 		}
@@ -399,7 +416,7 @@ func (fs *flights) ticket(key credKey, now func() time.Time, usable func(*cacheE
 func (fs *flights) attemptFailed(key credKey, f *flight, err *refreshError, now, until time.Time) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fail := fs.rememberLocked(key, lastFailure{gen: f.gen, err: err, at: now, until: until})
+	fail := fs.rememberLocked(key, lastFailure{gen: f.gen, err: err, at: now, until: until, answerUntil: until})
 	t := f.try
 	f.try = newTry()
 	f.try.notBefore = until
@@ -448,10 +465,18 @@ func (fs *flights) landBudgetLocked(key credKey, f *flight, res cycleResult) {
 		return
 	}
 	var rerr *refreshError
-	if res.outcome != cycleFailure || !errors.As(res.err, &rerr) || rerr.Retryable {
+	if res.outcome != cycleFailure || !errors.As(res.err, &rerr) {
 		return
 	}
-	fail := lastFailure{gen: f.gen, err: rerr, until: res.next}
+	if rerr.Retryable {
+		// The key's retry cycle is over: its next one is the plan's
+		// (res.next), and targets asking for it wait for that one.
+		if lf := fs.last[key]; lf != nil && lf.gen == f.gen {
+			lf.next = res.next
+		}
+		return
+	}
+	fail := lastFailure{gen: f.gen, err: rerr, until: res.next, answerUntil: res.next}
 	if res.status != nil {
 		fail.at = res.status.LastAttempt
 	}
@@ -485,8 +510,18 @@ func (fs *flights) nextTry(f *flight) *tryOutcome {
 // operator says the cause is fixed); mu held. The failure stays for status.
 func (fs *flights) forcedLocked(key credKey) {
 	if lf := fs.last[key]; lf != nil {
-		lf.until = time.Time{}
+		lf.until, lf.answerUntil, lf.next = time.Time{}, time.Time{}, time.Time{}
 	}
+}
+
+// sourceChanged lets the next attempt for key go at once, as forced
+// does: the definition of a role above it in its chain changed
+// (chains.written), a definition change, which the budget leaves out.
+// The failure stays for status.
+func (fs *flights) sourceChanged(key credKey) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.forcedLocked(key)
 }
 
 // failing reports whether key's last attempt for generation gen failed

@@ -480,6 +480,11 @@ func (b *backend) writeRole(ctx context.Context, req *logical.Request, data *fra
 	}
 	if v, ok := data.GetOk("source_role"); ok {
 		role.SourceRole = strings.TrimSpace(v.(string))
+		if src := role.SourceRole; src != "" && !validRoleName(src) {
+			// Checked before any storage read of it: a key with ".."
+			// is refused by Vault's storage (a 500).
+			return logical.ErrorResponse("source_role %q is not a valid role name: a role name is %s", src, roleNameRule), nil, nil
+		}
 	}
 	if msg := applyEntityFields(role, data); msg != "" {
 		return logical.ErrorResponse(msg), nil, nil
@@ -893,6 +898,15 @@ func sortedKeys(m map[string]string) []string {
 // (framework.GenericNameRegex, \w(([\w-.]+)?\w)?), in words.
 const roleNameRule = "ASCII letters, digits, _, - and ., beginning and ending with a letter, digit or _ " +
 	"(app, app-prod, team.app_1)"
+
+// roleNamePattern is Vault's pattern for a name in a path, whole.
+var roleNamePattern = regexp.MustCompile(`^` + framework.GenericNameRegex("name") + `$`)
+
+// validRoleName reports whether name can name a role of a path
+// (roleNameRule), and a storage key: Vault's storage refuses ".." in one.
+func validRoleName(name string) bool {
+	return roleNamePattern.MatchString(name) && !strings.Contains(name, "..")
+}
 
 // namedPathPrefixes are the paths that end in a role name.
 var namedPathPrefixes = []string{"roles/", "creds/", "status/", "refresh/"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/vault/sdk/framework"
@@ -98,7 +99,7 @@ var statusResponseFields = map[string]*framework.FieldSchema{
 	"aws_clock_age":        {Type: framework.TypeInt, Description: "Seconds since the newest of those answers; -1 when the offset is not measured on this node."},
 	"reads_failed_fast":    {Type: framework.TypeInt, Description: "Reads answered at once with the last failure, without an STS call, since the role's last success on this node (memory only). For cache_scope=entity, summed over the role's entity credentials.", Required: true},
 	"source_role":          {Type: framework.TypeString, Description: "The role whose cached credential signs this role's AssumeRole (role chaining); empty when config/root's identity does.", Required: true},
-	"chain":                {Type: framework.TypeSlice, Description: "The role's chain, one entry per hop from its first hop (the role without source_role, which config/root's identity signs) down to this role: role, state (missing for a source that does not exist), failed_cycles and last_error. The first hop with failed_cycles above 0 is the one failing; the hops after it fail with SourceRoleFailed naming it. One entry for a role without source_role.", Required: true},
+	"chain":                {Type: framework.TypeSlice, Description: "The role's chain, one entry per hop from its first hop (the role without source_role, which config/root's identity signs) down to this role: role, state (missing for a source that does not exist), failed_cycles and last_error. A hop above this role shows the code of its last error and where its whole error is (status/<hop>, which may name config/root's IAM user and the hop's role_arn, and which a token needs its own permission to read). The first hop with failed_cycles above 0 is the one failing; the hops after it fail with SourceRoleFailed naming it. One entry for a role without source_role.", Required: true},
 }
 
 func (b *backend) pathStatusList(ctx context.Context, req *logical.Request, data *framework.FieldData) (*logical.Response, error) {
@@ -247,8 +248,11 @@ func (b *backend) statusData(ctx context.Context, s logical.Storage, name string
 }
 
 // chainAbove is the role's chain above it for status: each hop from the
-// first down to its source, with its state and its last error, so that an
-// alert on any hop leads to the hop that fails.
+// first down to its source, with its state, its failed cycles and the
+// code of its last error, so that an alert on any hop leads to the hop
+// that fails. A hop's whole error may name config/root's IAM user and
+// the hop's role_arn, and a token allowed this role's status need not be
+// allowed the hop's: status/<hop> shows it (hopError).
 func (b *backend) chainAbove(ctx context.Context, s logical.Storage, name string, role *roleEntry, v reportView) ([]interface{}, error) {
 	hops, missing, err := b.state.chains.hops(ctx, s, name, role)
 	if err != nil {
@@ -266,9 +270,19 @@ func (b *backend) chainAbove(ctx context.Context, s logical.Storage, name string
 		}
 		st := rs.status()
 		chain = append(chain, map[string]interface{}{"role": hop, "state": v.report(roleKey(hop), rs).state,
-			"failed_cycles": st.FailedCycles, "last_error": st.LastError})
+			"failed_cycles": st.FailedCycles, "last_error": hopError(hop, st.LastError)})
 	}
 	return chain, nil
+}
+
+// hopError is a hop's last error as another role's status shows it: its
+// code, and where its whole error is; "" for none.
+func hopError(hop, lastErr string) string {
+	if lastErr == "" {
+		return ""
+	}
+	code, _, _ := strings.Cut(lastErr, ":")
+	return fmt.Sprintf("%s (status/%s shows the whole error)", code, hop)
 }
 
 // budgetStatus adds the read budget's view of key to a status answer d:

@@ -773,7 +773,9 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 			// A source role's failure is the source's to retry, on its own
 			// schedule; the target's next cycle must still come before the
 			// credential it serves expires, to find the source recovered
-			// (asking costs no STS call while it has not), so it counts as
+			// (asking costs no STS call while it has not: a target waits
+			// on the source's own schedule, flights.source, after a
+			// retryable failure as after a final one), so it counts as
 			// retryable here whatever it was for the source (AccessDenied).
 			retryable := j.lastErr.Retryable || j.lastErr.Code == codeSourceFailed
 			st.NextRefresh = nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: retryable})
@@ -876,8 +878,9 @@ type attemptResult struct {
 // that slot, and its new end is returned (movedEnd).
 func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, role *roleEntry, w attemptWindow) (out attemptResult) {
 	// config/root's clients, or a chained role's, signing with its source
-	// role's cached credential once that is fit to sign (chain.go).
-	eps, release, rerr := rf.endpointsFor(ctx, role)
+	// role's cached credential (chain.go), checked again once the slot
+	// has come (sourceNow).
+	eps, release, src, rerr := rf.endpointsFor(ctx, key.role(), role)
 	if rerr != nil {
 		return attemptResult{err: rerr}
 	}
@@ -907,9 +910,9 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 			}
 			return out
 		}
-		if rerr := ep.unfit(rf.clock.Now(), rf.settings.policy().RefreshFraction); rerr != nil {
-			// Its slot came after its source's credential fell due: the
-			// call is not signed with it.
+		if rerr := rf.sourceNow(ctx, src); rerr != nil {
+			// Its slot came after its source was deleted, re-pointed or
+			// its credential expired: the call is not signed with it.
 			out.err = rerr
 			return out
 		}

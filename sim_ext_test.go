@@ -485,7 +485,12 @@ func (s *sim) newActive() (*backend, *nodeStorage) {
 	config.System = sharedEntities{config.System, s.ents}
 	var b *backend
 	b, err := newBackendWith(context.Background(), config, backendOptions{
-		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrapFor(),
+		clock: s.clk, rand: newSeededRand(s.rng.Uint64()), wrapSTS: s.sts.wrapFor(func() *flights {
+			if b == nil {
+				return nil
+			}
+			return b.flights
+		}),
 		onFlight:    func(key credKey, f *flight) { s.onFlight(b, key.String(), f) },
 		passWorkers: 1, // the seed replays only with one role at a time
 	})

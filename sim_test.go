@@ -74,6 +74,9 @@ type simFigures struct {
 	entityServed int
 	// chained counts the STS calls signed by a source role's credential.
 	chained int
+	// deepest is the longest chain storage held at a check; entityTargets
+	// the mounts (per run) on which an entity-scoped role was chained.
+	deepest, entityTargets int
 }
 
 func TestSimulation(t *testing.T) {
@@ -134,8 +137,8 @@ func TestSimulation(t *testing.T) {
 			do(run{seed, knobs}, steps)
 		}
 	}
-	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted, %d signed by a source role's credential), %d credentials served (%d of them per entity), %d restarts, %d invariant checks",
-		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.chained, total.served, total.entityServed, total.restarts, total.checks)
+	t.Logf("simulation: %d runs, %d steps, %d storage faults injected, %d STS calls (%d faulted, %d signed by a source role's credential), %d credentials served (%d of them per entity), %d restarts, %d invariant checks; the longest chain had %d roles, %d mounts chained an entity-scoped role",
+		total.runs, total.steps, total.storageFaults, total.stsCalls, total.stsFaults, total.chained, total.served, total.entityServed, total.restarts, total.checks, total.deepest, total.entityTargets)
 }
 
 func (f *simFigures) add(o simFigures) {
@@ -149,6 +152,8 @@ func (f *simFigures) add(o simFigures) {
 	f.restarts += o.restarts
 	f.entityServed += o.entityServed
 	f.chained += o.chained
+	f.deepest = max(f.deepest, o.deepest)
+	f.entityTargets += o.entityTargets
 }
 
 // sim is one run: the world, the backend under test, and what the model
@@ -194,6 +199,8 @@ type sim struct {
 	// cycles are the cycles started, in order, per role.
 	mu     sync.Mutex
 	cycles map[string][]*simCycle
+	// roleWriteAt is when a role was last written or deleted (mu).
+	roleWriteAt time.Time
 
 	// ents is Vault's identity store as both nodes see it; entity names
 	// are never reused, so a source identity names one entity for good.
@@ -229,7 +236,11 @@ const simSessionTemplate = "{{.RoleName}}.{{.EntityName}}"
 
 var (
 	simRoleNames = []string{"r0", "r1", "r2", "r3"}
-	simARNs      = []string{
+	// simChainNames are the roles chainOp writes: one more than the
+	// others, so that a chain can reach maxChainLength (r4 is read only
+	// through its targets, as a hub is).
+	simChainNames = []string{"r0", "r1", "r2", "r3", "r4"}
+	simARNs       = []string{
 		"arn:aws:iam::" + stsemu.DefaultAccount + ":role/a",
 		"arn:aws:iam::" + stsemu.DefaultAccount + ":role/b",
 		"arn:aws:iam::" + stsemu.DefaultAccount + ":role/c",
@@ -549,6 +560,11 @@ func (s *sim) readStandbyStatus(name string) {
 		// status is behind the credential, and its plan unknown.
 		want = time.Time{}
 	}
+	if sresp.Data["cache_scope"] == cacheScopeEntity {
+		// Each entity credential has its own plan: the role's status
+		// shows none, whatever record its role-scoped past left.
+		want = time.Time{}
+	}
 	s.fig.checks++
 	if got := sresp.Data["next_refresh"]; got != formatTime(want) {
 		s.failf("standby status/%s next_refresh %v, the active node recorded %v", name, got, formatTime(want))
@@ -738,7 +754,15 @@ func (s *sim) periodic() {
 }
 
 func (s *sim) do(op logical.Operation, path string, data map[string]interface{}) (*logical.Response, error) {
-	return s.b.HandleRequest(context.Background(), &logical.Request{Operation: op, Path: path, Storage: s.aStore, Data: data})
+	resp, err := s.b.HandleRequest(context.Background(), &logical.Request{Operation: op, Path: path, Storage: s.aStore, Data: data})
+	if strings.HasPrefix(path, rolePrefix) && op != logical.ReadOperation && op != logical.ListOperation {
+		// Its targets may be planned at once (chains.replan): a
+		// definition change, which checkCyclePace leaves out.
+		s.mu.Lock()
+		s.roleWriteAt = s.clk.Now()
+		s.mu.Unlock()
+	}
+	return resp, err
 }
 
 // driven runs a request that may wait on a refresh cycle, moving the clock
@@ -946,7 +970,7 @@ func (s *sim) check() {
 		s.failf("the shared empty status was written through: %+v", *noStatus)
 	}
 	roles := map[string]*roleEntry{}
-	for _, name := range simRoleNames {
+	for _, name := range s.checkedNames() {
 		role, err := getRole(ctx, s.mem, name)
 		if err != nil {
 			s.failf("%v", err)
@@ -957,7 +981,7 @@ func (s *sim) check() {
 	}
 	// Stored credentials: only for an existing role, issued for its
 	// current definition, and never going back in time.
-	for _, name := range simRoleNames {
+	for _, name := range s.checkedNames() {
 		c, _ := getCacheEntry(ctx, s.mem, roleKey(name))
 		st, _ := getStatus(ctx, s.mem, roleKey(name))
 		role := roles[name]
@@ -989,7 +1013,7 @@ func (s *sim) check() {
 	// Entity credentials: only under an entity-scoped role, issued for its
 	// current definition and to their own entity, never going back.
 	entityKeys := map[string]bool{}
-	for _, name := range simRoleNames {
+	for _, name := range s.checkedNames() {
 		keys, err := listEntityKeys(ctx, s.mem, name)
 		if err != nil {
 			s.failf("%v", err)
@@ -1216,6 +1240,11 @@ func (s *sim) checkCyclePace() {
 			if prev.calls.Load() == 0 || prev.f.res.err == nil || prev.f.res.status == nil {
 				continue
 			}
+			if s.knobs.chain > 0 && cur.start.Equal(s.roleWriteAt) {
+				// A source's definition changed: its targets' next
+				// cycles start now (chains.replan), outside the pace.
+				continue
+			}
 			s.fig.checks++
 			if gap := cur.start.Sub(prev.start); gap < min(prev.window, cur.window)/2 {
 				s.failf("role %s: a background cycle started %v after a failed one (window %v)", name, gap, prev.window)
@@ -1269,12 +1298,51 @@ func (w *simSTS) takeDuring(name string) func() {
 // wrapFor returns the wrapper of one node's STS clients: during an
 // overlapping failover two active nodes may each have a call in flight for
 // a role, so calls are counted per node.
-func (w *simSTS) wrapFor() func(string, stsAPI) stsAPI {
+//
+// door, when set, is the node's flights: every call is checked against
+// the one door's budget (checkDoor).
+func (w *simSTS) wrapFor(door func() *flights) func(string, stsAPI) stsAPI {
 	w.mu.Lock()
 	w.nodes++
 	node := w.nodes
 	w.mu.Unlock()
-	return func(_ string, api stsAPI) stsAPI { return &simClient{w: w, api: api, node: node} }
+	return func(_ string, api stsAPI) stsAPI { return &simClient{w: w, api: api, node: node, door: door} }
+}
+
+// checkDoor checks the invariant of the one door at an STS call for key
+// on a node: at most one attempt per key per retry block, whoever asks
+// (the plan, readers, refresh/, a chained target asking for its source).
+// Once an attempt for the key's current definition called STS and
+// failed, the node's flights hold its failure until the end of its block
+// (or, after a final error, the key's next planned cycle;
+// lastFailure.answerUntil): no call for the key may start before then. A definition change (the key's or its source's) and
+// refresh/ (the operator says the cause is fixed) open the door again,
+// and do so by dropping or clearing that record.
+func (c *simClient) checkDoor(name string, now time.Time) {
+	if c.door == nil {
+		return
+	}
+	fs := c.door()
+	if fs == nil {
+		return
+	}
+	key := parseCredKey(name)
+	fs.mu.Lock()
+	lf := fs.last[key]
+	var msg string
+	if rs := fs.peek(key); lf != nil && rs != nil && lf.gen == rs.gen && now.Before(lf.answerUntil) {
+		cycle := "no cycle"
+		if f := fs.m[key]; f != nil {
+			cycle = fmt.Sprintf("cycle background=%v hint=%v", f.background, f.hint)
+		}
+		msg = fmt.Sprintf("role %s: an STS call at %s, before %s, the end of the block of its attempt that failed at %s (%s, retryable %v; next %s; %s): two attempts in one block",
+			name, now.Format("15:04:05.000"), lf.answerUntil.Format("15:04:05.000"), lf.at.Format("15:04:05.000"), lf.err.Code, lf.err.Retryable,
+			lf.next.Format("15:04:05.000"), cycle)
+	}
+	fs.mu.Unlock()
+	if msg != "" {
+		c.w.violation.CompareAndSwap(nil, &msg)
+	}
 }
 
 func (w *simSTS) issuedFor(akid string) string {
@@ -1314,6 +1382,7 @@ type simClient struct {
 	w    *simSTS
 	api  stsAPI
 	node int
+	door func() *flights
 }
 
 func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o ...func(*sts.Options)) (*sts.AssumeRoleOutput, error) {
@@ -1333,6 +1402,7 @@ func (c *simClient) AssumeRole(ctx context.Context, in *sts.AssumeRoleInput, o .
 		cs[len(cs)-1].calls.Add(1)
 	}
 	w.s.mu.Unlock()
+	c.checkDoor(name, w.s.clk.Now())
 
 	if during := w.takeDuring(name); during != nil {
 		during()
@@ -1442,20 +1512,60 @@ func (f *faultStorage) healthy() bool {
 	return true
 }
 
+// checkedNames are the roles the checks look at: with chain operations,
+// the fifth role they write too.
+func (s *sim) checkedNames() []string {
+	if s.knobs.chain > 0 {
+		return simChainNames
+	}
+	return simRoleNames
+}
+
 // chainOp sets or clears a role's source_role (with a ttl that a chained
-// role may have, or not), or deletes a role with force, whatever names it
-// as a source: the writes the chain checks refuse are refused, the others
-// make chains of the simulation's roles.
+// role may have, or not, and sometimes cache_scope=entity: a target may be
+// one), or deletes a role with force, whatever names it as a source, or
+// makes STS fail the calls for one IAM role alone (a failing hub, or a
+// failing target): the writes the chain checks refuse are refused, the
+// others make chains of the simulation's five roles, up to
+// maxChainLength.
 func (s *sim) chainOp() {
-	name := s.pick(simRoleNames)
-	if s.rng.IntN(6) == 0 {
+	name := s.pick(simChainNames)
+	switch s.rng.IntN(10) {
+	case 0:
 		resp, err := s.do(logical.DeleteOperation, "roles/"+name, map[string]interface{}{"force": true})
 		s.logf("force-delete %s: %s", name, outcome(resp, err))
+		return
+	case 1:
+		arn := s.pick(simARNs)
+		fault := []stsemu.Fault{stsemu.FaultThrottling, stsemu.FaultServiceUnavailable, stsemu.FaultAccessDenied}[s.rng.IntN(3)]
+		_, role, _ := strings.Cut(arn, ":role/")
+		s.emu.SetFaults(stsemu.FaultPlan{Probability: map[stsemu.Fault]float64{fault: 1}, Match: ":role/" + role})
+		s.logf("sts fails every call for %s with %s", arn, fault)
+		return
+	case 2:
+		// The longest chain: r4 -> r3 -> r2 -> r1 -> r0, as far as the
+		// roles as they are let it be written.
+		src := ""
+		for i := len(simChainNames) - 1; i >= 0; i-- {
+			n := simChainNames[i]
+			data := map[string]interface{}{"source_role": src, "role_arn": s.pick(simARNs), "ttl": 3600, "cache_scope": cacheScopeRole}
+			if i == 0 && s.rng.IntN(2) == 0 {
+				data["cache_scope"] = cacheScopeEntity
+				data["session_name_template"] = simSessionTemplate
+			}
+			resp, err := s.do(logical.UpdateOperation, "roles/"+n, data)
+			s.logf("chain: write role %s %v: %s", n, data, outcome(resp, err))
+			src = n
+		}
 		return
 	}
 	data := map[string]interface{}{"source_role": ""}
 	if s.rng.IntN(4) > 0 {
-		data["source_role"] = s.pick(simRoleNames)
+		data["source_role"] = s.pick(simChainNames)
+		if s.rng.IntN(4) == 0 {
+			data["cache_scope"] = cacheScopeEntity
+			data["session_name_template"] = simSessionTemplate
+		}
 	}
 	if cur, _ := getRole(context.Background(), s.mem, name); cur == nil || s.rng.IntN(4) == 0 {
 		data["role_arn"] = s.pick(simARNs)
@@ -1479,8 +1589,8 @@ const chainSlack = 2 * time.Second
 //   - every committed credential of a chained role was signed by a session
 //     (its source's credential), every other by config/root's key;
 //   - no credential was committed whose call was signed by a source
-//     credential that had expired, or was inside its refresh margin: a
-//     target never refreshes before its source when the source is due;
+//     credential that had expired (one inside its refresh margin signs
+//     only once the source's refresh failed: lastResort);
 //   - after a healthy periodic pass, LIST roles source_role=<r> on both
 //     nodes says what storage says.
 func (s *sim) checkChains(roles map[string]*roleEntry) {
@@ -1513,6 +1623,10 @@ func (s *sim) checkChains(roles map[string]*roleEntry) {
 		if n > maxChainLength {
 			s.failf("role %s's chain has %d roles", name, n)
 		}
+		s.fig.deepest = max(s.fig.deepest, n)
+		if role.entityScoped() {
+			s.fig.entityTargets = max(s.fig.entityTargets, 1)
+		}
 	}
 	calls := s.emu.Calls()
 	signer := make(map[string]string, len(calls)) // issued key -> key that signed its call
@@ -1525,14 +1639,13 @@ func (s *sim) checkChains(roles map[string]*roleEntry) {
 		if !known || !s.stored.has(c.IssuedKeyID) {
 			continue // signed by config/root's key, or by another mount's, or not committed
 		}
-		s.sts.mu.Lock()
-		issued := s.sts.calledAt[c.AccessKeyID]
-		s.sts.mu.Unlock()
-		margin := time.Duration(defaultRefreshFraction * float64(exp.Sub(issued)))
+		// Inside its refresh margin a source credential signs only once
+		// the source's refresh failed (lastResort); either way it is
+		// still valid for the call, as a served credential is.
 		s.fig.checks++
-		if left := exp.Sub(c.Time); left <= margin-chainSlack {
-			s.failf("credential %s (%s) was committed from a call at %v signed by source credential %s with %v left, inside its refresh margin %v",
-				c.IssuedKeyID, c.RoleArn, c.Time, c.AccessKeyID, left, margin)
+		if left := exp.Sub(c.Time); left < minServeValidity-chainSlack {
+			s.failf("credential %s (%s) was committed from a call at %v signed by source credential %s with %v left, less than a served credential's %v",
+				c.IssuedKeyID, c.RoleArn, c.Time, c.AccessKeyID, left, minServeValidity)
 		}
 	}
 	for name, role := range roles {
@@ -1553,9 +1666,9 @@ func (s *sim) checkChains(roles map[string]*roleEntry) {
 		return
 	}
 	for _, node := range []*backend{s.b, s.standby} {
-		for _, src := range simRoleNames {
+		for _, src := range s.checkedNames() {
 			want := []string{}
-			for _, name := range simRoleNames {
+			for _, name := range s.checkedNames() {
 				if r := roles[name]; r != nil && r.SourceRole == src {
 					want = append(want, name)
 				}

@@ -312,8 +312,11 @@ func (e *Emulator) assumeRole(c *call) (any, *apiError) {
 	// The role's trust policy (trust.go) decides; a role of an account
 	// not played, or of another partition, is what a missing trust policy
 	// looks like from the caller's side.
+	// Federation token credentials may call no STS action but
+	// GetCallerIdentity: AWS denies their AssumeRole whatever the trust
+	// policy says.
 	role, trusted := e.roles.authorize(c.caller, roleArn, account)
-	if rolePartition != e.partition.Name || !trusted || denied(c.set.deny, roleArn, roleName) {
+	if c.caller.kind == kindFederated || rolePartition != e.partition.Name || !trusted || denied(c.set.deny, roleArn, roleName) {
 		return nil, accessDenied(c.caller.arn, "AssumeRole", roleArn)
 	}
 	// A source identity, once set, stays with every session chained from

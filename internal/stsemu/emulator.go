@@ -630,10 +630,7 @@ func (e *Emulator) process(r *http.Request, body []byte, params url.Values, a *a
 		}
 		return rep
 	default:
-		callerArn, userName := e.rootArn, e.rootUser
-		if name, arn, ok := e.iam.owner(credentialKeyID(r.Header.Get("Authorization"))); ok {
-			callerArn, userName = arn, name
-		}
+		callerArn, userName := e.faultCaller(r)
 		if u := params.Get("UserName"); u != "" {
 			userName = u
 		}
@@ -648,6 +645,21 @@ func (e *Emulator) process(r *http.Request, body []byte, params url.Values, a *a
 			"stsemu: unknown fault "+string(s.fault)))
 	}
 	return e.serveAction(r, body, params, a, handler, action, reqID, now, s)
+}
+
+// faultCaller names the caller of r for an injected error, as far as its
+// key id and session token tell (the signature is not checked yet): the
+// IAM user owning a long-term key, the principal of a session this
+// emulator issued (a hub's role session, say), else config/root's user.
+func (e *Emulator) faultCaller(r *http.Request) (callerArn, userName string) {
+	keyID := credentialKeyID(r.Header.Get("Authorization"))
+	if name, arn, ok := e.iam.owner(keyID); ok {
+		return arn, name
+	}
+	if tc, ok := e.openToken(r.Header.Get("X-Amz-Security-Token")); ok && tc.accessKeyID == keyID {
+		return tc.arn, e.rootUser
+	}
+	return e.rootArn, e.rootUser
 }
 
 // serveAction authenticates the caller and runs the action.
