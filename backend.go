@@ -396,3 +396,26 @@ Configure the AWS keys at config/root, the retry policy at config/refresh,
 define roles at roles/<name>, read credentials at creds/<name>, and watch the
 refresher at status/<name>.
 `
+
+// rootChanged treats a change of config/root as a definition change for
+// the failures it may have caused (an unknown key, a wrong endpoint):
+// they are forgotten, so that a read tries again instead of getting the
+// old failure until its next attempt time, and every role that was
+// failing gets an attempt at once, as refresh/<name> starts one (a
+// cycle the plan fires would wait for its herd slot), with the clients
+// config/root's write rebuilt. It lives here, beside the wiring, so that
+// path_config.go does not reach into the flights (cmd/code-measures).
+func (b *backend) rootChanged() {
+	for _, key := range b.flights.forgetFailures() {
+		b.flights.wait(key)
+	}
+}
+
+// persistClock stores this host's estimates of AWS's clock (clock/<host>),
+// so that its corrections outlive a restart; the periodic pass calls it,
+// and a failure is left for the next pass.
+func (b *backend) persistClock(ctx context.Context) {
+	if err := b.clients.awsTime().persist(ctx, b.storage); err != nil {
+		b.Logger().Warn("storing this host's estimates of AWS's clock failed; the next pass tries again", "error", err)
+	}
+}

@@ -354,19 +354,6 @@ func (b *backend) pathConfigRootWrite(ctx context.Context, req *logical.Request,
 	return b.writtenAnswer(ctx, req, b.pathConfigRootRead), nil
 }
 
-// rootChanged treats a change of config/root as a definition change for
-// the failures it may have caused (an unknown key, a wrong endpoint):
-// they are forgotten, so that a read tries again instead of getting the
-// old failure until its next attempt time, and every role that was
-// failing gets an attempt at once, as refresh/<name> starts one (a
-// cycle the plan fires would wait for its herd slot), with the clients
-// config/root's write rebuilt.
-func (b *backend) rootChanged() {
-	for _, key := range b.flights.forgetFailures() {
-		b.flights.wait(key)
-	}
-}
-
 // writtenAnswer answers a successful write with what a read returns now, so
 // that the sdk's warning about fields it ignored (a mistyped tll=2h) reaches
 // the caller: Vault drops the warnings of an empty answer. The write has

@@ -34,10 +34,7 @@ func (b *backend) periodic(ctx context.Context, _ *logical.Request) error {
 		return nil
 	}
 	b.reconciler.periodicPass(ctx)
-	// Corrections of AWS's clock outlive a restart (clock/<host>).
-	if err := b.clients.awsTime().persist(ctx, b.storage); err != nil {
-		b.Logger().Warn("storing this host's estimates of AWS's clock failed; the next pass tries again", "error", err)
-	}
+	b.persistClock(ctx)
 	return nil
 }
 
