@@ -515,6 +515,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), rotationCleanupTimeout)
 }
 
+// probe is the write before a verification call (lifecycle.canStore).
+func (r *rotator) probe(ctx context.Context) error {
+	return putProbe(ctx, r.storage(), r.clock.Now())
+}
+
 // deposed reports whether storage said this node lost the active role
 // (lifecycle.fence). A rotation then owes nothing more: no IAM call and no
 // write, since another node may be active and rotating; the record written
@@ -1088,6 +1093,11 @@ func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 			// First always grants: it has no deadline.
 			slot, _ := r.limiter.ReserveRequest(r.clock.Now(), ratelimit.Request{Priority: ratelimit.First})
 			if err := r.sleepUntil(ctx, slot.At(), nil); err != nil {
+				return err
+			}
+			// As before a refresh's call (refresher.canStore): a node that
+			// can no longer write (cut off from its quorum) calls nothing.
+			if err := r.life.canStore(ctx, r.probe); err != nil {
 				return err
 			}
 			c, cancel := context.WithTimeout(ctx, callTimeout(block))
