@@ -400,3 +400,39 @@ func TestDeposed_CutNodeCallsNothingWhileItsWriteBlocks(t *testing.T) {
 		t.Errorf("writes tried after the cut: %v, want the one shared probe", tried)
 	}
 }
+
+// Issue 42: a rotation's verification is the first to learn: its next
+// sts:GetCallerIdentity waits for the probe write, which the deposed node's
+// storage refuses, so it calls nothing more; the key stays on record.
+func TestDeposed_RotationVerificationCallsNothingOnceWritesAreRefused(t *testing.T) {
+	mem := new(logical.InmemStorage)
+	ls := &leaderStorage{Storage: mem}
+	f := rotationFixture(t, fixtureOpts{storage: ls})
+	f.mustReadCreds(testRole)
+	f.emu.SetIAMPropagation(time.Hour)
+	rotation := f.start(logical.UpdateOperation, "config/rotate-root")
+	waitFor(t, "the rotation to sleep in its verification", func() bool { _, ok := f.clock.NextSleeper(); return ok && len(userKeys(t, f.emu)) == 2 })
+	keys := userKeys(t, f.emu)
+	ls.deposed.Store(true)
+	calls := len(f.emu.Calls())
+	// The verification's next attempt comes: no refresh is due before it.
+	f.clock.DriveUntil(t, rotation.done)
+	if rotation.r.err == nil && !rotation.r.resp.IsError() {
+		t.Fatalf("the rotation succeeded on a deposed node: %v", rotation.r.resp.Data)
+	}
+	for _, c := range f.emu.Calls()[calls:] {
+		t.Errorf("the deposed node called %s after its storage refused writes", c.Action)
+	}
+	if got := f.b.life.ended(); got != "deposed" {
+		t.Fatalf("the lifecycle says %q, want deposed", got)
+	}
+	if got := userKeys(t, f.emu); strings.Join(got, ",") != strings.Join(keys, ",") {
+		t.Errorf("the deposed node changed IAM's keys from %v to %v", keys, got)
+	}
+	if tried := ls.writesTried(); len(tried) != 1 || tried[0] != "put "+probePath {
+		t.Errorf("writes tried on the deposed node: %v, want the one probe", tried)
+	}
+	if st := rotationRecord(t, mem); st.PendingKeyID != keys[1] {
+		t.Errorf("config/rotation names %q to delete, want the new key %s", st.PendingKeyID, keys[1])
+	}
+}
