@@ -20,9 +20,12 @@ import (
 // no storage write: it learns of the loss from Clean (Vault stepping down,
 // sealing, unmounting) or, sooner when Vault is slow to step down, from a
 // storage write that fails because this node is no longer the leader
-// (fence). Either ends the work at once (end): nothing more starts, every
-// goroutine's context is cancelled, so a call on the wire is abandoned and
-// its result never committed, and the owners' timers stop.
+// (fence). So that it learns before it calls rather than after, every STS
+// call is preceded by such a write (canStore): on a node cut off from its
+// quorum it blocks, then fails. Either ends the work at once (end):
+// nothing more starts, every goroutine's context is cancelled, so a call
+// on the wire is abandoned and its result never committed, and the
+// owners' timers stop.
 //
 // Its lock is taken last: nothing is called while it is held, so any
 // owner's lock may be held while the lifecycle is asked (the rotator's and
