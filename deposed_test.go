@@ -436,3 +436,29 @@ func TestDeposed_RotationVerificationCallsNothingOnceWritesAreRefused(t *testing
 		t.Errorf("config/rotation names %q to delete, want the new key %s", st.PendingKeyID, keys[1])
 	}
 }
+
+// Issue 42: a rotation started on a node whose storage refuses writes
+// makes no IAM call at all: its first call (iam:GetUser) waits for the
+// probe write, which is refused.
+func TestDeposed_RotationMakesNoIAMCallOnceWritesAreRefused(t *testing.T) {
+	mem := new(logical.InmemStorage)
+	ls := &leaderStorage{Storage: mem}
+	f := rotationFixture(t, fixtureOpts{storage: ls})
+	f.mustReadCreds(testRole)
+	keys := userKeys(t, f.emu)
+	calls := len(f.emu.Calls())
+	ls.deposed.Store(true)
+	resp, err := f.driven(logical.UpdateOperation, "config/rotate-root")
+	if err == nil && !resp.IsError() {
+		t.Fatalf("the rotation succeeded on a deposed node: %v", resp.Data)
+	}
+	for _, c := range f.emu.Calls()[calls:] {
+		t.Errorf("the deposed node called %s after its storage refused writes", c.Action)
+	}
+	if got := f.b.life.ended(); got != "deposed" {
+		t.Fatalf("the lifecycle says %q, want deposed", got)
+	}
+	if got := userKeys(t, f.emu); strings.Join(got, ",") != strings.Join(keys, ",") {
+		t.Errorf("the deposed node changed IAM's keys from %v to %v", keys, got)
+	}
+}
