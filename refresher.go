@@ -928,9 +928,7 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 // fence) and cancelled ctx, and the cycle stops; any other refusal fails
 // the attempt without a call, retryable, as an unreadable role does.
 func (rf *refresher) canStore(ctx context.Context) *refreshError {
-	err := rf.life.canStore(ctx, func(ctx context.Context) error {
-		return putProbe(ctx, rf.storage(), rf.clock.Now())
-	})
+	err := rf.life.canStore(ctx, rf.probe)
 	switch {
 	case err == nil:
 		return nil
@@ -940,6 +938,11 @@ func (rf *refresher) canStore(ctx context.Context) *refreshError {
 		return classify(err, "")
 	}
 	return &refreshError{Code: "StorageError", Message: "this node could not write storage, so it made no STS call whose credential it could not store", Retryable: true, cause: err}
+}
+
+// probe is the write before an attempt's call (lifecycle.canStore).
+func (rf *refresher) probe(ctx context.Context) error {
+	return putProbe(ctx, rf.storage(), rf.clock.Now())
 }
 
 // takeSlot takes the rate limiter slot of the attempt's call to endpoint i

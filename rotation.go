@@ -515,7 +515,8 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), rotationCleanupTimeout)
 }
 
-// probe is the write before a verification call (lifecycle.canStore).
+// probe is the write before a rotation's STS or IAM call
+// (lifecycle.canStore).
 func (r *rotator) probe(ctx context.Context) error {
 	return putProbe(ctx, r.storage(), r.clock.Now())
 }
