@@ -38,7 +38,8 @@
 //	rotation.go    rotator: root key rotation, config/root's lock and writes
 //	lifecycle.go   lifecycle: running, the end of the work (Clean, or
 //	               storage refusing a write: this node lost the active
-//	               role; fence), the background goroutines
+//	               role; fence), the write before every STS call
+//	               (canStore), the background goroutines
 //	chain.go       chains: role chaining (source_role): the chain topology
 //	               (an index of roles/ that role writes keep) and its
 //	               checks, and a chained attempt's signing with its source

@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 
@@ -19,9 +20,12 @@ import (
 // no storage write: it learns of the loss from Clean (Vault stepping down,
 // sealing, unmounting) or, sooner when Vault is slow to step down, from a
 // storage write that fails because this node is no longer the leader
-// (fence). Either ends the work at once (end): nothing more starts, every
-// goroutine's context is cancelled, so a call on the wire is abandoned and
-// its result never committed, and the owners' timers stop.
+// (fence). So that it learns before it calls rather than after, every STS
+// call is preceded by such a write (canStore): on a node cut off from its
+// quorum it blocks, then fails. Either ends the work at once (end):
+// nothing more starts, every goroutine's context is cancelled, so a call
+// on the wire is abandoned and its result never committed, and the
+// owners' timers stop.
 //
 // Its lock is taken last: nothing is called while it is held, so any
 // owner's lock may be held while the lifecycle is asked (the rotator's and
@@ -55,7 +59,24 @@ type lifecycle struct {
 	// write storage that is out now (writeSafe), nil when none is.
 	askMu  sync.Mutex
 	asking *writeSafeAnswer
+
+	// probeMu guards probing: the write out now that confirms this node
+	// can still store an attempt's result (canStore), nil when none is.
+	probeMu sync.Mutex
+	probing *storeProbe
 }
+
+// storeProbe is one write canStore made: err is its outcome once done is
+// closed; waiting counts the attempts sharing it.
+type storeProbe struct {
+	done    chan struct{}
+	err     error
+	waiting int
+}
+
+// errProbeUnfinished is a probe's outcome when it never returned (it
+// panicked): the attempts sharing it make no call.
+var errProbeUnfinished = errors.New("the storage write before the STS call did not complete")
 
 // writeSafeAnswer is one question writeSafe put to Vault: safe is its
 // answer once done is closed; waiting counts the callers sharing it.
@@ -106,6 +127,71 @@ func (l *lifecycle) sharingWriteSafe() int {
 		return 0
 	}
 	return l.asking.waiting
+}
+
+// canStore confirms, right before an attempt calls STS, that this node can
+// still store what the call fetches, by one storage write (probe, given the
+// lifecycle's context); nil means the write committed and the call may go.
+//
+// writeSafe cannot tell: it tests replication flags only, true on an active
+// node that lost its raft quorum and does not know it yet. Only a write
+// tells: on such a node raft's Put blocks until the leader lease runs out,
+// then fails as "leadership lost" or "node is not the leader", which the
+// fence (below) turns into the end of the work, cancelling the attempt's
+// context. So no STS call starts after the cut except one whose probe
+// committed before it: at most one write's return trip late.
+//
+// Attempts that arrive while a probe is out share it instead of writing
+// again (as writeSafe shares its question): its commit came after they
+// asked, or at most its return trip before, so it is as fresh as their
+// own would be; nothing is kept once it is given. A herd's attempts,
+// paced by sts_rate_limit, then cost one write per call (or fewer when
+// calls cluster), and a burst of cold reads of one role none more than
+// the one attempt they join. A caller whose ctx ends stops waiting; the
+// probe goes on for the others.
+func (l *lifecycle) canStore(ctx context.Context, probe func(context.Context) error) error {
+	l.probeMu.Lock()
+	p := l.probing
+	if p != nil {
+		p.waiting++
+		l.probeMu.Unlock()
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	} else {
+		p = &storeProbe{done: make(chan struct{}), err: errProbeUnfinished}
+		l.probing = p
+		l.probeMu.Unlock()
+		func() {
+			defer func() {
+				// Even if probe panics: the attempts sharing it are let
+				// go (with errProbeUnfinished, so none calls).
+				l.probeMu.Lock()
+				l.probing = nil
+				l.probeMu.Unlock()
+				close(p.done)
+			}()
+			p.err = probe(l.ctx)
+		}()
+	}
+	if p.err == nil && l.isClosed() {
+		// The work ended (Clean, or another write refused) while the
+		// probe was out: nothing more starts.
+		return errShuttingDown
+	}
+	return p.err
+}
+
+// sharingProbe is how many attempts wait for the probe out now.
+func (l *lifecycle) sharingProbe() int {
+	l.probeMu.Lock()
+	defer l.probeMu.Unlock()
+	if l.probing == nil {
+		return 0
+	}
+	return l.probing.waiting
 }
 
 func newLifecycle() *lifecycle {

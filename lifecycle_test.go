@@ -2,6 +2,7 @@ package awsresilient
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -279,4 +280,88 @@ func TestLifecycle_WriteSafeSharesTheQuestionOut(t *testing.T) {
 			t.Fatalf("a caller after the answer: asked %d times in all, want 2 (an answer is not kept)", asked.Load())
 		}
 	}
+}
+
+// TestLifecycle_CanStoreSharesTheWriteOut (issue 42): attempts that reach
+// their call while a probe write is out share its outcome (one write for a
+// batch); the outcome is not kept (the next attempt writes again); a
+// caller whose context ends stops waiting; a probe that panics lets its
+// sharers go with an error (no call); and once the work ended while the
+// write was out, a committed write admits nothing.
+func TestLifecycle_CanStoreSharesTheWriteOut(t *testing.T) {
+	refused := errors.New("node is not the leader")
+	for _, outcome := range []error{nil, refused} {
+		l := newLifecycle()
+		var writes atomic.Int32
+		entered, release := make(chan struct{}), make(chan struct{})
+		probe := func(ctx context.Context) error {
+			if ctx != l.bgContext() {
+				t.Error("the probe does not run on the lifecycle's context: one caller leaving would fail it for all")
+			}
+			if writes.Add(1) == 1 {
+				close(entered)
+				<-release
+			}
+			return outcome
+		}
+		const joiners = 9
+		got := make(chan error, joiners+1)
+		go func() { got <- l.canStore(context.Background(), probe) }()
+		<-entered
+		for range joiners {
+			go func() { got <- l.canStore(context.Background(), probe) }()
+		}
+		gone, leave := context.WithCancel(context.Background())
+		left := make(chan error, 1)
+		go func() { left <- l.canStore(gone, probe) }()
+		waitFor(t, "the joiners waiting on the write out", func() bool { return l.sharingProbe() == joiners+1 })
+		leave()
+		if err := <-left; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a caller whose context ended got %v, want context.Canceled", err)
+		}
+		close(release)
+		for range joiners + 1 {
+			if err := <-got; err != outcome {
+				t.Fatalf("outcome %v, want %v", err, outcome)
+			}
+		}
+		if n := writes.Load(); n != 1 {
+			t.Fatalf("%d writes for %d attempts arriving together, want 1", n, joiners+2)
+		}
+		if err := l.canStore(context.Background(), probe); err != outcome || writes.Load() != 2 {
+			t.Fatalf("an attempt after the outcome: %d writes in all, want 2 (an outcome is not kept)", writes.Load())
+		}
+	}
+
+	t.Run("panic", func(t *testing.T) {
+		l := newLifecycle()
+		entered, release := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer func() { _ = recover() }()
+			_ = l.canStore(context.Background(), func(context.Context) error {
+				close(entered)
+				<-release
+				panic("probe")
+			})
+		}()
+		<-entered
+		got := make(chan error, 1)
+		go func() { got <- l.canStore(context.Background(), nil) }()
+		waitFor(t, "the joiner", func() bool { return l.sharingProbe() == 1 })
+		close(release)
+		if err := <-got; err == nil {
+			t.Fatal("a probe that panicked admitted its sharer's call")
+		}
+	})
+
+	t.Run("ended while out", func(t *testing.T) {
+		l := newLifecycle()
+		err := l.canStore(context.Background(), func(context.Context) error {
+			l.end("deposed") // another write refused meanwhile
+			return nil
+		})
+		if !errors.Is(err, errShuttingDown) {
+			t.Fatalf("a write committed after the work ended admitted a call: %v", err)
+		}
+	})
 }

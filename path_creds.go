@@ -237,6 +237,8 @@ func (b *backend) entityCredsRead(ctx context.Context, req *logical.Request, nam
 	switch {
 	case errors.As(err, &tooMany):
 		return logical.ErrorResponse("role %q: %s", name, tooMany.Error()), nil
+	case err != nil && lostLeadership(err):
+		return nil, notActive(name)
 	case err != nil:
 		return nil, err
 	case rs == nil:
@@ -267,6 +269,13 @@ func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, ag
 	// Readers arriving together share one question to Vault (writeSafe).
 	if !b.life.writeSafe(b.WriteSafeReplicationState) {
 		return nil, logical.ErrReadOnly
+	}
+	// writeSafe is a replication check, not a leadership one: it says true
+	// on an active node that lost its quorum. The cycle's attempt finds out
+	// with a write before it calls STS (refresher.canStore); once storage
+	// refused one as not the leader, no cycle starts here.
+	if b.life.ended() == "deposed" {
+		return nil, notActive(name)
 	}
 	waitStart := b.clock.Now()
 	if again != nil {
@@ -301,6 +310,13 @@ func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, ag
 		}
 		return b.credsResponse(key, role, f.res.cred, now), nil
 	}
+	if errors.Is(f.res.err, errShuttingDown) && b.life.ended() == "deposed" {
+		// Its attempt's write before the call was refused: no call was
+		// made, and none will be on this node.
+		b.metrics.coldWait.Observe(b.clock.Now().Sub(waitStart).Seconds())
+		b.metrics.readsUnavailable.Inc()
+		return nil, notActive(name)
+	}
 	if errors.Is(f.res.err, errRoleChanged) && again == nil {
 		return nil, &readAgain{since: waitStart}
 	}
@@ -329,6 +345,17 @@ func (b *backend) coldRead(ctx context.Context, key credKey, role *roleEntry, ag
 	b.metrics.readsUnavailable.Inc()
 	return nil, logical.CodedError(http.StatusServiceUnavailable,
 		fmt.Sprintf("no valid credential for role %q: %s", name, reason))
+}
+
+// notActive is the answer to a read that found nothing valid cached on a
+// node whose storage refused a write as not the raft leader: it lost the
+// active role and Vault has not stepped it down yet, so it can neither
+// store a credential nor call STS for one. A 503, which Vault's clients
+// (the api package, the CLI, Vault Agent) retry; by then the read reaches
+// the new active node.
+func notActive(name string) error {
+	return logical.CodedError(http.StatusServiceUnavailable,
+		fmt.Sprintf("no valid credential for role %q on this node: it is no longer the active node (storage refused its write as not the raft leader), so it cannot store a credential and makes no STS call; retry, and the new active node serves the read", name))
 }
 
 // whyUnavailable says why a read found nothing to serve: STS's answer, or

@@ -916,6 +916,11 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 			out.err = rerr
 			return out
 		}
+		if rerr := rf.canStore(ctx); rerr != nil {
+			// No call: its credential could not be stored.
+			out.err = rerr
+			return out
+		}
 		d := min(w.timeout, max(w.blockEnd.Sub(rf.clock.Now()), min(w.timeout, minCallTime)))
 		callCtx, cancel := context.WithTimeout(ctx, d)
 		called := rf.clock.Now()
@@ -937,6 +942,31 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		}
 	}
 	return out
+}
+
+// canStore is the admission's last question before a call, asked once its
+// slot has come: can this node still store what the call fetches? One
+// storage write answers it, shared by the attempts asking together
+// (lifecycle.canStore); a cached read never gets here. A write refused
+// because this node is no longer the raft leader has ended the work (the
+// fence) and cancelled ctx, and the cycle stops; any other refusal fails
+// the attempt without a call, retryable, as an unreadable role does.
+func (rf *refresher) canStore(ctx context.Context) *refreshError {
+	err := rf.life.canStore(ctx, rf.probe)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errShuttingDown) || lostLeadership(err):
+		return errShuttingDown
+	case ctx.Err() != nil:
+		return classify(err, "")
+	}
+	return &refreshError{Code: "StorageError", Message: "this node could not write storage, so it made no STS call whose credential it could not store", Retryable: true, cause: err}
+}
+
+// probe is the write before an attempt's call (lifecycle.canStore).
+func (rf *refresher) probe(ctx context.Context) error {
+	return putProbe(ctx, rf.storage(), rf.clock.Now())
 }
 
 // takeSlot takes the rate limiter slot of the attempt's call to endpoint i

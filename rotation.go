@@ -556,6 +556,12 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), rotationCleanupTimeout)
 }
 
+// probe is the write before a rotation's STS or IAM call
+// (lifecycle.canStore).
+func (r *rotator) probe(ctx context.Context) error {
+	return putProbe(ctx, r.storage(), r.clock.Now())
+}
+
 // deposed reports whether storage said this node lost the active role
 // (lifecycle.fence). A rotation then owes nothing more: no IAM call and no
 // write, since another node may be active and rotating; the record written
@@ -729,8 +735,22 @@ type keyList struct {
 	at     time.Time // the node's clock as it answered
 }
 
-// call bounds one IAM call (iamCallTimeout).
-func (r *rootRotation) call() (context.Context, context.CancelFunc) {
+// call bounds one IAM call (iamCallTimeout), once this node has shown it
+// can still write storage (lifecycle.canStore, as before every STS call):
+// a node cut off from its quorum, which Vault has not stepped down yet,
+// makes no IAM call. An error means no call may be made.
+func (r *rootRotation) call() (context.Context, context.CancelFunc, error) {
+	if err := r.rot.life.canStore(r.ctx, r.rot.probe); err != nil {
+		return nil, nil, &rotationError{status: http.StatusServiceUnavailable, msg: "root key rotation stopped: this node could not write storage (" + err.Error() + "), so it makes no IAM call"}
+	}
+	c, cancel := r.callAfterIntent()
+	return c, cancel, nil
+}
+
+// callAfterIntent is call for CreateAccessKey, whose intent was written
+// just before: that write is its proof, and one more would stretch the
+// window that identifies a lost answer's key (intentWriteBudget).
+func (r *rootRotation) callAfterIntent() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.ctx, iamCallTimeout)
 }
 
@@ -749,7 +769,10 @@ func (r *rootRotation) record(what string) {
 
 // identify asks IAM which user config/root's key belongs to.
 func (r *rootRotation) identify() error {
-	c, cancel := r.call()
+	c, cancel, err := r.call()
+	if err != nil {
+		return err
+	}
 	user, err := r.oldIAM.GetUser(c, &iam.GetUserInput{})
 	cancel()
 	if err != nil {
@@ -765,7 +788,10 @@ func (r *rootRotation) identify() error {
 // listKeys returns the user's access keys and IAM's clock as it answered
 // (zero when IAM sent no Date).
 func (r *rootRotation) listKeys() ([]iamtypes.AccessKeyMetadata, time.Time, error) {
-	c, cancel := r.call()
+	c, cancel, err := r.call()
+	if err != nil {
+		return nil, time.Time{}, err
+	}
 	defer cancel()
 	list, err := r.oldIAM.ListAccessKeys(c, &iam.ListAccessKeysInput{UserName: aws.String(r.userName)})
 	if err != nil {
@@ -863,7 +889,10 @@ func (r *rootRotation) deleteRecorded(id string) error {
 	if cur == nil || cur.AccessKey != r.cfg.AccessKey {
 		return &rotationError{status: http.StatusConflict, msg: "config/root's key changed during the rotation; the operator's write wins and nothing more was deleted"}
 	}
-	c, cancel := r.call()
+	c, cancel, err := r.call()
+	if err != nil {
+		return err
+	}
 	_, err = r.oldIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(id)})
 	cancel()
 	if err != nil && !isNoSuchEntity(err) {
@@ -912,7 +941,7 @@ func (r *rootRotation) createKey() error {
 		r.record("intent")
 		return &rotationError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf("root key rotation failed: recording the intent to create a key took %s (storage is slow); nothing was created", took)}
 	}
-	c, cancel := r.call()
+	c, cancel := r.callAfterIntent()
 	created, err := r.oldIAM.CreateAccessKey(c, &iam.CreateAccessKeyInput{UserName: aws.String(r.userName)})
 	cancel()
 	if err == nil && (created.AccessKey == nil || aws.ToString(created.AccessKey.AccessKeyId) == "" || aws.ToString(created.AccessKey.SecretAccessKey) == "") {
@@ -1083,7 +1112,10 @@ func (r *rootRotation) retireOldKey() (warning string, err error) {
 			"config/root's key changed after the rotation stored its new key %s; the operator's write wins and nothing was deleted: "+
 				"%s and %s are on record, and the next rotation or reconciler pass deletes whichever config/root does not hold", r.newID, old, r.newID)}
 	}
-	c, cancel := r.call()
+	c, cancel, err := r.call()
+	if err != nil {
+		return kept(err.Error()), nil
+	}
 	_, err = newIAM.DeleteAccessKey(c, &iam.DeleteAccessKeyInput{UserName: aws.String(r.userName), AccessKeyId: aws.String(old)})
 	cancel()
 	// config/root holds the new key, as its write confirmed: in force.
@@ -1132,6 +1164,11 @@ func (r *rotator) verifyKey(ctx context.Context, cfg *rootConfig, accessKey, sec
 			// First always grants: it has no deadline.
 			slot, _ := r.limiter.ReserveRequest(r.clock.Now(), ratelimit.Request{Priority: ratelimit.First})
 			if err := r.sleepUntil(ctx, slot.At(), nil); err != nil {
+				return err
+			}
+			// As before a refresh's call (refresher.canStore): a node that
+			// can no longer write (cut off from its quorum) calls nothing.
+			if err := r.life.canStore(ctx, r.probe); err != nil {
 				return err
 			}
 			c, cancel := context.WithTimeout(ctx, callTimeout(block))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -21,6 +22,7 @@ import (
 //	status/<key>     statusEntry     the refresher's record of the key
 //	sched/<n>        schedule index shard (schedindex.go): a hint only
 //	clock/<host>     hostClocks      a host's estimates of AWS's clocks (awstime.go)
+//	probe            the write before an STS call (putProbe): never read
 //
 // <key> is a credKey in its String form: a role name, or <role>/<entity ID>
 // for an entity credential (cache_scope=entity). config/ and cache/ are listed in
@@ -35,6 +37,7 @@ const (
 	cachePrefix        = "cache/"
 	statusPrefix       = "status/"
 	clockPrefix        = "clock/"
+	probePath          = "probe"
 )
 
 // credKey names one cached credential: a role's own (entity "") or an
@@ -264,6 +267,19 @@ func getStatus(ctx context.Context, s logical.Storage, key credKey) (*statusEntr
 // putStatus writes the refresher's record of the key.
 func putStatus(ctx context.Context, s logical.Storage, key credKey, st *statusEntry) error {
 	return writeJSON(ctx, s, statusPrefix+key.String(), fmt.Sprintf("status of role %q", key), st)
+}
+
+// putProbe writes the probe key: the one write an attempt (or a batch of
+// attempts arriving together) makes before it calls STS, to learn that this
+// node can still store what the call fetches (lifecycle.canStore). Under
+// raft it returns once a quorum committed it, or fails (or blocks until it
+// fails) on a leader that lost its quorum. Its value, the writer's clock,
+// is for a person reading storage; nothing reads it.
+func putProbe(ctx context.Context, s logical.Storage, at time.Time) error {
+	if err := s.Put(ctx, &logical.StorageEntry{Key: probePath, Value: []byte(at.UTC().Format(time.RFC3339Nano))}); err != nil {
+		return fmt.Errorf("writing the probe before an STS call: %w", err)
+	}
+	return nil
 }
 
 // deleteRoleData deletes the key's cached credential and status: the data a

@@ -35,7 +35,8 @@
 #               aws-ignores-failures  the AWS client records every call as a success
 #               deposed-keeps-refreshing  a node that lost the active role
 #                                     carries on: its refresher ignores
-#                                     storage's "not the leader", and Clean
+#                                     storage's "not the leader" (also on
+#                                     the write before each STS call), and Clean
 #                                     (Vault's step-down) never gets done
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,7 +94,7 @@ broken_patch() {
 	serve-expired) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return c.remaining(now) >= -24*time.Hour \/\/ BROKEN/" ;;
 	cycle-per-read) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return false \&\& ${valid_at#return } \/\/ BROKEN/" ;;
 	forget-storage) printf '%s\t%s\n' storage.go 's/^\treturn readNew\[cacheEntry\](ctx, .*$/\treturn nil, nil \/\/ BROKEN/' ;;
-	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
+	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/;s/^\t\t\tp.err = probe(l.ctx)$/&\n\t\t\tp.err = nil \/\/ BROKEN: a refused write before an STS call is ignored/' ;;
 	esac
 }
 if [[ "${1:-}" == --check-broken ]]; then
