@@ -32,6 +32,7 @@ func main() {
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")
+	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
 	flag.Parse()

@@ -80,6 +80,10 @@ type Config struct {
 	// plugin (Clean), and a call already on the wire. It also covers a
 	// node's first calls before its health answered active.
 	DeposedAllowance time.Duration
+	// StatePoll is how often the driver polls every node's health (the
+	// node_state ops): an unscheduled event's window opens two polls
+	// before the first answer that showed it.
+	StatePoll time.Duration
 }
 
 // Violation is one broken rule, with the records that show it.
@@ -147,6 +151,11 @@ type Report struct {
 	RoleLosses []RoleLoss
 	// Active are the nodes' active spans as their health answered.
 	Active []NodeSpan
+	// Events are the elections, leadership losses and sealed or stopped
+	// nodes that no scheduled fault caused (check_events.go).
+	Events []Event
+	// Redirected counts the reads that followed a 307 to the active node.
+	Redirected int
 }
 
 // NodeSpan is a stretch of time a node held the active role; End is zero
@@ -187,6 +196,7 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 	}
 	c.index()
 	c.indexNetwork()
+	c.indexEvents()
 	c.checkReads()
 	c.checkAvailability()
 	c.checkIssuance()
@@ -225,6 +235,7 @@ type checker struct {
 	procFault []Op               // kill and restart faults
 	stsFault  []Op               // STS's own faults, region down, AWS's clock steps
 	rotations []Op
+	events    []Op     // unscheduled events as faults (check_events.go), also in procFault
 	net       netIndex // the network's faults and the nodes' states (check_network.go)
 }
 
@@ -345,6 +356,9 @@ func (c *checker) checkReads() {
 			continue
 		}
 		c.rep.Reads++
+		if r.Redirected {
+			c.rep.Redirected++
+		}
 		if !r.OK {
 			c.rep.FailedReads++
 			continue
@@ -529,6 +543,11 @@ func (c *checker) explainsReissue(from, to time.Time) bool {
 			continue
 		}
 		if o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) {
+			return true
+		}
+	}
+	for _, e := range c.events {
+		if e.Invoke.Before(to) && e.Return.Add(c.cfg.Grace).After(from) {
 			return true
 		}
 	}

@@ -13,6 +13,11 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(w, "operations          %s\n", counts(r.OpsByKind))
 	fmt.Fprintf(w, "faults injected     %s\n", counts(r.FaultsByKind))
 	fmt.Fprintf(w, "reads               %d, failed %d (%d with nothing valid to serve or the caller's error)\n", r.Reads, r.FailedReads, r.ColdFailures)
+	fmt.Fprintf(w, "redirected reads    %d (a standby answered 307 and the read followed it to the active node, as Vault's client does)\n", r.Redirected)
+	fmt.Fprintf(w, "unscheduled events  %d (elections, leadership losses, sealed or stopped nodes no fault caused, from the nodes' health; judged as kills)\n", len(r.Events))
+	for _, e := range r.Events {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
 	var longest, total time.Duration
 	for _, u := range r.Unavailable {
 		d := u.End.Sub(u.Start)
