@@ -32,6 +32,11 @@ func main() {
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")
+	// A call the cut-off node had sent before the cut reaches the emulator
+	// (one host, loopback and veth links) in milliseconds; a second is
+	// slack for a loaded 2-core host's scheduler, and far less than the
+	// 15 to 30 s the majority takes to elect.
+	flag.DurationVar(&cfg.CutAllowance, "cut-allowance", time.Second, "how long after a partition cut the active node off one of its calls may still reach STS (a call already on the wire)")
 	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")

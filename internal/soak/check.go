@@ -80,6 +80,11 @@ type Config struct {
 	// plugin (Clean), and a call already on the wire. It also covers a
 	// node's first calls before its health answered active.
 	DeposedAllowance time.Duration
+	// CutAllowance is how long after a partition cut the active node off
+	// (it lost its quorum then) one of its calls may still reach STS: only
+	// a call already on the wire at the cut. Zero keeps the older measure
+	// (from the loss the health answers showed, plus DeposedAllowance).
+	CutAllowance time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
 	// before the first answer that showed it.

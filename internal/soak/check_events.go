@@ -57,6 +57,7 @@ func (c *checker) scheduledAt(t time.Time) bool {
 // spans, and adds them to the process faults.
 func (c *checker) indexEvents() {
 	n := &c.net
+	c.quorumLosses()
 	// A state change is seen up to one poll after it happened, and the
 	// poll's answer may take another: the window opens two polls before
 	// the first answer that showed it.
@@ -113,4 +114,36 @@ func (c *checker) indexEvents() {
 
 func (e Event) String() string {
 	return fmt.Sprintf("%s %s .. %s  %s: %s", e.What, e.Start.Format("15:04:05.000"), e.End.Format("15:04:05.000"), e.End.Sub(e.Start).Round(time.Millisecond), e.How)
+}
+
+// quorumLosses marks, on each active span, when its node lost its quorum
+// where that precedes the loss its health answers showed: the cut of a
+// partition that cut the active node off (only calls already on the wire
+// may reach STS after it: CutAllowance), and, for a loss no scheduled fault
+// explains, the node's first answer that was not active (no_answer
+// included; DeposedAllowance after it, as after any loss).
+func (c *checker) quorumLosses() {
+	n := &c.net
+	for i := range n.spans {
+		s := &n.spans[i]
+		if c.cfg.CutAllowance > 0 {
+			for _, p := range n.partitions {
+				if !setOf(p.Nodes)[s.node] || p.Invoke.Before(s.from) || (!s.lost.IsZero() && !p.Invoke.Before(s.lost)) {
+					continue
+				}
+				s.quorumLost, s.allowance = p.Invoke, c.cfg.CutAllowance
+				s.quorumHow = fmt.Sprintf("cut off from the majority by the partition (%s) at %s", p.Detail, p.Invoke.Format("15:04:05.000"))
+				break
+			}
+		}
+		if !s.quorumLost.IsZero() || s.lost.IsZero() || c.scheduledAt(s.lost) {
+			continue
+		}
+		for _, o := range n.states[s.node] {
+			if o.Invoke.After(s.from) && o.Invoke.Before(s.lost) && o.Detail != "active" {
+				s.quorumLost, s.allowance, s.quorumHow = o.Invoke, c.cfg.DeposedAllowance, "answered "+o.Detail+", no scheduled fault"
+				break
+			}
+		}
+	}
 }

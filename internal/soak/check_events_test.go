@@ -65,6 +65,11 @@ func TestUnscheduledEventsExcuseOnlyTheirWindow(t *testing.T) {
 			x.issueFrom(src2, arnA, "vault-a", "ASIA4", 45, 105)
 			x.issueFrom(src2, arnA, "vault-a", "ASIA5", 50, 110)
 		}, RuleOneIssuance, "got two credentials"},
+		{"the deposed node calls past its allowance, counted from its first answer not active", elected, func(x *h) {
+			// node1 answered no_answer at 30, standby at 31: 40.5 is
+			// within the standby answer's allowance, not the first's.
+			x.call(STSCall{Time: at(40.5), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
+		}, RuleDeposedSilent, "it lost the role at 10:00:30.000 (answered no_answer, no scheduled fault)"},
 		{"a standby that was never elected calls STS during the election", elected, func(x *h) {
 			x.call(STSCall{Time: at(32), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src3, IssuedKeyID: "ASIA7", IssuedExpiration: at(92)})
 		}, RuleDeposedSilent, "node3 called AssumeRole"},

@@ -13,7 +13,11 @@ import (
 //   - deposed_node_silent: a node makes STS and IAM calls only while it
 //     holds the active role, give or take DeposedAllowance: none after it
 //     lost it (it answered as no longer active, or another node answered
-//     as active), none as a standby.
+//     as active), none as a standby. An active node that a partition cut
+//     off lost its quorum at the cut: from then on only a call already on
+//     the wire (CutAllowance) may reach STS, not one it started before it
+//     noticed. A loss no scheduled fault explains counts from the node's
+//     first answer that was not active (no_answer included).
 //   - partition_serves_cache: while the majority side of a partition has
 //     an active node, reads through the majority's nodes of a credential
 //     still valid succeed.
@@ -43,6 +47,29 @@ type activeSpan struct {
 	from time.Time
 	lost time.Time
 	how  string
+	// quorumLost is when the node lost its quorum, where that is known
+	// before lost (zero otherwise): the cut of a partition that cut it off
+	// while active, or its first health answer that was not active when no
+	// scheduled fault explains the loss. Its calls are judged from then
+	// on, with allowance (check_events.go's silenceFrom).
+	quorumLost time.Time
+	allowance  time.Duration
+	quorumHow  string
+}
+
+// silentAfter is the instant after which the span allows no call of its
+// node, and why: the loss as the health answers showed it plus
+// DeposedAllowance, or the loss of its quorum plus its own allowance,
+// whichever comes first. Zero: it still held the role at the end.
+func (s activeSpan) silentAfter(deposed time.Duration) (time.Time, time.Time, string) {
+	if s.lost.IsZero() && s.quorumLost.IsZero() {
+		return time.Time{}, time.Time{}, ""
+	}
+	at, end, how := s.lost, s.lost.Add(deposed), s.how
+	if !s.quorumLost.IsZero() && (s.lost.IsZero() || s.quorumLost.Add(s.allowance).Before(end)) {
+		at, end, how = s.quorumLost, s.quorumLost.Add(s.allowance), s.quorumHow
+	}
+	return at, end, how
 }
 
 // RoleLoss is one loss of the active role.
@@ -176,7 +203,8 @@ func (c *checker) linkFaultOn(node string, t time.Time) bool {
 // from−DeposedAllowance ≤ t ≤ lost+DeposedAllowance.
 func (c *checker) spanAt(node string, t time.Time) (activeSpan, bool) {
 	for _, s := range c.net.spans {
-		if s.node == node && !t.Before(s.from.Add(-c.cfg.DeposedAllowance)) && (s.lost.IsZero() || !t.After(s.lost.Add(c.cfg.DeposedAllowance))) {
+		_, end, _ := s.silentAfter(c.cfg.DeposedAllowance)
+		if s.node == node && !t.Before(s.from.Add(-c.cfg.DeposedAllowance)) && (end.IsZero() || !t.After(end)) {
 			return s, true
 		}
 	}
@@ -193,8 +221,8 @@ func (c *checker) checkDeposed() {
 	losses := map[activeSpan]*RoleLoss{}
 	var order []activeSpan
 	for _, s := range n.spans {
-		if !s.lost.IsZero() {
-			losses[s] = &RoleLoss{Node: s.node, At: s.lost, How: s.how}
+		if at, _, how := s.silentAfter(c.cfg.DeposedAllowance); !at.IsZero() {
+			losses[s] = &RoleLoss{Node: s.node, At: at, How: how}
 			order = append(order, s)
 		}
 	}
@@ -208,9 +236,9 @@ func (c *checker) checkDeposed() {
 			c.violate(RuleDeposedSilent, fmt.Sprintf("%s called %s at %s while it did not hold the active role: %s", node, call.Action, call.Time.Format("15:04:05.000"), c.roleAt(node, call.Time)), nil, []STSCall{call})
 			continue
 		}
-		if l := losses[s]; l != nil && call.Time.After(s.lost) {
+		if l := losses[s]; l != nil && call.Time.After(l.At) {
 			l.LateCalls++
-			l.Last = max(l.Last, call.Time.Sub(s.lost))
+			l.Last = max(l.Last, call.Time.Sub(l.At))
 		}
 	}
 	for _, s := range order {
@@ -221,16 +249,18 @@ func (c *checker) checkDeposed() {
 // roleAt says when node last lost the active role before t, or that it
 // never held it.
 func (c *checker) roleAt(node string, t time.Time) string {
-	var last *activeSpan
-	for i, s := range c.net.spans {
-		if s.node == node && !s.lost.IsZero() && s.lost.Before(t) {
-			last = &c.net.spans[i]
+	var at time.Time
+	var how string
+	allowance := c.cfg.DeposedAllowance
+	for _, s := range c.net.spans {
+		if a, end, h := s.silentAfter(c.cfg.DeposedAllowance); s.node == node && !a.IsZero() && a.Before(t) {
+			at, how, allowance = a, h, end.Sub(a)
 		}
 	}
-	if last == nil {
+	if at.IsZero() {
 		return "it had not been active since the history began"
 	}
-	return fmt.Sprintf("it lost the role at %s (%s), %s before, more than the allowance %s", last.lost.Format("15:04:05.000"), last.how, t.Sub(last.lost).Round(time.Millisecond), c.cfg.DeposedAllowance)
+	return fmt.Sprintf("it lost the role at %s (%s), %s before, more than the allowance %s", at.Format("15:04:05.000"), how, t.Sub(at).Round(time.Millisecond), allowance)
 }
 
 // activeAt returns the node whose span covers t (the one that began last,

@@ -47,8 +47,8 @@ func (x *h) issueFrom(src, arn, session, key string, when, exp float64) *h {
 // active from 23; reads through node1 fail meanwhile, reads through the
 // majority fail until it has an active node (and RestartGrace for the
 // forwarding to find it), then succeed; node3 refreshes role a; node1's
-// last call (on the wire when it lost the role) reached STS at 22, within
-// the allowance; after the heal node1 fails for a moment and serves again.
+// last call (on the wire at the cut) reached STS at 20.5, within
+// the cut's allowance; after the heal node1 fails for a moment and serves again.
 func partitioned() *h {
 	x := &h{}
 	x.topology()
@@ -59,7 +59,7 @@ func partitioned() *h {
 	x.op(Op{Kind: KindFault, Client: "faults", Fault: FaultPartition, Detail: "isolate_active", Nodes: []string{"node1"}, Invoke: at(20), Return: at(60), OK: true})
 	x.failVia("node1", "a", 21, 21.5, 500)
 	x.state("node1", "no_answer", 21).state("node1", "standby", 21.5)
-	x.issueFrom(src1, arnA, "vault-a", "ASIA9", 22, 82)
+	x.issueFrom(src1, arnA, "vault-a", "ASIA9", 20.5, 80.5)
 	x.failVia("node2", "a", 22, 32, 0) // forwarded to node1: hangs until the client gives up
 	x.state("node3", "active", 23)
 	x.failVia("node2", "a", 24, 24.1, 500)
@@ -117,8 +117,8 @@ func TestNetworkHistoriesHaveNoViolation(t *testing.T) {
 		p.MajorityReads != 4 || p.MajorityServed != 2 || p.MinorityReads != 2 || p.MinorityServed != 0 {
 		t.Errorf("partition %+v", p)
 	}
-	if len(r.RoleLosses) != 1 || r.RoleLosses[0].Node != "node1" || r.RoleLosses[0].LateCalls != 1 || r.RoleLosses[0].Last != 500*time.Millisecond {
-		t.Errorf("role losses %+v, want node1's at 21.5 with its one call 0.5 s later", r.RoleLosses)
+	if len(r.RoleLosses) != 1 || r.RoleLosses[0].Node != "node1" || r.RoleLosses[0].LateCalls != 1 || r.RoleLosses[0].Last != 500*time.Millisecond || !r.RoleLosses[0].At.Equal(at(20)) {
+		t.Errorf("role losses %+v, want node1's at the cut (20) with its one call 0.5 s later", r.RoleLosses)
 	}
 	r = check(stepped())
 	if len(r.ClockSteps) != 1 || r.ClockSteps[0].Adopted != 3*time.Second || r.ClockSteps[0].Restored != 2*time.Second {
@@ -137,9 +137,14 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 		says   string
 	}{
 		{"deposed node calls past the allowance", RuleDeposedSilent, partitioned, func(x *h) {
-			// node1 lost the role at 21.5; the allowance is 10 s.
+			// node1 lost its quorum at the cut (20); the allowance is 1 s.
 			x.call(STSCall{Time: at(40), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-b", Source: src1})
-		}, "node1 called AssumeRole at 10:00:40.000 while it did not hold the active role: it lost the role at 10:00:21.500 (answered standby)"},
+		}, "node1 called AssumeRole at 10:00:40.000 while it did not hold the active role: it lost the role at 10:00:20.000 (cut off from the majority by the partition (isolate_active) at 10:00:20.000)"},
+		{"a cut-off active node calls after the cut, before it answered standby", RuleDeposedSilent, partitioned, func(x *h) {
+			// Within the old measure (standby at 21.5, plus 10 s), not
+			// on the wire at the cut (20, plus 1 s).
+			x.call(STSCall{Time: at(21.2), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
+		}, "1.2s before, more than the allowance 1s"},
 		{"deposed node not told (still answers active) calls after the new active's election", RuleDeposedSilent, func() *h {
 			x := partitioned()
 			// node1 never answers standby: its step-down hangs (health does
@@ -154,7 +159,7 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 			return x
 		}, func(x *h) {
 			x.call(STSCall{Time: at(34), Action: "AssumeRole", Outcome: "ok", RoleArn: arnB, RoleSessionName: "vault-b", Source: src1})
-		}, "it lost the role at 10:00:23.000 (node3 answered active)"},
+		}, "it lost the role at 10:00:20.000 (cut off from the majority"},
 		{"a standby calls STS", RuleDeposedSilent, partitioned, func(x *h) {
 			x.call(STSCall{Time: at(5), Action: "GetSessionToken", Outcome: "ok", Source: src2})
 		}, "node2 called GetSessionToken at 10:00:05.000 while it did not hold the active role: it had not been active"},
@@ -193,8 +198,8 @@ func TestNetworkAllowances(t *testing.T) {
 		base func() *h
 		add  func(x *h)
 	}{
-		{"a deposed node's call within the allowance", partitioned, func(x *h) {
-			x.call(STSCall{Time: at(31), Action: "AssumeRole", Outcome: "ServiceUnavailable", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
+		{"a cut-off node's call on the wire at the cut", partitioned, func(x *h) {
+			x.call(STSCall{Time: at(20.9), Action: "AssumeRole", Outcome: "ServiceUnavailable", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
 		}},
 		{"a node's first call just before its health answered active", partitioned, func(x *h) {
 			x.call(STSCall{Time: at(22.8), Action: "AssumeRole", Outcome: "Throttling", RoleArn: arnA, RoleSessionName: "vault-a", Source: src3})

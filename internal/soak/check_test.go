@@ -21,7 +21,7 @@ const (
 
 var cfg = Config{Grace: 5 * time.Second, RestartGrace: 3 * time.Second, RefreshMargin: 30 * time.Second, FallbackGrace: 5 * time.Second,
 	MinIssueGap: 20 * time.Second, RenderInterval: 10 * time.Second, PropagationGrace: 10 * time.Second, Skew: 50 * time.Millisecond, MinValidity: time.Second, AgentRole: "a",
-	DeposedAllowance: 10 * time.Second}
+	DeposedAllowance: 10 * time.Second, CutAllowance: time.Second}
 
 // h builds a history; ids are assigned in order.
 type h struct {
