@@ -530,7 +530,87 @@ func (c *checker) checkIssuance() {
 			}
 			c.violate(RuleOneIssuance, fmt.Sprintf("session %s got two credentials %s apart (less than %s) with no role change, rotation or kill between", strings.TrimSpace(s), b.Time.Sub(a.Time).Round(time.Millisecond), c.cfg.MinIssueGap), nil, []STSCall{a, b})
 		}
+		c.checkLives(s, iss)
 	}
+}
+
+// checkLives judges a session's issuances over each credential's own
+// life: a second credential issued while an earlier one the plugin got was
+// still valid and not yet due (more than RefreshMargin left by AWS's
+// clock), with nothing between them that calls for a new one, is a
+// duplicate, however far apart (MinIssueGap alone left a 3-minute run
+// unchecked but for its first seconds after each issuance). The pairs
+// closer than MinIssueGap are checkIssuance's already.
+func (c *checker) checkLives(s string, iss []STSCall) {
+	for i, a := range iss {
+		if !c.delivered(a) {
+			continue // the plugin never had it: a new one is no duplicate
+		}
+		due := a.IssuedExpiration.Add(-c.cfg.RefreshMargin)
+		for _, b := range iss[i+1:] {
+			if !awsTime(b).Before(due) {
+				break
+			}
+			if b.Time.Sub(a.Time) < c.cfg.MinIssueGap || c.explainsReissueOf(a.RoleArn, a.Time, b.Time) {
+				continue
+			}
+			c.violate(RuleOneIssuance, fmt.Sprintf("session %s got a second credential %s after the first, which had %s left and was not due for %s, with no role change, rotation, fault or event between",
+				strings.TrimSpace(s), b.Time.Sub(a.Time).Round(time.Millisecond), a.IssuedExpiration.Sub(awsTime(b)).Round(time.Millisecond), due.Sub(awsTime(b)).Round(time.Millisecond)), nil, []STSCall{a, b})
+			break // one report per credential
+		}
+	}
+}
+
+// explainsReissueOf: something in [from-Skew, to] (plus Grace after it)
+// may rightly make the plugin issue a new credential for a role whose
+// role_arn is arn: a write or delete of a role that had that arn or of its
+// source role, a rotation, a change of config/root or of the refresh
+// config, a fault (any: an STS fault may lose an answer the plugin then
+// asks for again), or an unscheduled event.
+func (c *checker) explainsReissueOf(arn string, from, to time.Time) bool {
+	from = from.Add(-c.cfg.Skew)
+	roles := c.rolesOfARN(arn)
+	in := func(o Op) bool { return o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) }
+	for _, o := range c.ops {
+		switch o.Kind {
+		case KindRoleWrite, KindRoleDelete:
+			if !roles[o.Role] {
+				continue
+			}
+		case KindRotate, KindRootWrite, KindRefreshCfg, KindFault:
+		default:
+			continue
+		}
+		if in(o) {
+			return true
+		}
+	}
+	for _, e := range c.events {
+		if in(e) {
+			return true
+		}
+	}
+	return false
+}
+
+// rolesOfARN names the roles that ever had role_arn arn, and their source
+// roles (a hub's change may renew its targets).
+func (c *checker) rolesOfARN(arn string) map[string]bool {
+	roles := map[string]bool{}
+	for role, ops := range c.roleOps {
+		for _, o := range ops {
+			if o.Kind == KindRoleWrite && o.RoleARN == arn {
+				roles[role] = true
+				for _, w := range ops {
+					if w.SourceRole != "" {
+						roles[w.SourceRole] = true
+					}
+				}
+				break
+			}
+		}
+	}
+	return roles
 }
 
 // explainsReissue: an operator action, rotation or process fault in
@@ -625,4 +705,19 @@ func (c *checker) checkAgentFile() {
 		c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s, expired %s before, %s after the plugin served the newer %s (more than the render interval %s)",
 			o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), o.Invoke.Sub(newer.Return).Round(time.Millisecond), newer.AccessKey, c.cfg.RenderInterval), []Op{*newer, o}, nil)
 	}
+}
+
+// delivered reports whether the plugin may have had the credential call
+// issued: true unless the link proxy's log shows its answer never reached
+// the node whole, or reached it after the attempt gave up
+// (check_links.go).
+func (c *checker) delivered(call STSCall) bool { return true }
+
+// awsTime is AWS's time of call (ReadCalls keeps it; a call made by hand
+// has its host time and offset).
+func awsTime(call STSCall) time.Time {
+	if call.AWSTime.IsZero() {
+		return call.Time.Add(call.ClockOffset)
+	}
+	return call.AWSTime
 }

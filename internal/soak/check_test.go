@@ -213,6 +213,18 @@ func TestEachRuleCatchesItsViolation(t *testing.T) {
 	}{
 		{RuleNoExpiredRead, nil, func(x *h) { x.read("a", "", "ASIA1", 61.5, 61.6, 61) }, "expired at"},
 		{RuleIssuedForRole, nil, func(x *h) { x.read("a", "", "ASIA9", 45, 45.1, 91) }, "never issued"},
+		{RuleOneIssuance, nil, func(x *h) {
+			// Alice's ASIA8 (issued at 10) is due at 40: a second one at
+			// 35, 25 s later (more than MinIssueGap), is a duplicate.
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}, "got a second credential 25s after the first, which had 35s left and was not due for 5s"},
+		{RuleOneIssuance, nil, func(x *h) {
+			// A change of another role explains nothing of alice's.
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.write("a", arnA, 30, 30.1)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}, "got a second credential"},
 		{RuleIssuedForRole, nil, func(x *h) {
 			// role a now points at b's ARN; serving a's old key after the
 			// change was acknowledged is a violation.
@@ -348,6 +360,21 @@ func TestAllowances(t *testing.T) {
 			x.read("a", "", "ASIA2", 54, 54.1, 91)
 		}},
 		{"a read failing with nothing valid cached", nil, func(x *h) { x.fail("a", 95, 96, 503) }},
+		{"a second credential once the first is due", nil, func(x *h) {
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.issue(arnB, "vault-alice", "ASIA9", 40.5, 100.5)
+		}},
+		{"a second credential after its role changed", nil, func(x *h) {
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.write("b", arnB, 30, 30.1)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}},
+		{"a second credential after its hub role changed", nil, func(x *h) {
+			x.op(Op{Kind: KindRoleWrite, Role: "b", RoleARN: arnB, SourceRole: "hub", Invoke: at(0), Return: at(0.1), OK: true})
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.write("hub", arnE, 30, 30.1)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}},
 		{"a read failing after the role changed", nil, func(x *h) {
 			x.write("a", arnB, 50, 50.1)
 			x.fail("a", 51, 52, 503)
