@@ -28,7 +28,7 @@ func main() {
 	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
-	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (a cached credential with less is not available)")
+	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (minServeValidity: a read returning less is served_min_validity's violation; a cached credential with less is not available)")
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")
@@ -37,6 +37,10 @@ func main() {
 	// slack for a loaded 2-core host's scheduler, and far less than the
 	// 15 to 30 s the majority takes to elect.
 	flag.DurationVar(&cfg.CutAllowance, "cut-allowance", time.Second, "how long after a partition cut the active node off one of its calls may still reach STS (a call already on the wire)")
+	// A rejoining node hears the active node's heartbeat within a second
+	// (performance_multiplier 1) and its standby then forwards again: the
+	// restart's 5 s for the forwarding to find the active node covers both.
+	flag.DurationVar(&cfg.HealGrace, "heal-grace", 5*time.Second, "reads failing this long after a partition healed (or after the election the rejoining node forced) are the rejoin's")
 	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")

@@ -26,11 +26,14 @@ const (
 	RuleDeposedSilent     = "deposed_node_silent"
 	RulePartitionServes   = "partition_serves_cache"
 	RuleNoExpiredAWSClock = "no_read_expired_aws_clock"
-	RuleHistoryWellMade   = "history_well_formed"
+	// RuleMinValidity: no read returns a credential with less than the
+	// plugin's documented minimum remaining validity left (check_clock.go).
+	RuleMinValidity     = "served_min_validity"
+	RuleHistoryWellMade = "history_well_formed"
 )
 
 // Rules lists every rule, in report order.
-var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
+var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleMinValidity, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
 	RulePartitionServes, RuleDeposedSilent, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks,
 	RuleAgentFileFresh, RuleAWSClient, RuleHistoryWellMade}
 
@@ -85,6 +88,10 @@ type Config struct {
 	// a call already on the wire at the cut. Zero keeps the older measure
 	// (from the loss the health answers showed, plus DeposedAllowance).
 	CutAllowance time.Duration
+	// HealGrace is how long after a partition healed (or after the
+	// election the rejoining node forced) reads may still fail: the rejoin.
+	// Zero keeps the older measure (Grace).
+	HealGrace time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
 	// before the first answer that showed it.

@@ -300,9 +300,10 @@ func setOf(xs []string) map[string]bool {
 
 // partitionFailure judges a read that failed while good (still valid)
 // was cached, if a partition explains it: through a minority node during
-// the partition (and Grace after it, the rejoin), or through a majority
+// the partition, through any node until the cluster was whole again
+// (healedBy: the rejoin), or through a majority
 // node before the majority had an active node (plus RestartGrace for the
-// forwarding to find it) or in the Grace after the heal. A failure through
+// forwarding to find it). A failure through
 // a majority node at any other time of the partition is
 // partition_serves_cache's violation. It reports whether the partition
 // accounted for r.
@@ -311,7 +312,7 @@ func (c *checker) partitionFailure(r, good Op) bool {
 		return false
 	}
 	for _, p := range c.net.partitions {
-		if r.Return.Before(p.Invoke) || r.Invoke.After(p.Return.Add(c.cfg.Grace)) {
+		if r.Return.Before(p.Invoke) || r.Invoke.After(c.healedBy(p)) {
 			continue
 		}
 		if setOf(p.Nodes)[r.Node] || r.Invoke.After(p.Return) {
@@ -329,6 +330,27 @@ func (c *checker) partitionFailure(r, good Op) bool {
 		return true
 	}
 	return false
+}
+
+// healedBy is when the cluster is whole again after partition p: the heal
+// plus HealGrace, or, when the rejoining node forced an election (its term
+// moved on while it was cut off), that election plus HealGrace. Without a
+// HealGrace the whole Grace after the heal is the partition's (the older
+// measure). HealGrace covers the rejoining node hearing the active node's
+// first heartbeat and its standby finding the active node to forward to
+// again, as RestartGrace covers the cluster's re-forming; it leaves no
+// blind window after every heal.
+func (c *checker) healedBy(p Op) time.Time {
+	if c.cfg.HealGrace <= 0 {
+		return p.Return.Add(c.cfg.Grace)
+	}
+	end := p.Return
+	for _, s := range c.net.spans {
+		if s.from.After(p.Return) && !s.from.After(p.Return.Add(c.cfg.Grace)) && s.from.After(end) {
+			end = s.from
+		}
+	}
+	return end.Add(c.cfg.HealGrace)
 }
 
 // checkPartitions reports each partition.

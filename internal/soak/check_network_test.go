@@ -166,6 +166,16 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 		{"the majority fails a read with an active node", RulePartitionServes, partitioned, func(x *h) {
 			x.failVia("node2", "a", 50, 50.1, 503)
 		}, "a read through node2, on the majority side of the partition ([node1] cut off) that had an active node since 10:00:23.000, failed while ASIA2"},
+		{"a read through the rejoined node fails past the heal's allowance", RuleAvailable, partitioned, func(x *h) {
+			// Healed at 60; HealGrace is 3 s (Grace, 5 s, was a blind
+			// window after every heal).
+			x.failVia("node1", "a", 64, 64.1, 500)
+		}, "no kill or restart explains it"},
+		{"a read with less than the minimum validity left by AWS's clock", RuleMinValidity, stepped, func(x *h) {
+			// ASIA1 expires at 61 by AWS's clock, which reads 60.5 at 30.5:
+			// 30.5 s left by the host's.
+			x.readVia("node1", "a", "ASIA1", 30.5, 30.6, 61)
+		}, "with 500ms left by AWS's clock"},
 		{"a read expired by AWS's clock during the step", RuleNoExpiredAWSClock, stepped, func(x *h) {
 			// ASIA1 expires at 61 by AWS's clock, which reads 70 at 40.
 			x.readVia("node1", "a", "ASIA1", 40, 40.1, 61)
@@ -210,6 +220,11 @@ func TestNetworkAllowances(t *testing.T) {
 		{"reads through the cut-off node fail all along, and just after the heal", partitioned, func(x *h) {
 			x.failVia("node1", "a", 59, 59.5, 0)
 			x.failVia("node1", "a", 63, 63.5, 500)
+		}},
+		{"reads fail around the election a rejoining node forces", partitioned, func(x *h) {
+			x.state("node3", "standby", 61).state("node2", "active", 62)
+			x.failVia("node2", "a", 61.5, 61.6, 500)
+			x.failVia("node3", "a", 64.5, 64.6, 500) // 62 + HealGrace
 		}},
 		{"a read through the majority fails before its new active node serves", partitioned, func(x *h) {
 			x.failVia("node3", "a", 25.5, 25.6, 503)

@@ -21,7 +21,7 @@ const (
 
 var cfg = Config{Grace: 5 * time.Second, RestartGrace: 3 * time.Second, RefreshMargin: 30 * time.Second, FallbackGrace: 5 * time.Second,
 	MinIssueGap: 20 * time.Second, RenderInterval: 10 * time.Second, PropagationGrace: 10 * time.Second, Skew: 50 * time.Millisecond, MinValidity: time.Second, AgentRole: "a",
-	DeposedAllowance: 10 * time.Second, CutAllowance: time.Second}
+	DeposedAllowance: 10 * time.Second, CutAllowance: time.Second, HealGrace: 3 * time.Second}
 
 // h builds a history; ids are assigned in order.
 type h struct {
@@ -212,6 +212,7 @@ func TestEachRuleCatchesItsViolation(t *testing.T) {
 		says   string
 	}{
 		{RuleNoExpiredRead, nil, func(x *h) { x.read("a", "", "ASIA1", 61.5, 61.6, 61) }, "expired at"},
+		{RuleMinValidity, nil, func(x *h) { x.read("a", "", "ASIA2", 90.5, 90.6, 91) }, "with 500ms left by AWS's clock"},
 		{RuleIssuedForRole, nil, func(x *h) { x.read("a", "", "ASIA9", 45, 45.1, 91) }, "never issued"},
 		{RuleOneIssuance, nil, func(x *h) {
 			// Alice's ASIA8 (issued at 10) is due at 40: a second one at
@@ -360,6 +361,7 @@ func TestAllowances(t *testing.T) {
 			x.read("a", "", "ASIA2", 54, 54.1, 91)
 		}},
 		{"a read failing with nothing valid cached", nil, func(x *h) { x.fail("a", 95, 96, 503) }},
+		{"a read with just over the minimum validity left", nil, func(x *h) { x.read("a", "", "ASIA2", 89.9, 90, 91) }},
 		{"a second credential once the first is due", nil, func(x *h) {
 			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
 			x.issue(arnB, "vault-alice", "ASIA9", 40.5, 100.5)
