@@ -140,5 +140,5 @@ if [[ ! -s "$out/calls.jsonl" ]]; then
 	tail -50 "$out/test.log" >&2
 	exit 1
 fi
-go run ./cmd/soak-check -history "$out/history.jsonl" -calls "$out/calls.jsonl" -svg "$out/timeline.svg" | tee "$out/report.txt" || status=$?
+go run ./cmd/soak-check -history "$out/history.jsonl" -calls "$out/calls.jsonl" -links "$out/links.jsonl" -svg "$out/timeline.svg" | tee "$out/report.txt" || status=$?
 exit $status

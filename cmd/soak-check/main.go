@@ -3,7 +3,7 @@
 // guarantees with the operations involved, and the run's figures
 // (internal/soak). It exits 1 when any rule is broken.
 //
-//	soak-check -history history.jsonl -calls emulator-calls.jsonl [-grace 20s ...]
+//	soak-check -history history.jsonl -calls emulator-calls.jsonl [-links links.jsonl] [-grace 20s ...]
 package main
 
 import (
@@ -19,6 +19,7 @@ import (
 func main() {
 	history := flag.String("history", "", "the client history (JSON lines)")
 	callLog := flag.String("calls", "", "the emulator's call log (JSON lines)")
+	linkLog := flag.String("links", "", "the link proxy's log of the nodes' STS exchanges (JSON lines; optional, skipped when the file does not exist)")
 	var cfg soak.Config
 	// The defaults are the soak's own (internal/soak/soak_test.go).
 	flag.DurationVar(&cfg.Grace, "grace", 30*time.Second, "reads failing this long after a kill or step-down are attributed to it")
@@ -41,6 +42,9 @@ func main() {
 	// (performance_multiplier 1) and its standby then forwards again: the
 	// restart's 5 s for the forwarding to find the active node covers both.
 	flag.DurationVar(&cfg.HealGrace, "heal-grace", 5*time.Second, "reads failing this long after a partition healed (or after the election the rejoining node forced) are the rejoin's")
+	// The soak's retry_window 6s over max_retries 3 (or 4): a 2 s block,
+	// whose callTimeout is four fifths.
+	flag.DurationVar(&cfg.CallTimeout, "call-timeout", 1600*time.Millisecond, "the longest an attempt waits for one STS answer (an answer that reached its node later was given up on)")
 	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
@@ -68,7 +72,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "soak-check:", err)
 		os.Exit(2)
 	}
-	r := soak.Check(ops, calls, cfg)
+	var links []soak.Exchange
+	if *linkLog != "" {
+		if _, err := os.Stat(*linkLog); err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check: no link log, late_answer_never_served not judged:", err)
+		} else if links, err = readFile(*linkLog, soak.ReadExchanges); err != nil {
+			fmt.Fprintln(os.Stderr, "soak-check:", err)
+			os.Exit(2)
+		}
+	}
+	r := soak.CheckLinks(ops, calls, links, cfg)
 	r.Write(os.Stdout)
 	if *svg != "" {
 		f, err := os.Create(*svg)

@@ -28,13 +28,16 @@ const (
 	RuleNoExpiredAWSClock = "no_read_expired_aws_clock"
 	// RuleMinValidity: no read returns a credential with less than the
 	// plugin's documented minimum remaining validity left (check_clock.go).
-	RuleMinValidity     = "served_min_validity"
+	RuleMinValidity = "served_min_validity"
+	// RuleLateAnswer: a credential whose answer reached its node after the
+	// attempt gave up is never served (check_links.go).
+	RuleLateAnswer      = "late_answer_never_served"
 	RuleHistoryWellMade = "history_well_formed"
 )
 
 // Rules lists every rule, in report order.
 var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleMinValidity, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
-	RulePartitionServes, RuleDeposedSilent, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks,
+	RulePartitionServes, RuleDeposedSilent, RuleLateAnswer, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks,
 	RuleAgentFileFresh, RuleAWSClient, RuleHistoryWellMade}
 
 // Config holds the tolerances of a run.
@@ -92,6 +95,11 @@ type Config struct {
 	// election the rejoining node forced) reads may still fail: the rejoin.
 	// Zero keeps the older measure (Grace).
 	HealGrace time.Duration
+	// CallTimeout is the longest an attempt waits for one STS answer (the
+	// plugin's callTimeout of the longest retry block the run configures):
+	// an answer that reached its node later was given up on. Zero: the
+	// link proxy's log is not judged.
+	CallTimeout time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
 	// before the first answer that showed it.
@@ -168,6 +176,11 @@ type Report struct {
 	Events []Event
 	// Redirected counts the reads that followed a 307 to the active node.
 	Redirected int
+	// Exchanges counts the issuing answers the link proxy logged,
+	// LateAnswers those that reached their node late or not whole, and
+	// LateServed the credentials of those that were served all the same.
+	Exchanges, LateAnswers int
+	LateServed             []LateAnswer
 }
 
 // NodeSpan is a stretch of time a node held the active role; End is zero
@@ -198,7 +211,11 @@ type RegionDown struct {
 }
 
 // Check checks a history and the emulator's call log against every rule.
-func Check(ops []Op, calls []STSCall, cfg Config) *Report {
+func Check(ops []Op, calls []STSCall, cfg Config) *Report { return CheckLinks(ops, calls, nil, cfg) }
+
+// CheckLinks is Check with the link proxy's log of the nodes' exchanges
+// with STS (late_answer_never_served; nil: no link log).
+func CheckLinks(ops []Op, calls []STSCall, links []Exchange, cfg Config) *Report {
 	c := &checker{cfg: cfg, ops: ops, calls: calls, rep: &Report{
 		OpsByKind: map[string]int{}, FaultsByKind: map[string]int{}, ByRule: map[string]int{},
 		STSCalls: map[string]int{}, STSIssued: map[string]int{},
@@ -207,6 +224,7 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 		c.rep.ByRule[r] = 0
 	}
 	c.index()
+	c.indexLinks(links)
 	c.indexNetwork()
 	c.indexEvents()
 	c.checkReads()
@@ -220,6 +238,8 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 	c.checkDeposed()
 	c.checkPartitions()
 	c.checkLinkFaults()
+	c.checkLateAnswers()
+	c.countLateAnswers()
 	c.checkClockSteps()
 	sort.SliceStable(c.rep.Violations, func(i, j int) bool {
 		return ruleIndex(c.rep.Violations[i].Rule) < ruleIndex(c.rep.Violations[j].Rule)
@@ -247,8 +267,9 @@ type checker struct {
 	procFault []Op               // kill and restart faults
 	stsFault  []Op               // STS's own faults, region down, AWS's clock steps
 	rotations []Op
-	events    []Op     // unscheduled events as faults (check_events.go), also in procFault
-	net       netIndex // the network's faults and the nodes' states (check_network.go)
+	events    []Op                // unscheduled events as faults (check_events.go), also in procFault
+	net       netIndex            // the network's faults and the nodes' states (check_network.go)
+	links     map[string]Exchange // issued key id -> the link exchange that carried it (check_links.go)
 }
 
 func (c *checker) violate(rule, msg string, ops []Op, calls []STSCall) {
@@ -532,7 +553,7 @@ func (c *checker) checkIssuance() {
 		sort.SliceStable(iss, func(i, j int) bool { return iss[i].Time.Before(iss[j].Time) })
 		for i := 1; i < len(iss); i++ {
 			a, b := iss[i-1], iss[i]
-			if b.Time.Sub(a.Time) >= c.cfg.MinIssueGap || c.explainsReissue(a.Time, b.Time) {
+			if b.Time.Sub(a.Time) >= c.cfg.MinIssueGap || !c.delivered(a) || c.explainsReissue(a.Time, b.Time) {
 				continue
 			}
 			c.violate(RuleOneIssuance, fmt.Sprintf("session %s got two credentials %s apart (less than %s) with no role change, rotation or kill between", strings.TrimSpace(s), b.Time.Sub(a.Time).Round(time.Millisecond), c.cfg.MinIssueGap), nil, []STSCall{a, b})
@@ -713,12 +734,6 @@ func (c *checker) checkAgentFile() {
 			o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), o.Invoke.Sub(newer.Return).Round(time.Millisecond), newer.AccessKey, c.cfg.RenderInterval), []Op{*newer, o}, nil)
 	}
 }
-
-// delivered reports whether the plugin may have had the credential call
-// issued: true unless the link proxy's log shows its answer never reached
-// the node whole, or reached it after the attempt gave up
-// (check_links.go).
-func (c *checker) delivered(call STSCall) bool { return true }
 
 // awsTime is AWS's time of call (ReadCalls keeps it; a call made by hand
 // has its host time and offset).

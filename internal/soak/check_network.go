@@ -21,8 +21,10 @@ import (
 //   - partition_serves_cache: while the majority side of a partition has
 //     an active node, reads through the majority's nodes of a credential
 //     still valid succeed.
-//   - Link faults have no rule of their own: every other rule holds under
-//     them (no_expired_read, available_while_cached: a valid credential is
+//   - late_answer_never_served (check_links.go) is the link faults' own:
+//     an answer that reached its node after the attempt gave up, or never
+//     whole, is never served. Every other rule holds under them too
+//     (no_expired_read, available_while_cached: a valid credential is
 //     served throughout), and the report says what each did.
 
 // netIndex is what the checker knows of the network.

@@ -58,6 +58,12 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, "  %-20s %s .. %s  %s, %s: %d STS calls reached STS, %d credentials issued; reads %d served of %d\n",
 			l.Detail, l.Start.Format("15:04:05.000"), l.End.Format("15:04:05.000"), l.End.Sub(l.Start).Round(time.Millisecond), l.Node, l.Calls, l.Issued, l.Served, l.Reads)
 	}
+	if r.Exchanges > 0 {
+		fmt.Fprintf(w, "late STS answers    %d of %d issuing answers reached their node after the attempt gave up or not whole; %d of their credentials served\n", r.LateAnswers, r.Exchanges, len(r.LateServed))
+		for _, l := range r.LateServed {
+			fmt.Fprintf(w, "  %-20s %s %s: answer after %s, served %d times\n", l.Key, l.Node, l.Sent.Format("15:04:05.000"), orNever(l.Took), l.Served)
+		}
+	}
 	fmt.Fprintf(w, "AWS clock steps     %d (the emulator's clock moved, and back; reads judged by AWS's clock)\n", len(r.ClockSteps))
 	for _, c := range r.ClockSteps {
 		fmt.Fprintf(w, "  %-16s %s .. %s  %s: the plugin followed after %s, and the step back after %s; reads %d served of %d\n",
