@@ -31,13 +31,16 @@ const (
 	RuleMinValidity = "served_min_validity"
 	// RuleLateAnswer: a credential whose answer reached its node after the
 	// attempt gave up is never served (check_links.go).
-	RuleLateAnswer      = "late_answer_never_served"
+	RuleLateAnswer = "late_answer_never_served"
+	// RuleOneAttempt: at most one STS attempt per session per retry block
+	// (check_chains.go).
+	RuleOneAttempt      = "one_attempt_per_block"
 	RuleHistoryWellMade = "history_well_formed"
 )
 
 // Rules lists every rule, in report order.
 var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleMinValidity, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
-	RulePartitionServes, RuleDeposedSilent, RuleLateAnswer, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks,
+	RulePartitionServes, RuleDeposedSilent, RuleLateAnswer, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOneAttempt, RuleOwnIAMKeys, RuleRootKeyWorks,
 	RuleAgentFileFresh, RuleAWSClient, RuleHistoryWellMade}
 
 // Config holds the tolerances of a run.
@@ -100,6 +103,10 @@ type Config struct {
 	// an answer that reached its node later was given up on. Zero: the
 	// link proxy's log is not judged.
 	CallTimeout time.Duration
+	// MinBlock is the shortest retry block the run configures
+	// (retry_window / max_retries): three calls of one session through one
+	// listener within less are two attempts in one block. Zero: not judged.
+	MinBlock time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
 	// before the first answer that showed it.
@@ -230,6 +237,7 @@ func CheckLinks(ops []Op, calls []STSCall, links []Exchange, cfg Config) *Report
 	c.checkReads()
 	c.checkAvailability()
 	c.checkIssuance()
+	c.checkAttempts()
 	c.checkIAM()
 	c.checkAgentFile()
 	c.checkRestarts()
@@ -408,6 +416,13 @@ func (c *checker) checkReads() {
 			}
 			if allowed, seen := c.allowedARNs(r.Role, r.Invoke, r.Return); seen && !allowed[iss.RoleArn] {
 				c.violate(RuleIssuedForRole, fmt.Sprintf("returned key %s was issued for %s; role %s's role_arn in force was %s", r.AccessKey, iss.RoleArn, r.Role, keys(allowed)), []Op{r}, []STSCall{iss})
+			}
+			if why := c.issuedBySource(r, iss); why != "" {
+				calls := []STSCall{iss}
+				if signer, ok := c.issued[iss.AccessKeyID]; ok {
+					calls = append(calls, signer)
+				}
+				c.violate(RuleIssuedForRole, why, []Op{r}, calls)
 			}
 			if del, ok := c.lastDelete(r.Role, r.Invoke); ok && iss.Time.Before(del.Invoke) {
 				c.violate(RuleDeletedRole, fmt.Sprintf("returned key %s, issued %s, before role %s was deleted (acknowledged %s)", r.AccessKey, iss.Time.Format(time.RFC3339Nano), r.Role, del.Return.Format(time.RFC3339Nano)), []Op{del, r}, []STSCall{iss})

@@ -371,11 +371,9 @@ func TestAllowances(t *testing.T) {
 			x.write("b", arnB, 30, 30.1)
 			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
 		}},
-		{"a second credential after its hub role changed", nil, func(x *h) {
-			x.op(Op{Kind: KindRoleWrite, Role: "b", RoleARN: arnB, SourceRole: "hub", Invoke: at(0), Return: at(0.1), OK: true})
-			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
-			x.write("hub", arnE, 30, 30.1)
-			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		{"a second credential after its hub role changed", chained, func(x *h) {
+			x.write("hub", arnE, 10, 10.1)
+			x.signedBy("ASIAH1").issueFrom(src1, arnC, "vault-t1", "ASIAT9", 12, 72)
 		}},
 		{"a read failing after the role changed", nil, func(x *h) {
 			x.write("a", arnB, 50, 50.1)

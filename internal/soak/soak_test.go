@@ -66,6 +66,7 @@ var checkConfig = soak.Config{
 	HealGrace:   5 * time.Second,
 	StatePoll:   stateEvery,
 	CallTimeout: 1600 * time.Millisecond, // callTimeout of the longest block: retry_window 6s / max_retries 3
+	MinBlock:    1500 * time.Millisecond, // the shortest block: retry_window 6s / max_retries 4
 }
 
 // stateEvery is how often every node's health is polled for the history.
