@@ -37,6 +37,12 @@
 #                                     carries on: its refresher ignores
 #                                     storage's "not the leader", and Clean
 #                                     (Vault's step-down) never gets done
+#               keeps-late-answers    the per-call timeout no longer bounds
+#                                     an STS call: an answer that came after
+#                                     its attempt gave up is kept and served
+#               deposed-refreshes-after-cut  a cut-off active node ignores
+#                                     storage's "not the leader" and Clean
+#                                     lets it refresh on for 20 s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${DURATION:-2m}
@@ -93,11 +99,19 @@ broken_patch() {
 	serve-expired) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return c.Expiration.Add(-offset).Sub(now) >= min(-24*time.Hour, maxErr) \/\/ BROKEN/" ;;
 	cycle-per-read) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return false \&\& ${valid_at#return } \/\/ BROKEN/" ;;
 	forget-storage) printf '%s\t%s\n' storage.go 's/^\treturn readNew\[cacheEntry\](ctx, .*$/\treturn nil, nil \/\/ BROKEN/' ;;
+	# keeps-late-answers: the per-call timeout no longer bounds the call, so
+	# an answer that arrives after the attempt should have given up (a slow
+	# link) is committed and served: late_answer_never_served.
+	keeps-late-answers) printf '%s\t%s\n' refresher.go 's/^\t\tcallCtx, cancel := context.WithTimeout(ctx, d)$/\t\tcallCtx, cancel := context.WithTimeout(ctx, d+time.Minute) \/\/ BROKEN: the per-call timeout no longer bounds the call/' ;;
+	# deposed-refreshes-after-cut: storage's "not the leader" is ignored and
+	# Clean lets the refresher run on for 20 s, so a cut-off active node
+	# keeps calling STS for about 20 s after the cut: deposed_node_silent.
+	deposed-refreshes-after-cut) printf '%s\t%s\n' lifecycle.go 's/^\t"sync"$/&\n\t"time"/;s/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "deposed" {\n\t\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored\n\t}\n\tif why == "clean" {\n\t\ttime.Sleep(20 * time.Second) \/\/ BROKEN: the refresher runs on for 20 s\n\t}/' ;;
 	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
 	esac
 }
 if [[ "${1:-}" == --check-broken ]]; then
-	for name in serve-expired cycle-per-read forget-storage deposed-keeps-refreshing; do
+	for name in serve-expired cycle-per-read forget-storage deposed-keeps-refreshing keeps-late-answers deposed-refreshes-after-cut; do
 		IFS=$'\t' read -r file expr < <(broken_patch "$name")
 		BROKEN=$name broken_plugin "$file" "$expr"
 		rm -rf "$(dirname "$PLUGIN_BIN")"
@@ -106,7 +120,7 @@ if [[ "${1:-}" == --check-broken ]]; then
 fi
 case "${BROKEN:-}" in
 "") ;;
-serve-expired | cycle-per-read | forget-storage | deposed-keeps-refreshing)
+serve-expired | cycle-per-read | forget-storage | deposed-keeps-refreshing | keeps-late-answers | deposed-refreshes-after-cut)
 	IFS=$'\t' read -r file expr < <(broken_patch "$BROKEN")
 	broken_plugin "$file" "$expr"
 	;;
@@ -116,7 +130,7 @@ no-fallback | aws-ignores-failures)
 	echo "soak: BROKEN=$BROKEN" >&2
 	;;
 *)
-	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, deposed-keeps-refreshing, no-fallback or aws-ignores-failures" >&2
+	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, deposed-keeps-refreshing, keeps-late-answers, deposed-refreshes-after-cut, no-fallback or aws-ignores-failures" >&2
 	exit 2
 	;;
 esac
