@@ -3,10 +3,16 @@ package vaulttest
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
 
 const (
@@ -61,5 +67,86 @@ func TestLinkProxyLogsExchanges(t *testing.T) {
 	e = logExchange(t, errReset, len(assumeResp())-10)
 	if !e.Delivered.IsZero() || !strings.Contains(e.Error, "reset") || e.Action != "AssumeRole" {
 		t.Errorf("a reset exchange %+v: want no delivery and the reset named", e)
+	}
+}
+
+// syncBuffer is a bytes.Buffer the proxy's goroutines may write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) exchanges(t *testing.T) []LinkExchange {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var xs []LinkExchange
+	for _, line := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var e LinkExchange
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		xs = append(xs, e)
+	}
+	return xs
+}
+
+// The link proxy's log on a real link: an answer on time, one a second
+// late (the link's latency), one reset halfway; the carrying is unchanged.
+func TestLinkProxyLogsRealExchanges(t *testing.T) {
+	SkipUnlessEnabled(t)
+	testtool.Require(t, "curl", "--version")
+	nw := NewNetwork(t, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("x-amzn-RequestId", "req-"+r.URL.Query().Get("n"))
+		fmt.Fprint(w, "<AssumeRoleResponse><AccessKeyId>ASIA"+r.URL.Query().Get("n")+"</AccessKeyId>"+strings.Repeat("x", 4000)+"</AssumeRoleResponse>")
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	url := "http://" + ln.Addr().String()
+	p := StartLinkProxy(t, nw, url)
+	var log syncBuffer
+	p.LogExchanges(&log)
+
+	if out := curlIn(t, nw, 0, url+"/?Action=AssumeRole&n=1", 5*time.Second); !strings.HasPrefix(out, "200 ") {
+		t.Fatalf("through the link proxy: %q", out)
+	}
+	p.SetFault(0, LinkFault{Latency: time.Second})
+	if out := curlIn(t, nw, 0, url+"/?Action=AssumeRole&n=2", 5*time.Second); !strings.HasPrefix(out, "200 1.") {
+		t.Errorf("with 1 s of latency: %q", out)
+	}
+	p.SetFault(0, LinkFault{ResetAfter: 1000})
+	curlIn(t, nw, 0, url+"/?Action=AssumeRole&n=3", 5*time.Second)
+	p.SetFault(0, LinkFault{})
+	time.Sleep(200 * time.Millisecond) // the last exchange's record after its connection ends
+	xs := log.exchanges(t)
+	if len(xs) != 3 {
+		t.Fatalf("logged %+v, want 3 exchanges", xs)
+	}
+	for i, e := range xs {
+		if e.Source != nw.Nodes[0].SourceIP || e.Action != "AssumeRole" || e.IssuedKeyID != fmt.Sprintf("ASIA%d", i+1) || e.Sent.IsZero() {
+			t.Errorf("exchange %d: %+v", i+1, e)
+		}
+	}
+	if d := xs[0].Delivered.Sub(xs[0].Sent); xs[0].Delivered.IsZero() || d > 500*time.Millisecond {
+		t.Errorf("the answer on time was delivered after %s", d)
+	}
+	if d := xs[1].Delivered.Sub(xs[1].Sent); d < time.Second || d > 2*time.Second {
+		t.Errorf("the answer a second late was delivered after %s, want about 1 s", d)
+	}
+	if !xs[2].Delivered.IsZero() || xs[2].Error == "" {
+		t.Errorf("the answer reset halfway: %+v, want no delivery and an error", xs[2])
 	}
 }
