@@ -7,7 +7,10 @@
 // that uses that file; and the emulator's log of every STS and IAM call it
 // answered (stsemu.Call), which names every credential it issued, every IAM
 // key it created or deleted and the listener (the "region") each call came
-// through. Check reads both and reports each violation with the operations
+// through. The link proxy that carries the nodes' STS traffic also logs
+// each exchange (Exchange: when the request reached the link, when the
+// answer's last byte reached the node). Check reads the first two,
+// CheckLinks all three, and reports each violation with the operations
 // involved, plus the run's figures.
 //
 // Times are wall-clock times of one host (the driver and the emulator run
