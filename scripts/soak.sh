@@ -103,10 +103,12 @@ broken_patch() {
 	# an answer that arrives after the attempt should have given up (a slow
 	# link) is committed and served: late_answer_never_served.
 	keeps-late-answers) printf '%s\t%s\n' refresher.go 's/^\t\tcallCtx, cancel := context.WithTimeout(ctx, d)$/\t\tcallCtx, cancel := context.WithTimeout(ctx, d+time.Minute) \/\/ BROKEN: the per-call timeout no longer bounds the call/' ;;
-	# deposed-refreshes-after-cut: storage's "not the leader" is ignored and
-	# Clean lets the refresher run on for 20 s, so a cut-off active node
-	# keeps calling STS for about 20 s after the cut: deposed_node_silent.
-	deposed-refreshes-after-cut) printf '%s\t%s\n' lifecycle.go 's/^\t"sync"$/&\n\t"time"/;s/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "deposed" {\n\t\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored\n\t}\n\tif why == "clean" {\n\t\ttime.Sleep(20 * time.Second) \/\/ BROKEN: the refresher runs on for 20 s\n\t}/' ;;
+	# deposed-refreshes-after-cut: storage's "not the leader" is ignored,
+	# Clean lets the refresher run on for 20 s, and the storage probe before
+	# each call (where the tree has one, lifecycle.canStore) always passes,
+	# so a cut-off active node keeps calling STS for about 20 s after the
+	# cut: deposed_node_silent.
+	deposed-refreshes-after-cut) printf '%s\t%s\n' lifecycle.go 's/^\t"sync"$/&\n\t"time"/;s/^func (l \*lifecycle) canStore(ctx context.Context, probe func(context.Context) error) error {$/&\n\treturn nil \/\/ BROKEN: no probe before the call/;s/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "deposed" {\n\t\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored\n\t}\n\tif why == "clean" {\n\t\ttime.Sleep(20 * time.Second) \/\/ BROKEN: the refresher runs on for 20 s\n\t}/' ;;
 	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/' ;;
 	esac
 }
