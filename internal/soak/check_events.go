@@ -70,11 +70,8 @@ func (c *checker) indexEvents() {
 		// From the node's first answer that was not active (no_answer
 		// included: its reads fail from then on) to the next election.
 		start := s.lost
-		for _, o := range n.states[s.node] {
-			if o.Invoke.After(s.from) && o.Detail != "active" && o.Invoke.Before(start) {
-				start = o.Invoke
-				break
-			}
+		if o, ok := n.lastLeaving(s); ok {
+			start = o.Invoke
 		}
 		end, elected := c.rep.End, false // no node active again before the history's end
 		for _, o := range n.spans {
@@ -139,11 +136,28 @@ func (c *checker) quorumLosses() {
 		if !s.quorumLost.IsZero() || s.lost.IsZero() || c.scheduledAt(s.lost) {
 			continue
 		}
-		for _, o := range n.states[s.node] {
-			if o.Invoke.After(s.from) && o.Invoke.Before(s.lost) && o.Detail != "active" {
-				s.quorumLost, s.allowance, s.quorumHow = o.Invoke, c.cfg.DeposedAllowance, "answered "+o.Detail+", no scheduled fault"
-				break
-			}
+		if o, ok := n.lastLeaving(*s); ok {
+			s.quorumLost, s.allowance, s.quorumHow = o.Invoke, c.cfg.DeposedAllowance, "answered "+o.Detail+", no scheduled fault"
 		}
 	}
+}
+
+// lastLeaving is the node's first answer that was not active after its
+// last active one before s was lost: where the loss began (a no_answer
+// that an active answer followed was a busy node, not the loss).
+func (n *netIndex) lastLeaving(s activeSpan) (Op, bool) {
+	var leaving Op
+	found := false
+	for _, o := range n.states[s.node] {
+		if !o.Invoke.After(s.from) || !o.Invoke.Before(s.lost) {
+			continue
+		}
+		switch {
+		case o.Detail == "active":
+			found = false
+		case !found:
+			leaving, found = o, true
+		}
+	}
+	return leaving, found
 }

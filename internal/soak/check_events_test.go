@@ -70,6 +70,16 @@ func TestUnscheduledEventsExcuseOnlyTheirWindow(t *testing.T) {
 			// within the standby answer's allowance, not the first's.
 			x.call(STSCall{Time: at(40.5), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
 		}, RuleDeposedSilent, "it lost the role at 10:00:30.000 (answered no_answer, no scheduled fault)"},
+		{"the deposed node calls past its allowance after a busy moment it was still active", func() *h {
+			x := elected()
+			// node1 did not answer at 10 and answered active again at 11:
+			// busy, not deposed; its loss still begins at 30.
+			x.state("node1", "no_answer", 10).state("node1", "active", 11)
+			x.issueFrom(src1, arnA, "vault-b", "ASIA8", 25, 85)
+			return x
+		}, func(x *h) {
+			x.call(STSCall{Time: at(40.5), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
+		}, RuleDeposedSilent, "it lost the role at 10:00:30.000 (answered no_answer, no scheduled fault)"},
 		{"a standby that was never elected calls STS during the election", elected, func(x *h) {
 			x.call(STSCall{Time: at(32), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src3, IssuedKeyID: "ASIA7", IssuedExpiration: at(92)})
 		}, RuleDeposedSilent, "node3 called AssumeRole"},
