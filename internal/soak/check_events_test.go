@@ -42,6 +42,11 @@ func TestUnscheduledElectionIsAnEvent(t *testing.T) {
 	if len(r.Unavailable) != 1 || r.Unavailable[0].Fault != EventElection || r.Unavailable[0].Reads != 2 {
 		t.Errorf("unavailable %+v, want the two failed reads named as the unscheduled election's", r.Unavailable)
 	}
+	var svg bytes.Buffer
+	WriteSVG(&svg, elected().ops, r)
+	if !strings.Contains(svg.String(), ">unscheduled events<") || !strings.Contains(svg.String(), "<title>unscheduled election 10:00:29.950") {
+		t.Errorf("the chart does not draw the event:\n%s", svg.String())
+	}
 	for _, want := range []string{"unscheduled events  1", "unscheduled election 10:00:29.950 .. 10:00:32.799", "redirected reads    1"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("the report does not say %q:\n%s", want, b.String())
