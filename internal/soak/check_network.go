@@ -347,12 +347,38 @@ func (c *checker) healedBy(p Op) time.Time {
 		return p.Return.Add(c.cfg.Grace)
 	}
 	end := p.Return
+	limit := p.Return.Add(c.cfg.Grace)
 	for _, s := range c.net.spans {
-		if s.from.After(p.Return) && !s.from.After(p.Return.Add(c.cfg.Grace)) && s.from.After(end) {
+		if s.from.After(p.Return) && !s.from.After(limit) && s.from.After(end) {
 			end = s.from
 		}
 	}
+	// Every node answering active or standby again: a node that answers
+	// otherwise after the heal (474, its active node not reached yet) has
+	// not rejoined, within the old Grace at most.
+	for _, node := range c.net.nodes {
+		if t, ok := c.rejoined(node, p.Return, limit); ok && t.After(end) {
+			end = t
+		}
+	}
 	return end.Add(c.cfg.HealGrace)
+}
+
+// rejoined is when node answered active or standby again after t (t itself
+// when it did at t), bounded by limit.
+func (c *checker) rejoined(node string, t, limit time.Time) (time.Time, bool) {
+	whole := func(o Op) bool { return o.Detail == "active" || o.Detail == "standby" }
+	st := c.net.states[node]
+	i := sort.Search(len(st), func(i int) bool { return st[i].Invoke.After(t) })
+	if i == 0 || whole(st[i-1]) {
+		return t, i > 0
+	}
+	for ; i < len(st) && !st[i].Invoke.After(limit); i++ {
+		if whole(st[i]) {
+			return st[i].Invoke, true
+		}
+	}
+	return limit, true
 }
 
 // checkPartitions reports each partition.

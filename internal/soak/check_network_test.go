@@ -171,6 +171,13 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 			// window after every heal).
 			x.failVia("node1", "a", 64, 64.1, 500)
 		}, "no kill or restart explains it"},
+		{"a read through a rejoined node fails past the heal's allowance", RuleAvailable, func() *h {
+			x := partitioned()
+			x.state("node2", "other", 58).state("node2", "standby", 64)
+			return x
+		}, func(x *h) {
+			x.failVia("node2", "a", 67.5, 67.6, 500)
+		}, "no kill or restart explains it"},
 		{"a read with less than the minimum validity left by AWS's clock", RuleMinValidity, stepped, func(x *h) {
 			// ASIA1 expires at 61 by AWS's clock, which reads 60.5 at 30.5:
 			// 30.5 s left by the host's.
@@ -225,6 +232,12 @@ func TestNetworkAllowances(t *testing.T) {
 			x.state("node3", "standby", 61).state("node2", "active", 62)
 			x.failVia("node2", "a", 61.5, 61.6, 500)
 			x.failVia("node3", "a", 64.5, 64.6, 500) // 62 + HealGrace
+		}},
+		{"reads through a node that has not rejoined after the heal", partitioned, func(x *h) {
+			// node2 answers 474 (other) from 58 to 64: its reads fail until
+			// it answers standby again (64, plus HealGrace).
+			x.state("node2", "other", 58).state("node2", "standby", 64)
+			x.failVia("node2", "a", 66.5, 66.6, 500)
 		}},
 		{"a read through the majority fails before its new active node serves", partitioned, func(x *h) {
 			x.failVia("node3", "a", 25.5, 25.6, 503)
