@@ -589,7 +589,10 @@ func (c *checker) checkLives(s string, iss []STSCall) {
 		if !c.delivered(a) {
 			continue // the plugin never had it: a new one is no duplicate
 		}
-		due := a.IssuedExpiration.Add(-c.cfg.RefreshMargin)
+		// Skew: the plugin judges by its own estimate of AWS's clock, and
+		// counts the lifetime from its attempt's start, a moment before
+		// STS's.
+		due := a.IssuedExpiration.Add(-c.cfg.RefreshMargin - c.cfg.Skew)
 		for _, b := range iss[i+1:] {
 			if !awsTime(b).Before(due) {
 				break
