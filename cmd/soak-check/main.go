@@ -45,7 +45,10 @@ func main() {
 	// The soak's retry_window 6s over max_retries 3 (or 4): a 2 s block,
 	// whose callTimeout is four fifths.
 	flag.DurationVar(&cfg.CallTimeout, "call-timeout", 1600*time.Millisecond, "the longest an attempt waits for one STS answer (an answer that reached its node later was given up on)")
-	flag.DurationVar(&cfg.MinBlock, "min-block", 1500*time.Millisecond, "the shortest retry block the run configures (retry_window 6s / max_retries 4): three calls of one session through one listener within less are two attempts in one block")
+	// The soak's shortest block (retry_window 6s / max_retries 4, 1.5 s)
+	// less a loaded host's timer lateness: an attempt that woke just after
+	// its block still makes its call.
+	flag.DurationVar(&cfg.MinBlock, "min-block", 1200*time.Millisecond, "the shortest retry block the run configures, less timer lateness: three calls of one session through one listener within less are two attempts in one block")
 	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
