@@ -30,6 +30,9 @@ func main() {
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
 	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (minServeValidity: a read returning less is served_min_validity's violation; a cached credential with less is not available)")
+	// The plugin judges by its estimate of AWS's clock, the middle of the
+	// offsets its samples allow (Date has whole seconds): half a second.
+	flag.DurationVar(&cfg.MinValidityTolerance, "min-validity-tolerance", 500*time.Millisecond, "how far the plugin's estimate of AWS's clock may be off while it judges the minimum validity by it")
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")

@@ -107,6 +107,15 @@ type Config struct {
 	// (retry_window / max_retries): three calls of one session through one
 	// listener within less are two attempts in one block. Zero: not judged.
 	MinBlock time.Duration
+	// MinValidityTolerance is how far the plugin's estimate of AWS's clock
+	// may be off while it still judges by it (internal/awsclock: the
+	// middle of the offsets its samples allow, Date having whole seconds):
+	// the plugin promises MinValidity by its estimate, so a read with less
+	// than MinValidity−MinValidityTolerance left by AWS's clock is
+	// served_min_validity's violation. A less certain estimate is judged
+	// by no_expired_read alone (the plugin then serves only while the
+	// offset's whole uncertainty is left).
+	MinValidityTolerance time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
 	// before the first answer that showed it.

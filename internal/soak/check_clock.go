@@ -179,10 +179,11 @@ func (c *checker) checkClockSteps() {
 }
 
 // checkMinValidity: no read returns a credential with less than
-// MinValidity left (the plugin's minServeValidity, path_creds.go; docs/api.md)
-// when it began, by every offset of AWS's clock the plugin may rightly
-// judge by (offsetsDuring), less Skew: the plugin judged later than the
-// read began, so the credential had even less left then. An expired one is
+// MinValidity left (the plugin's minServeValidity, path_creds.go) when it
+// began, by every offset of AWS's clock the plugin may rightly judge by
+// (offsetsDuring), less the error of the plugin's estimate of that clock
+// (MinValidityTolerance) and Skew: the plugin judged later than the read
+// began, so the credential had even less left then. An expired one is
 // no_expired_read's or no_read_expired_aws_clock's.
 func (c *checker) checkMinValidity() {
 	if c.cfg.MinValidity <= 0 {
@@ -196,13 +197,13 @@ func (c *checker) checkMinValidity() {
 		var left time.Duration
 		for _, o := range c.offsetsDuring(r.Invoke, r.Return) {
 			left = r.Expiration.Sub(r.Invoke.Add(o))
-			if left >= c.cfg.MinValidity-c.cfg.Skew {
+			if left >= c.cfg.MinValidity-c.cfg.MinValidityTolerance-c.cfg.Skew {
 				short = false
 			}
 		}
 		if short {
-			c.violate(RuleMinValidity, fmt.Sprintf("a read begun at %s returned %s with %s left by AWS's clock (offsets %v), less than the %s the plugin promises",
-				r.Invoke.Format(time.RFC3339Nano), r.AccessKey, left.Round(time.Millisecond), c.offsetsDuring(r.Invoke, r.Return), c.cfg.MinValidity), []Op{r}, nil)
+			c.violate(RuleMinValidity, fmt.Sprintf("a read begun at %s returned %s with %s left by AWS's clock (offsets %v), less than the %s the plugin promises (less %s for its estimate of AWS's clock)",
+				r.Invoke.Format(time.RFC3339Nano), r.AccessKey, left.Round(time.Millisecond), c.offsetsDuring(r.Invoke, r.Return), c.cfg.MinValidity, c.cfg.MinValidityTolerance), []Op{r}, nil)
 		}
 	}
 }

@@ -595,3 +595,23 @@ func TestUnavailableWindowPerFault(t *testing.T) {
 		}
 	}
 }
+
+// TestMinValidityAllowsTheClockEstimate: the plugin promises its minimum
+// remaining validity by its estimate of AWS's clock, which may be off by
+// half a second (MinValidityTolerance): a credential served with 0.7 s
+// left by AWS's clock keeps the rule, one with 0.3 s breaks it.
+func TestMinValidityAllowsTheClockEstimate(t *testing.T) {
+	c := cfg
+	c.MinValidityTolerance = 500 * time.Millisecond
+	x := clean()
+	x.read("a", "", "ASIA2", 90.3, 90.4, 91)
+	if r := Check(x.ops, x.calls, c); len(r.Violations) != 0 {
+		t.Errorf("0.7 s left: %v", r.Violations)
+	}
+	x = clean()
+	x.read("a", "", "ASIA2", 90.7, 90.8, 91)
+	if r := Check(x.ops, x.calls, c); r.ByRule[RuleMinValidity] != 1 || len(r.Violations) != 1 ||
+		!strings.Contains(r.Violations[0].Msg, "with 300ms left by AWS's clock (offsets [0s]), less than the 1s the plugin promises (less 500ms for its estimate") {
+		t.Errorf("0.3 s left: %v", r.Violations)
+	}
+}

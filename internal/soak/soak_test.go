@@ -55,7 +55,9 @@ var checkConfig = soak.Config{
 	PropagationGrace: 30 * time.Second,
 	Skew:             100 * time.Millisecond,
 	MinValidity:      time.Second, // the plugin's minServeValidity
-	AgentRole:        roleName(0),
+	// by its estimate of AWS's clock, the middle of a second-wide interval
+	MinValidityTolerance: 500 * time.Millisecond,
+	AgentRole:            roleName(0),
 	// Vault telling a deposed node's plugin (seen at 1 to 2 s when the
 	// active node is cut off), a call already on the wire (a block's 2 s),
 	// the health poll's period, and slack for a loaded host.
