@@ -38,6 +38,12 @@
 #                                     storage's "not the leader" (also on
 #                                     the write before each STS call), and Clean
 #                                     (Vault's step-down) never gets done
+#               keeps-late-answers    the per-call timeout no longer bounds
+#                                     an STS call: an answer that came after
+#                                     its attempt gave up is kept and served
+#               deposed-refreshes-after-cut  a cut-off active node ignores
+#                                     storage's "not the leader" and Clean
+#                                     lets it refresh on for 20 s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${DURATION:-2m}
@@ -94,11 +100,21 @@ broken_patch() {
 	serve-expired) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return c.remaining(now) >= -24*time.Hour \/\/ BROKEN/" ;;
 	cycle-per-read) printf '%s\t%s\n' path_creds.go "s/${valid_at}/return false \&\& ${valid_at#return } \/\/ BROKEN/" ;;
 	forget-storage) printf '%s\t%s\n' storage.go 's/^\treturn readNew\[cacheEntry\](ctx, .*$/\treturn nil, nil \/\/ BROKEN/' ;;
+	# keeps-late-answers: the per-call timeout no longer bounds the call, so
+	# an answer that arrives after the attempt should have given up (a slow
+	# link) is committed and served: late_answer_never_served.
+	keeps-late-answers) printf '%s\t%s\n' refresher.go 's/^\t\tcallCtx, cancel := context.WithTimeout(ctx, d)$/\t\tcallCtx, cancel := context.WithTimeout(ctx, d+time.Minute) \/\/ BROKEN: the per-call timeout no longer bounds the call/' ;;
+	# deposed-refreshes-after-cut: storage's "not the leader" is ignored,
+	# Clean lets the refresher run on for 20 s, and the storage probe before
+	# each call (where the tree has one, lifecycle.canStore) always passes,
+	# so a cut-off active node keeps calling STS for about 20 s after the
+	# cut: deposed_node_silent.
+	deposed-refreshes-after-cut) printf '%s\t%s\n' lifecycle.go 's/^\t"sync"$/&\n\t"time"/;s/^func (l \*lifecycle) canStore(ctx context.Context, probe func(context.Context) error) error {$/&\n\treturn nil \/\/ BROKEN: no probe before the call/;s/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "deposed" {\n\t\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored\n\t}\n\tif why == "clean" {\n\t\ttime.Sleep(20 * time.Second) \/\/ BROKEN: the refresher runs on for 20 s\n\t}/' ;;
 	deposed-keeps-refreshing) printf '%s\t%s\n' lifecycle.go 's/^func (l \*lifecycle) end(why string) bool {$/&\n\tif why == "clean" {\n\t\tselect {} \/\/ BROKEN: Clean never gets done\n\t}\n\treturn false \/\/ BROKEN: storage'"'"'s "not the leader" is ignored/;s/^\t\t\tp.err = probe(l.ctx)$/&\n\t\t\tp.err = nil \/\/ BROKEN: a refused write before an STS call is ignored/' ;;
 	esac
 }
 if [[ "${1:-}" == --check-broken ]]; then
-	for name in serve-expired cycle-per-read forget-storage deposed-keeps-refreshing; do
+	for name in serve-expired cycle-per-read forget-storage deposed-keeps-refreshing keeps-late-answers deposed-refreshes-after-cut; do
 		IFS=$'\t' read -r file expr < <(broken_patch "$name")
 		BROKEN=$name broken_plugin "$file" "$expr"
 		rm -rf "$(dirname "$PLUGIN_BIN")"
@@ -107,7 +123,7 @@ if [[ "${1:-}" == --check-broken ]]; then
 fi
 case "${BROKEN:-}" in
 "") ;;
-serve-expired | cycle-per-read | forget-storage | deposed-keeps-refreshing)
+serve-expired | cycle-per-read | forget-storage | deposed-keeps-refreshing | keeps-late-answers | deposed-refreshes-after-cut)
 	IFS=$'\t' read -r file expr < <(broken_patch "$BROKEN")
 	broken_plugin "$file" "$expr"
 	;;
@@ -117,7 +133,7 @@ no-fallback | aws-ignores-failures)
 	echo "soak: BROKEN=$BROKEN" >&2
 	;;
 *)
-	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, deposed-keeps-refreshing, no-fallback or aws-ignores-failures" >&2
+	echo "soak.sh: BROKEN must be serve-expired, cycle-per-read, forget-storage, deposed-keeps-refreshing, keeps-late-answers, deposed-refreshes-after-cut, no-fallback or aws-ignores-failures" >&2
 	exit 2
 	;;
 esac
@@ -141,5 +157,5 @@ if [[ ! -s "$out/calls.jsonl" ]]; then
 	tail -50 "$out/test.log" >&2
 	exit 1
 fi
-go run ./cmd/soak-check -history "$out/history.jsonl" -calls "$out/calls.jsonl" -svg "$out/timeline.svg" | tee "$out/report.txt" || status=$?
+go run ./cmd/soak-check -history "$out/history.jsonl" -calls "$out/calls.jsonl" -links "$out/links.jsonl" -svg "$out/timeline.svg" | tee "$out/report.txt" || status=$?
 exit $status

@@ -9,7 +9,8 @@ import (
 
 // WriteSVG draws the run's timeline: one row per fault kind with its
 // windows (a partition's, a link fault's and a clock step's say in their
-// title whom and how much), a row of failed reads, the unavailable windows (failed reads
+// title whom and how much), a row of the unscheduled events (elections and
+// seals no fault caused) when there were any, a row of failed reads, the unavailable windows (failed reads
 // with a valid credential cached, which a kill or restart explains), the
 // AWS client's failed calls, the nodes' active spans, and the plugin's RSS as a line.
 func WriteSVG(w io.Writer, ops []Op, r *Report) {
@@ -33,7 +34,11 @@ func WriteSVG(w io.Writer, ops []Op, r *Report) {
 		}
 	}
 	sort.Strings(nodes)
-	rows := append(kinds, "failed reads", "unavailable", "AWS client failed")
+	rows := kinds
+	if len(r.Events) > 0 {
+		rows = append(rows, "unscheduled events")
+	}
+	rows = append(rows, "failed reads", "unavailable", "AWS client failed")
 	for _, n := range nodes {
 		rows = append(rows, n+" active")
 	}
@@ -55,6 +60,9 @@ func WriteSVG(w io.Writer, ops []Op, r *Report) {
 		case o.Kind == KindAWSClient && !o.OK:
 			fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="2" height="%.0f" fill="#999"/>`+"\n", x(o.Invoke), row["AWS client failed"]+3, rowH-6)
 		}
+	}
+	for _, e := range r.Events {
+		fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.0f" fill="#cc79a7"><title>%s</title></rect>`+"\n", x(e.Start), row["unscheduled events"]+3, max(1, x(e.End)-x(e.Start)), rowH-6, e)
 	}
 	for _, u := range r.Unavailable {
 		fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.0f" fill="#d55e00"><title>%s %s</title></rect>`+"\n", x(u.Start), row["unavailable"]+3, max(1, x(u.End)-x(u.Start)), rowH-6, u.Fault, u.End.Sub(u.Start).Round(time.Millisecond))

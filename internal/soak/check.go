@@ -26,12 +26,21 @@ const (
 	RuleDeposedSilent     = "deposed_node_silent"
 	RulePartitionServes   = "partition_serves_cache"
 	RuleNoExpiredAWSClock = "no_read_expired_aws_clock"
-	RuleHistoryWellMade   = "history_well_formed"
+	// RuleMinValidity: no read returns a credential with less than the
+	// plugin's documented minimum remaining validity left (check_clock.go).
+	RuleMinValidity = "served_min_validity"
+	// RuleLateAnswer: a credential whose answer reached its node after the
+	// attempt gave up is never served (check_links.go).
+	RuleLateAnswer = "late_answer_never_served"
+	// RuleOneAttempt: at most one STS attempt per session per retry block
+	// (check_chains.go).
+	RuleOneAttempt      = "one_attempt_per_block"
+	RuleHistoryWellMade = "history_well_formed"
 )
 
 // Rules lists every rule, in report order.
-var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
-	RulePartitionServes, RuleDeposedSilent, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOwnIAMKeys, RuleRootKeyWorks,
+var Rules = []string{RuleNoExpiredRead, RuleNoExpiredAWSClock, RuleMinValidity, RuleIssuedForRole, RuleDeletedRole, RuleEntityIsolation, RuleAvailable,
+	RulePartitionServes, RuleDeposedSilent, RuleLateAnswer, RuleRestartCache, RuleRegionDown, RuleOneIssuance, RuleOneAttempt, RuleOwnIAMKeys, RuleRootKeyWorks,
 	RuleAgentFileFresh, RuleAWSClient, RuleHistoryWellMade}
 
 // Config holds the tolerances of a run.
@@ -80,6 +89,37 @@ type Config struct {
 	// plugin (Clean), and a call already on the wire. It also covers a
 	// node's first calls before its health answered active.
 	DeposedAllowance time.Duration
+	// CutAllowance is how long after a partition cut the active node off
+	// (it lost its quorum then) one of its calls may still reach STS: only
+	// a call already on the wire at the cut. Zero keeps the older measure
+	// (from the loss the health answers showed, plus DeposedAllowance).
+	CutAllowance time.Duration
+	// HealGrace is how long after a partition healed (or after the
+	// election the rejoining node forced) reads may still fail: the rejoin.
+	// Zero keeps the older measure (Grace).
+	HealGrace time.Duration
+	// CallTimeout is the longest an attempt waits for one STS answer (the
+	// plugin's callTimeout of the longest retry block the run configures):
+	// an answer that reached its node later was given up on. Zero: the
+	// link proxy's log is not judged.
+	CallTimeout time.Duration
+	// MinBlock is the shortest retry block the run configures
+	// (retry_window / max_retries): three calls of one session through one
+	// listener within less are two attempts in one block. Zero: not judged.
+	MinBlock time.Duration
+	// MinValidityTolerance is how far the plugin's estimate of AWS's clock
+	// may be off while it still judges by it (internal/awsclock: the
+	// middle of the offsets its samples allow, Date having whole seconds):
+	// the plugin promises MinValidity by its estimate, so a read with less
+	// than MinValidity−MinValidityTolerance left by AWS's clock is
+	// served_min_validity's violation. A less certain estimate is judged
+	// by no_expired_read alone (the plugin then serves only while the
+	// offset's whole uncertainty is left).
+	MinValidityTolerance time.Duration
+	// StatePoll is how often the driver polls every node's health (the
+	// node_state ops): an unscheduled event's window opens two polls
+	// before the first answer that showed it.
+	StatePoll time.Duration
 }
 
 // Violation is one broken rule, with the records that show it.
@@ -147,6 +187,16 @@ type Report struct {
 	RoleLosses []RoleLoss
 	// Active are the nodes' active spans as their health answered.
 	Active []NodeSpan
+	// Events are the elections, leadership losses and sealed or stopped
+	// nodes that no scheduled fault caused (check_events.go).
+	Events []Event
+	// Redirected counts the reads that followed a 307 to the active node.
+	Redirected int
+	// Exchanges counts the issuing answers the link proxy logged,
+	// LateAnswers those that reached their node late or not whole, and
+	// LateServed the credentials of those that were served all the same.
+	Exchanges, LateAnswers int
+	LateServed             []LateAnswer
 }
 
 // NodeSpan is a stretch of time a node held the active role; End is zero
@@ -177,7 +227,11 @@ type RegionDown struct {
 }
 
 // Check checks a history and the emulator's call log against every rule.
-func Check(ops []Op, calls []STSCall, cfg Config) *Report {
+func Check(ops []Op, calls []STSCall, cfg Config) *Report { return CheckLinks(ops, calls, nil, cfg) }
+
+// CheckLinks is Check with the link proxy's log of the nodes' exchanges
+// with STS (late_answer_never_served; nil: no link log).
+func CheckLinks(ops []Op, calls []STSCall, links []Exchange, cfg Config) *Report {
 	c := &checker{cfg: cfg, ops: ops, calls: calls, rep: &Report{
 		OpsByKind: map[string]int{}, FaultsByKind: map[string]int{}, ByRule: map[string]int{},
 		STSCalls: map[string]int{}, STSIssued: map[string]int{},
@@ -186,10 +240,13 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 		c.rep.ByRule[r] = 0
 	}
 	c.index()
+	c.indexLinks(links)
 	c.indexNetwork()
+	c.indexEvents()
 	c.checkReads()
 	c.checkAvailability()
 	c.checkIssuance()
+	c.checkAttempts()
 	c.checkIAM()
 	c.checkAgentFile()
 	c.checkRestarts()
@@ -198,6 +255,8 @@ func Check(ops []Op, calls []STSCall, cfg Config) *Report {
 	c.checkDeposed()
 	c.checkPartitions()
 	c.checkLinkFaults()
+	c.checkLateAnswers()
+	c.countLateAnswers()
 	c.checkClockSteps()
 	sort.SliceStable(c.rep.Violations, func(i, j int) bool {
 		return ruleIndex(c.rep.Violations[i].Rule) < ruleIndex(c.rep.Violations[j].Rule)
@@ -225,7 +284,9 @@ type checker struct {
 	procFault []Op               // kill and restart faults
 	stsFault  []Op               // STS's own faults, region down, AWS's clock steps
 	rotations []Op
-	net       netIndex // the network's faults and the nodes' states (check_network.go)
+	events    []Op                // unscheduled events as faults (check_events.go), also in procFault
+	net       netIndex            // the network's faults and the nodes' states (check_network.go)
+	links     map[string]Exchange // issued key id -> the link exchange that carried it (check_links.go)
 }
 
 func (c *checker) violate(rule, msg string, ops []Op, calls []STSCall) {
@@ -345,6 +406,9 @@ func (c *checker) checkReads() {
 			continue
 		}
 		c.rep.Reads++
+		if r.Redirected {
+			c.rep.Redirected++
+		}
 		if !r.OK {
 			c.rep.FailedReads++
 			continue
@@ -361,6 +425,13 @@ func (c *checker) checkReads() {
 			}
 			if allowed, seen := c.allowedARNs(r.Role, r.Invoke, r.Return); seen && !allowed[iss.RoleArn] {
 				c.violate(RuleIssuedForRole, fmt.Sprintf("returned key %s was issued for %s; role %s's role_arn in force was %s", r.AccessKey, iss.RoleArn, r.Role, keys(allowed)), []Op{r}, []STSCall{iss})
+			}
+			if why := c.issuedBySource(r, iss); why != "" {
+				calls := []STSCall{iss}
+				if signer, ok := c.issued[iss.AccessKeyID]; ok {
+					calls = append(calls, signer)
+				}
+				c.violate(RuleIssuedForRole, why, []Op{r}, calls)
 			}
 			if del, ok := c.lastDelete(r.Role, r.Invoke); ok && iss.Time.Before(del.Invoke) {
 				c.violate(RuleDeletedRole, fmt.Sprintf("returned key %s, issued %s, before role %s was deleted (acknowledged %s)", r.AccessKey, iss.Time.Format(time.RFC3339Nano), r.Role, del.Return.Format(time.RFC3339Nano)), []Op{del, r}, []STSCall{iss})
@@ -506,12 +577,95 @@ func (c *checker) checkIssuance() {
 		sort.SliceStable(iss, func(i, j int) bool { return iss[i].Time.Before(iss[j].Time) })
 		for i := 1; i < len(iss); i++ {
 			a, b := iss[i-1], iss[i]
-			if b.Time.Sub(a.Time) >= c.cfg.MinIssueGap || c.explainsReissue(a.Time, b.Time) {
+			if b.Time.Sub(a.Time) >= c.cfg.MinIssueGap || !c.delivered(a) || c.explainsReissue(a.Time, b.Time) {
 				continue
 			}
 			c.violate(RuleOneIssuance, fmt.Sprintf("session %s got two credentials %s apart (less than %s) with no role change, rotation or kill between", strings.TrimSpace(s), b.Time.Sub(a.Time).Round(time.Millisecond), c.cfg.MinIssueGap), nil, []STSCall{a, b})
 		}
+		c.checkLives(s, iss)
 	}
+}
+
+// checkLives judges a session's issuances over each credential's own
+// life: a second credential issued while an earlier one the plugin got was
+// still valid and not yet due (more than RefreshMargin left by AWS's
+// clock), with nothing between them that calls for a new one, is a
+// duplicate, however far apart (MinIssueGap alone left a 3-minute run
+// unchecked but for its first seconds after each issuance). The pairs
+// closer than MinIssueGap are checkIssuance's already.
+func (c *checker) checkLives(s string, iss []STSCall) {
+	for i, a := range iss {
+		if !c.delivered(a) {
+			continue // the plugin never had it: a new one is no duplicate
+		}
+		// Skew: the plugin judges by its own estimate of AWS's clock, and
+		// counts the lifetime from its attempt's start, a moment before
+		// STS's.
+		due := a.IssuedExpiration.Add(-c.cfg.RefreshMargin - c.cfg.Skew)
+		for _, b := range iss[i+1:] {
+			if !awsTime(b).Before(due) {
+				break
+			}
+			if b.Time.Sub(a.Time) < c.cfg.MinIssueGap || c.explainsReissueOf(a.RoleArn, a.Time, b.Time) {
+				continue
+			}
+			c.violate(RuleOneIssuance, fmt.Sprintf("session %s got a second credential %s after the first, which had %s left and was not due for %s, with no role change, rotation, fault or event between",
+				strings.TrimSpace(s), b.Time.Sub(a.Time).Round(time.Millisecond), a.IssuedExpiration.Sub(awsTime(b)).Round(time.Millisecond), due.Sub(awsTime(b)).Round(time.Millisecond)), nil, []STSCall{a, b})
+			break // one report per credential
+		}
+	}
+}
+
+// explainsReissueOf: something in [from-Skew, to] (plus Grace after it)
+// may rightly make the plugin issue a new credential for a role whose
+// role_arn is arn: a write or delete of a role that had that arn or of its
+// source role, a rotation, a change of config/root or of the refresh
+// config, a fault (any: an STS fault may lose an answer the plugin then
+// asks for again), or an unscheduled event.
+func (c *checker) explainsReissueOf(arn string, from, to time.Time) bool {
+	from = from.Add(-c.cfg.Skew)
+	roles := c.rolesOfARN(arn)
+	in := func(o Op) bool { return o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) }
+	for _, o := range c.ops {
+		switch o.Kind {
+		case KindRoleWrite, KindRoleDelete:
+			if !roles[o.Role] {
+				continue
+			}
+		case KindRotate, KindRootWrite, KindRefreshCfg, KindFault:
+		default:
+			continue
+		}
+		if in(o) {
+			return true
+		}
+	}
+	for _, e := range c.events {
+		if in(e) {
+			return true
+		}
+	}
+	return false
+}
+
+// rolesOfARN names the roles that ever had role_arn arn, and their source
+// roles (a hub's change may renew its targets).
+func (c *checker) rolesOfARN(arn string) map[string]bool {
+	roles := map[string]bool{}
+	for role, ops := range c.roleOps {
+		for _, o := range ops {
+			if o.Kind == KindRoleWrite && o.RoleARN == arn {
+				roles[role] = true
+				for _, w := range ops {
+					if w.SourceRole != "" {
+						roles[w.SourceRole] = true
+					}
+				}
+				break
+			}
+		}
+	}
+	return roles
 }
 
 // explainsReissue: an operator action, rotation or process fault in
@@ -529,6 +683,11 @@ func (c *checker) explainsReissue(from, to time.Time) bool {
 			continue
 		}
 		if o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) {
+			return true
+		}
+	}
+	for _, e := range c.events {
+		if e.Invoke.Before(to) && e.Return.Add(c.cfg.Grace).After(from) {
 			return true
 		}
 	}
@@ -601,4 +760,13 @@ func (c *checker) checkAgentFile() {
 		c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s, expired %s before, %s after the plugin served the newer %s (more than the render interval %s)",
 			o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), o.Invoke.Sub(newer.Return).Round(time.Millisecond), newer.AccessKey, c.cfg.RenderInterval), []Op{*newer, o}, nil)
 	}
+}
+
+// awsTime is AWS's time of call (ReadCalls keeps it; a call made by hand
+// has its host time and offset).
+func awsTime(call STSCall) time.Time {
+	if call.AWSTime.IsZero() {
+		return call.Time.Add(call.ClockOffset)
+	}
+	return call.AWSTime
 }

@@ -145,6 +145,7 @@ func (c *checker) checkClockSteps() {
 		c.violate(RuleNoExpiredAWSClock, fmt.Sprintf("a read begun at %s returned %s, expired at %s by AWS's clock (offsets %v from the host's in force, or not yet known to the plugin)",
 			r.Invoke.Format(time.RFC3339Nano), r.AccessKey, r.Expiration.Format(time.RFC3339), c.offsetsDuring(r.Invoke, r.Return)), []Op{r}, nil)
 	}
+	c.checkMinValidity()
 	for i, s := range c.net.steps {
 		cs := ClockStep{Offset: s.ClockOffset, Start: s.Invoke, End: s.Return, Adopted: -1, Restored: -1}
 		var until time.Time
@@ -174,5 +175,35 @@ func (c *checker) checkClockSteps() {
 			}
 		}
 		c.rep.ClockSteps = append(c.rep.ClockSteps, cs)
+	}
+}
+
+// checkMinValidity: no read returns a credential with less than
+// MinValidity left (the plugin's minServeValidity, path_creds.go) when it
+// began, by every offset of AWS's clock the plugin may rightly judge by
+// (offsetsDuring), less the error of the plugin's estimate of that clock
+// (MinValidityTolerance) and Skew: the plugin judged later than the read
+// began, so the credential had even less left then. An expired one is
+// no_expired_read's or no_read_expired_aws_clock's.
+func (c *checker) checkMinValidity() {
+	if c.cfg.MinValidity <= 0 {
+		return
+	}
+	for _, r := range c.ops {
+		if r.Kind != KindRead || !r.OK || c.expiredAt(r.Expiration, r.Invoke, r.Return) {
+			continue
+		}
+		short := true
+		var left time.Duration
+		for _, o := range c.offsetsDuring(r.Invoke, r.Return) {
+			left = r.Expiration.Sub(r.Invoke.Add(o))
+			if left >= c.cfg.MinValidity-c.cfg.MinValidityTolerance-c.cfg.Skew {
+				short = false
+			}
+		}
+		if short {
+			c.violate(RuleMinValidity, fmt.Sprintf("a read begun at %s returned %s with %s left by AWS's clock (offsets %v), less than the %s the plugin promises (less %s for its estimate of AWS's clock)",
+				r.Invoke.Format(time.RFC3339Nano), r.AccessKey, left.Round(time.Millisecond), c.offsetsDuring(r.Invoke, r.Return), c.cfg.MinValidity, c.cfg.MinValidityTolerance), []Op{r}, nil)
+		}
 	}
 }

@@ -13,12 +13,18 @@ import (
 //   - deposed_node_silent: a node makes STS and IAM calls only while it
 //     holds the active role, give or take DeposedAllowance: none after it
 //     lost it (it answered as no longer active, or another node answered
-//     as active), none as a standby.
+//     as active), none as a standby. An active node that a partition cut
+//     off lost its quorum at the cut: from then on only a call already on
+//     the wire (CutAllowance) may reach STS, not one it started before it
+//     noticed. A loss no scheduled fault explains counts from the node's
+//     first answer that was not active (no_answer included).
 //   - partition_serves_cache: while the majority side of a partition has
 //     an active node, reads through the majority's nodes of a credential
 //     still valid succeed.
-//   - Link faults have no rule of their own: every other rule holds under
-//     them (no_expired_read, available_while_cached: a valid credential is
+//   - late_answer_never_served (check_links.go) is the link faults' own:
+//     an answer that reached its node after the attempt gave up, or never
+//     whole, is never served. Every other rule holds under them too
+//     (no_expired_read, available_while_cached: a valid credential is
 //     served throughout), and the report says what each did.
 
 // netIndex is what the checker knows of the network.
@@ -43,6 +49,29 @@ type activeSpan struct {
 	from time.Time
 	lost time.Time
 	how  string
+	// quorumLost is when the node lost its quorum, where that is known
+	// before lost (zero otherwise): the cut of a partition that cut it off
+	// while active, or its first health answer that was not active when no
+	// scheduled fault explains the loss. Its calls are judged from then
+	// on, with allowance (check_events.go's silenceFrom).
+	quorumLost time.Time
+	allowance  time.Duration
+	quorumHow  string
+}
+
+// silentAfter is the instant after which the span allows no call of its
+// node, and why: the loss as the health answers showed it plus
+// DeposedAllowance, or the loss of its quorum plus its own allowance,
+// whichever comes first. Zero: it still held the role at the end.
+func (s activeSpan) silentAfter(deposed time.Duration) (time.Time, time.Time, string) {
+	if s.lost.IsZero() && s.quorumLost.IsZero() {
+		return time.Time{}, time.Time{}, ""
+	}
+	at, end, how := s.lost, s.lost.Add(deposed), s.how
+	if !s.quorumLost.IsZero() && (s.lost.IsZero() || s.quorumLost.Add(s.allowance).Before(end)) {
+		at, end, how = s.quorumLost, s.quorumLost.Add(s.allowance), s.quorumHow
+	}
+	return at, end, how
 }
 
 // RoleLoss is one loss of the active role.
@@ -176,7 +205,8 @@ func (c *checker) linkFaultOn(node string, t time.Time) bool {
 // from−DeposedAllowance ≤ t ≤ lost+DeposedAllowance.
 func (c *checker) spanAt(node string, t time.Time) (activeSpan, bool) {
 	for _, s := range c.net.spans {
-		if s.node == node && !t.Before(s.from.Add(-c.cfg.DeposedAllowance)) && (s.lost.IsZero() || !t.After(s.lost.Add(c.cfg.DeposedAllowance))) {
+		_, end, _ := s.silentAfter(c.cfg.DeposedAllowance)
+		if s.node == node && !t.Before(s.from.Add(-c.cfg.DeposedAllowance)) && (end.IsZero() || !t.After(end)) {
 			return s, true
 		}
 	}
@@ -193,8 +223,8 @@ func (c *checker) checkDeposed() {
 	losses := map[activeSpan]*RoleLoss{}
 	var order []activeSpan
 	for _, s := range n.spans {
-		if !s.lost.IsZero() {
-			losses[s] = &RoleLoss{Node: s.node, At: s.lost, How: s.how}
+		if at, _, how := s.silentAfter(c.cfg.DeposedAllowance); !at.IsZero() {
+			losses[s] = &RoleLoss{Node: s.node, At: at, How: how}
 			order = append(order, s)
 		}
 	}
@@ -208,9 +238,9 @@ func (c *checker) checkDeposed() {
 			c.violate(RuleDeposedSilent, fmt.Sprintf("%s called %s at %s while it did not hold the active role: %s", node, call.Action, call.Time.Format("15:04:05.000"), c.roleAt(node, call.Time)), nil, []STSCall{call})
 			continue
 		}
-		if l := losses[s]; l != nil && call.Time.After(s.lost) {
+		if l := losses[s]; l != nil && call.Time.After(l.At) {
 			l.LateCalls++
-			l.Last = max(l.Last, call.Time.Sub(s.lost))
+			l.Last = max(l.Last, call.Time.Sub(l.At))
 		}
 	}
 	for _, s := range order {
@@ -221,16 +251,18 @@ func (c *checker) checkDeposed() {
 // roleAt says when node last lost the active role before t, or that it
 // never held it.
 func (c *checker) roleAt(node string, t time.Time) string {
-	var last *activeSpan
-	for i, s := range c.net.spans {
-		if s.node == node && !s.lost.IsZero() && s.lost.Before(t) {
-			last = &c.net.spans[i]
+	var at time.Time
+	var how string
+	allowance := c.cfg.DeposedAllowance
+	for _, s := range c.net.spans {
+		if a, end, h := s.silentAfter(c.cfg.DeposedAllowance); s.node == node && !a.IsZero() && a.Before(t) {
+			at, how, allowance = a, h, end.Sub(a)
 		}
 	}
-	if last == nil {
+	if at.IsZero() {
 		return "it had not been active since the history began"
 	}
-	return fmt.Sprintf("it lost the role at %s (%s), %s before, more than the allowance %s", last.lost.Format("15:04:05.000"), last.how, t.Sub(last.lost).Round(time.Millisecond), c.cfg.DeposedAllowance)
+	return fmt.Sprintf("it lost the role at %s (%s), %s before, more than the allowance %s", at.Format("15:04:05.000"), how, t.Sub(at).Round(time.Millisecond), allowance)
 }
 
 // activeAt returns the node whose span covers t (the one that began last,
@@ -270,9 +302,10 @@ func setOf(xs []string) map[string]bool {
 
 // partitionFailure judges a read that failed while good (still valid)
 // was cached, if a partition explains it: through a minority node during
-// the partition (and Grace after it, the rejoin), or through a majority
+// the partition, through any node until the cluster was whole again
+// (healedBy: the rejoin), or through a majority
 // node before the majority had an active node (plus RestartGrace for the
-// forwarding to find it) or in the Grace after the heal. A failure through
+// forwarding to find it). A failure through
 // a majority node at any other time of the partition is
 // partition_serves_cache's violation. It reports whether the partition
 // accounted for r.
@@ -281,7 +314,7 @@ func (c *checker) partitionFailure(r, good Op) bool {
 		return false
 	}
 	for _, p := range c.net.partitions {
-		if r.Return.Before(p.Invoke) || r.Invoke.After(p.Return.Add(c.cfg.Grace)) {
+		if r.Return.Before(p.Invoke) || r.Invoke.After(c.healedBy(p)) {
 			continue
 		}
 		if setOf(p.Nodes)[r.Node] || r.Invoke.After(p.Return) {
@@ -299,6 +332,53 @@ func (c *checker) partitionFailure(r, good Op) bool {
 		return true
 	}
 	return false
+}
+
+// healedBy is when the cluster is whole again after partition p: the heal
+// plus HealGrace, or, when the rejoining node forced an election (its term
+// moved on while it was cut off), that election plus HealGrace. Without a
+// HealGrace the whole Grace after the heal is the partition's (the older
+// measure). HealGrace covers the rejoining node hearing the active node's
+// first heartbeat and its standby finding the active node to forward to
+// again, as RestartGrace covers the cluster's re-forming; it leaves no
+// blind window after every heal.
+func (c *checker) healedBy(p Op) time.Time {
+	if c.cfg.HealGrace <= 0 {
+		return p.Return.Add(c.cfg.Grace)
+	}
+	end := p.Return
+	limit := p.Return.Add(c.cfg.Grace)
+	for _, s := range c.net.spans {
+		if s.from.After(p.Return) && !s.from.After(limit) && s.from.After(end) {
+			end = s.from
+		}
+	}
+	// Every node answering active or standby again: a node that answers
+	// otherwise after the heal (474, its active node not reached yet) has
+	// not rejoined, within the old Grace at most.
+	for _, node := range c.net.nodes {
+		if t, ok := c.rejoined(node, p.Return, limit); ok && t.After(end) {
+			end = t
+		}
+	}
+	return end.Add(c.cfg.HealGrace)
+}
+
+// rejoined is when node answered active or standby again after t (t itself
+// when it did at t), bounded by limit.
+func (c *checker) rejoined(node string, t, limit time.Time) (time.Time, bool) {
+	whole := func(o Op) bool { return o.Detail == "active" || o.Detail == "standby" }
+	st := c.net.states[node]
+	i := sort.Search(len(st), func(i int) bool { return st[i].Invoke.After(t) })
+	if i == 0 || whole(st[i-1]) {
+		return t, i > 0
+	}
+	for ; i < len(st) && !st[i].Invoke.After(limit); i++ {
+		if whole(st[i]) {
+			return st[i].Invoke, true
+		}
+	}
+	return limit, true
 }
 
 // checkPartitions reports each partition.

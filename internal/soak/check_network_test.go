@@ -47,8 +47,8 @@ func (x *h) issueFrom(src, arn, session, key string, when, exp float64) *h {
 // active from 23; reads through node1 fail meanwhile, reads through the
 // majority fail until it has an active node (and RestartGrace for the
 // forwarding to find it), then succeed; node3 refreshes role a; node1's
-// last call (on the wire when it lost the role) reached STS at 22, within
-// the allowance; after the heal node1 fails for a moment and serves again.
+// last call (on the wire at the cut) reached STS at 20.5, within
+// the cut's allowance; after the heal node1 fails for a moment and serves again.
 func partitioned() *h {
 	x := &h{}
 	x.topology()
@@ -59,7 +59,7 @@ func partitioned() *h {
 	x.op(Op{Kind: KindFault, Client: "faults", Fault: FaultPartition, Detail: "isolate_active", Nodes: []string{"node1"}, Invoke: at(20), Return: at(60), OK: true})
 	x.failVia("node1", "a", 21, 21.5, 500)
 	x.state("node1", "no_answer", 21).state("node1", "standby", 21.5)
-	x.issueFrom(src1, arnA, "vault-a", "ASIA9", 22, 82)
+	x.issueFrom(src1, arnA, "vault-a", "ASIA9", 20.5, 80.5)
 	x.failVia("node2", "a", 22, 32, 0) // forwarded to node1: hangs until the client gives up
 	x.state("node3", "active", 23)
 	x.failVia("node2", "a", 24, 24.1, 500)
@@ -117,8 +117,8 @@ func TestNetworkHistoriesHaveNoViolation(t *testing.T) {
 		p.MajorityReads != 4 || p.MajorityServed != 2 || p.MinorityReads != 2 || p.MinorityServed != 0 {
 		t.Errorf("partition %+v", p)
 	}
-	if len(r.RoleLosses) != 1 || r.RoleLosses[0].Node != "node1" || r.RoleLosses[0].LateCalls != 1 || r.RoleLosses[0].Last != 500*time.Millisecond {
-		t.Errorf("role losses %+v, want node1's at 21.5 with its one call 0.5 s later", r.RoleLosses)
+	if len(r.RoleLosses) != 1 || r.RoleLosses[0].Node != "node1" || r.RoleLosses[0].LateCalls != 1 || r.RoleLosses[0].Last != 500*time.Millisecond || !r.RoleLosses[0].At.Equal(at(20)) {
+		t.Errorf("role losses %+v, want node1's at the cut (20) with its one call 0.5 s later", r.RoleLosses)
 	}
 	r = check(stepped())
 	if len(r.ClockSteps) != 1 || r.ClockSteps[0].Adopted != 3*time.Second || r.ClockSteps[0].Restored != 2*time.Second {
@@ -137,9 +137,14 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 		says   string
 	}{
 		{"deposed node calls past the allowance", RuleDeposedSilent, partitioned, func(x *h) {
-			// node1 lost the role at 21.5; the allowance is 10 s.
+			// node1 lost its quorum at the cut (20); the allowance is 1 s.
 			x.call(STSCall{Time: at(40), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-b", Source: src1})
-		}, "node1 called AssumeRole at 10:00:40.000 while it did not hold the active role: it lost the role at 10:00:21.500 (answered standby)"},
+		}, "node1 called AssumeRole at 10:00:40.000 while it did not hold the active role: it lost the role at 10:00:20.000 (cut off from the majority by the partition (isolate_active) at 10:00:20.000)"},
+		{"a cut-off active node calls after the cut, before it answered standby", RuleDeposedSilent, partitioned, func(x *h) {
+			// Within the old measure (standby at 21.5, plus 10 s), not
+			// on the wire at the cut (20, plus 1 s).
+			x.call(STSCall{Time: at(21.2), Action: "AssumeRole", Outcome: "ok", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
+		}, "1.2s before, more than the allowance 1s"},
 		{"deposed node not told (still answers active) calls after the new active's election", RuleDeposedSilent, func() *h {
 			x := partitioned()
 			// node1 never answers standby: its step-down hangs (health does
@@ -154,13 +159,30 @@ func TestNetworkRulesCatchTheirViolations(t *testing.T) {
 			return x
 		}, func(x *h) {
 			x.call(STSCall{Time: at(34), Action: "AssumeRole", Outcome: "ok", RoleArn: arnB, RoleSessionName: "vault-b", Source: src1})
-		}, "it lost the role at 10:00:23.000 (node3 answered active)"},
+		}, "it lost the role at 10:00:20.000 (cut off from the majority"},
 		{"a standby calls STS", RuleDeposedSilent, partitioned, func(x *h) {
 			x.call(STSCall{Time: at(5), Action: "GetSessionToken", Outcome: "ok", Source: src2})
 		}, "node2 called GetSessionToken at 10:00:05.000 while it did not hold the active role: it had not been active"},
 		{"the majority fails a read with an active node", RulePartitionServes, partitioned, func(x *h) {
 			x.failVia("node2", "a", 50, 50.1, 503)
 		}, "a read through node2, on the majority side of the partition ([node1] cut off) that had an active node since 10:00:23.000, failed while ASIA2"},
+		{"a read through the rejoined node fails past the heal's allowance", RuleAvailable, partitioned, func(x *h) {
+			// Healed at 60; HealGrace is 3 s (Grace, 5 s, was a blind
+			// window after every heal).
+			x.failVia("node1", "a", 64, 64.1, 500)
+		}, "no kill or restart explains it"},
+		{"a read through a rejoined node fails past the heal's allowance", RuleAvailable, func() *h {
+			x := partitioned()
+			x.state("node2", "other", 58).state("node2", "standby", 64)
+			return x
+		}, func(x *h) {
+			x.failVia("node2", "a", 67.5, 67.6, 500)
+		}, "no kill or restart explains it"},
+		{"a read with less than the minimum validity left by AWS's clock", RuleMinValidity, stepped, func(x *h) {
+			// ASIA1 expires at 61 by AWS's clock, which reads 60.5 at 30.5:
+			// 30.5 s left by the host's.
+			x.readVia("node1", "a", "ASIA1", 30.5, 30.6, 61)
+		}, "with 500ms left by AWS's clock"},
 		{"a read expired by AWS's clock during the step", RuleNoExpiredAWSClock, stepped, func(x *h) {
 			// ASIA1 expires at 61 by AWS's clock, which reads 70 at 40.
 			x.readVia("node1", "a", "ASIA1", 40, 40.1, 61)
@@ -193,8 +215,8 @@ func TestNetworkAllowances(t *testing.T) {
 		base func() *h
 		add  func(x *h)
 	}{
-		{"a deposed node's call within the allowance", partitioned, func(x *h) {
-			x.call(STSCall{Time: at(31), Action: "AssumeRole", Outcome: "ServiceUnavailable", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
+		{"a cut-off node's call on the wire at the cut", partitioned, func(x *h) {
+			x.call(STSCall{Time: at(20.9), Action: "AssumeRole", Outcome: "ServiceUnavailable", RoleArn: arnA, RoleSessionName: "vault-a", Source: src1})
 		}},
 		{"a node's first call just before its health answered active", partitioned, func(x *h) {
 			x.call(STSCall{Time: at(22.8), Action: "AssumeRole", Outcome: "Throttling", RoleArn: arnA, RoleSessionName: "vault-a", Source: src3})
@@ -205,6 +227,17 @@ func TestNetworkAllowances(t *testing.T) {
 		{"reads through the cut-off node fail all along, and just after the heal", partitioned, func(x *h) {
 			x.failVia("node1", "a", 59, 59.5, 0)
 			x.failVia("node1", "a", 63, 63.5, 500)
+		}},
+		{"reads fail around the election a rejoining node forces", partitioned, func(x *h) {
+			x.state("node3", "standby", 61).state("node2", "active", 62)
+			x.failVia("node2", "a", 61.5, 61.6, 500)
+			x.failVia("node3", "a", 64.5, 64.6, 500) // 62 + HealGrace
+		}},
+		{"reads through a node that has not rejoined after the heal", partitioned, func(x *h) {
+			// node2 answers 474 (other) from 58 to 64: its reads fail until
+			// it answers standby again (64, plus HealGrace).
+			x.state("node2", "other", 58).state("node2", "standby", 64)
+			x.failVia("node2", "a", 66.5, 66.6, 500)
 		}},
 		{"a read through the majority fails before its new active node serves", partitioned, func(x *h) {
 			x.failVia("node3", "a", 25.5, 25.6, 503)

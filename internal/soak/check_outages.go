@@ -72,6 +72,11 @@ func (c *checker) otherCauseBetween(except Op, from, to time.Time) bool {
 			return true
 		}
 	}
+	for _, e := range c.events {
+		if e.ID != except.ID && e.Invoke.Before(to.Add(c.cfg.Skew)) && e.Return.After(from) {
+			return true
+		}
+	}
 	return false
 }
 

@@ -21,7 +21,7 @@ const (
 
 var cfg = Config{Grace: 5 * time.Second, RestartGrace: 3 * time.Second, RefreshMargin: 30 * time.Second, FallbackGrace: 5 * time.Second,
 	MinIssueGap: 20 * time.Second, RenderInterval: 10 * time.Second, PropagationGrace: 10 * time.Second, Skew: 50 * time.Millisecond, MinValidity: time.Second, AgentRole: "a",
-	DeposedAllowance: 10 * time.Second}
+	DeposedAllowance: 10 * time.Second, CutAllowance: time.Second, HealGrace: 3 * time.Second}
 
 // h builds a history; ids are assigned in order.
 type h struct {
@@ -212,7 +212,20 @@ func TestEachRuleCatchesItsViolation(t *testing.T) {
 		says   string
 	}{
 		{RuleNoExpiredRead, nil, func(x *h) { x.read("a", "", "ASIA1", 61.5, 61.6, 61) }, "expired at"},
+		{RuleMinValidity, nil, func(x *h) { x.read("a", "", "ASIA2", 90.5, 90.6, 91) }, "with 500ms left by AWS's clock"},
 		{RuleIssuedForRole, nil, func(x *h) { x.read("a", "", "ASIA9", 45, 45.1, 91) }, "never issued"},
+		{RuleOneIssuance, nil, func(x *h) {
+			// Alice's ASIA8 (issued at 10) is due at 40: a second one at
+			// 35, 25 s later (more than MinIssueGap), is a duplicate.
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}, "got a second credential 25s after the first, which had 35s left and was not due for 4.95s"},
+		{RuleOneIssuance, nil, func(x *h) {
+			// A change of another role explains nothing of alice's.
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.write("a", arnA, 30, 30.1)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}, "got a second credential"},
 		{RuleIssuedForRole, nil, func(x *h) {
 			// role a now points at b's ARN; serving a's old key after the
 			// change was acknowledged is a violation.
@@ -348,6 +361,26 @@ func TestAllowances(t *testing.T) {
 			x.read("a", "", "ASIA2", 54, 54.1, 91)
 		}},
 		{"a read failing with nothing valid cached", nil, func(x *h) { x.fail("a", 95, 96, 503) }},
+		{"a read with just over the minimum validity left", nil, func(x *h) { x.read("a", "", "ASIA2", 89.9, 90, 91) }},
+		{"a second credential once the first is due", nil, func(x *h) {
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.issue(arnB, "vault-alice", "ASIA9", 40.5, 100.5)
+		}},
+		{"a second credential a moment before the first is due by the checker's clock", nil, func(x *h) {
+			// ASIA8 is due at 40; the plugin's estimate of AWS's clock and
+			// its attempt's start may put it there a few ms sooner.
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.issue(arnB, "vault-alice", "ASIA9", 39.97, 99.97)
+		}},
+		{"a second credential after its role changed", nil, func(x *h) {
+			x.issue(arnB, "vault-alice", "ASIA8", 10, 70)
+			x.write("b", arnB, 30, 30.1)
+			x.issue(arnB, "vault-alice", "ASIA9", 35, 95)
+		}},
+		{"a second credential after its hub role changed", chained, func(x *h) {
+			x.write("hub", arnE, 10, 10.1)
+			x.signedBy("ASIAH1").issueFrom(src1, arnC, "vault-t1", "ASIAT9", 12, 72)
+		}},
 		{"a read failing after the role changed", nil, func(x *h) {
 			x.write("a", arnB, 50, 50.1)
 			x.fail("a", 51, 52, 503)
@@ -560,5 +593,25 @@ func TestUnavailableWindowPerFault(t *testing.T) {
 		if got := r.Unavailable[i]; got != want {
 			t.Errorf("window %d = %+v, want %+v", i, got, want)
 		}
+	}
+}
+
+// TestMinValidityAllowsTheClockEstimate: the plugin promises its minimum
+// remaining validity by its estimate of AWS's clock, which may be off by
+// half a second (MinValidityTolerance): a credential served with 0.7 s
+// left by AWS's clock keeps the rule, one with 0.3 s breaks it.
+func TestMinValidityAllowsTheClockEstimate(t *testing.T) {
+	c := cfg
+	c.MinValidityTolerance = 500 * time.Millisecond
+	x := clean()
+	x.read("a", "", "ASIA2", 90.3, 90.4, 91)
+	if r := Check(x.ops, x.calls, c); len(r.Violations) != 0 {
+		t.Errorf("0.7 s left: %v", r.Violations)
+	}
+	x = clean()
+	x.read("a", "", "ASIA2", 90.7, 90.8, 91)
+	if r := Check(x.ops, x.calls, c); r.ByRule[RuleMinValidity] != 1 || len(r.Violations) != 1 ||
+		!strings.Contains(r.Violations[0].Msg, "with 300ms left by AWS's clock (offsets [0s]), less than the 1s the plugin promises (less 500ms for its estimate") {
+		t.Errorf("0.3 s left: %v", r.Violations)
 	}
 }

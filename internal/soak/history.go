@@ -7,7 +7,10 @@
 // that uses that file; and the emulator's log of every STS and IAM call it
 // answered (stsemu.Call), which names every credential it issued, every IAM
 // key it created or deleted and the listener (the "region") each call came
-// through. Check reads both and reports each violation with the operations
+// through. The link proxy that carries the nodes' STS traffic also logs
+// each exchange (Exchange: when the request reached the link, when the
+// answer's last byte reached the node). Check reads the first two,
+// CheckLinks all three, and reports each violation with the operations
 // involved, plus the run's figures.
 //
 // Times are wall-clock times of one host (the driver and the emulator run
@@ -137,6 +140,16 @@ type Op struct {
 	ClockOffset time.Duration `json:"clock_offset,omitempty"`
 	// Addrs maps each source address of STS calls to its node (topology).
 	Addrs map[string]string `json:"addrs,omitempty"`
+	// Redirected: the node a read (or an operator action) was sent to
+	// answered 307 and the request was sent once more to the node its
+	// Location named, as Vault's own client does; ServedBy is the node
+	// that gave the final answer (Node when not redirected).
+	Redirected bool   `json:"redirected,omitempty"`
+	ServedBy   string `json:"served_by,omitempty"`
+	// SourceRole is the source_role a role_write wrote: the hub role
+	// whose credential the role's AssumeRole is signed with ("" for a role
+	// signed with the root key).
+	SourceRole string `json:"source_role,omitempty"`
 }
 
 // Duration is how long the op took.

@@ -13,6 +13,11 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(w, "operations          %s\n", counts(r.OpsByKind))
 	fmt.Fprintf(w, "faults injected     %s\n", counts(r.FaultsByKind))
 	fmt.Fprintf(w, "reads               %d, failed %d (%d with nothing valid to serve or the caller's error)\n", r.Reads, r.FailedReads, r.ColdFailures)
+	fmt.Fprintf(w, "redirected reads    %d (a standby answered 307 and the read followed it to the active node, as Vault's client does)\n", r.Redirected)
+	fmt.Fprintf(w, "unscheduled events  %d (elections, leadership losses, sealed or stopped nodes no fault caused, from the nodes' health; judged as kills)\n", len(r.Events))
+	for _, e := range r.Events {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
 	var longest, total time.Duration
 	for _, u := range r.Unavailable {
 		d := u.End.Sub(u.Start)
@@ -52,6 +57,12 @@ func (r *Report) Write(w io.Writer) {
 	for _, l := range r.LinkFaults {
 		fmt.Fprintf(w, "  %-20s %s .. %s  %s, %s: %d STS calls reached STS, %d credentials issued; reads %d served of %d\n",
 			l.Detail, l.Start.Format("15:04:05.000"), l.End.Format("15:04:05.000"), l.End.Sub(l.Start).Round(time.Millisecond), l.Node, l.Calls, l.Issued, l.Served, l.Reads)
+	}
+	if r.Exchanges > 0 {
+		fmt.Fprintf(w, "late STS answers    %d of %d issuing answers reached their node after the attempt gave up or not whole; %d of their credentials served\n", r.LateAnswers, r.Exchanges, len(r.LateServed))
+		for _, l := range r.LateServed {
+			fmt.Fprintf(w, "  %-20s %s %s: answer after %s, served %d times\n", l.Key, l.Node, l.Sent.Format("15:04:05.000"), orNever(l.Took), l.Served)
+		}
 	}
 	fmt.Fprintf(w, "AWS clock steps     %d (the emulator's clock moved, and back; reads judged by AWS's clock)\n", len(r.ClockSteps))
 	for _, c := range r.ClockSteps {

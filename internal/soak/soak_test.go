@@ -55,11 +55,23 @@ var checkConfig = soak.Config{
 	PropagationGrace: 30 * time.Second,
 	Skew:             100 * time.Millisecond,
 	MinValidity:      time.Second, // the plugin's minServeValidity
-	AgentRole:        roleName(0),
+	// by its estimate of AWS's clock, the middle of a second-wide interval
+	MinValidityTolerance: 500 * time.Millisecond,
+	AgentRole:            roleName(0),
 	// Vault telling a deposed node's plugin (seen at 1 to 2 s when the
 	// active node is cut off), a call already on the wire (a block's 2 s),
 	// the health poll's period, and slack for a loaded host.
 	DeposedAllowance: 10 * time.Second,
+	// A call sent before the cut reaches STS in milliseconds (one host).
+	CutAllowance: time.Second,
+	// The rejoining node's first heartbeat and its forwarding found again.
+	HealGrace:   5 * time.Second,
+	StatePoll:   stateEvery,
+	CallTimeout: 1600 * time.Millisecond, // callTimeout of the longest block: retry_window 6s / max_retries 3
+	// The shortest block (retry_window 6s / max_retries 4, 1.5 s) less a
+	// loaded host's timer lateness: an attempt that woke just after its
+	// block still makes its call (attemptWindow.keptAt).
+	MinBlock: 1200 * time.Millisecond,
 }
 
 // stateEvery is how often every node's health is polled for the history.
@@ -186,7 +198,11 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	report := soak.Check(ops, scalls, checkConfig)
+	links, err := readLinks(filepath.Join(out, "links.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := soak.CheckLinks(ops, scalls, links, checkConfig)
 	var b bytes.Buffer
 	report.Write(&b)
 	os.WriteFile(filepath.Join(out, "report.txt"), b.Bytes(), 0o644)
@@ -203,6 +219,15 @@ func readOps(path string) ([]soak.Op, error) {
 	}
 	defer f.Close()
 	return soak.ReadOps(f)
+}
+
+func readLinks(path string) ([]soak.Exchange, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return soak.ReadExchanges(f)
 }
 
 func readCalls(path string) ([]soak.STSCall, error) {
@@ -283,6 +308,12 @@ func newRun(t *testing.T, rec *recorder, broken, out string) *run {
 	t.Cleanup(r.saveCalls)
 	r.nw = vaulttest.NewNetwork(t, 3)
 	r.proxy = vaulttest.StartLinkProxy(t, r.nw, r.emu.URL, r.emu.AlsoURLs[0])
+	if lf, err := os.Create(filepath.Join(r.out, "links.jsonl")); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Cleanup(func() { lf.Close() })
+		r.proxy.LogExchanges(lf) // when each STS answer reached its node (late_answer_never_served)
+	}
 	r.c = vaulttest.StartCluster(t, vaulttest.ClusterOptions{Network: r.nw})
 	active := r.c.WaitActive(t, 60*time.Second)
 	// Whose STS calls are whose, and every node's state from now on.

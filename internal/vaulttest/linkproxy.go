@@ -1,14 +1,21 @@
 package vaulttest
 
 import (
+	"bufio"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +70,7 @@ type LinkProxy struct {
 	lns    []net.Listener
 	closed bool
 	wg     sync.WaitGroup
+	log    *json.Encoder // LogExchanges' (nil: none), under mu
 }
 
 // StartLinkProxy starts the link proxy of nw for the emulator listeners
@@ -216,20 +224,22 @@ func (p *LinkProxy) carry(down net.Conn, node int, target string) {
 		return
 	}
 	defer p.track(up, false)
+	x := p.exchanges(node, up)
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = io.Copy(up, down)
+		_, _ = io.Copy(up, x.tee(down))
 		if tc, ok := up.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		p.down(node, up, down)
+		p.down(node, up, down, x)
 		done <- struct{}{}
 	}()
 	<-done
 	<-done
+	x.wait()
 }
 
 // chunk is a piece of an answer and when it may reach the node.
@@ -242,7 +252,7 @@ type chunk struct {
 // fault: each chunk is held for the latency in force when it arrived,
 // paced to the bandwidth, and the connection is reset once ResetAfter
 // bytes went down.
-func (p *LinkProxy) down(node int, up, down net.Conn) {
+func (p *LinkProxy) down(node int, up, down net.Conn, x *exchangeLog) {
 	q := make(chan chunk, 1024)
 	go func() {
 		defer close(q)
@@ -265,19 +275,23 @@ func (p *LinkProxy) down(node int, up, down net.Conn) {
 		if n, cut := resetCut(sent, len(b), f.ResetAfter); cut {
 			_, _ = down.Write(b[:n])
 			reset(down)
+			x.answered(b[:n], errReset)
 			up.Close()
 			for range q {
 			}
 			return
 		}
 		if err := writePaced(down, b, f.Bandwidth); err != nil {
+			x.answered(nil, err)
 			up.Close()
 			for range q {
 			}
 			return
 		}
+		x.answered(b, nil)
 		sent += len(b)
 	}
+	x.answered(nil, io.EOF)
 	if tc, ok := down.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
@@ -319,4 +333,212 @@ func reset(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	c.Close()
+}
+
+// LinkExchange is one HTTP exchange the link proxy carried between a node
+// and STS, as LogExchanges records it: when the request reached the link,
+// and when the answer's last byte was handed to the node (after the link's
+// fault), so that a checker can tell an answer that arrived after the
+// node's attempt gave up. IssuedKeyID (the answer's AccessKeyId, never a
+// secret) matches it to the emulator's call log; Source is the node's
+// address there.
+type LinkExchange struct {
+	// Node is the node's index in the network, Source its SourceIP (the
+	// emulator's call log's Source), Conn the link's local address
+	// towards the emulator.
+	Node   int    `json:"node"`
+	Source string `json:"source"`
+	Conn   string `json:"conn"`
+	Action string `json:"action,omitempty"`
+	// InvocationID is the AWS SDK's amz-sdk-invocation-id header, the
+	// same on every retry of one SDK call.
+	InvocationID string `json:"invocation_id,omitempty"`
+	// Sent is when the request's first byte reached the link; FirstByte
+	// when the answer's first byte went down to the node; Delivered when
+	// its last one did (zero: the answer never reached the node whole).
+	Sent      time.Time `json:"sent"`
+	FirstByte time.Time `json:"first_byte,omitzero"`
+	Delivered time.Time `json:"delivered,omitzero"`
+	Status    int       `json:"status,omitempty"`
+	RequestID string    `json:"request_id,omitempty"`
+	// IssuedKeyID is the AccessKeyId the answer carried, if any.
+	IssuedKeyID string `json:"issued_key_id,omitempty"`
+	// Error says why the answer did not reach the node whole.
+	Error string `json:"error,omitempty"`
+}
+
+// LogExchanges writes every exchange the proxy carries from now on to w,
+// one JSON LinkExchange a line.
+func (p *LinkProxy) LogExchanges(w io.Writer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.log = json.NewEncoder(w)
+}
+
+func (p *LinkProxy) record(e LinkExchange) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.log != nil {
+		_ = p.log.Encode(e)
+	}
+}
+
+var errReset = errors.New("reset mid-answer")
+
+// exchangeLog follows one connection's HTTP exchanges beside the bytes the
+// proxy carries (the carrying never waits on it but for the pipe's
+// hand-over): the requests going up through one pipe, the answers going
+// down (as the node got them) through another. nil when nothing is logged.
+type exchangeLog struct {
+	p                 *LinkProxy
+	base              LinkExchange
+	reqR, respR       *io.PipeReader
+	reqW, respW       *io.PipeWriter
+	pending           chan LinkExchange
+	reqDone, respDone chan struct{}
+	// upAt is when the bytes last handed to the request reader came up
+	// (UnixNano): a request's Sent is its first bytes', not when the
+	// reader got to run.
+	upAt atomic.Int64
+}
+
+func (p *LinkProxy) exchanges(node int, up net.Conn) *exchangeLog {
+	p.mu.Lock()
+	on := p.log != nil
+	p.mu.Unlock()
+	if !on {
+		return nil
+	}
+	return newExchangeLog(p, LinkExchange{Node: node, Source: p.nw.Nodes[node].SourceIP, Conn: up.LocalAddr().String()})
+}
+
+func newExchangeLog(p *LinkProxy, base LinkExchange) *exchangeLog {
+	x := &exchangeLog{p: p, base: base,
+		pending: make(chan LinkExchange, 64), reqDone: make(chan struct{}), respDone: make(chan struct{})}
+	x.reqR, x.reqW = io.Pipe()
+	x.respR, x.respW = io.Pipe()
+	go x.readRequests()
+	go x.readAnswers()
+	return x
+}
+
+// tee returns r, its bytes also handed to the request reader.
+func (x *exchangeLog) tee(r io.Reader) io.Reader {
+	if x == nil {
+		return r
+	}
+	return &teeUp{r: r, x: x}
+}
+
+type teeUp struct {
+	r io.Reader
+	x *exchangeLog
+}
+
+func (t *teeUp) Read(b []byte) (int, error) {
+	n, err := t.r.Read(b)
+	if n > 0 {
+		t.x.upAt.Store(time.Now().UnixNano())
+		_, _ = t.x.reqW.Write(b[:n])
+	}
+	if err != nil {
+		t.x.reqW.Close()
+	}
+	return n, err
+}
+
+// answered hands b, just written to the node, to the answer reader; err
+// ends the answers (io.EOF: the connection ended cleanly).
+func (x *exchangeLog) answered(b []byte, err error) {
+	if x == nil {
+		return
+	}
+	if len(b) > 0 {
+		_, _ = x.respW.Write(b)
+	}
+	if err != nil {
+		x.respW.CloseWithError(err)
+	}
+}
+
+func (x *exchangeLog) wait() {
+	if x == nil {
+		return
+	}
+	x.reqW.Close()
+	x.respW.Close()
+	<-x.reqDone
+	<-x.respDone
+}
+
+func (x *exchangeLog) readRequests() {
+	defer close(x.reqDone)
+	defer close(x.pending)
+	br := bufio.NewReader(x.reqR)
+	for {
+		if _, err := br.Peek(1); err != nil {
+			return
+		}
+		e := x.base
+		e.Sent = time.Unix(0, x.upAt.Load()).UTC()
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			_, _ = io.Copy(io.Discard, br)
+			return
+		}
+		body, _ := io.ReadAll(req.Body)
+		e.InvocationID = req.Header.Get("amz-sdk-invocation-id")
+		v, _ := url.ParseQuery(string(body)) // what parses, when not all does
+		e.Action = v.Get("Action")
+		if e.Action == "" {
+			e.Action = req.URL.Query().Get("Action")
+		}
+		x.pending <- e
+	}
+}
+
+var accessKeyIDRe = regexp.MustCompile(`<AccessKeyId>\s*([A-Za-z0-9]+)\s*</AccessKeyId>`)
+
+func (x *exchangeLog) readAnswers() {
+	defer close(x.respDone)
+	br := bufio.NewReader(x.respR)
+	for {
+		_, perr := br.Peek(1)
+		first := time.Now().UTC()
+		if perr != nil {
+			// No answer began: the requests still waiting got none.
+			for e := range x.pending {
+				e.Error = "no answer: " + perr.Error()
+				x.p.record(e)
+			}
+			return
+		}
+		e, ok := <-x.pending
+		if !ok {
+			e = x.base
+		}
+		e.FirstByte = first
+		resp, err := http.ReadResponse(br, nil)
+		if err == nil {
+			e.Status = resp.StatusCode
+			e.RequestID = resp.Header.Get("x-amzn-RequestId")
+			var body []byte
+			body, err = io.ReadAll(resp.Body)
+			if m := accessKeyIDRe.FindSubmatch(body); m != nil {
+				e.IssuedKeyID = string(m[1])
+			}
+		}
+		if err != nil {
+			e.Error = err.Error()
+			x.p.record(e)
+			_, _ = io.Copy(io.Discard, br)
+			for e := range x.pending {
+				e.Error = "no answer: " + err.Error()
+				x.p.record(e)
+			}
+			return
+		}
+		e.Delivered = time.Now().UTC()
+		x.p.record(e)
+	}
 }
