@@ -137,6 +137,16 @@ type Op struct {
 	ClockOffset time.Duration `json:"clock_offset,omitempty"`
 	// Addrs maps each source address of STS calls to its node (topology).
 	Addrs map[string]string `json:"addrs,omitempty"`
+	// Redirected: the node a read (or an operator action) was sent to
+	// answered 307 and the request was sent once more to the node its
+	// Location named, as Vault's own client does; ServedBy is the node
+	// that gave the final answer (Node when not redirected).
+	Redirected bool   `json:"redirected,omitempty"`
+	ServedBy   string `json:"served_by,omitempty"`
+	// SourceRole is the source_role a role_write wrote: the hub role
+	// whose credential the role's AssumeRole is signed with ("" for a role
+	// signed with the root key).
+	SourceRole string `json:"source_role,omitempty"`
 }
 
 // Duration is how long the op took.

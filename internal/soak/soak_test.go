@@ -348,35 +348,88 @@ aws_session_token = {{ .Data.security_token }}
 	return r
 }
 
-// do sends one Vault API request with token to node.
+// do sends one Vault API request with token to node, following one 307 as
+// Vault's client does (vaultDo).
 func do(n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
-	return doWith(httpClient, n, token, method, path, body)
+	a := vaultDo(httpClient, n.Addr, token, method, path, body)
+	return a.code, a.body, a.err
 }
 
-// doWith is do with client.
-func doWith(client *http.Client, n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
-	var rd io.Reader
+// answer is what a request sent as Vault's client sends it got.
+type answer struct {
+	code int
+	body []byte
+	err  error
+	// redirected: the first node answered 307 and the request was sent
+	// again to its Location; served is the base address (http://host:port)
+	// of the node that gave the final answer.
+	redirected bool
+	served     string
+}
+
+// vaultDo sends one Vault API request to the node at base the way Vault's
+// own client (github.com/hashicorp/vault/api, and so the CLI and Vault
+// Agent) does: a standby that answers 307 (it is not the active node and
+// does not forward the request) names the active node in Location, and the
+// request is sent once more, token and body included, to that node. A
+// second redirect is not followed (the api package follows one): its 307
+// is the answer. The api package's retries of 5xx answers are not
+// imitated: a 5xx is the answer too, so that the checker sees every one.
+// The token travels in the request's header only; no error text here
+// holds it.
+func vaultDo(client *http.Client, base, token, method, path string, body any) answer {
+	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return 0, nil, err
+			return answer{err: err}
 		}
-		rd = bytes.NewReader(b)
+		payload = b
 	}
-	req, err := http.NewRequest(method, n.Addr+"/v1/"+path, rd)
-	if err != nil {
-		return 0, nil, err
+	url := base + "/v1/" + path
+	var a answer
+	for attempt := 0; ; attempt++ {
+		var rd io.Reader
+		if payload != nil {
+			rd = bytes.NewReader(payload)
+		}
+		req, err := http.NewRequest(method, url, rd)
+		if err != nil {
+			a.err = err
+			return a
+		}
+		a.served = req.URL.Scheme + "://" + req.URL.Host
+		req.Header.Set("X-Vault-Token", token)
+		resp, err := client.Do(req)
+		if err != nil {
+			a.code, a.body, a.err = 0, nil, err
+			return a
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		a.code, a.body, a.err = resp.StatusCode, b, err
+		if resp.StatusCode != http.StatusTemporaryRedirect || attempt > 0 || err != nil {
+			if resp.StatusCode == http.StatusTemporaryRedirect && attempt > 0 && a.err == nil {
+				a.err = fmt.Errorf("HTTP 307 again from %s: a client follows one redirect", a.served)
+			}
+			return a
+		}
+		loc, lerr := resp.Location()
+		if lerr != nil {
+			a.err = fmt.Errorf("HTTP 307 without a usable Location: %v", lerr)
+			return a
+		}
+		// As the api package: never downgrade https to http.
+		if req.URL.Scheme == "https" && loc.Scheme != "https" {
+			a.err = fmt.Errorf("HTTP 307 to %s would downgrade the protocol", loc.Host)
+			return a
+		}
+		url, a.redirected = loc.String(), true
 	}
-	req.Header.Set("X-Vault-Token", token)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
 }
 
+// httpClient and readClient do not follow redirects themselves: vaultDo
+// does, once, as Vault's client does.
 var httpClient = &http.Client{Timeout: 45 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // healthClient asks a node's health and gives up soon.
@@ -386,6 +439,17 @@ var healthClient = &http.Client{Timeout: 2 * time.Second}
 // active one hangs (Vault forwards it into the partition) until the
 // client gives up, and a reader stuck 45 s would read little else.
 var readClient = &http.Client{Timeout: 15 * time.Second, CheckRedirect: httpClient.CheckRedirect}
+
+// nodeAt names the node whose API address is base (http://host:port), or
+// base itself when it is none of the cluster's.
+func (r *run) nodeAt(base string) string {
+	for _, n := range r.c.Nodes {
+		if strings.TrimSuffix(n.Addr, "/") == base {
+			return n.NodeID()
+		}
+	}
+	return base
+}
 
 // upNodes are the nodes not killed by the schedule.
 func (r *run) upNodes() []*vaulttest.Server {
@@ -466,8 +530,10 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 			r.mu.Unlock()
 		}
 		o.Invoke = time.Now()
-		code, body, err := doWith(readClient, n, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
+		a := vaultDo(readClient, n.Addr, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
+		code, body, err := a.code, a.body, a.err
 		o.Return, o.Status = time.Now(), code
+		o.Redirected, o.ServedBy = a.redirected, r.nodeAt(a.served)
 		if err == nil && code == 200 {
 			var sec vaulttest.Secret
 			if json.Unmarshal(body, &sec) == nil {
