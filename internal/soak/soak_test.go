@@ -271,12 +271,72 @@ func arn(name string) string {
 	return "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + name
 }
 
+// The chained roles (docs/multi-account.md): a hub role assumed with the
+// root key, and targets in another account whose AssumeRole the hub's
+// session signs (their source_role); the emulator's trust policies let the
+// hub alone assume them, so a target's credential obtained any other way
+// is an AccessDenied. One target is entity-scoped.
+const (
+	hubRole         = "soak-hub"
+	targetAccount   = "222222222222"
+	entityTarget    = "soak-tgt-entity"
+	hubFaultMatchOn = ":role/" + hubRole // the emulator's fault match: the hub's calls only
+)
+
+// targetRoles are the role-scoped targets.
+var targetRoles = []string{"soak-tgt-0", "soak-tgt-1"}
+
+func targetARN(name string) string { return "arn:aws:iam::" + targetAccount + ":role/" + name }
+
+// trustFile writes the emulator's -trust-file in dir: the hub trusts the
+// emulator's IAM user (config/root's key), every target the hub alone.
+func trustFile(t *testing.T, dir string) string {
+	type roleTrust struct {
+		RoleArn string   `json:"role_arn"`
+		Trust   []string `json:"trust"`
+	}
+	trust := []roleTrust{{RoleArn: arn(hubRole), Trust: []string{"arn:aws:iam::" + vaulttest.EmulatorAccount + ":user/sts-emulator"}}}
+	for _, name := range append(append([]string{}, targetRoles...), entityTarget) {
+		trust = append(trust, roleTrust{RoleArn: targetARN(name), Trust: []string{arn(hubRole)}})
+	}
+	b, err := json.Marshal(trust)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "trust.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// readable is a role the readers read: entity-scoped ones with a user's
+// token.
+type readable struct {
+	role   string
+	entity bool
+}
+
+// readables are every role the readers read, in a fixed order (a reader's
+// draws are its seed's).
+func readables() []readable {
+	var out []readable
+	for i := 0; i < roleCount; i++ {
+		out = append(out, readable{role: roleName(i)})
+	}
+	out = append(out, readable{role: entityRole, entity: true}, readable{role: hubRole})
+	for _, name := range targetRoles {
+		out = append(out, readable{role: name})
+	}
+	return append(out, readable{role: entityTarget, entity: true})
+}
+
 func newRun(t *testing.T, rec *recorder, broken, out string) *run {
 	r := &run{t: t, rec: rec, broken: broken, out: out, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
 	// The AWS client is the awscli (`make test` installs it); without it
 	// the soak skips, which scripts/soak.sh reports as a failure.
 	r.awsBin, r.awsDir = testtool.Require(t, "aws", "--version"), t.TempDir()
-	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String())
+	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String(), "-trust-file", trustFile(t, t.TempDir()))
 	// A run that fails half-way (a node that never rejoins, say) still
 	// leaves its call log for the checker: registered after the
 	// emulator's start, this runs before its stop.
@@ -321,6 +381,12 @@ func newRun(t *testing.T, rec *recorder, broken, out string) *run {
 		r.writeRole(roleName(i), arn(roleName(i)))
 	}
 	r.writeRole(entityRole, arn(entityRole), "cache_scope", "entity")
+	// The hub before its targets: a source_role must exist.
+	r.writeRole(hubRole, arn(hubRole))
+	for _, name := range targetRoles {
+		r.writeRole(name, targetARN(name), "source_role", hubRole)
+	}
+	r.writeRole(entityTarget, targetARN(entityTarget), "source_role", hubRole, "cache_scope", "entity")
 
 	active.WritePolicy(t, "soak-reader", fmt.Sprintf("path %q { capabilities = [\"read\"] }\n", vaulttest.MountPath+"/creds/*"))
 	r.readerToken = strings.TrimSpace(active.CLI(t, "token", "create", "-policy=soak-reader", "-period=24h", "-field=token"))
@@ -467,7 +533,12 @@ func (r *run) upNodes() []*vaulttest.Server {
 // operator runs one operator action through the active node (found at the
 // time), records it, and reports whether Vault acknowledged it.
 func (r *run) operator(client, kind, role, roleARN, key string, fn func(*vaulttest.Server) (int, []byte, error)) bool {
-	o := soak.Op{Client: client, Kind: kind, Role: role, RoleARN: roleARN, AccessKey: key, Invoke: time.Now()}
+	return r.act(soak.Op{Client: client, Kind: kind, Role: role, RoleARN: roleARN, AccessKey: key}, fn)
+}
+
+// act is operator with the op's fields given.
+func (r *run) act(o soak.Op, fn func(*vaulttest.Server) (int, []byte, error)) bool {
+	o.Invoke = time.Now()
 	active := r.c.WaitActive(r.t, 60*time.Second)
 	code, body, err := fn(active)
 	o.Return, o.Status = time.Now(), code
@@ -495,7 +566,11 @@ func (r *run) writeRole(role, roleARN string, extra ...string) {
 	for i := 0; i+1 < len(extra); i += 2 {
 		body[extra[i]] = extra[i+1]
 	}
-	if r.operator("operator", soak.KindRoleWrite, role, roleARN, "", func(n *vaulttest.Server) (int, []byte, error) {
+	o := soak.Op{Client: "operator", Kind: soak.KindRoleWrite, Role: role, RoleARN: roleARN}
+	if src, ok := body["source_role"].(string); ok {
+		o.SourceRole = src
+	}
+	if r.act(o, func(n *vaulttest.Server) (int, []byte, error) {
 		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/roles/"+role, body)
 	}) {
 		r.mu.Lock()
@@ -508,6 +583,7 @@ func (r *run) writeRole(role, roleARN string, extra ...string) {
 // roles with its own token, the entity-scoped role with a user's token.
 func (r *run) reader(i int, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(uint64(i), 0x4ead))
+	roles := readables()
 	for {
 		select {
 		case <-stop:
@@ -521,12 +597,12 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 		n := nodes[rng.IntN(len(nodes))]
 		o := soak.Op{Client: fmt.Sprintf("reader-%d", i), Kind: soak.KindRead, Node: n.NodeID()}
 		token := r.readerToken
-		if k := rng.IntN(roleCount + 1); k < roleCount {
-			o.Role = roleName(k)
+		if rd := roles[rng.IntN(len(roles))]; !rd.entity {
+			o.Role = rd.role
 		} else {
 			u := rng.IntN(users)
 			r.mu.Lock()
-			o.Role, o.Entity, token = entityRole, r.entityIDs[u], r.userTokens[u]
+			o.Role, o.Entity, token = rd.role, r.entityIDs[u], r.userTokens[u]
 			r.mu.Unlock()
 		}
 		o.Invoke = time.Now()
@@ -725,6 +801,17 @@ var stsFaults = []struct {
 	{"sts_down", vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}}},
 }
 
+// hubFaults are the faults of the hub's own STS calls (actHubFault): every
+// call refused, or most throttled. Their names are STS faults' (the
+// checker judges them as it judges any STS fault); Role names the hub.
+var hubFaults = []struct {
+	name string
+	plan vaulttest.FaultPlan
+}{
+	{"sts_hub_down", vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}}},
+	{"sts_hub_throttling", vaulttest.FaultPlan{Probability: map[string]float64{"Throttling": 0.7}}},
+}
+
 // step runs one scheduled action.
 func (r *run) step(a action) {
 	t := r.t
@@ -787,6 +874,16 @@ func (r *run) step(a action) {
 		r.mu.Lock()
 		delete(r.down, active)
 		r.mu.Unlock()
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case actHubFault: // the hub's STS calls fail (the emulator's faults matched on its role_arn); its targets' do not
+		f := hubFaults[a.fault]
+		plan := f.plan
+		plan.Match = hubFaultMatchOn
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: f.name, Role: hubRole, Invoke: time.Now()}
+		r.emu.SetFaults(t, plan)
+		time.Sleep(a.hold)
+		r.emu.ClearFaults(t)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
 	case actClusterRestart:
