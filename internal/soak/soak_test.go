@@ -609,7 +609,10 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 		a := vaultDo(readClient, n.Addr, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
 		code, body, err := a.code, a.body, a.err
 		o.Return, o.Status = time.Now(), code
-		o.Redirected, o.ServedBy = a.redirected, r.nodeAt(a.served)
+		o.Redirected = a.redirected
+		if a.code != 0 {
+			o.ServedBy = r.nodeAt(a.served)
+		}
 		if err == nil && code == 200 {
 			var sec vaulttest.Secret
 			if json.Unmarshal(body, &sec) == nil {
