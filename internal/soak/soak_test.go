@@ -294,11 +294,15 @@ func trustFile(t *testing.T, dir string) string {
 	type roleTrust struct {
 		RoleArn string   `json:"role_arn"`
 		Trust   []string `json:"trust"`
+		// An entity-scoped role's AssumeRole sets a source identity,
+		// which its trust policy must allow.
+		SetSourceIdentity bool `json:"set_source_identity,omitempty"`
 	}
 	trust := []roleTrust{{RoleArn: arn(hubRole), Trust: []string{"arn:aws:iam::" + vaulttest.EmulatorAccount + ":user/sts-emulator"}}}
-	for _, name := range append(append([]string{}, targetRoles...), entityTarget) {
+	for _, name := range targetRoles {
 		trust = append(trust, roleTrust{RoleArn: targetARN(name), Trust: []string{arn(hubRole)}})
 	}
+	trust = append(trust, roleTrust{RoleArn: targetARN(entityTarget), Trust: []string{arn(hubRole)}, SetSourceIdentity: true})
 	b, err := json.Marshal(trust)
 	if err != nil {
 		t.Fatal(err)
