@@ -80,6 +80,12 @@ cleanup() {
 	fi
 	if [[ -f "$VAULTTEST_NET_STATE" ]]; then
 		local kind a b
+		# What the test's own cleanups removed ("gone netns NAME") is not
+		# the soak's any more.
+		local -A gone=()
+		while read -r kind a b; do
+			[[ "$kind" == gone ]] && gone["$a $b"]=1
+		done <"$VAULTTEST_NET_STATE"
 		while read -r kind a b; do
 			# A pid the kernel gave to another process since has another
 			# start time: only the soak's own groups are killed.
@@ -88,13 +94,13 @@ cleanup() {
 			fi
 		done <"$VAULTTEST_NET_STATE"
 		while read -r kind a b; do
-			if [[ "$kind" == netns && -e "/run/netns/$a" ]]; then
+			if [[ "$kind" == netns && -z "${gone["netns $a"]:-}" && -e "/run/netns/$a" ]]; then
 				ip netns pids "$a" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
 				ip netns del "$a" 2>/dev/null || true
 			fi
 		done <"$VAULTTEST_NET_STATE"
 		while read -r kind a b; do
-			if [[ "$kind" == link ]] && ip link show "$a" >/dev/null 2>&1; then
+			if [[ "$kind" == link && -z "${gone["link $a"]:-}" ]] && ip link show "$a" >/dev/null 2>&1; then
 				ip link del "$a" 2>/dev/null || true
 			fi
 		done <"$VAULTTEST_NET_STATE"

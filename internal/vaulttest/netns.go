@@ -101,6 +101,10 @@ func NewNetwork(tb testing.TB, n int) *Network {
 		veth := fmt.Sprintf("%sh%d", nw.Prefix, i+1)
 		nw.note("netns " + node.NS)
 		nw.ip(tb, "netns", "add", node.NS)
+		// The veth's host end, noted too: a namespace deleted while
+		// something still holds it (a socket of a killed test's) lives on
+		// without a name, and its veth pair with it.
+		nw.note("link " + veth)
 		nw.ip(tb, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", node.NS)
 		nw.ip(tb, "link", "set", veth, "master", nw.bridge, "up")
 		nw.ip(tb, "-n", node.NS, "addr", "add", node.IP+"/24", "dev", "eth0")
@@ -193,7 +197,11 @@ func (nw *Network) nftErr(i int, script string) error {
 // with them) and the bridge. Processes still running in a namespace keep
 // it alive without its name; the harness stops them first.
 func (nw *Network) remove() {
-	for _, n := range nw.Nodes {
+	for i, n := range nw.Nodes {
+		veth := fmt.Sprintf("%sh%d", nw.Prefix, i+1)
+		if exec.Command("ip", "link", "del", veth).Run() == nil {
+			nw.note("gone link " + veth)
+		}
 		if exec.Command("ip", "netns", "del", n.NS).Run() == nil {
 			nw.note("gone netns " + n.NS)
 		}

@@ -83,6 +83,9 @@ func TestReapStale_AfterAPanic(t *testing.T) {
 	if exec.Command("ip", "link", "show", bridge).Run() == nil {
 		t.Errorf("bridge %s left", bridge)
 	}
+	if veth := strings.TrimSuffix(bridge, "b") + "h1"; exec.Command("ip", "link", "show", veth).Run() == nil {
+		t.Errorf("veth %s left", veth)
+	}
 	if _, err := os.Stat(stateFile); err == nil {
 		t.Errorf("state file %s left", stateFile)
 	}
