@@ -52,26 +52,69 @@ out=${OUT:-soak-out/${seed}-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-# The network the soak makes (internal/vaulttest.Network) is removed by the
-# test itself; every name is also noted here as it is made, so that an
-# interrupted run (SIGINT, a crash) leaves nothing behind: the processes
-# still in a namespace, the namespaces and the bridge.
+# Everything the soak makes is removed by the test itself (its cleanups);
+# every object is also noted in a state file as it is made
+# (internal/vaulttest/state.go: process groups with their leader's start
+# time, namespaces, links), so that a run that ends any other way (SIGINT,
+# SIGTERM, a panic off the test's goroutine, the test's -timeout) leaves
+# nothing behind: the exit trap stops the test, kills the process groups
+# still running (the nodes, in their namespaces, and the STS emulator and
+# Vault Agent, in the host's), deletes the namespaces (their nft tables go
+# with them) and links, and removes the test's temporary directory.
 export VAULTTEST_NET_STATE="$out/net-objects"
-# shellcheck disable=SC2317 # invoked through the trap
-cleanup_net() {
-	[[ -f "$VAULTTEST_NET_STATE" ]] || return 0
-	local kind name
-	while read -r kind name; do
-		if [[ "$kind" == netns ]]; then
-			ip netns pids "$name" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-			ip netns del "$name" 2>/dev/null || true
-		fi
-	done <"$VAULTTEST_NET_STATE"
-	while read -r kind name; do
-		[[ "$kind" == link ]] && ip link del "$name" 2>/dev/null || true
-	done <"$VAULTTEST_NET_STATE"
+# The test's temporary directories (t.TempDir: the nodes' data, the
+# agent's, the emulator's) live under one directory the trap removes.
+soak_tmp=$(mktemp -d /tmp/soak-tmp.XXXXXX)
+test_pid=""
+# starttime PID: the process's start time in clock ticks since boot (field
+# 22 of /proc/PID/stat), "" when it is gone.
+starttime() {
+	local stat
+	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	stat=${stat##*) }
+	# shellcheck disable=SC2086 # split into fields on purpose
+	set -- $stat
+	echo "${20}"
 }
-trap cleanup_net EXIT
+# shellcheck disable=SC2317 # invoked through the trap
+cleanup() {
+	trap - EXIT INT TERM
+	if [[ -n "$test_pid" ]] && kill -0 "$test_pid" 2>/dev/null; then
+		# go test and the test binary are one process group (setsid below).
+		kill -KILL -- "-$test_pid" 2>/dev/null || true
+		wait "$test_pid" 2>/dev/null || true
+		echo "soak: stopped the test; removing what it made" >&2
+	fi
+	if [[ -f "$VAULTTEST_NET_STATE" ]]; then
+		local kind a b
+		# What the test's own cleanups removed ("gone netns NAME") is not
+		# the soak's any more.
+		local -A gone=()
+		while read -r kind a b; do
+			[[ "$kind" == gone ]] && gone["$a $b"]=1
+		done <"$VAULTTEST_NET_STATE"
+		while read -r kind a b; do
+			# A pid the kernel gave to another process since has another
+			# start time: only the soak's own groups are killed.
+			if [[ "$kind" == pgrp && -n "$b" && "$(starttime "$a")" == "$b" ]]; then
+				kill -KILL -- "-$a" 2>/dev/null || true
+			fi
+		done <"$VAULTTEST_NET_STATE"
+		while read -r kind a b; do
+			if [[ "$kind" == netns && -z "${gone["netns $a"]:-}" && -e "/run/netns/$a" ]]; then
+				ip netns pids "$a" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+				ip netns del "$a" 2>/dev/null || true
+			fi
+		done <"$VAULTTEST_NET_STATE"
+		while read -r kind a b; do
+			if [[ "$kind" == link && -z "${gone["link $a"]:-}" ]] && ip link show "$a" >/dev/null 2>&1; then
+				ip link del "$a" 2>/dev/null || true
+			fi
+		done <"$VAULTTEST_NET_STATE"
+	fi
+	rm -rf "$soak_tmp"
+}
+trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 # broken_plugin FILE SED: build the plugin with FILE patched by the sed
@@ -152,7 +195,14 @@ echo "soak: ${duration}, seed ${seed}, output in ${out}" >&2
 # The run's own timeout: the schedule plus set-up and a last fault's end.
 secs=$(go run ./cmd/soak-check -parse-duration "$duration")
 status=0
-go test -count=1 -v -run '^TestSoak$' -timeout "$((secs + 900))s" ./internal/soak/ >"$out/test.log" 2>&1 || status=$?
+# In the background, in a process group of its own, so that a signal to
+# this script is handled at once (bash runs a trap only once the
+# foreground command ends) and the trap stops go test and its test binary
+# together.
+TMPDIR="$soak_tmp" setsid go test -count=1 -v -run '^TestSoak$' -timeout "$((secs + 900))s" ./internal/soak/ >"$out/test.log" 2>&1 &
+test_pid=$!
+wait "$test_pid" || status=$?
+test_pid=""
 if [[ ! -s "$out/calls.jsonl" ]]; then
 	tail -50 "$out/test.log" >&2
 	exit 1

@@ -143,7 +143,8 @@ type Op struct {
 	// Redirected: the node a read (or an operator action) was sent to
 	// answered 307 and the request was sent once more to the node its
 	// Location named, as Vault's own client does; ServedBy is the node
-	// that gave the final answer (Node when not redirected).
+	// that gave the final answer (Node when not redirected; "" when no
+	// answer came).
 	Redirected bool   `json:"redirected,omitempty"`
 	ServedBy   string `json:"served_by,omitempty"`
 	// SourceRole is the source_role a role_write wrote: the hub role

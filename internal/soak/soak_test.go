@@ -296,12 +296,76 @@ func arn(name string) string {
 	return "arn:aws:iam::" + vaulttest.EmulatorAccount + ":role/" + name
 }
 
+// The chained roles (docs/multi-account.md): a hub role assumed with the
+// root key, and targets in another account whose AssumeRole the hub's
+// session signs (their source_role); the emulator's trust policies let the
+// hub alone assume them, so a target's credential obtained any other way
+// is an AccessDenied. One target is entity-scoped.
+const (
+	hubRole         = "soak-hub"
+	targetAccount   = "222222222222"
+	entityTarget    = "soak-tgt-entity"
+	hubFaultMatchOn = ":role/" + hubRole // the emulator's fault match: the hub's calls only
+)
+
+// targetRoles are the role-scoped targets.
+var targetRoles = []string{"soak-tgt-0", "soak-tgt-1"}
+
+func targetARN(name string) string { return "arn:aws:iam::" + targetAccount + ":role/" + name }
+
+// trustFile writes the emulator's -trust-file in dir: the hub trusts the
+// emulator's IAM user (config/root's key), every target the hub alone.
+func trustFile(t *testing.T, dir string) string {
+	type roleTrust struct {
+		RoleArn string   `json:"role_arn"`
+		Trust   []string `json:"trust"`
+		// An entity-scoped role's AssumeRole sets a source identity,
+		// which its trust policy must allow.
+		SetSourceIdentity bool `json:"set_source_identity,omitempty"`
+	}
+	trust := []roleTrust{{RoleArn: arn(hubRole), Trust: []string{"arn:aws:iam::" + vaulttest.EmulatorAccount + ":user/sts-emulator"}}}
+	for _, name := range targetRoles {
+		trust = append(trust, roleTrust{RoleArn: targetARN(name), Trust: []string{arn(hubRole)}})
+	}
+	trust = append(trust, roleTrust{RoleArn: targetARN(entityTarget), Trust: []string{arn(hubRole)}, SetSourceIdentity: true})
+	b, err := json.Marshal(trust)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "trust.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// readable is a role the readers read: entity-scoped ones with a user's
+// token.
+type readable struct {
+	role   string
+	entity bool
+}
+
+// readables are every role the readers read, in a fixed order (a reader's
+// draws are its seed's).
+func readables() []readable {
+	var out []readable
+	for i := 0; i < roleCount; i++ {
+		out = append(out, readable{role: roleName(i)})
+	}
+	out = append(out, readable{role: entityRole, entity: true}, readable{role: hubRole})
+	for _, name := range targetRoles {
+		out = append(out, readable{role: name})
+	}
+	return append(out, readable{role: entityTarget, entity: true})
+}
+
 func newRun(t *testing.T, rec *recorder, broken, out string) *run {
 	r := &run{t: t, rec: rec, broken: broken, out: out, arns: map[string]string{}, deleted: map[string]bool{}, down: map[*vaulttest.Server]bool{}}
 	// The AWS client is the awscli (`make test` installs it); without it
 	// the soak skips, which scripts/soak.sh reports as a failure.
 	r.awsBin, r.awsDir = testtool.Require(t, "aws", "--version"), t.TempDir()
-	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String())
+	r.emu = vaulttest.StartEmulatorListeners(t, 1, "-max-lifetime", lifetime.String(), "-trust-file", trustFile(t, t.TempDir()))
 	// A run that fails half-way (a node that never rejoins, say) still
 	// leaves its call log for the checker: registered after the
 	// emulator's start, this runs before its stop.
@@ -352,6 +416,12 @@ func newRun(t *testing.T, rec *recorder, broken, out string) *run {
 		r.writeRole(roleName(i), arn(roleName(i)))
 	}
 	r.writeRole(entityRole, arn(entityRole), "cache_scope", "entity")
+	// The hub before its targets: a source_role must exist.
+	r.writeRole(hubRole, arn(hubRole))
+	for _, name := range targetRoles {
+		r.writeRole(name, targetARN(name), "source_role", hubRole)
+	}
+	r.writeRole(entityTarget, targetARN(entityTarget), "source_role", hubRole, "cache_scope", "entity")
 
 	active.WritePolicy(t, "soak-reader", fmt.Sprintf("path %q { capabilities = [\"read\"] }\n", vaulttest.MountPath+"/creds/*"))
 	r.readerToken = strings.TrimSpace(active.CLI(t, "token", "create", "-policy=soak-reader", "-period=24h", "-field=token"))
@@ -379,35 +449,88 @@ aws_session_token = {{ .Data.security_token }}
 	return r
 }
 
-// do sends one Vault API request with token to node.
+// do sends one Vault API request with token to node, following one 307 as
+// Vault's client does (vaultDo).
 func do(n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
-	return doWith(httpClient, n, token, method, path, body)
+	a := vaultDo(httpClient, n.Addr, token, method, path, body)
+	return a.code, a.body, a.err
 }
 
-// doWith is do with client.
-func doWith(client *http.Client, n *vaulttest.Server, token, method, path string, body any) (int, []byte, error) {
-	var rd io.Reader
+// answer is what a request sent as Vault's client sends it got.
+type answer struct {
+	code int
+	body []byte
+	err  error
+	// redirected: the first node answered 307 and the request was sent
+	// again to its Location; served is the base address (http://host:port)
+	// of the node that gave the final answer.
+	redirected bool
+	served     string
+}
+
+// vaultDo sends one Vault API request to the node at base the way Vault's
+// own client (github.com/hashicorp/vault/api, and so the CLI and Vault
+// Agent) does: a standby that answers 307 (it is not the active node and
+// does not forward the request) names the active node in Location, and the
+// request is sent once more, token and body included, to that node. A
+// second redirect is not followed (the api package follows one): its 307
+// is the answer. The api package's retries of 5xx answers are not
+// imitated: a 5xx is the answer too, so that the checker sees every one.
+// The token travels in the request's header only; no error text here
+// holds it.
+func vaultDo(client *http.Client, base, token, method, path string, body any) answer {
+	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return 0, nil, err
+			return answer{err: err}
 		}
-		rd = bytes.NewReader(b)
+		payload = b
 	}
-	req, err := http.NewRequest(method, n.Addr+"/v1/"+path, rd)
-	if err != nil {
-		return 0, nil, err
+	url := base + "/v1/" + path
+	var a answer
+	for attempt := 0; ; attempt++ {
+		var rd io.Reader
+		if payload != nil {
+			rd = bytes.NewReader(payload)
+		}
+		req, err := http.NewRequest(method, url, rd)
+		if err != nil {
+			a.err = err
+			return a
+		}
+		a.served = req.URL.Scheme + "://" + req.URL.Host
+		req.Header.Set("X-Vault-Token", token)
+		resp, err := client.Do(req)
+		if err != nil {
+			a.code, a.body, a.err = 0, nil, err
+			return a
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		a.code, a.body, a.err = resp.StatusCode, b, err
+		if resp.StatusCode != http.StatusTemporaryRedirect || attempt > 0 || err != nil {
+			if resp.StatusCode == http.StatusTemporaryRedirect && attempt > 0 && a.err == nil {
+				a.err = fmt.Errorf("HTTP 307 again from %s: a client follows one redirect", a.served)
+			}
+			return a
+		}
+		loc, lerr := resp.Location()
+		if lerr != nil {
+			a.err = fmt.Errorf("HTTP 307 without a usable Location: %v", lerr)
+			return a
+		}
+		// As the api package: never downgrade https to http.
+		if req.URL.Scheme == "https" && loc.Scheme != "https" {
+			a.err = fmt.Errorf("HTTP 307 to %s would downgrade the protocol", loc.Host)
+			return a
+		}
+		url, a.redirected = loc.String(), true
 	}
-	req.Header.Set("X-Vault-Token", token)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
 }
 
+// httpClient and readClient do not follow redirects themselves: vaultDo
+// does, once, as Vault's client does.
 var httpClient = &http.Client{Timeout: 45 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // healthClient asks a node's health and gives up soon.
@@ -417,6 +540,17 @@ var healthClient = &http.Client{Timeout: 2 * time.Second}
 // active one hangs (Vault forwards it into the partition) until the
 // client gives up, and a reader stuck 45 s would read little else.
 var readClient = &http.Client{Timeout: 15 * time.Second, CheckRedirect: httpClient.CheckRedirect}
+
+// nodeAt names the node whose API address is base (http://host:port), or
+// base itself when it is none of the cluster's.
+func (r *run) nodeAt(base string) string {
+	for _, n := range r.c.Nodes {
+		if strings.TrimSuffix(n.Addr, "/") == base {
+			return n.NodeID()
+		}
+	}
+	return base
+}
 
 // upNodes are the nodes not killed by the schedule.
 func (r *run) upNodes() []*vaulttest.Server {
@@ -434,7 +568,12 @@ func (r *run) upNodes() []*vaulttest.Server {
 // operator runs one operator action through the active node (found at the
 // time), records it, and reports whether Vault acknowledged it.
 func (r *run) operator(client, kind, role, roleARN, key string, fn func(*vaulttest.Server) (int, []byte, error)) bool {
-	o := soak.Op{Client: client, Kind: kind, Role: role, RoleARN: roleARN, AccessKey: key, Invoke: time.Now()}
+	return r.act(soak.Op{Client: client, Kind: kind, Role: role, RoleARN: roleARN, AccessKey: key}, fn)
+}
+
+// act is operator with the op's fields given.
+func (r *run) act(o soak.Op, fn func(*vaulttest.Server) (int, []byte, error)) bool {
+	o.Invoke = time.Now()
 	active := r.c.WaitActive(r.t, 60*time.Second)
 	code, body, err := fn(active)
 	o.Return, o.Status = time.Now(), code
@@ -462,7 +601,11 @@ func (r *run) writeRole(role, roleARN string, extra ...string) {
 	for i := 0; i+1 < len(extra); i += 2 {
 		body[extra[i]] = extra[i+1]
 	}
-	if r.operator("operator", soak.KindRoleWrite, role, roleARN, "", func(n *vaulttest.Server) (int, []byte, error) {
+	o := soak.Op{Client: "operator", Kind: soak.KindRoleWrite, Role: role, RoleARN: roleARN}
+	if src, ok := body["source_role"].(string); ok {
+		o.SourceRole = src
+	}
+	if r.act(o, func(n *vaulttest.Server) (int, []byte, error) {
 		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/roles/"+role, body)
 	}) {
 		r.mu.Lock()
@@ -475,6 +618,7 @@ func (r *run) writeRole(role, roleARN string, extra ...string) {
 // roles with its own token, the entity-scoped role with a user's token.
 func (r *run) reader(i int, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(uint64(i), 0x4ead))
+	roles := readables()
 	for {
 		select {
 		case <-stop:
@@ -488,17 +632,22 @@ func (r *run) reader(i int, stop <-chan struct{}) {
 		n := nodes[rng.IntN(len(nodes))]
 		o := soak.Op{Client: fmt.Sprintf("reader-%d", i), Kind: soak.KindRead, Node: n.NodeID()}
 		token := r.readerToken
-		if k := rng.IntN(roleCount + 1); k < roleCount {
-			o.Role = roleName(k)
+		if rd := roles[rng.IntN(len(roles))]; !rd.entity {
+			o.Role = rd.role
 		} else {
 			u := rng.IntN(users)
 			r.mu.Lock()
-			o.Role, o.Entity, token = entityRole, r.entityIDs[u], r.userTokens[u]
+			o.Role, o.Entity, token = rd.role, r.entityIDs[u], r.userTokens[u]
 			r.mu.Unlock()
 		}
 		o.Invoke = time.Now()
-		code, body, err := doWith(readClient, n, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
+		a := vaultDo(readClient, n.Addr, token, http.MethodGet, vaulttest.MountPath+"/creds/"+o.Role, nil)
+		code, body, err := a.code, a.body, a.err
 		o.Return, o.Status = time.Now(), code
+		o.Redirected = a.redirected
+		if a.code != 0 {
+			o.ServedBy = r.nodeAt(a.served)
+		}
 		if err == nil && code == 200 {
 			var sec vaulttest.Secret
 			if json.Unmarshal(body, &sec) == nil {
@@ -690,6 +839,17 @@ var stsFaults = []struct {
 	{"sts_down", vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}}},
 }
 
+// hubFaults are the faults of the hub's own STS calls (actHubFault): every
+// call refused, or most throttled. Their names are STS faults' (the
+// checker judges them as it judges any STS fault); Role names the hub.
+var hubFaults = []struct {
+	name string
+	plan vaulttest.FaultPlan
+}{
+	{"sts_hub_down", vaulttest.FaultPlan{Probability: map[string]float64{"ServiceUnavailable": 1}}},
+	{"sts_hub_throttling", vaulttest.FaultPlan{Probability: map[string]float64{"Throttling": 0.7}}},
+}
+
 // step runs one scheduled action.
 func (r *run) step(a action) {
 	t := r.t
@@ -752,6 +912,16 @@ func (r *run) step(a action) {
 		r.mu.Lock()
 		delete(r.down, active)
 		r.mu.Unlock()
+		o.Return, o.OK = time.Now(), true
+		r.rec.add(o)
+	case actHubFault: // the hub's STS calls fail (the emulator's faults matched on its role_arn); its targets' do not
+		f := hubFaults[a.fault]
+		plan := f.plan
+		plan.Match = hubFaultMatchOn
+		o := soak.Op{Client: "faults", Kind: soak.KindFault, Fault: f.name, Role: hubRole, Invoke: time.Now()}
+		r.emu.SetFaults(t, plan)
+		time.Sleep(a.hold)
+		r.emu.ClearFaults(t)
 		o.Return, o.OK = time.Now(), true
 		r.rec.add(o)
 	case actClusterRestart:

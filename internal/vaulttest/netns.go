@@ -25,9 +25,10 @@ import (
 // each node's loopback and whose packets SetLinkLoss drops.
 //
 // Everything it creates is named with one prefix and removed in
-// tb.Cleanup; with VAULTTEST_NET_STATE set, each name is also appended to
-// that file as it is made, so that a script whose test was interrupted
-// (scripts/soak.sh on SIGINT) removes what the cleanup never reached.
+// tb.Cleanup; each name is also noted in the process's state file
+// (state.go: VAULTTEST_NET_STATE, or the process's own in StateDir) as it
+// is made, so that what a process that died first left is removed all the
+// same: by scripts/soak.sh's exit trap, or by ReapStale.
 // It needs root, iproute2 and nft (Debian's nftables package).
 type Network struct {
 	// Prefix starts the name of every namespace and link of the network.
@@ -37,7 +38,6 @@ type Network struct {
 	Nodes  []*NetNode
 
 	bridge string
-	state  string // VAULTTEST_NET_STATE, "" when unset
 
 	mu sync.Mutex // guards the rules below (each node's nft state)
 	// stsPorts are the link proxy's ports at HostIP: the nodes' STS link.
@@ -79,7 +79,10 @@ func NewNetwork(tb testing.TB, n int) *Network {
 	netSeq++
 	// Names are at most 15 bytes (IFNAMSIZ): "ar" + pid + sequence + a
 	// suffix of up to 3.
-	nw := &Network{Prefix: fmt.Sprintf("ar%d%c", os.Getpid()%100000, 'a'+byte(netSeq%26)), state: os.Getenv("VAULTTEST_NET_STATE")}
+	// What a test process that died first left is removed before a new
+	// network is made (state.go).
+	reapStaleOnce()
+	nw := &Network{Prefix: fmt.Sprintf("ar%d%c", os.Getpid()%100000, 'a'+byte(netSeq%26))}
 	nw.bridge = nw.Prefix + "b"
 	// Another process (a colleague's soak) may be choosing a subnet at the
 	// same moment: the choice and the bridge's address are made under a
@@ -98,6 +101,10 @@ func NewNetwork(tb testing.TB, n int) *Network {
 		veth := fmt.Sprintf("%sh%d", nw.Prefix, i+1)
 		nw.note("netns " + node.NS)
 		nw.ip(tb, "netns", "add", node.NS)
+		// The veth's host end, noted too: a namespace deleted while
+		// something still holds it (a socket of a killed test's) lives on
+		// without a name, and its veth pair with it.
+		nw.note("link " + veth)
 		nw.ip(tb, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", node.NS)
 		nw.ip(tb, "link", "set", veth, "master", nw.bridge, "up")
 		nw.ip(tb, "-n", node.NS, "addr", "add", node.IP+"/24", "dev", "eth0")
@@ -160,17 +167,7 @@ func lockFile(tb testing.TB, path string) func() {
 // note appends what is about to be made to the state file, before it is
 // made: an interruption between the two leaves a name to remove that does
 // not exist, never an object nobody knows of.
-func (nw *Network) note(what string) {
-	if nw.state == "" {
-		return
-	}
-	f, err := os.OpenFile(nw.state, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return
-	}
-	fmt.Fprintln(f, what)
-	f.Close()
-}
+func (nw *Network) note(what string) { noteState(what) }
 
 func (nw *Network) ip(tb testing.TB, args ...string) {
 	tb.Helper()
@@ -200,10 +197,18 @@ func (nw *Network) nftErr(i int, script string) error {
 // with them) and the bridge. Processes still running in a namespace keep
 // it alive without its name; the harness stops them first.
 func (nw *Network) remove() {
-	for _, n := range nw.Nodes {
-		exec.Command("ip", "netns", "del", n.NS).Run()
+	for i, n := range nw.Nodes {
+		veth := fmt.Sprintf("%sh%d", nw.Prefix, i+1)
+		if exec.Command("ip", "link", "del", veth).Run() == nil {
+			nw.note("gone link " + veth)
+		}
+		if exec.Command("ip", "netns", "del", n.NS).Run() == nil {
+			nw.note("gone netns " + n.NS)
+		}
 	}
-	exec.Command("ip", "link", "del", nw.bridge).Run()
+	if exec.Command("ip", "link", "del", nw.bridge).Run() == nil {
+		nw.note("gone link " + nw.bridge)
+	}
 }
 
 // Exec returns the command line that runs bin with args in node i's

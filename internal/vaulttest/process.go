@@ -75,6 +75,9 @@ func (p *Process) start() error {
 		f.Close()
 		return err
 	}
+	// The group, for whoever cleans up after a test process that died
+	// before its cleanups (state.go).
+	notePgrp(cmd.Process.Pid)
 	done := make(chan struct{})
 	p.mu.Lock()
 	p.cmd, p.done, p.waitErr = cmd, done, nil

@@ -63,10 +63,16 @@ func SkipUnlessEnabled(tb testing.TB) {
 	}
 }
 
-// Main runs the tests and then removes the binaries built for them. Use it
-// from TestMain: func TestMain(m *testing.M) { os.Exit(vaulttest.Main(m)) }.
+// Main removes what earlier test processes that died before their
+// cleanups left (ReapStale), runs the tests, and then removes the binaries
+// built for them and the process's state file. Use it from TestMain:
+// func TestMain(m *testing.M) { os.Exit(vaulttest.Main(m)) }.
 func Main(m *testing.M) int {
+	if removed := ReapStale(); len(removed) > 0 {
+		fmt.Fprintf(os.Stderr, "vaulttest: removed what dead test processes left: %s\n", strings.Join(removed, ", "))
+	}
 	code := m.Run()
+	dropOwnState()
 	binMu.Lock()
 	if binDir != "" {
 		os.RemoveAll(binDir)
