@@ -404,11 +404,11 @@ func newRun(t *testing.T, rec *recorder, broken, out string) *run {
 	if broken == brokenNoFallback {
 		delete(root, "sts_fallback_endpoints")
 	}
-	r.operator("root", soak.KindRootWrite, "", "", vaulttest.EmulatorAccessKey, func(n *vaulttest.Server) (int, []byte, error) {
-		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/root", root)
+	r.operator("root", soak.KindRootWrite, "", "", vaulttest.EmulatorAccessKey, func(n *vaulttest.Server) answer {
+		return vaultDo(httpClient, n.Addr, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/root", root)
 	})
-	r.operator("refresh", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
-		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{
+	r.operator("refresh", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) answer {
+		return vaultDo(httpClient, n.Addr, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{
 			"refresh_fraction": refreshFraction, "retry_window": "6s", "max_retries": 3,
 		})
 	})
@@ -567,19 +567,25 @@ func (r *run) upNodes() []*vaulttest.Server {
 
 // operator runs one operator action through the active node (found at the
 // time), records it, and reports whether Vault acknowledged it.
-func (r *run) operator(client, kind, role, roleARN, key string, fn func(*vaulttest.Server) (int, []byte, error)) bool {
+func (r *run) operator(client, kind, role, roleARN, key string, fn func(*vaulttest.Server) answer) bool {
 	return r.act(soak.Op{Client: client, Kind: kind, Role: role, RoleARN: roleARN, AccessKey: key}, fn)
 }
 
 // act is operator with the op's fields given.
-func (r *run) act(o soak.Op, fn func(*vaulttest.Server) (int, []byte, error)) bool {
+func (r *run) act(o soak.Op, fn func(*vaulttest.Server) answer) bool {
 	o.Invoke = time.Now()
 	active := r.c.WaitActive(r.t, 60*time.Second)
-	code, body, err := fn(active)
-	o.Return, o.Status = time.Now(), code
-	o.OK = err == nil && code/100 == 2
+	a := fn(active)
+	o.Return, o.Status = time.Now(), a.code
+	o.OK = a.err == nil && a.code/100 == 2
 	if !o.OK {
-		o.Error = errText(code, body, err)
+		o.Error = errText(a.code, a.body, a.err)
+	}
+	// The active node found a moment ago may have lost the role since:
+	// the action followed its 307 as the CLI would.
+	o.Redirected = a.redirected
+	if a.code != 0 {
+		o.ServedBy = r.nodeAt(a.served)
 	}
 	r.rec.add(o)
 	return o.OK
@@ -605,8 +611,8 @@ func (r *run) writeRole(role, roleARN string, extra ...string) {
 	if src, ok := body["source_role"].(string); ok {
 		o.SourceRole = src
 	}
-	if r.act(o, func(n *vaulttest.Server) (int, []byte, error) {
-		return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/roles/"+role, body)
+	if r.act(o, func(n *vaulttest.Server) answer {
+		return vaultDo(httpClient, n.Addr, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/roles/"+role, body)
 	}) {
 		r.mu.Lock()
 		r.arns[role], r.deleted[role] = roleARN, false
@@ -952,8 +958,8 @@ func (r *run) step(a action) {
 			r.writeRole(role, next)
 			return
 		}
-		if r.operator("operator", soak.KindRoleDelete, role, "", "", func(n *vaulttest.Server) (int, []byte, error) {
-			return do(n, n.RootToken(), http.MethodDelete, vaulttest.MountPath+"/roles/"+role, nil)
+		if r.operator("operator", soak.KindRoleDelete, role, "", "", func(n *vaulttest.Server) answer {
+			return vaultDo(httpClient, n.Addr, n.RootToken(), http.MethodDelete, vaulttest.MountPath+"/roles/"+role, nil)
 		}) {
 			r.mu.Lock()
 			r.deleted[role] = true
@@ -962,12 +968,12 @@ func (r *run) step(a action) {
 		time.Sleep(2 * time.Second)
 		r.writeRole(role, arn(role))
 	case actRotate: // rotate the root key
-		r.operator("operator", soak.KindRotate, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
-			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/rotate-root", map[string]any{})
+		r.operator("operator", soak.KindRotate, "", "", "", func(n *vaulttest.Server) answer {
+			return vaultDo(httpClient, n.Addr, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/rotate-root", map[string]any{})
 		})
 	case actRefreshCfg: // a config/refresh change, and a user logging in again (a new token for the same entity)
-		r.operator("operator", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) (int, []byte, error) {
-			return do(n, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{"max_retries": a.retries})
+		r.operator("operator", soak.KindRefreshCfg, "", "", "", func(n *vaulttest.Server) answer {
+			return vaultDo(httpClient, n.Addr, n.RootToken(), http.MethodPost, vaulttest.MountPath+"/config/refresh", map[string]any{"max_retries": a.retries})
 		})
 		n := r.c.WaitActive(t, 60*time.Second)
 		code, body, err := do(n, "", http.MethodPost, fmt.Sprintf("auth/userpass/login/user%d", a.user), map[string]any{"password": fmt.Sprintf("user%d-pw", a.user)})
