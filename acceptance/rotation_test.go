@@ -256,10 +256,16 @@ func TestRotateRootUnderLoad(t *testing.T) {
 		if err := json.Unmarshal(body, &sec); err != nil {
 			return fmt.Errorf("status/%s: %w", role, err)
 		}
-		if sec.Int("failed_cycles") != 0 || sec.Str("last_error") != "" || sec.Str("state") == "stale" || sec.Str("state") == "expired" {
+		// "stale" with no failure and a next refresh that has just come is
+		// a role whose cycle has not started yet (the plan's timer fires
+		// late on a loaded machine: CI saw one of 200 so); one with
+		// nothing planned, a plan seconds overdue, or a failure is not.
+		next, perr := time.Parse(time.RFC3339Nano, sec.Str("next_refresh"))
+		due := sec.Str("state") == "stale" && perr == nil && time.Since(next) < 5*time.Second
+		if sec.Int("failed_cycles") != 0 || sec.Str("last_error") != "" || (sec.Str("state") == "stale" && !due) || sec.Str("state") == "expired" {
 			statusMu.Lock()
-			statusBad = append(statusBad, fmt.Sprintf("%s: state %s, failed_cycles %d, last_error %q",
-				role, sec.Str("state"), sec.Int("failed_cycles"), sec.Str("last_error")))
+			statusBad = append(statusBad, fmt.Sprintf("%s: state %s, failed_cycles %d, last_error %q, next_refresh %q",
+				role, sec.Str("state"), sec.Int("failed_cycles"), sec.Str("last_error"), sec.Str("next_refresh")))
 			statusMu.Unlock()
 		}
 		return nil
