@@ -486,15 +486,32 @@ type servedExpect struct {
 	errCode string
 }
 
+// maxLoopbackClockError bounds the error the plugin may report for its
+// estimate of a loopback emulator's clock: the Date header's whole second
+// plus a round trip on a loaded machine.
+const maxLoopbackClockError = 2 * time.Second
+
 // checkServed asserts the claims about what clients got and what was stored:
 // zero errors while a valid credential exists, never an expired or
 // incomplete credential, only c0 and then c1 (never a credential from a
 // failed attempt), expirations that never go backwards.
 func checkServed(t *testing.T, w *watcher, want servedExpect) {
 	t.Helper()
-	creds, store, _ := w.snapshot()
+	creds, store, statuses := w.snapshot()
 	if len(creds) < 50 {
 		t.Fatalf("the watcher made only %d creds reads", len(creds))
+	}
+	// The plugin stops serving a credential once less than a second is
+	// left at the late edge of its estimate of AWS's clock: a second plus
+	// its error (the Date header's whole second and the round trip) before
+	// the expiration. That error, as its status reports it, must stay
+	// within what a loopback emulator allows.
+	var clockErr time.Duration
+	for _, st := range statuses {
+		clockErr = max(clockErr, time.Duration(st.ClockError*float64(time.Second)))
+	}
+	if clockErr > maxLoopbackClockError {
+		t.Errorf("the plugin's estimate of AWS's clock was off by up to %s, want at most %s against a loopback emulator", clockErr, maxLoopbackClockError)
 	}
 	var (
 		served, errs503 int
@@ -508,8 +525,8 @@ func checkServed(t *testing.T, w *watcher, want servedExpect) {
 		}
 		if r.Code != http.StatusOK {
 			// Only when no unexpired credential existed: the plugin stops
-			// serving one with less than a second left.
-			if !want.expiry || r.Code != http.StatusServiceUnavailable || r.Recv.Before(want.c0.Expiration.Add(-time.Second)) ||
+			// serving one with less than a second left (plus its error).
+			if !want.expiry || r.Code != http.StatusServiceUnavailable || r.Recv.Before(want.c0.Expiration.Add(-time.Second-clockErr)) ||
 				(seenC1 && r.Sent.After(want.switchAt)) || !strings.Contains(r.Err, want.errCode) {
 				t.Errorf("read sent %s answered HTTP %d %q while credential %s was valid until %s",
 					fmtT(r.Sent), r.Code, r.Err, want.c0.AccessKey, fmtT(want.c0.Expiration))

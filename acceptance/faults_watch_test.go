@@ -94,7 +94,10 @@ type statusRead struct {
 	LastSuccess      time.Time
 	IssuedAt         time.Time
 	CredExpiration   time.Time
-	Err              string
+	// ClockError is the plugin's own bound on its estimate of AWS's clock
+	// (aws_clock_error, seconds), which its serve check allows for.
+	ClockError float64
+	Err        string
 }
 
 func (s statusRead) String() string {
@@ -227,15 +230,16 @@ func (w *watcher) readStore(ctx context.Context) {
 
 func (w *watcher) readStatus(ctx context.Context) {
 	var d struct {
-		State      string `json:"state"`
-		Attempts   int    `json:"attempts_last_cycle"`
-		Failed     int    `json:"failed_cycles"`
-		LastError  string `json:"last_error"`
-		Next       string `json:"next_refresh"`
-		LastAtt    string `json:"last_attempt"`
-		LastSucc   string `json:"last_success"`
-		IssuedAt   string `json:"issued_at"`
-		Expiration string `json:"expiration"`
+		State      string  `json:"state"`
+		Attempts   int     `json:"attempts_last_cycle"`
+		Failed     int     `json:"failed_cycles"`
+		LastError  string  `json:"last_error"`
+		Next       string  `json:"next_refresh"`
+		LastAtt    string  `json:"last_attempt"`
+		LastSucc   string  `json:"last_success"`
+		IssuedAt   string  `json:"issued_at"`
+		Expiration string  `json:"expiration"`
+		ClockError float64 `json:"aws_clock_error"`
 	}
 	r := statusRead{At: time.Now()}
 	code, msg, err := fmGet(ctx, w.v, w.mount+"/status/"+w.role, &d)
@@ -254,6 +258,7 @@ func (w *watcher) readStatus(ctx context.Context) {
 		r.LastSuccess = parseRFC3339(d.LastSucc)
 		r.IssuedAt = parseRFC3339(d.IssuedAt)
 		r.CredExpiration = parseRFC3339(d.Expiration)
+		r.ClockError = d.ClockError
 	}
 	w.mu.Lock()
 	w.statuses = append(w.statuses, r)

@@ -158,8 +158,8 @@ func TestHA(t *testing.T) {
 	// of every call. The analysis ends where the third wave could begin: a
 	// refresh interval after the first call of the second.
 	all := h.okCalls()
-	if bad := h.failedCalls(); bad > 0 {
-		t.Errorf("%d STS calls failed; the emulator had no faults configured", bad)
+	if bad := h.failedCalls(); len(bad) > 0 {
+		t.Errorf("%d STS calls failed; the emulator had no faults configured: %s", len(bad), strings.Join(bad, "; "))
 	}
 	var firstWave2 time.Time
 	for _, cl := range all {
@@ -292,16 +292,16 @@ func (h *haRun) okCalls() []vaulttest.EmulatorCall {
 	return out
 }
 
-// failedCalls counts the calls that did not succeed.
-func (h *haRun) failedCalls() int {
+// failedCalls describes the calls that did not succeed.
+func (h *haRun) failedCalls() []string {
 	h.t.Helper()
-	n := 0
+	var bad []string
 	for _, cl := range h.emu.Calls(h.t) {
 		if cl.Outcome != "ok" {
-			n++
+			bad = append(bad, fmt.Sprintf("%s %s %s at %s", cl.Action, cl.RoleArn, cl.Outcome, cl.Time.Format("15:04:05.000")))
 		}
 	}
-	return n
+	return bad
 }
 
 // waitCalls waits until the emulator has answered n successful calls.
