@@ -7,9 +7,11 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/vault/sdk/logical"
@@ -181,4 +183,40 @@ func liveHeapNow() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// TestRoleDefinitionInternsItsConstants (issue 46): a definition read from
+// storage, or written and mirrored, holds the package's constant for its
+// credential type and cache scope, not a copy per role; a value that is not
+// a constant is kept as it came.
+func TestRoleDefinitionInternsItsConstants(t *testing.T) {
+	ctx := context.Background()
+	s := new(logical.InmemStorage)
+	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	for _, ct := range []string{credentialTypeAssumedRole, credentialTypeSessionToken, credentialTypeFederationToken} {
+		if err := putRole(ctx, s, "r", &roleEntry{CredentialType: ct, CacheScope: cacheScopeEntity}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := getRole(ctx, s, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.CredentialType != ct || !same(r.CredentialType, ct) || !same(r.CacheScope, cacheScopeEntity) {
+			t.Errorf("%s read from storage: credential type %q at %p, cache scope at %p; want the constants at %p, %p",
+				ct, r.CredentialType, unsafe.StringData(r.CredentialType), unsafe.StringData(r.CacheScope),
+				unsafe.StringData(ct), unsafe.StringData(cacheScopeEntity))
+		}
+	}
+	odd := &roleEntry{CredentialType: strings.Clone("iam_user")}
+	internRole(odd)
+	if odd.CredentialType != "iam_user" {
+		t.Errorf("an unknown credential type became %q", odd.CredentialType)
+	}
+
+	b, bs := getTestBackend(t)
+	mustDo(t, b, bs, logical.CreateOperation, "roles/w", map[string]any{"role_arn": testRoleARN,
+		"credential_type": strings.Clone(credentialTypeAssumedRole)})
+	if def := b.state.peek(roleKey("w")).role; def == nil || !same(def.CredentialType, credentialTypeAssumedRole) {
+		t.Errorf("a written role's mirrored definition does not hold the constant: %+v", def)
+	}
 }
