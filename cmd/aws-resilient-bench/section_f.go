@@ -318,8 +318,10 @@ func (r *run) scaleFill(a *api, mount string, names []string) (create, warm time
 	r.scaleCreate(a, mount, names)
 	t1 := time.Now()
 	must(r.tb, parallel(len(names), 32, func(i int) error {
-		_, err := a.read(mount + "/creds/" + names[i])
-		return err
+		return r.fillRetry(func() error {
+			_, err := a.read(mount + "/creds/" + names[i])
+			return err
+		})
 	}))
 	return t1.Sub(t0), time.Since(t1)
 }
@@ -327,10 +329,35 @@ func (r *run) scaleFill(a *api, mount string, names []string) (create, warm time
 // scaleCreate writes the roles, assumed_role with a 12 h ttl.
 func (r *run) scaleCreate(a *api, mount string, names []string) {
 	must(r.tb, parallel(len(names), 16, func(i int) error {
-		return a.write(mount+"/roles/"+names[i], map[string]any{
-			"credential_type": "assumed_role", "role_arn": roleARN(names[i]), "ttl": int(scaleLongTTL / time.Second),
+		return r.fillRetry(func() error {
+			return a.write(mount+"/roles/"+names[i], map[string]any{
+				"credential_type": "assumed_role", "role_arn": roleARN(names[i]), "ttl": int(scaleLongTTL / time.Second),
+			})
 		})
 	}))
+}
+
+// fillAttempts is how many times the fill tries one write or creds read.
+// The fill is not what section f measures: on a loaded machine a cold read
+// may time out against the emulator (a 503, retried by the plugin a
+// second later) and a 3-node cluster may change leaders under it (a 500,
+// "node is not the leader"); both are retried, and the retries logged.
+const fillAttempts = 10
+
+// fillRetry calls f until it succeeds, at most fillAttempts times, a
+// second apart, and returns its last error.
+func (r *run) fillRetry(f func() error) error {
+	var err error
+	for i := range fillAttempts {
+		if err = f(); err == nil {
+			if i > 0 {
+				r.logf("f: fill: succeeded on attempt %d", i+1)
+			}
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return err
 }
 
 // refreshRole runs refresh/<name> and returns the role's new expiration and
