@@ -584,6 +584,9 @@ func (r *roleStates) keysNot(skip func(credKey) bool) []credKey {
 // definition or the new one in storage, never with a credential of the
 // other, and the entry marked for reload.
 func (r *roleStates) writeRoleLocked(ctx context.Context, s logical.Storage, name string, old, role *roleEntry) error {
+	// The mirror keeps this definition: its constants, not the request's
+	// copies, as a definition read from storage holds them.
+	internRole(role)
 	if old != nil && old.equal(role) {
 		// Only how the credential is served or kept changed (lease,
 		// entity_idle_ttl, max_entities): the cache, the

@@ -173,7 +173,7 @@ func main() {
 	flag.StringVar(&o.cacheEnv, "cache-plugin-env", "", "e: comma-separated KEY=VALUE for the plugin process (e.g. GOGC=50 or GODEBUG=gctrace=1)")
 	flag.IntVar(&o.roles, "roles", 2000, "f: roles on the mount (raft storage)")
 	flag.IntVar(&o.scaleBaseline, "scale-baseline", 1000, "f: the smaller mount the scheduler cost is compared with (at most -roles/2)")
-	flag.StringVar(&o.scaleParts, "scale-parts", "memory,start,herd,ha", "f: parts to run: memory (with the scheduler cost), start (fills the mount as memory does), herd, ha")
+	flag.StringVar(&o.scaleParts, "scale-parts", "memory,start,list,herd,ha", "f: parts to run: memory (with the scheduler cost), start (fills the mount as memory does), list (LIST roles/ and status/ and one scrape on the filled mount), herd, ha")
 	flag.StringVar(&o.scaleEnv, "scale-plugin-env", "", "f: comma-separated KEY=VALUE for the plugin processes (e.g. GOMEMLIMIT=1GiB)")
 	flag.IntVar(&o.scaleTickers, "scale-tickers", 100, "f: roles refreshed every ~5 s while the scheduler cost is measured")
 	flag.DurationVar(&o.scaleTickWindow, "scale-tick-window", 15*time.Second, "f: how long the scheduler cost is measured at each size")

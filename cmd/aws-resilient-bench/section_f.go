@@ -42,12 +42,15 @@ const (
 // scalePoint is the memory of the plugin process and of Vault with Roles
 // roles defined and cached.
 type scalePoint struct {
-	Roles      int     `json:"roles"`
-	PluginRSS  int64   `json:"plugin_rss"`
-	PluginAnon int64   `json:"plugin_anon"`
-	PluginPeak int64   `json:"plugin_peak"`
-	VaultRSS   int64   `json:"vault_rss"`
-	VaultAnon  int64   `json:"vault_anon"`
+	Roles      int   `json:"roles"`
+	PluginRSS  int64 `json:"plugin_rss"`
+	PluginAnon int64 `json:"plugin_anon"`
+	PluginPeak int64 `json:"plugin_peak"`
+	VaultRSS   int64 `json:"vault_rss"`
+	VaultAnon  int64 `json:"vault_anon"`
+	// HeapLive is the plugin's Go heap live after its last GC before the
+	// point (gctrace; MiB precision), -1 when the log did not tell.
+	HeapLive   int64   `json:"plugin_heap_live"`
 	CreateSecs float64 `json:"create_seconds"` // this stage's new roles
 	WarmSecs   float64 `json:"warm_seconds"`   // their first creds reads
 }
@@ -143,6 +146,7 @@ type scaleRun struct {
 	ticks    []tickResult
 	starts   []startResult
 	herd     *scaleHerdResult
+	lists    []listTiming
 	warmRate float64 // roles warmed per second over the fill
 	phases   map[string]float64
 }
@@ -161,7 +165,7 @@ func (r *run) sectionF() {
 	}
 	r.logf("f: scale, %d roles (scheduler cost against %d), raft storage, parts %s", sr.n, sr.base, o.scaleParts)
 	start := time.Now()
-	if r.scalePart("memory") || r.scalePart("start") {
+	if r.scalePart("memory") || r.scalePart("start") || r.scalePart("list") {
 		r.scaleSingle(sr)
 	}
 	if r.scalePart("herd") {
@@ -215,7 +219,8 @@ func (r *run) scaleSingle(sr *scaleRun) {
 	// At debug the plugin logs the end of every reconciler pass, which the
 	// scheduler-cost windows are placed by; it logs little else there.
 	sr.s = vaulttest.StartServer(tb, vaulttest.ServerOptions{Storage: "raft", LogLevel: "debug"})
-	sr.s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{Env: r.scalePluginEnv()})
+	// The plugin traces each GC, which tells its live Go heap (heapRows).
+	sr.s.RegisterPlugin(tb, vaulttest.PluginBin(tb, vaulttest.DefaultPluginVersion), vaulttest.PluginOptions{Env: append(r.scalePluginEnv(), scaleGCTraceEnv)})
 	r.logf("f: vault %s (raft): log %s", sr.s.Addr, sr.s.Process.LogPath)
 	sr.a = newAPI(sr.s)
 	sr.emu = vaulttest.StartEmulator(tb)
@@ -224,8 +229,10 @@ func (r *run) scaleSingle(sr *scaleRun) {
 	setupMount(tb, sr.s, sr.a, scaleMount, sr.emu, map[string]any{
 		"retry_window": 6, "max_retries": 6, "sts_rate_limit": 0, "refresh_fraction": 0.05, "metrics_max_roles": 0,
 	})
+	time.Sleep(2 * time.Second)
 	m0, v0 := r.scaleMem(sr.s)
-	sr.points = append(sr.points, scalePoint{PluginRSS: m0.RSS, PluginAnon: m0.Anon, PluginPeak: m0.HWM, VaultRSS: v0.RSS, VaultAnon: v0.Anon})
+	sr.points = append(sr.points, scalePoint{PluginRSS: m0.RSS, PluginAnon: m0.Anon, PluginPeak: m0.HWM, VaultRSS: v0.RSS, VaultAnon: v0.Anon,
+		HeapLive: liveHeapAt(sr.s.Process.LogPath, time.Now())})
 
 	// Stages: the baseline, then a quarter, half and all of -roles; the
 	// scheduler cost is measured at the baseline and at -roles, with the
@@ -259,12 +266,19 @@ func (r *run) scaleSingle(sr *scaleRun) {
 		have = st
 		time.Sleep(2 * time.Second)
 		pm, vm := r.scaleMem(sr.s)
+		heap := liveHeapAt(sr.s.Process.LogPath, time.Now())
 		sr.points = append(sr.points, scalePoint{Roles: st, PluginRSS: pm.RSS, PluginAnon: pm.Anon, PluginPeak: pm.HWM,
-			VaultRSS: vm.RSS, VaultAnon: vm.Anon, CreateSecs: create.Seconds(), WarmSecs: warm.Seconds()})
-		r.logf("f: %d roles: plugin RSS %s (anon %s, peak %s), Vault RSS %s", st, mib(pm.RSS), mib(pm.Anon), mib(pm.HWM), mib(vm.RSS))
+			VaultRSS: vm.RSS, VaultAnon: vm.Anon, HeapLive: heap, CreateSecs: create.Seconds(), WarmSecs: warm.Seconds()})
+		r.logf("f: %d roles: plugin RSS %s (anon %s, peak %s, Go heap live %s), Vault RSS %s", st, mib(pm.RSS), mib(pm.Anon), mib(pm.HWM), mib(heap), mib(vm.RSS))
 	}
 	sr.warmRate = float64(warmed) / max(warmTime.Seconds(), 0.001)
 	sr.phases["fill"] = time.Since(t).Seconds()
+
+	if r.scalePart("list") {
+		t = time.Now()
+		sr.lists = r.scaleLists(sr)
+		sr.phases["list"] = time.Since(t).Seconds()
+	}
 
 	if r.scalePart("start") {
 		t = time.Now()
@@ -304,8 +318,10 @@ func (r *run) scaleFill(a *api, mount string, names []string) (create, warm time
 	r.scaleCreate(a, mount, names)
 	t1 := time.Now()
 	must(r.tb, parallel(len(names), 32, func(i int) error {
-		_, err := a.read(mount + "/creds/" + names[i])
-		return err
+		return r.fillRetry(func() error {
+			_, err := a.read(mount + "/creds/" + names[i])
+			return err
+		})
 	}))
 	return t1.Sub(t0), time.Since(t1)
 }
@@ -313,10 +329,35 @@ func (r *run) scaleFill(a *api, mount string, names []string) (create, warm time
 // scaleCreate writes the roles, assumed_role with a 12 h ttl.
 func (r *run) scaleCreate(a *api, mount string, names []string) {
 	must(r.tb, parallel(len(names), 16, func(i int) error {
-		return a.write(mount+"/roles/"+names[i], map[string]any{
-			"credential_type": "assumed_role", "role_arn": roleARN(names[i]), "ttl": int(scaleLongTTL / time.Second),
+		return r.fillRetry(func() error {
+			return a.write(mount+"/roles/"+names[i], map[string]any{
+				"credential_type": "assumed_role", "role_arn": roleARN(names[i]), "ttl": int(scaleLongTTL / time.Second),
+			})
 		})
 	}))
+}
+
+// fillAttempts is how many times the fill tries one write or creds read.
+// The fill is not what section f measures: on a loaded machine a cold read
+// may time out against the emulator (a 503, retried by the plugin a
+// second later) and a 3-node cluster may change leaders under it (a 500,
+// "node is not the leader"); both are retried, and the retries logged.
+const fillAttempts = 10
+
+// fillRetry calls f until it succeeds, at most fillAttempts times, a
+// second apart, and returns its last error.
+func (r *run) fillRetry(f func() error) error {
+	var err error
+	for i := range fillAttempts {
+		if err = f(); err == nil {
+			if i > 0 {
+				r.logf("f: fill: succeeded on attempt %d", i+1)
+			}
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return err
 }
 
 // refreshRole runs refresh/<name> and returns the role's new expiration and

@@ -28,7 +28,7 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 		return bench.Verdict(ok)
 	}
 	fr := map[string]any{"roles": n, "baseline_roles": sr.base, "memory": sr.points, "scheduler_cost": sr.ticks,
-		"mount_start": sr.starts, "warm_roles_per_second": sr.warmRate, "phase_seconds": sr.phases}
+		"mount_start": sr.starts, "lists": sr.lists, "warm_roles_per_second": sr.warmRate, "phase_seconds": sr.phases}
 	if sr.herd != nil {
 		fr["herd"] = sr.herd
 	}
@@ -52,6 +52,12 @@ func (r *run) scaleReport(sr *scaleRun, ha *haResult) {
 				Metric: fmt.Sprintf("  plugin RSS per role over the %d stages (%s), extrapolated to %d roles", len(sr.points)-1, stageList(sr.points[1:]), scaleTargetRoles),
 				Value:  fmt.Sprintf("%.2f KiB/role, %s", slope/1024, mib(int64(extra)))})
 		}
+		for _, row := range heapRows(last.Roles, empty.HeapLive, last.HeapLive, atSize) {
+			r.table.Add(row)
+		}
+	}
+	for _, row := range listRows(n, sr.lists) {
+		r.table.Add(row)
 	}
 
 	// Mount start.

@@ -35,3 +35,43 @@ func TestPassesIn(t *testing.T) {
 		t.Errorf("passesIn of a missing log = %d, want -1", n)
 	}
 }
+
+// TestLiveHeapAt: the live heap is the third figure of the last gctrace
+// line at or before the time asked, as Vault logs the plugin's stderr.
+func TestLiveHeapAt(t *testing.T) {
+	log := `2026-12-06T05:00:01.000Z [DEBUG] secrets.aws-resilient.aws-resilient_1: gc 1 @0.010s 1%: 0.01+0.5+0.01 ms clock, 0.02+0.1/0.2/0.3+0.02 ms cpu, 4->4->3 MB, 4 MB goal, 0 MB stacks, 0 MB globals, 2 P
+2026-12-06T05:00:05.000Z [DEBUG] secrets.aws-resilient.aws-resilient_1: gc 9 @4.2s 3%: 0.02+12+0.01 ms clock, 0.04+1/5/9+0.02 ms cpu, 150->152->131 MB, 160 MB goal, 0 MB stacks, 0 MB globals, 2 P
+2026-12-06T05:00:09.000Z [DEBUG] secrets.aws-resilient.aws-resilient_1: gc 10 @8.2s 3%: 0.02+12+0.01 ms clock, 0.04+1/5/9+0.02 ms cpu, 150->152->140 MB, 160 MB goal, 0 MB stacks, 0 MB globals, 2 P
+`
+	path := filepath.Join(t.TempDir(), "vault.log")
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	at := func(s int) time.Time { return time.Date(2026, 12, 6, 5, 0, s, 0, time.UTC) }
+	for _, c := range []struct {
+		t    time.Time
+		want int64
+	}{{at(0), -1}, {at(1), 3 << 20}, {at(8), 131 << 20}, {at(30), 140 << 20}} {
+		if got := liveHeapAt(path, c.t); got != c.want {
+			t.Errorf("liveHeapAt(%s) = %d, want %d", c.t.Format(time.TimeOnly), got, c.want)
+		}
+	}
+	if got := liveHeapAt(filepath.Join(t.TempDir(), "none.log"), at(30)); got != -1 {
+		t.Errorf("liveHeapAt of a missing log = %d, want -1", got)
+	}
+}
+
+// TestCountKeys: the keys of a LIST answer, whole or a page.
+func TestCountKeys(t *testing.T) {
+	for body, want := range map[string]int{
+		`{"data":{"keys":["a","b","c"]}}`:                           3,
+		`{"data":{"keys":["f-000001"],"key_info":{"f-000001":{}}}}`: 1,
+		`{"data":{"keys":[]}}`:                                      0,
+		"# HELP aws_resilient_roles_scheduled ...\n":                0,
+		`{"request_id":"x","data":{"keys":["a,b"]}}`:                2, // role names have no comma
+	} {
+		if got := countKeys([]byte(body)); got != want {
+			t.Errorf("countKeys(%s) = %d, want %d", body, got, want)
+		}
+	}
+}

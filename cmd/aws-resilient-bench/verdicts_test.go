@@ -205,7 +205,9 @@ func TestVerdictsF(t *testing.T) {
 	pts := func(rss ...int64) []scalePoint {
 		var out []scalePoint
 		for i, b := range rss {
-			out = append(out, scalePoint{Roles: i * 25000, PluginRSS: b << 20, PluginPeak: b << 20, VaultRSS: 400 << 20})
+			// Go heap: 8 MiB empty, then 1.25 KiB per role.
+			out = append(out, scalePoint{Roles: i * 25000, PluginRSS: b << 20, PluginPeak: b << 20, VaultRSS: 400 << 20,
+				HeapLive: 8<<20 + int64(i*25000)*1280})
 		}
 		return out
 	}
@@ -224,18 +226,30 @@ func TestVerdictsF(t *testing.T) {
 	wantResult(t, "herd refreshed", result(t, rows, "overdue at Vault start"), "PASS")
 	wantResult(t, "herd 1.005x", result(t, rows, "herd: all fresh"), "PASS")
 	wantResult(t, "scheduler 1.14x", result(t, rows, "plugin CPU per scheduled refresh"), "PASS")
+	wantResult(t, "1280 B/role of Go heap", result(t, rows, "plugin Go heap live"), "PASS")
 
 	// The misses of 2026-12-01's 10 000-role run, at 100 000.
 	herd.Ratio, herd.Throttled = 1.062, 3
 	ha.ScheduledSecs, ha.Calls, ha.Expired = 16.25, 501, 1
 	sr.points = pts(40, 80, 120, 160, 210)
+	sr.points[4].HeapLive = 8<<20 + 100000*1537 // one byte past 1.5 KiB per role
 	sr.starts[0].ScheduledSecs = 11.17
 	sr.ticks[1].PluginMs = 5.41
 	rows = report(sr, ha)
 	for _, what := range []string{"plugin RSS, 100000 roles cached", "mount start after plugin reload", "new active elected", "HA: STS calls",
-		"HA: expired credentials served", "overdue at Vault start", "herd: all fresh", "plugin CPU per scheduled refresh"} {
+		"HA: expired credentials served", "overdue at Vault start", "herd: all fresh", "plugin CPU per scheduled refresh", "plugin Go heap live"} {
 		wantResult(t, what, result(t, rows, what), "MISS")
 	}
+	// The LISTs and the scrape: figures without a target.
+	sr.lists = []listTiming{{What: "LIST roles/", Keys: 100000, Bytes: 1 << 20, Secs: 0.9}, {What: "LIST status/", Limit: 1000, Keys: 1000, Secs: 0.1},
+		{What: "scrape", Limit: 1000, Bytes: 30 << 10, Secs: 0.05}}
+	rows = report(sr, ha)
+	wantResult(t, "LIST roles/, whole", result(t, rows, "LIST roles/, 100000 roles: whole, one answer, 100000 keys"), "")
+	wantResult(t, "LIST status/, a page", result(t, rows, "LIST status/, 100000 roles: a page of limit=1000"), "")
+	wantResult(t, "scrape", result(t, rows, "one scrape at the default metrics_max_roles (1000)"), "")
+	// No gctrace in the log: said, not judged.
+	sr.points[4].HeapLive = -1
+	wantResult(t, "Go heap not seen", result(t, report(sr, ha), "plugin Go heap, 100000 roles cached (GODEBUG=gctrace=1)"), "")
 	// Below the stated size, figures without a verdict.
 	sr.n = 10000
 	wantResult(t, "10 000 roles", result(t, report(sr, ha), "plugin RSS, 10000 roles cached"), "")
