@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/flaghint"
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 )
 
@@ -410,53 +411,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return e.Shutdown(shutdownCtx)
 }
 
-// flagError is a flag parse error with what to do: for an unknown flag,
-// the flags of that name's start (-account: did you mean -accounts?); for a
-// bad or missing value, what the flag takes; and where the flags are
-// listed.
+// flagError is a flag parse error with what to do (flaghint.Explain).
 func flagError(fs *flag.FlagSet, err error) string {
-	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-		name = strings.TrimLeft(name, "-")
-		var near []string
-		fs.VisitAll(func(f *flag.Flag) {
-			if len(name) >= 2 && (strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) ||
-				len(name) >= 3 && strings.HasPrefix(f.Name, name[:3]) || editDistance(name, f.Name) <= 2) {
-				near = append(near, "-"+f.Name)
-			}
-		})
-		if len(near) > 0 {
-			msg += " (did you mean " + strings.Join(near, " or ") + "?)"
-		}
-	} else {
-		fs.VisitAll(func(f *flag.Flag) {
-			if strings.Contains(msg, " -"+f.Name+":") || strings.HasSuffix(msg, " -"+f.Name) {
-				_, usage := flag.UnquoteUsage(f)
-				msg += " (-" + f.Name + ": " + usage + ")"
-			}
-		})
-	}
-	return msg + "; sts-emulator -h lists the flags"
-}
-
-// editDistance is the Levenshtein distance of a and b (bytes: flag names
-// are ASCII).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
+	return flaghint.Explain(fs, err, "-", "sts-emulator -h lists the flags")
 }
