@@ -8,7 +8,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -17,6 +16,7 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
 
 // TestMemoryProfile (issue 46) measures the plugin's own live heap per
@@ -67,7 +67,7 @@ func TestMemoryProfile(t *testing.T) {
 	empty := int64(liveHeapNow()) - int64(h0)
 
 	start := time.Now()
-	memParallel(t, n, 32, func(i int) error {
+	testtool.Parallel(t, n, 32, func(i int) error {
 		name := fmt.Sprintf("r%06d", i)
 		if err := memDo(b, storage, logical.CreateOperation, "roles/"+name, map[string]any{
 			"role_arn": "arn:aws:iam::" + stsemu.DefaultAccount + ":role/" + name}); err != nil {
@@ -147,31 +147,6 @@ func memDo(b *backend, s logical.Storage, op logical.Operation, path string, dat
 func memMust(t *testing.T, b *backend, s logical.Storage, op logical.Operation, path string, data map[string]any) {
 	t.Helper()
 	if err := memDo(b, s, op, path, data); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// memParallel calls each(i) for i in [0, n) on workers goroutines and
-// fails the test with the first error.
-func memParallel(t *testing.T, n, workers int, each func(i int) error) {
-	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += workers {
-				if err := each(i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
 		t.Fatal(err)
 	}
 }

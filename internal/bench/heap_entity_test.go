@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
 
 // entities is Vault's identity store as EntityInfo sees it: userpass
@@ -61,7 +63,7 @@ func TestHeapPerEntity(t *testing.T) {
 	}
 	h0 := liveHeap()
 	start := time.Now()
-	inParallel(t, n*roles, 64, func(i int) error {
+	testtool.Parallel(t, n*roles, 64, func(i int) error {
 		u := users[i/roles]
 		return p.read(fmt.Sprintf("creds/g-role-%02d", i%roles), u.id, u.display)
 	})

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
+
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
 
 // TestHeapPerRole measures the plugin's live heap per cached role, in
@@ -36,7 +38,7 @@ func TestHeapPerRole(t *testing.T) {
 	// Cold reads in parallel: each waits for its first attempt (up to one
 	// 100 ms block).
 	start := time.Now()
-	inParallel(t, n, 64, func(i int) error { return p.read(fmt.Sprintf("creds/r%05d", i), "", "") })
+	testtool.Parallel(t, n, 64, func(i int) error { return p.read(fmt.Sprintf("creds/r%05d", i), "", "") })
 	h2 := liveHeap()
 	t.Logf("live heap: %d B empty; +%d B/role for roles (incl. in-memory storage); +%d B/role once cached (incl. storage); fill %s",
 		h0, (h1-h0)/n, (h2-h1)/n, time.Since(start))

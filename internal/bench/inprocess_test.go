@@ -6,7 +6,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"sync"
 	"testing"
 
 	hclog "github.com/hashicorp/go-hclog"
@@ -71,31 +70,6 @@ func (p *inProcess) do(op logical.Operation, path string, data map[string]any) e
 		return fmt.Errorf("%s %s: %w", op, path, err)
 	}
 	return nil
-}
-
-// inParallel calls each(i) for i in [0, n) on workers goroutines and fails
-// the test with the first error.
-func inParallel(t testing.TB, n, workers int, each func(i int) error) {
-	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += workers {
-				if err := each(i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
 }
 
 // read makes one read with the given entity (none when entityID is ""); an

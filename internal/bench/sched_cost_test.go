@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/vault/sdk/logical"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/memlimit"
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/testtool"
 )
 
 // TestSchedulerCostInProcess is section f's scheduler-cost window in one
@@ -46,7 +47,7 @@ func TestSchedulerCostInProcess(t *testing.T) {
 	must(req(logical.UpdateOperation, "config/refresh", map[string]any{"sts_rate_limit": 0, "refresh_fraction": 0.05}))
 	// fill writes and cold-reads the roles, 32 at a time.
 	fill := func(names []string) {
-		inParallel(t, len(names), 32, func(i int) error {
+		testtool.Parallel(t, len(names), 32, func(i int) error {
 			err := req(logical.UpdateOperation, "roles/"+names[i], map[string]any{"credential_type": "assumed_role",
 				"role_arn": "arn:aws:iam::123456789012:role/" + names[i]})
 			if err == nil {
