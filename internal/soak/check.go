@@ -623,6 +623,15 @@ func (c *checker) checkLives(s string, iss []STSCall) {
 // config, a fault (any: an STS fault may lose an answer the plugin then
 // asks for again), or an unscheduled event.
 func (c *checker) explainsReissueOf(arn string, from, to time.Time) bool {
+	return c.explainedBetween(arn, from, to, func(Op) bool { return true })
+}
+
+// explainedBetween is whether something in [from-Skew, to] (plus Grace
+// after it) explains a new call for a role whose role_arn is arn: a write
+// or delete of a role that had that arn or of its source role, a
+// rotation, a change of config/root or of the refresh config, a fault
+// that counts (faultCounts), or an unscheduled event.
+func (c *checker) explainedBetween(arn string, from, to time.Time, faultCounts func(Op) bool) bool {
 	from = from.Add(-c.cfg.Skew)
 	roles := c.rolesOfARN(arn)
 	in := func(o Op) bool { return o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) }
@@ -632,7 +641,11 @@ func (c *checker) explainsReissueOf(arn string, from, to time.Time) bool {
 			if !roles[o.Role] {
 				continue
 			}
-		case KindRotate, KindRootWrite, KindRefreshCfg, KindFault:
+		case KindRotate, KindRootWrite, KindRefreshCfg:
+		case KindFault:
+			if !faultCounts(o) {
+				continue
+			}
 		default:
 			continue
 		}

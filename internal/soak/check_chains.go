@@ -75,33 +75,9 @@ func (c *checker) fromClient(call STSCall) bool {
 // that arn or of its source role, a rotation, a config change, a process
 // fault, a partition, an AWS clock step or an unscheduled event.
 func (c *checker) explainsAttemptsOf(arn string, from, to time.Time) bool {
-	from = from.Add(-c.cfg.Skew)
-	roles := c.rolesOfARN(arn)
-	in := func(o Op) bool { return o.Invoke.Before(to) && o.Return.Add(c.cfg.Grace).After(from) }
-	for _, o := range c.ops {
-		switch o.Kind {
-		case KindRoleWrite, KindRoleDelete:
-			if !roles[o.Role] {
-				continue
-			}
-		case KindRotate, KindRootWrite, KindRefreshCfg:
-		case KindFault:
-			if !isProcessFault(o.Fault) && o.Fault != FaultPartition && o.Fault != FaultClockStep {
-				continue
-			}
-		default:
-			continue
-		}
-		if in(o) {
-			return true
-		}
-	}
-	for _, e := range c.events {
-		if in(e) {
-			return true
-		}
-	}
-	return false
+	return c.explainedBetween(arn, from, to, func(o Op) bool {
+		return isProcessFault(o.Fault) || o.Fault == FaultPartition || o.Fault == FaultClockStep
+	})
 }
 
 // allowedSources are the source_role values that may have been in force
