@@ -192,17 +192,24 @@ done
 echo "$sts_url" >&2
 # ok_calls: successful STS calls so far (the stats JSON is one field a line).
 ok_calls() { curl -s "$sts_url/_emulator/stats" | awk '/"by_outcome"/ { f = 1 } f && /"ok":/ { gsub(/[^0-9]/, "", $2); print $2; exit } END { if (!f) print 0 }'; }
-# call_figures KILL: the failover's STS calls, role by role, from the
-# emulator's call log (indented JSON, one field a line): prints "due
-# refreshed duplicates late total". A role is due when its last successful
-# call before KILL (epoch seconds) is more than half a refresh interval
-# older; refreshed counts the due roles called within three quarters of an
-# interval after KILL (before the next wave). A duplicate is a call within
-# half an interval of the same role's previous one (a second refresher, or
-# a new active node fetching what was stored); late is a call more than a
-# lifetime after it (the role's credential had expired).
+# call_figures KILL STORED: the failover's STS calls, role by role, from
+# the emulator's call log (indented JSON, one field a line): prints "due
+# refreshed duplicates lost late total". A role is due when its last
+# successful call before KILL (epoch seconds) is more than half a refresh
+# interval older; refreshed counts the due roles called within three
+# quarters of an interval after KILL (before the next wave). A duplicate is
+# a call within half an interval of the same role's previous one; late is
+# a call more than a lifetime after it (the role's credential had expired).
+# lost counts the duplicates that the failover explains: made after KILL,
+# repeating a call made before it whose credential the killed node never
+# reported stored. STORED is that report, "role expiration" a line, from
+# the killed node's "refresh succeeded" log lines (logged once raft
+# committed the credential): a credential STS issued that never reached
+# raft died with the node, and the new active node rightly fetches it
+# again. Any other duplicate repeats a credential the cluster had: a
+# refresh storm, or a second refresher.
 call_figures() {
-	curl -s "$sts_url/_emulator/calls" | awk -v kill="$1" -v life="$lifetime" -v frac="$refresh_fraction" '
+	curl -s "$sts_url/_emulator/calls" | awk -v kill="$1" -v stored="$2" -v life="$lifetime" -v frac="$refresh_fraction" '
 		# epoch converts an RFC 3339 time to seconds since 1970 (mawk has no
 		# mktime): days from the civil date, then the time of day and offset.
 		function epoch(ts,   y, mo, d, rest, sec, tz, off, era, yoe, doy, doe) {
@@ -220,26 +227,55 @@ call_figures() {
 			return (era * 146097 + doe - 719468) * 86400 + substr(ts, 12, 2) * 3600 + substr(ts, 15, 2) * 60 + sec - off
 		}
 		function field(line) { sub(/^[^:]*: *"/, "", line); sub(/".*$/, "", line); return line }
-		BEGIN { interval = life * (1 - frac); half = interval / 2 }
+		BEGIN {
+			interval = life * (1 - frac); half = interval / 2
+			# Expirations are whole seconds at AWS; compared as epoch seconds
+			# so that the zone each side wrote them in does not matter.
+			while ((getline line < stored) > 0) {
+				split(line, f, " ")
+				kept[f[1] " " int(epoch(f[2]) + 0.5)] = 1
+			}
+		}
+		# One call an object: its fields are read, then judged at its end.
+		/^ *\{/ { t = 0; action = outcome = role = ""; expires = -1 }
 		/"time":/ { t = epoch(field($0)) }
 		/"action":/ { action = field($0) }
 		/"outcome":/ { outcome = field($0) }
-		/"role_arn":/ {
-			role = field($0)
+		/"role_arn":/ { role = field($0) }
+		/"issued_expiration":/ { expires = int(epoch(field($0)) + 0.5) }
+		/^ *\}/ {
 			if (action != "AssumeRole" || outcome != "ok") next
 			total++
 			if (role in prev) {
-				if (t - prev[role] < half) dup++
+				if (t - prev[role] < half) {
+					dup++
+					name = role; sub(/.*\//, "", name)
+					if (prev[role] <= kill && t > kill && !((name " " prevExp[role]) in kept)) lost++
+				}
 				if (t - prev[role] > life) late++
 			}
-			prev[role] = t
+			prev[role] = t; prevExp[role] = expires
 			if (t <= kill) before[role] = t
 			else if (t <= kill + 0.75 * interval) after[role]++
 		}
 		END {
 			for (r in before) if (kill - before[r] > half) { due++; if (after[r] > 0) refreshed++ }
-			printf "%d %d %d %d %d\n", due, refreshed, dup, late, total
+			printf "%d %d %d %d %d %d\n", due, refreshed, dup, lost, late, total
 		}'
+}
+
+# stored_report LOG: the credentials a node reported stored, "role
+# expiration" a line, from its "refresh succeeded" log lines (hclog writes
+# their fields in any order).
+stored_report() {
+	grep -h 'refresh succeeded' "$1" | awk '{
+		role = expires = ""
+		for (i = 1; i <= NF; i++) {
+			if ($i ~ /^role=/) role = substr($i, 6)
+			else if ($i ~ /^expiration=/) expires = substr($i, 12)
+		}
+		if (role != "" && expires != "") print role, expires
+	}' || true
 }
 
 start_node() {
@@ -396,6 +432,10 @@ kill -KILL -- "-${vpid[$active]}"
 wait "${vpid[$active]}" 2>/dev/null || true
 unset "vpid[$active]"
 calls_at_kill=$(ok_calls)
+# What the killed node had stored, by its own log up to its death (the
+# same log grows again once it is restarted).
+stored_report "$work/vault-node$active.log" >"$work/stored-at-kill.txt"
+stored_at_kill=$(wc -l <"$work/stored-at-kill.txt")
 new_active=
 while [[ -z "$new_active" ]]; do
 	for n in "${survivors[@]}"; do
@@ -442,11 +482,11 @@ kill "${readers[@]}" 2>/dev/null || true
 wait "${readers[@]}" 2>/dev/null || true
 readers=()
 
-read -r due refreshed dup late total < <(call_figures "$kill_at")
+read -r due refreshed dup lost late total < <(call_figures "$kill_at" "$work/stored-at-kill.txt")
 ((total >= roles)) || die "the emulator's call log ($sts_url/_emulator/calls) holds $total successful calls for $roles roles"
 lost_note=
 if ((dup > 0)); then
-	lost_note=" (fetched by node$active just before the kill but not yet stored: lost with it)"
+	lost_note=" ($lost repeating a credential node$active fetched before the kill and never stored: lost with it)"
 fi
 reads=0 errors=0 expired=0 first_err='' last_err=''
 for f in "$work"/reader-node*.txt; do
@@ -478,11 +518,12 @@ expired served           $expired
 STS calls, failover      $due roles due at the kill, $refreshed of them refreshed by node$new_active; $late calls came after the role's credential expired
 rejoin                   ${rejoin}s (restart, unseal, healthy raft voter); $same/$roles same credentials
 EOF
-echo "HA-FIGURES election_gap=${election_gap}s reader_errors=$errors reads=$((reads + errors)) expired_served=$expired roles_due=$due roles_due_refreshed=$refreshed duplicate_calls=$dup late_calls=$late sts_calls=$total rejoin=${rejoin}s"
+echo "HA-FIGURES election_gap=${election_gap}s reader_errors=$errors reads=$((reads + errors)) expired_served=$expired roles_due=$due roles_due_refreshed=$refreshed duplicate_calls=$dup lost_in_flight=$lost stored_at_kill=$stored_at_kill late_calls=$late sts_calls=$total rejoin=${rejoin}s"
 
 ((expired == 0)) || die "readers were served $expired expired credentials"
 ((refreshed == due)) || die "only $refreshed of the $due roles due at the kill were refreshed after it"
 ((late == 0)) || die "$late refreshes came after the role's credential had expired"
+((dup == lost)) || die "$((dup - lost)) STS calls repeated, within half a refresh interval, a credential the cluster had stored: a refresh storm or a second refresher"
 ((same == roles)) || die "only $same of $roles roles serve the same credential through the restarted node"
 
 if ((keep)); then
