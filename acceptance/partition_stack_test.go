@@ -29,13 +29,45 @@ const (
 	netBlock       = netRetryWindow / netMaxRetries
 )
 
-// netCheck is the checker's configuration for these tests (the soak's own,
-// internal/soak/soak_test.go).
+// netCheck is the checker's configuration for these tests: the soak's
+// own (internal/soak/soak_test.go) where the two runs share a shape, and
+// every field set or said why not, since a zero either keeps an older,
+// looser measure or turns a rule off.
 var netCheck = soak.Config{
 	Grace: 30 * time.Second, RestartGrace: 5 * time.Second, RefreshMargin: 30 * time.Second,
 	FallbackGrace: 10 * time.Second, MinIssueGap: 10 * time.Second, RenderInterval: 30 * time.Second,
 	PropagationGrace: 30 * time.Second, Skew: 100 * time.Millisecond, MinValidity: time.Second,
 	DeposedAllowance: 10 * time.Second,
+	// The plugin promises a second's validity by its estimate of AWS's
+	// clock, which the emulator's whole-second Date leaves up to half a
+	// second off; zero would hold it to a promise it does not make.
+	MinValidityTolerance: 500 * time.Millisecond,
+	// An active node cut off lost its quorum at the cut: from then on only
+	// a call already on the wire, or whose storage probe committed just
+	// before the cut (docs/design.md, "A node that does not know it was
+	// deposed"), may reach STS, in milliseconds through the link proxy on
+	// this host. Zero would count from its first health answer that was
+	// not active plus DeposedAllowance: 10 s of calls after the cut
+	// excused (issue 42 item 2).
+	CutAllowance: time.Second,
+	// After the heal, reads may fail until every node answers active or
+	// standby again (measured from the health answers, however long a
+	// loaded host takes) and for this long after: the rejoining standby
+	// finding the active node to forward to. Zero would excuse every read
+	// for Grace (30 s) after the heal: the tests' whole tail.
+	HealGrace: 5 * time.Second,
+	// The nodes' health is polled every netStateEvery: an election no
+	// fault caused (a loaded host, performance_multiplier = 1) is an event
+	// whose window opens that many polls before it showed. Zero would open
+	// it only Skew before, and failed reads just before the poll saw the
+	// loss would be violations.
+	StatePoll: netStateEvery,
+	// Not judged here (zero): CallTimeout needs the link proxy's exchange
+	// log, which check does not pass (TestPartitionSlowSTSLink checks
+	// late answers itself); MinBlock (one_attempt_per_block) judges STS's
+	// arrival times, which a loaded host delays past a block's end by
+	// however long the attempt's probe write and call take: the soak and
+	// the seeded simulation judge the budget.
 }
 
 // netStack is a 3-node cluster, each node in its own network namespace,
