@@ -229,11 +229,14 @@ call_figures() {
 		function field(line) { sub(/^[^:]*: *"/, "", line); sub(/".*$/, "", line); return line }
 		BEGIN {
 			interval = life * (1 - frac); half = interval / 2
-			# Expirations are whole seconds at AWS; compared as epoch seconds
-			# so that the zone each side wrote them in does not matter.
+			# Compared as whole epoch seconds, so that the zone each side
+			# wrote them in does not matter: the node logs the expiration of
+			# its credential to the second (RFC 3339), cut, not rounded, from
+			# what STS sent, which the call log of the emulator has to the
+			# millisecond. (No apostrophe: this program is single-quoted.)
 			while ((getline line < stored) > 0) {
 				split(line, f, " ")
-				kept[f[1] " " int(epoch(f[2]) + 0.5)] = 1
+				kept[f[1] " " int(epoch(f[2]))] = 1
 			}
 		}
 		# One call an object: its fields are read, then judged at its end.
@@ -242,7 +245,7 @@ call_figures() {
 		/"action":/ { action = field($0) }
 		/"outcome":/ { outcome = field($0) }
 		/"role_arn":/ { role = field($0) }
-		/"issued_expiration":/ { expires = int(epoch(field($0)) + 0.5) }
+		/"issued_expiration":/ { expires = int(epoch(field($0))) }
 		/^ *\}/ {
 			if (action != "AssumeRole" || outcome != "ok") next
 			total++
