@@ -18,7 +18,9 @@
 #     credentials.
 # It prints the figures: election gap, reader errors, the STS calls around
 # the failover (from the emulator's call log, role by role, so they do not
-# depend on how fast the script runs), rejoin time. The acceptance test
+# depend on how fast the script runs; a role called again soon after the
+# kill is lost in flight only if the killed node's log never said it stored
+# the credential), rejoin time. The acceptance test
 # TestHAScript (acceptance/ha_script_test.go) runs it and checks those
 # figures; TestHA (acceptance/ha_test.go) asserts the same scenario step by
 # step. The script exits non-zero only on a clear failure.
