@@ -76,8 +76,9 @@ type Config struct {
 	// emulator's timestamps (one host: milliseconds).
 	Skew time.Duration
 	// MinValidity is the least remaining validity the plugin serves
-	// (minServeValidity, 1 s): a credential with less left is not "valid
-	// cached" for the availability rule.
+	// (minServeValidity, 1 s): with MinValidityTolerance, it bounds what
+	// the plugin must serve (available_while_cached) and what it must not
+	// (served_min_validity): check_clock.go's surelyServable and tooShort.
 	MinValidity time.Duration
 	// AgentRole is the role whose credential Vault Agent renders, for
 	// agent_file samples that do not name one.
@@ -500,8 +501,9 @@ func (c *checker) changedBetween(role string, from, to time.Time) bool {
 }
 
 // checkAvailability: a read that failed while its credential's last
-// served value was still valid, the role unchanged since, is a violation
-// unless a kill or restart explains it.
+// served value was surely servable throughout the read (surelyServable:
+// the margin the plugin's own clock error takes), the role unchanged
+// since, is a violation unless a kill or restart explains it.
 func (c *checker) checkAvailability() {
 	type cred struct{ role, entity string }
 	last := map[cred]Op{}
@@ -527,7 +529,7 @@ func (c *checker) checkAvailability() {
 			continue
 		}
 		good, ok := last[k]
-		if !ok || !c.validFor(good.Expiration, r.Invoke, r.Return, c.cfg.MinValidity) || c.changedBetween(r.Role, good.Invoke, r.Return) {
+		if !ok || !c.surelyServable(good, r.Invoke, r.Return) || c.changedBetween(r.Role, good.Invoke, r.Return) {
 			c.rep.ColdFailures++
 			continue
 		}
