@@ -30,6 +30,11 @@ type Event struct {
 	How        string
 }
 
+// eventPolls is how many health polls before the first answer that
+// showed an event its window opens: one between two polls, and up to four
+// for the answer (the poll's timeout).
+const eventPolls = 5
+
 // eventOp is an event as a fault op (negative ids, apart from the
 // history's), so that the rules that judge against kills judge against it.
 func eventOp(id int64, e Event) Op {
@@ -37,16 +42,26 @@ func eventOp(id int64, e Event) Op {
 }
 
 // scheduledAt reports whether a scheduled fault that moves the active node
-// or stops a node (a process fault or a partition) was in force at t, or
-// within its grace after.
-func (c *checker) scheduledAt(t time.Time) bool {
+// or stops a node was in force at t, or within its grace after, for node:
+// a process fault (any node), or a partition that cut node off, or whose
+// heal (the rejoining node's election) it is. A partition leaves the
+// majority's nodes their quorum (raft's pre-vote keeps a cut-off node from
+// deposing them): the majority's active node losing its role while the cut
+// is on is no more the partition's than any election on a loaded host
+// (seen in the one-hour soak, seed 7: an isolate_standby's majority
+// without an active node for 1.4 s, its reads judged as the partition's
+// violations).
+func (c *checker) scheduledAt(node string, t time.Time) bool {
 	for _, f := range c.procFault {
 		if f.ID > 0 && !t.Before(f.Invoke.Add(-c.cfg.Skew)) && !t.After(f.Return.Add(c.graceAfter(f))) {
 			return true
 		}
 	}
 	for _, p := range c.net.partitions {
-		if !t.Before(p.Invoke.Add(-c.cfg.Skew)) && !t.After(p.Return.Add(c.cfg.Grace)) {
+		if t.Before(p.Invoke.Add(-c.cfg.Skew)) || t.After(p.Return.Add(c.cfg.Grace)) {
+			continue
+		}
+		if setOf(p.Nodes)[node] || t.After(p.Return.Add(-c.cfg.Skew)) {
 			return true
 		}
 	}
@@ -58,13 +73,19 @@ func (c *checker) scheduledAt(t time.Time) bool {
 func (c *checker) indexEvents() {
 	n := &c.net
 	c.quorumLosses()
-	// A state change is seen up to one poll after it happened, and the
-	// poll's answer may take another: the window opens two polls before
-	// the first answer that showed it.
-	early := 2*c.cfg.StatePoll + c.cfg.Skew
+	// A state change is seen by the first poll sent after it (up to one
+	// poll after it), and that poll's answer may take up to its timeout,
+	// four polls (internal/vaulttest's WatchStates): a node stepping down
+	// holds the lock sys/health needs while its requests already fail. The
+	// window opens five polls before the first answer that showed it.
+	// (Two polls were not enough: in the one-hour soak, seed 7, reads
+	// failed "internal error" from 1.3 s before node3's first answer as a
+	// standby, and returned 12-17 ms before a window opened two polls
+	// before it.)
+	early := eventPolls*c.cfg.StatePoll + c.cfg.Skew
 	var evs []Event
 	for _, s := range n.spans {
-		if s.lost.IsZero() || c.scheduledAt(s.lost) {
+		if s.lost.IsZero() || c.scheduledAt(s.node, s.lost) {
 			continue
 		}
 		// From the node's first answer that was not active (no_answer
@@ -85,7 +106,7 @@ func (c *checker) indexEvents() {
 		st := n.states[node]
 		for i := 0; i < len(st); i++ {
 			o := st[i]
-			if (o.Detail != "sealed" && o.Detail != "down") || c.scheduledAt(o.Invoke) {
+			if (o.Detail != "sealed" && o.Detail != "down") || c.scheduledAt(node, o.Invoke) {
 				continue
 			}
 			end := c.rep.End
@@ -133,7 +154,7 @@ func (c *checker) quorumLosses() {
 				break
 			}
 		}
-		if !s.quorumLost.IsZero() || s.lost.IsZero() || c.scheduledAt(s.lost) {
+		if !s.quorumLost.IsZero() || s.lost.IsZero() || c.scheduledAt(s.node, s.lost) {
 			continue
 		}
 		if o, ok := n.lastLeaving(*s); ok {
