@@ -27,6 +27,13 @@ const expirationTolerance = 15 * time.Minute
 // while it ran: what it fetched belongs to a definition that is gone.
 var errRoleChanged = errors.New("role changed during refresh")
 
+// errCachedOutlives: commitSuccess kept the cached credential, which
+// expires after the one the cycle fetched (AWS's clock stepped back since
+// it was issued, or a fallback's clock is behind): the cycle ends keeping
+// it (refresher.keepCached), as another call could only fetch one that
+// loses to it again.
+var errCachedOutlives = errors.New("STS returned a credential expiring before the cached one")
+
 // roleStates is the one owner of per-role state. Storage is the truth; the
 // mirror here is a cache of roles/, cache/ and status/ that lets a cached
 // creds read cost one map lookup. Nothing else changes the mirror, the
@@ -742,7 +749,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 		return errRoleChanged
 	}
 	if rs.cred != nil && cred.expiresBefore(rs.cred) {
-		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
+		return errCachedOutlives
 	}
 	if rs.use != nil {
 		st.LastRead, st.LoginMount = rs.use.last(), rs.use.loginMount()
