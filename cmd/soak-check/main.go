@@ -29,7 +29,7 @@ func main() {
 	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
-	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (minServeValidity: a read returning less is served_min_validity's violation; a cached credential with less is not available)")
+	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (minServeValidity: a read returning less is served_min_validity's violation; a cached credential with less than it plus -min-validity-tolerance at a read's answer is not surely servable)")
 	// The plugin judges by its estimate of AWS's clock, the middle of the
 	// offsets its samples allow (Date has whole seconds): half a second.
 	flag.DurationVar(&cfg.MinValidityTolerance, "min-validity-tolerance", 500*time.Millisecond, "how far the plugin's estimate of AWS's clock may be off while it judges the minimum validity by it")
