@@ -52,7 +52,8 @@ func main() {
 	// less a loaded host's timer lateness: an attempt that woke just after
 	// its block still makes its call.
 	flag.DurationVar(&cfg.MinBlock, "min-block", 1200*time.Millisecond, "the shortest retry block the run configures, less timer lateness: three calls of one session through one listener within less are two attempts in one block")
-	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens five polls before the answer that showed it: one between polls, four for its answer)")
+	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it, and -step-down-lag more)")
+	flag.DurationVar(&cfg.StepDownLag, "step-down-lag", 2*time.Second, "how long a node losing the active role may still answer sys/health as active while requests through it fail (Vault's step-down teardown)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
 	flag.Parse()

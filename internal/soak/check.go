@@ -119,8 +119,15 @@ type Config struct {
 	MinValidityTolerance time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
-	// before the first answer that showed it.
+	// before the first answer that showed it, and StepDownLag more.
 	StatePoll time.Duration
+	// StepDownLag is how long a node losing the active role may still
+	// answer sys/health as active while requests through it already fail:
+	// Vault marks itself a standby only once its step-down's teardown (the
+	// mounts' cleanup, the plugin's Clean) is over. The one-hour soak
+	// (seed 7) saw reads fail "internal error" 1.3 s before node3 first
+	// answered standby. Zero: the polls alone.
+	StepDownLag time.Duration
 }
 
 // Violation is one broken rule, with the records that show it.

@@ -30,11 +30,6 @@ type Event struct {
 	How        string
 }
 
-// eventPolls is how many health polls before the first answer that
-// showed an event its window opens: one between two polls, and up to four
-// for the answer (the poll's timeout).
-const eventPolls = 5
-
 // eventOp is an event as a fault op (negative ids, apart from the
 // history's), so that the rules that judge against kills judge against it.
 func eventOp(id int64, e Event) Op {
@@ -73,16 +68,12 @@ func (c *checker) scheduledAt(node string, t time.Time) bool {
 func (c *checker) indexEvents() {
 	n := &c.net
 	c.quorumLosses()
-	// A state change is seen by the first poll sent after it (up to one
-	// poll after it), and that poll's answer may take up to its timeout,
-	// four polls (internal/vaulttest's WatchStates): a node stepping down
-	// holds the lock sys/health needs while its requests already fail. The
-	// window opens five polls before the first answer that showed it.
-	// (Two polls were not enough: in the one-hour soak, seed 7, reads
-	// failed "internal error" from 1.3 s before node3's first answer as a
-	// standby, and returned 12-17 ms before a window opened two polls
-	// before it.)
-	early := eventPolls*c.cfg.StatePoll + c.cfg.Skew
+	// A state change is seen up to one poll after it happened, and the
+	// poll's answer may take another; and Vault answers sys/health as
+	// active until its step-down's teardown (the mounts' cleanup, the
+	// plugin's Clean) is over, while requests already fail (StepDownLag).
+	// The window opens that much before the first answer that showed it.
+	early := 2*c.cfg.StatePoll + c.cfg.StepDownLag + c.cfg.Skew
 	var evs []Event
 	for _, s := range n.spans {
 		if s.lost.IsZero() || c.scheduledAt(s.node, s.lost) {

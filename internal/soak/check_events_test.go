@@ -127,8 +127,9 @@ func TestUnscheduledSealIsAnEvent(t *testing.T) {
 // answers standby at 31 (no fault caused it: a loaded host) and active
 // again at 32.4. Reads through the majority fail from 30.2, as the
 // one-hour soak (seed 7) saw them: "internal error" while node1 stepped
-// down, before its health showed it (health waits for the lock the step
-// down holds), then "local node not active" until it was re-elected.
+// down, before its health showed it (Vault answers active until its
+// step-down's teardown is over), then "local node not active" until it
+// was re-elected.
 func standbyCut() *h {
 	x := &h{}
 	x.topology()
@@ -138,7 +139,7 @@ func standbyCut() *h {
 	x.readVia("node2", "a", "ASIA1", 2, 2.1, 61)
 	x.op(Op{Kind: KindFault, Client: "faults", Fault: FaultPartition, Detail: "isolate_standby", Nodes: []string{"node3"}, Invoke: at(20), Return: at(60), OK: true})
 	x.readVia("node2", "a", "ASIA1", 25, 25.1, 61)
-	x.failVia("node2", "a", 30.2, 30.25, 500)
+	x.failVia("node2", "a", 29.6, 29.65, 500)
 	x.failVia("node1", "a", 30.5, 31.1, 500)
 	x.state("node1", "standby", 31)
 	x.failVia("node2", "a", 31.5, 31.6, 500)
@@ -150,22 +151,23 @@ func standbyCut() *h {
 func TestMajorityElectionDuringAPartitionIsAnEvent(t *testing.T) {
 	c := cfg
 	c.StatePoll = 200 * time.Millisecond
+	c.StepDownLag = 2 * time.Second
 	r := Check(standbyCut().ops, standbyCut().calls, c)
 	var b bytes.Buffer
 	r.Write(&b)
 	if len(r.Violations) != 0 {
 		t.Fatalf("the majority's election during an isolate_standby was judged a violation:\n%s", b.String())
 	}
-	if len(r.Events) != 1 || r.Events[0].Node != "node1" || !r.Events[0].Start.Equal(at(31).Add(-5*c.StatePoll-c.Skew)) || !r.Events[0].End.Equal(at(32.4)) {
-		t.Errorf("events %+v, want node1's loss from five polls before 31 to 32.4", r.Events)
+	if len(r.Events) != 1 || r.Events[0].Node != "node1" || !r.Events[0].Start.Equal(at(31).Add(-2*c.StatePoll-c.StepDownLag-c.Skew)) || !r.Events[0].End.Equal(at(32.4)) {
+		t.Errorf("events %+v, want node1's loss from two polls and the step-down's lag before 31 to 32.4", r.Events)
 	}
 	if len(r.Unavailable) != 1 || r.Unavailable[0].Fault != EventElection || r.Unavailable[0].Reads != 3 {
 		t.Errorf("unavailable %+v, want the three failed reads named as the unscheduled election's", r.Unavailable)
 	}
-	// A read failing before the window (more than five polls before the
-	// answer) is still the partition rule's.
+	// A read failing before the window (more than two polls and the lag
+	// before the answer) is still the partition rule's.
 	x := standbyCut()
-	x.failVia("node2", "a", 29.5, 29.6, 500)
+	x.failVia("node2", "a", 28.3, 28.4, 500)
 	r = Check(x.ops, x.calls, c)
 	if len(r.Violations) != 1 || r.Violations[0].Rule != RulePartitionServes {
 		r.Write(&b)

@@ -65,8 +65,11 @@ var checkConfig = soak.Config{
 	// A call sent before the cut reaches STS in milliseconds (one host).
 	CutAllowance: time.Second,
 	// The rejoining node's first heartbeat and its forwarding found again.
-	HealGrace:   5 * time.Second,
-	StatePoll:   stateEvery,
+	HealGrace: 5 * time.Second,
+	StatePoll: stateEvery,
+	// Vault answers sys/health as active until its step-down's teardown
+	// is over (1.3 s of failing reads before it in the one-hour soak).
+	StepDownLag: 2 * time.Second,
 	CallTimeout: 1600 * time.Millisecond, // callTimeout of the longest block: retry_window 6s / max_retries 3
 	// The shortest block (retry_window 6s / max_retries 4, 1.5 s) less a
 	// loaded host's timer lateness: an attempt that woke just after its
