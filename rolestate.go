@@ -283,6 +283,17 @@ func (r *roleStates) peek(key credKey) *roleState {
 	return r.m[key]
 }
 
+// mirrored returns the entry when it is mirrored and not marked for
+// reload, nil otherwise: what current would return without reading storage.
+func (r *roleStates) mirrored(key credKey) *roleState {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if rs := r.m[key]; rs != nil && !rs.stale {
+		return rs
+	}
+	return nil
+}
+
 // current returns the role's state, reading storage when it is not mirrored
 // or marked for reload. It returns nil, nil when the role does not exist.
 func (r *roleStates) current(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
