@@ -330,19 +330,19 @@ func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []str
 	if t.perRole {
 		t.samples = make([]roleSample, 0, len(names))
 	}
-	deadline := b.clock.Now().Add(scrapeLoadBudget)
+	var deadline time.Time // none with per-role series
+	if !t.perRole {
+		deadline = t.now.Add(scrapeLoadBudget)
+	}
 	var entities map[string]entitySummary // on the first entity-scoped role
 	for _, name := range names {
-		rs := b.state.mirrored(roleKey(name))
-		if rs == nil && !t.perRole && !b.clock.Now().Before(deadline) {
+		rs, read, err := b.state.currentBy(ctx, s, roleKey(name), deadline)
+		if err != nil {
+			return fmt.Errorf("loading role %q: %w", name, err)
+		}
+		if !read {
 			t.unloaded++
 			continue
-		}
-		if rs == nil {
-			var err error
-			if rs, err = b.state.current(ctx, s, roleKey(name)); err != nil {
-				return fmt.Errorf("loading role %q: %w", name, err)
-			}
 		}
 		if rs == nil {
 			continue // deleted since the list

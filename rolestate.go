@@ -283,15 +283,22 @@ func (r *roleStates) peek(key credKey) *roleState {
 	return r.m[key]
 }
 
-// mirrored returns the entry when it is mirrored and not marked for
-// reload, nil otherwise: what current would return without reading storage.
-func (r *roleStates) mirrored(key credKey) *roleState {
+// currentBy is current for a caller with a time budget: a role that is not
+// mirrored (or marked for reload) is read from storage only while this
+// owner's clock is before deadline (a zero deadline: always). Past it,
+// read is false and nothing is read.
+func (r *roleStates) currentBy(ctx context.Context, s logical.Storage, key credKey, deadline time.Time) (rs *roleState, read bool, err error) {
 	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if rs := r.m[key]; rs != nil && !rs.stale {
-		return rs
+	rs = r.m[key]
+	r.mu.RUnlock()
+	if rs != nil && !rs.stale {
+		return rs, true, nil
 	}
-	return nil
+	if !deadline.IsZero() && !r.now().Before(deadline) {
+		return nil, false, nil
+	}
+	rs, err = r.current(ctx, s, key)
+	return rs, err == nil, err
 }
 
 // current returns the role's state, reading storage when it is not mirrored
