@@ -351,8 +351,8 @@ func (rf *refresher) plannedCount() int { return rf.plan.Len() }
 
 // rolesInPlan returns how many roles the refresher on this node has in hand:
 // a next cycle planned, or a cycle running. Right after a start or a
-// failover it counts up to the number of warm roles as the reconciler
-// reaches them.
+// failover it is every warm role once the schedule index has planned them
+// (a hint the first pass confirms), then the roles the pass adds.
 func (rf *refresher) rolesInPlan() (n int) {
 	rf.flights.view(func(inFlight map[credKey]*flight) {
 		n = rf.plan.Len()

@@ -290,6 +290,24 @@ func (r *roleStates) peek(key credKey) *roleState {
 	return r.m[key]
 }
 
+// currentBy is current for a caller with a time budget: a role that is not
+// mirrored (or marked for reload) is read from storage only while this
+// owner's clock is before deadline (a zero deadline: always). Past it,
+// read is false and nothing is read.
+func (r *roleStates) currentBy(ctx context.Context, s logical.Storage, key credKey, deadline time.Time) (rs *roleState, read bool, err error) {
+	r.mu.RLock()
+	rs = r.m[key]
+	r.mu.RUnlock()
+	if rs != nil && !rs.stale {
+		return rs, true, nil
+	}
+	if !deadline.IsZero() && !r.now().Before(deadline) {
+		return nil, false, nil
+	}
+	rs, err = r.current(ctx, s, key)
+	return rs, err == nil, err
+}
+
 // current returns the role's state, reading storage when it is not mirrored
 // or marked for reload. It returns nil, nil when the role does not exist.
 func (r *roleStates) current(ctx context.Context, s logical.Storage, key credKey) (*roleState, error) {
