@@ -130,7 +130,8 @@ type Op struct {
 	// Value is a sample's value (RSS in bytes).
 	Value float64 `json:"value,omitempty"`
 	// Node is the node a read went through, whose state a node_state op
-	// records, or whose STS link an sts_link fault breaks.
+	// records, whose STS link an sts_link fault breaks, or that Vault
+	// Agent asks (agent_file).
 	Node string `json:"node,omitempty"`
 	// Nodes are the nodes a partition cut off from the rest (the
 	// minority).

@@ -726,7 +726,9 @@ func (r *run) agentSampler(stop <-chan struct{}) {
 			continue
 		}
 		exp, _ := time.Parse(time.RFC3339, string(m[2]))
-		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Role: roleName(0), Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
+		// The node the agent asks: agent_file_fresh excuses a stale file
+		// while reads through it fail (check_agent.go).
+		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Role: roleName(0), Node: r.agentNode.NodeID(), Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
 	}
 }
 
