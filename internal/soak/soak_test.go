@@ -105,7 +105,8 @@ func (r *recorder) add(o soak.Op) {
 // cluster with the plugin, the STS emulator, and a seeded schedule of
 // overlapping faults, operator actions and readers for SOAK_DURATION; every
 // operation is recorded to SOAK_OUT/history.jsonl, the emulator's calls to
-// SOAK_OUT/calls.jsonl, and the checker's report to SOAK_OUT/report.txt.
+// SOAK_OUT/calls.jsonl, Vault Agent's log to SOAK_OUT/agent.log, and the
+// checker's report to SOAK_OUT/report.txt.
 // The test fails if the checker finds a violation.
 func TestSoak(t *testing.T) {
 	if os.Getenv("SOAK") != "1" {
@@ -188,6 +189,12 @@ func TestSoak(t *testing.T) {
 	}
 
 	run.saveCalls()
+	// The agent's whole log beside the history (test.log keeps only its
+	// last lines): each of its reads, the wait its lease set and each
+	// retry, which is what explains a stale file (agent_file_fresh).
+	if b, err := os.ReadFile(run.agent.Process.LogPath); err == nil {
+		os.WriteFile(filepath.Join(out, "agent.log"), b, 0o644)
+	}
 	if rec.err != nil {
 		t.Fatalf("writing the history: %v", rec.err)
 	}
