@@ -19,7 +19,11 @@ import (
 //   - AWS's clock stepped forward after the agent's read: the lease the
 //     plugin gave (the credential's remaining life by AWS's clock then)
 //     ends later, by the host's clock, than the credential now does. The
-//     agent cannot know; it asks again when that lease runs out.
+//     agent cannot know; it asks again when that lease runs out. Where the
+//     history holds the agent's own reads (agent_read, from its log), the
+//     instant is the one its last read before the sample set, capped at
+//     the lease the plugin could rightly give at that read; otherwise the
+//     latest such lease since the agent first rendered the credential.
 //   - The agent's node could not answer: reads through it failed, each
 //     of them judged by available_while_cached or partition_serves_cache
 //     (a valid credential was cached). The agent's fetches failed the same
@@ -40,6 +44,9 @@ type AgentFile struct {
 	// credential after a step of AWS's clock, or its node could not
 	// answer.
 	ExcusedClock, ExcusedNode int
+	// Reads and FailedReads count Vault Agent's own reads (agent_read,
+	// from its log; none in histories without it).
+	Reads, FailedReads int
 }
 
 // Reasons the agent's file may stay behind the plugin.
@@ -64,6 +71,7 @@ func (c *checker) checkAgentFile() {
 	}
 	sort.SliceStable(samples, func(i, j int) bool { return samples[i].Invoke.Before(samples[j].Invoke) })
 	blocked := c.agentNodeBlocked()
+	reads := c.agentReads()
 	// fetched is, per key, the last sample before the first that held
 	// it: the agent fetched it after that one.
 	fetched := map[string]time.Time{}
@@ -85,7 +93,11 @@ func (c *checker) checkAgentFile() {
 			continue
 		}
 		from, why := newer.Return, agentLate
-		if end, ok := c.agentLeaseEnd(o, fetched[o.AccessKey]); ok && end.After(from) {
+		end, ok := c.agentLeaseEnd(o, fetched[o.AccessKey])
+		if f := lastAgentRead(reads[c.agentNode(o)], o.Invoke); f != nil {
+			end, ok = c.agentDue(o, *f)
+		}
+		if ok && end.After(from) {
 			from, why = end, agentLeaseRan
 		}
 		if end, ok := blocked.after(c.agentNode(o), from, c.cfg.RenderInterval); ok {
@@ -159,6 +171,57 @@ func (c *checker) agentLeaseEnd(o Op, since time.Time) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return o.Expiration.Add(-then[0]), true
+}
+
+// agentReads are Vault Agent's successful reads (agent_read, from its
+// log), per node, in the order they returned.
+func (c *checker) agentReads() map[string][]Op {
+	out := map[string][]Op{}
+	for _, o := range c.ops {
+		if o.Kind != KindAgentRead {
+			continue
+		}
+		c.rep.Agent.Reads++
+		if !o.OK {
+			c.rep.Agent.FailedReads++
+			continue
+		}
+		out[o.Node] = append(out[o.Node], o)
+	}
+	for _, rs := range out {
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].Return.Before(rs[j].Return) })
+	}
+	return out
+}
+
+// lastAgentRead is the last of reads that returned before t, nil when
+// none did.
+func lastAgentRead(reads []Op, t time.Time) *Op {
+	i := sort.Search(len(reads), func(i int) bool { return !reads[i].Return.Before(t) })
+	if i == 0 {
+		return nil
+	}
+	return &reads[i-1]
+}
+
+// agentDue is agentLeaseEnd when the agent's own reads are in the
+// history: f is its last successful read before the sample o, whose
+// answer the file held. When AWS's clock stepped forward since f, the
+// agent rightly kept the file until the read f's lease set it to make
+// (f.Wait after it), but never later than the lease the plugin could
+// rightly give at f ran to: a longer wait is a lease the plugin made too
+// long, which excuses nothing past that bound.
+func (c *checker) agentDue(o, f Op) (time.Time, bool) {
+	then := c.offsetsDuring(f.Invoke, f.Return)
+	now := c.offsetsDuring(o.Invoke, o.Return)
+	if len(then) == 0 || len(now) == 0 || then[0] >= now[0] {
+		return time.Time{}, false
+	}
+	due, bound := f.Return.Add(f.Wait), o.Expiration.Add(-then[0])
+	if due.After(bound) {
+		due = bound
+	}
+	return due, true
 }
 
 // span is a stretch of host time.

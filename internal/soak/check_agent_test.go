@@ -47,6 +47,12 @@ func (x *h) agentFile(key string, when, exp float64) *h {
 	return x.op(Op{Kind: KindAgentFile, Client: "agent", Role: "a", Node: "node2", Invoke: at(when), Return: at(when), AccessKey: key, Expiration: at(exp), OK: true})
 }
 
+// agentRead records a successful read of Vault Agent's through node2
+// whose lease set its next read wait seconds later.
+func (x *h) agentRead(from, to, wait float64) *h {
+	return x.op(Op{Kind: KindAgentRead, Client: "agent", Role: "a", Node: "node2", Invoke: at(from), Return: at(to), OK: true, Wait: time.Duration(wait * float64(time.Second))})
+}
+
 // stepBack steps AWS's clock 90 s back from 40 to 60, with the plugin's
 // calls that date each change (two answers each, adoptSamples) right
 // after it; the calls are role b's, so that no rule about role a sees
@@ -98,6 +104,29 @@ func TestAgentFileJudgedByWhatTheAgentGot(t *testing.T) {
 			}
 			x.agentFile("ASIA2", 100, 90)
 		}, 1, 0, 0},
+		{"the agent's own read during the step set its next one at 143: excused until then", "", false, func(x *h) {
+			stepBack(x)
+			x.agentRead(42.5, 42.6, 100)
+			x.agentFile("ASIA2", 100, 90)
+			x.agentFile("ASIA2", 150, 90)
+			x.agentFile("ASIA2", 154, 90)
+		}, 1, 2, 0},
+		{"the agent read again after AWS's clock came back and got a lease too long: nothing excused", "", false, func(x *h) {
+			// Without the agent's reads the file alone would be excused
+			// (the previous case's render during the step); its read at
+			// 63 shows the plugin gave a 150 s lease for 27 s left.
+			stepBack(x)
+			x.agentRead(42.5, 42.6, 20)
+			x.agentRead(63, 63.1, 150)
+			x.agentFile("ASIA2", 92, 90)
+			x.agentFile("ASIA2", 100, 90)
+		}, 2, 0, 0},
+		{"a wait past the lease the plugin could rightly give during the step is cut at it (180)", "", false, func(x *h) {
+			stepBack(x)
+			x.agentRead(42.5, 42.6, 200)
+			x.agentFile("ASIA2", 185, 90)
+			x.agentFile("ASIA2", 195, 90)
+		}, 1, 1, 0},
 		{"the agent's node did not answer from 78 to 101 (a read with ASIA3 cached timed out)", "", false, func(x *h) {
 			x.nodeFail("a", "node2", 78, 93, 0)
 			x.nodeRead("a", "node2", "ASIA3", 94, 101, 134)

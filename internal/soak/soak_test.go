@@ -190,10 +190,19 @@ func TestSoak(t *testing.T) {
 
 	run.saveCalls()
 	// The agent's whole log beside the history (test.log keeps only its
-	// last lines): each of its reads, the wait its lease set and each
-	// retry, which is what explains a stale file (agent_file_fresh).
+	// last lines), and its reads in the history: each of them, the wait
+	// its lease set and each retry, which agent_file_fresh judges the
+	// file by (check_agent.go).
 	if b, err := os.ReadFile(run.agent.Process.LogPath); err == nil {
 		os.WriteFile(filepath.Join(out, "agent.log"), b, 0o644)
+		reads, err := soak.ParseAgentLog(bytes.NewReader(b), vaulttest.MountPath+"/creds/"+roleName(0), roleName(0), run.agentNode.NodeID())
+		if err != nil {
+			t.Errorf("reading Vault Agent's log: %v", err)
+		}
+		for _, o := range reads {
+			rec.add(o)
+		}
+		t.Logf("Vault Agent's log: %d reads of %s", len(reads), roleName(0))
 	}
 	if rec.err != nil {
 		t.Fatalf("writing the history: %v", rec.err)
