@@ -160,8 +160,9 @@ func (c *checker) agentNode(o Op) string {
 // agentLeaseEnd is, when AWS's clock stepped forward after the agent
 // fetched the file's credential (after since, up to the sample o), the
 // latest instant by the host's clock that a lease the plugin could
-// rightly give for it in that time ran to: its expiry by the smallest
-// offset of AWS's clock the plugin could judge by then (offsetsDuring).
+// rightly give for it in that time ran to: its expiry (the latest the
+// file's whole seconds allow, expiryOf) by the smallest offset of AWS's
+// clock the plugin could judge by then (offsetsDuring).
 // ok is false when no such step made that lease outlive the credential
 // as judged at o: the agent then had to ask before it expired.
 func (c *checker) agentLeaseEnd(o Op, since time.Time) (time.Time, bool) {
@@ -170,7 +171,8 @@ func (c *checker) agentLeaseEnd(o Op, since time.Time) (time.Time, bool) {
 	if len(then) == 0 || len(now) == 0 || then[0] >= now[0] {
 		return time.Time{}, false
 	}
-	return o.Expiration.Add(-then[0]), true
+	_, exp := c.expiryOf(o)
+	return exp.Add(-then[0]), true
 }
 
 // agentReads are Vault Agent's successful reads (agent_read, from its
@@ -217,7 +219,8 @@ func (c *checker) agentDue(o, f Op) (time.Time, bool) {
 	if len(then) == 0 || len(now) == 0 || then[0] >= now[0] {
 		return time.Time{}, false
 	}
-	due, bound := f.Return.Add(f.Wait), o.Expiration.Add(-then[0])
+	_, exp := c.expiryOf(o)
+	due, bound := f.Return.Add(f.Wait), exp.Add(-then[0])
 	if due.After(bound) {
 		due = bound
 	}
@@ -264,7 +267,7 @@ func (c *checker) agentNodeBlocked() nodeBlocked {
 		// was cached, so the failure is judged there (or by the
 		// partition rule), never only excused here.
 		good, ok := last[keyOf(r)]
-		if !ok || !c.validFor(good.Expiration, r.Invoke, r.Return, c.cfg.MinValidity) || c.changedBetween(r.Role, good.Invoke, r.Return) {
+		if !ok || !c.surelyServable(good, r.Invoke, r.Return) || c.changedBetween(r.Role, good.Invoke, r.Return) {
 			continue
 		}
 		end := time.Time{}
