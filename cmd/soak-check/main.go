@@ -34,6 +34,7 @@ func main() {
 	// offsets its samples allow (Date has whole seconds): half a second.
 	flag.DurationVar(&cfg.MinValidityTolerance, "min-validity-tolerance", 500*time.Millisecond, "how far the plugin's estimate of AWS's clock may be off while it judges the minimum validity by it")
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
+	flag.StringVar(&cfg.AgentNode, "agent-node", "", "the node Vault Agent talks to, for agent_file samples that name none (histories before the soak recorded it)")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")
 	// A call the cut-off node had sent before the cut reaches the emulator

@@ -66,8 +66,10 @@ type Config struct {
 	// this, with no role change, rotation or process fault between them,
 	// are a duplicate issuance.
 	MinIssueGap time.Duration
-	// RenderInterval is how long Vault Agent's file may still hold a
-	// credential after it expired (its re-render interval).
+	// RenderInterval is how long Vault Agent's file may still hold an
+	// expired credential after the plugin served a newer one, or after
+	// the later instant a real agent would first have got it
+	// (check_agent.go): the sampler's period and the agent's retries.
 	RenderInterval time.Duration
 	// PropagationGrace is how long after a rotation a call refused with
 	// InvalidClientTokenId is still IAM's eventual consistency.
@@ -83,6 +85,10 @@ type Config struct {
 	// AgentRole is the role whose credential Vault Agent renders, for
 	// agent_file samples that do not name one.
 	AgentRole string
+	// AgentNode is the node Vault Agent talks to, for agent_file samples
+	// that do not name one (histories before the sampler recorded it);
+	// "": reads through the agent's node excuse nothing.
+	AgentNode string
 	// DeposedAllowance is how long after a node lost the active role (as
 	// first seen: it answered as no longer active, or another node
 	// answered as active) one of its STS or IAM calls may still reach STS,
@@ -205,6 +211,9 @@ type Report struct {
 	// LateServed the credentials of those that were served all the same.
 	Exchanges, LateAnswers int
 	LateServed             []LateAnswer
+	// Agent is what agent_file_fresh found in Vault Agent's file
+	// (check_agent.go).
+	Agent AgentFile
 }
 
 // NodeSpan is a stretch of time a node held the active role; End is zero
@@ -750,37 +759,6 @@ func (c *checker) checkIAM() {
 		if !settling {
 			c.violate(RuleRootKeyWorks, fmt.Sprintf("a call signed with %s was refused with InvalidClientTokenId outside any rotation's settling time", call.AccessKeyID), nil, []STSCall{call})
 		}
-	}
-}
-
-// checkAgentFile: once the plugin serves a newer credential of the
-// agent's role, the agent's file must not hold an expired one for longer
-// than the render interval. While the plugin has nothing newer to serve (STS
-// down past a credential's life) the agent has nothing to render.
-func (c *checker) checkAgentFile() {
-	for _, o := range c.ops {
-		if o.Kind != KindAgentFile || o.AccessKey == "" || !c.expiredAt(o.Expiration, o.Invoke, o.Return) {
-			continue
-		}
-		role := o.Role
-		if role == "" {
-			role = c.cfg.AgentRole
-		}
-		// The first read of the role that returned a credential newer than
-		// the file's, valid when served.
-		var newer *Op
-		for i := range c.ops {
-			r := &c.ops[i]
-			if r.Kind == KindRead && r.OK && r.Role == role && r.Entity == "" && r.Expiration.After(o.Expiration) &&
-				r.AccessKey != o.AccessKey && (newer == nil || r.Return.Before(newer.Return)) {
-				newer = r
-			}
-		}
-		if newer == nil || !o.Invoke.After(newer.Return.Add(c.cfg.RenderInterval)) {
-			continue
-		}
-		c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s, expired %s before, %s after the plugin served the newer %s (more than the render interval %s)",
-			o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), o.Invoke.Sub(newer.Return).Round(time.Millisecond), newer.AccessKey, c.cfg.RenderInterval), []Op{*newer, o}, nil)
 	}
 }
 
