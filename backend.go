@@ -82,6 +82,9 @@ type backendOptions struct {
 	// passWorkers is how many roles a reconciler pass reconciles at once;
 	// 0 means defaultPassWorkers. The simulation uses 1 to replay exactly.
 	passWorkers int
+	// freeMemory, when set, replaces debug.FreeOSMemory after a large
+	// first reconciler pass (freeAfterFirstPassRoles).
+	freeMemory func()
 }
 
 // defaultPassWorkers: storage reads of a reconciler pass in flight at once.
@@ -220,7 +223,7 @@ func newBackend(opts backendOptions) *backend {
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
 		settings: b.settings, state: b.state, index: b.index, life: b.life, metrics: b.metrics,
 		refresher: rf, entityGone: b.entityGone, entityChecks: b.entityChecks, resumeRotation: b.rotator.resumeRotation,
-		closed: b.life.isClosed, workers: opts.passWorkers,
+		closed: b.life.isClosed, workers: opts.passWorkers, freeMemory: opts.freeMemory,
 	})
 	rf.reconciler = b.reconciler
 	// What ends the work stops their timers (lifecycle.end): Clean, or

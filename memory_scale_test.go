@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	rtmetrics "runtime/metrics"
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -26,7 +28,10 @@ import (
 // plugin reload or a Vault restart does; once its first pass has
 // scheduled every role it forces a GC and reports the heap per role above
 // an empty mount's, with the storage (Vault's, not the plugin's, in a real
-// mount) taken out. It writes the heap profile of the started backend to
+// mount) taken out. It also prints the live heap as the runtime's GCs
+// found it during the start, and as the start left it: the figure the
+// plugin's soft memory limit follows (freeAfterFirstPassRoles). It writes
+// the heap profile of the started backend to
 // AWS_RESILIENT_MEM_PROFILE for
 //
 //	go tool pprof -top -sample_index=inuse_space <profile>
@@ -85,8 +90,27 @@ func TestMemoryProfile(t *testing.T) {
 	writeMemProfile(t, out+".base")
 
 	start = time.Now()
+	// The live heap as each GC during the start found it: what the
+	// plugin's soft memory limit follows (memlimit.Adapt), and so its RSS,
+	// while the first pass holds its lists and key sets beside the mirror.
+	peak := make(chan uint64)
+	stop := make(chan struct{})
+	go func() {
+		var top uint64
+		for {
+			top = max(top, gcLiveHeap())
+			select {
+			case <-stop:
+				peak <- top
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
 	b = startMemBackend(t, storage)
 	started := time.Since(start)
+	close(stop)
+	peakLive, lastLive := int64(<-peak), int64(gcLiveHeap())
 	if got := b.refresher.rolesInPlan(); got != n {
 		t.Fatalf("%d roles scheduled after the first pass, want %d", got, n)
 	}
@@ -96,6 +120,8 @@ func TestMemoryProfile(t *testing.T) {
 	t.Logf("empty mount: %d B of live heap", empty)
 	t.Logf("the filling backend, with every role cached: %d B/role above the empty mount (%.1f MiB)", (filled-hs-empty)/int64(n), float64(filled-hs)/(1<<20))
 	t.Logf("started on the filled storage: %d B/role above the empty mount (%.1f MiB)", (plugin-empty)/int64(n), float64(plugin)/(1<<20))
+	t.Logf("during the start, live heap at a GC above the storage's: at most %.1f MiB; as the start left it (its last GC, none forced by the test) %.1f MiB; %.1f MiB after two GCs forced by the test",
+		float64(peakLive-hs)/(1<<20), float64(lastLive-hs)/(1<<20), float64(plugin)/(1<<20))
 	runtime.KeepAlive(b)
 }
 
@@ -152,6 +178,13 @@ func memMust(t *testing.T, b *backend, s logical.Storage, op logical.Operation, 
 }
 
 // liveHeapNow is the live heap after two GCs.
+// gcLiveHeap is the live heap the last GC found, without forcing one.
+func gcLiveHeap() uint64 {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	rtmetrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
 func liveHeapNow() uint64 {
 	runtime.GC()
 	runtime.GC()
@@ -193,5 +226,54 @@ func TestRoleDefinitionInternsItsConstants(t *testing.T) {
 		"credential_type": strings.Clone(credentialTypeAssumedRole)})
 	if def := b.state.peek(roleKey("w")).role; def == nil || !same(def.CredentialType, credentialTypeAssumedRole) {
 		t.Errorf("a written role's mirrored definition does not hold the constant: %+v", def)
+	}
+}
+
+// After a first pass over freeAfterFirstPassRoles roles the plugin collects
+// and gives back the memory the pass went through, once: the GC cycles
+// during such a pass count what it allocates as live, and the soft memory
+// limit follows that figure (TestMemoryProfile prints it). A later pass,
+// and a first pass over fewer roles, do not.
+func TestFirstPassOverManyRolesFreesMemoryOnce(t *testing.T) {
+	for _, n := range []int{freeAfterFirstPassRoles, freeAfterFirstPassRoles - 1} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			b, s := newTestBackend(t, testOpts{})
+			for i := range n {
+				mustDo(t, b, s, logical.CreateOperation, fmt.Sprintf("roles/r%05d", i), map[string]interface{}{"role_arn": testRoleARN})
+			}
+			b.Cleanup(context.Background())
+
+			var mu sync.Mutex
+			freed := 0
+			config := logical.TestBackendConfig()
+			config.StorageView = s
+			b2, err := newBackendWith(context.Background(), config, backendOptions{host: "test-host", freeMemory: func() {
+				mu.Lock()
+				freed++
+				mu.Unlock()
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b2.Cleanup(context.Background()) })
+			if err := b2.Initialize(context.Background(), &logical.InitializationRequest{Storage: s}); err != nil {
+				t.Fatal(err)
+			}
+			if err := b2.life.waitStarted(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := b2.reconciler.reconcile(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			want := 0
+			if n >= freeAfterFirstPassRoles {
+				want = 1
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if freed != want {
+				t.Fatalf("memory freed %d times after a first pass over %d roles and a second pass, want %d", freed, n, want)
+			}
+		})
 	}
 }

@@ -40,6 +40,19 @@ const scrapeHeadroomHold = 5 * time.Second
 // BENCHMARKS.md, "Figures behind the code's constants".
 const scrapeHeadroomFactor = 12
 
+// scrapeLoadBudget is how long a scrape without per-role series (more roles
+// than metrics_max_roles) spends reading roles this node has not mirrored
+// before it answers. After a start or a failover the mirror is empty while
+// the reconciler's first pass loads every role (about a minute at 100 000
+// roles, BENCHMARKS.md section f), and a scrape that loaded them all itself
+// answered only then: aws_resilient_roles_scheduled, which the plan answers
+// at once, came a minute late. The roles left unread are counted in
+// aws_resilient_roles_unloaded and left out of the other aggregates; each
+// scrape reads a budget more, and the first pass reads them all. With
+// per-role series a scrape still reads every role: it is bounded by
+// metrics_max_roles and exports a series for each.
+const scrapeLoadBudget = 200 * time.Millisecond
+
 // roleStateNames lists every state a role can be in, for the one-hot
 // aws_resilient_role_state series and the aws_resilient_roles aggregate.
 var roleStateNames = []string{stateFresh, stateRefreshing, stateStale, stateExpired, stateEmpty}
@@ -198,6 +211,10 @@ func (b *backend) scrape(ctx context.Context, s logical.Storage, mount string) (
 		fmt.Fprintf(w, "# aws_resilient: %d roles exceed metrics_max_roles (%d): per-role series are omitted, aggregates only.\n",
 			len(names), cfg.MetricsMaxRoles)
 	}
+	if tally.unloaded > 0 {
+		fmt.Fprintf(w, "# aws_resilient: %d roles not yet read on this node are left out of the aggregates (aws_resilient_roles_unloaded).\n",
+			tally.unloaded)
+	}
 	if err := w.encodeFamilies(families, mount); err != nil {
 		return nil, err
 	}
@@ -253,6 +270,9 @@ type roleTally struct {
 	samples                                            []roleSample
 	byState                                            map[string]int
 	defined, cached, starved, failing, expiringFailing int
+	// unloaded counts the listed roles this scrape did not read: not
+	// mirrored, and scrapeLoadBudget spent (only without per-role series).
+	unloaded int
 	// overdue is the longest a role's (or entity credential's) next cycle
 	// is past due on this node (refreshOverdue).
 	overdue time.Duration
@@ -303,16 +323,26 @@ func entityScopedFigures(sum entitySummary) roleFigures {
 
 // tallyRoles reads each listed role from the mirror (from storage only when
 // it is not mirrored) and counts it in t; with t.perRole, it keeps its
-// sample.
+// sample. Without per-role series it reads storage for scrapeLoadBudget at
+// most (by the backend's clock) and counts the roles it left unread in
+// t.unloaded.
 func (b *backend) tallyRoles(ctx context.Context, s logical.Storage, names []string, t *roleTally) error {
 	if t.perRole {
 		t.samples = make([]roleSample, 0, len(names))
 	}
+	var deadline time.Time // none with per-role series
+	if !t.perRole {
+		deadline = t.now.Add(scrapeLoadBudget)
+	}
 	var entities map[string]entitySummary // on the first entity-scoped role
 	for _, name := range names {
-		rs, err := b.state.current(ctx, s, roleKey(name))
+		rs, read, err := b.state.currentBy(ctx, s, roleKey(name), deadline)
 		if err != nil {
 			return fmt.Errorf("loading role %q: %w", name, err)
+		}
+		if !read {
+			t.unloaded++
+			continue
 		}
 		if rs == nil {
 			continue // deleted since the list
@@ -392,7 +422,8 @@ func (w *expositionWriter) encodeFamilies(families []*dto.MetricFamily, mount st
 
 // writeAggregates writes the gauges about the mount as a whole.
 func (b *backend) writeAggregates(w *expositionWriter, t *roleTally) {
-	w.gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(t.defined))
+	w.gauge("aws_resilient_roles_defined", "Roles defined on the mount.", float64(t.defined+t.unloaded))
+	w.gauge("aws_resilient_roles_unloaded", "Roles defined that this node had not read yet (after a start or failover, before the reconciler's first pass reached them) and this scrape left unread: the other role aggregates leave them out. Always 0 with per-role series.", float64(t.unloaded))
 	w.gauge("aws_resilient_roles_cached", "Roles with a valid (unexpired) credential cached; an entity-scoped role when one of its entity credentials is valid.", float64(t.cached))
 	w.gauge("aws_resilient_roles_refresh_failing", "Roles whose last 2 or more refresh cycles failed.", float64(t.failing))
 	w.gauge("aws_resilient_roles_expiring_while_failing", "Roles whose last cycle failed (or was refused every sts_rate_limit slot) with less than half the refresh margin (at least two retry windows) of validity left, or none; for an entity-scoped role, one of its entity credentials.", float64(t.expiringFailing))

@@ -351,8 +351,8 @@ func (rf *refresher) plannedCount() int { return rf.plan.Len() }
 
 // rolesInPlan returns how many roles the refresher on this node has in hand:
 // a next cycle planned, or a cycle running. Right after a start or a
-// failover it counts up to the number of warm roles as the reconciler
-// reaches them.
+// failover it is every warm role once the schedule index has planned them
+// (a hint the first pass confirms), then the roles the pass adds.
 func (rf *refresher) rolesInPlan() (n int) {
 	rf.flights.view(func(inFlight map[credKey]*flight) {
 		n = rf.plan.Len()
@@ -741,12 +741,51 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 	if errors.Is(err, errRoleChanged) {
 		return cycleResult{err: err, outcome: cycleAborted}, nil
 	}
+	if errors.Is(err, errCachedOutlives) {
+		return rf.keepCached(ctx, j, cred), nil
+	}
 	rerr = classify(err, "")
 	rf.metrics.countRejection(rerr)
 	if rerr.Code == "StorageError" {
 		rf.logger().Error("writing cached credential failed", "role", j.key.String(), "error", err)
 	}
 	return cycleResult{}, rerr
+}
+
+// keepCached ends a cycle whose credential expires before the cached one
+// (commitSuccess refused it: errCachedOutlives). STS answered, so nothing
+// failed, and the cached credential is the better one: it stays, and the
+// next cycle is planned from it, as after the success that cached it. A
+// retry would spend another call on a credential that loses again: after
+// AWS's clock stepped back the cached one outlives every credential issued
+// for as long as the step (the one-hour soak, seed 7, saw a role issued a
+// credential every block for 15 s, each discarded). The refused credential
+// is counted (older_than_cached) and never stored.
+func (rf *refresher) keepCached(ctx context.Context, j *cycleJob, fresh *cacheEntry) cycleResult {
+	rf.metrics.countRejection(&refreshError{rejected: "older_than_cached"})
+	j.f.ending.Store(true)
+	st, cred, next, err := rf.state.commitFailure(ctx, rf.storage(), j.key, j.f.gen, func(prev *statusEntry, cached *cacheEntry) (*statusEntry, time.Time) {
+		st := &statusEntry{
+			LastAttempt:       j.lastAttempt,
+			LastSuccess:       prev.LastSuccess,
+			AttemptsLastCycle: j.attempts,
+		}
+		st.NextRefresh = rf.clock.Now()
+		if cached != nil {
+			st.NextRefresh = nextRefreshAfterSuccess(rf.rand, cached, j.cfg.RefreshFraction)
+		}
+		return st, st.NextRefresh
+	})
+	if errors.Is(err, errShuttingDown) {
+		return rf.cycleStopped()
+	}
+	if err != nil {
+		return cycleResult{err: err, outcome: cycleAborted}
+	}
+	rf.logger().Info("refresh kept the cached credential: STS returned one expiring before it", "role", j.key.String(), "attempt", j.attempts,
+		"expiration", fresh.Expiration.UTC().Format(time.RFC3339), "cached_expiration", cred.awsExpiration().UTC().Format(time.RFC3339),
+		"next_refresh", next.UTC().Format(time.RFC3339))
+	return cycleResult{cred: cred, status: st, next: next, outcome: cycleSuccess}
 }
 
 // commitCycleFailure records a cycle whose every attempt failed: it keeps

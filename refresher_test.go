@@ -945,3 +945,53 @@ func TestRefresher_LateWake(t *testing.T) {
 		}
 	})
 }
+
+// TestRefresh_CachedOutlivingTheAnswerEndsTheCycle: after AWS's clock
+// stepped back, the credential cached before the step outlives any STS
+// issues now (its expiration is an instant of the clock as it was). An
+// attempt whose credential expires before the cached one made its one
+// call: the cached one is kept and the cycle ends there, planned from the
+// cached credential, rather than retried block after block, each retry a
+// new credential that loses to the cached one again (the one-hour soak,
+// seed 7: after a 90 s step and back, soak-1, soak-hub and
+// soak-tgt-entity were each issued a credential every 1 to 3 s for 15 s,
+// all discarded).
+func TestRefresh_CachedOutlivingTheAnswerEndsTheCycle(t *testing.T) {
+	const step = 4 * time.Minute // within STS's signature tolerance
+	f := clockFixture(t, step)
+	c := firstCredential(t, f, step)
+	f.emu.SetClockOffset(0)
+	// Two answers dated by the clock as it is now: the estimate follows.
+	for _, name := range []string{"r1", "r2"} {
+		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
+		if resp, err := f.coldCycle(name); err != nil || resp.IsError() {
+			t.Fatalf("read %s: err=%v resp=%v", name, err, respErr(resp))
+		}
+	}
+	if off := f.b.clients.awsTime().lookup(f.emu.URL()).offset(); off > time.Second || off < -time.Second {
+		t.Fatalf("offset %s after two answers of the stepped-back clock, want about 0", off)
+	}
+	f.emu.ResetStats()
+	st := f.refresh(testRole)
+	issued := 0
+	for _, call := range f.emu.Calls() {
+		if call.Action == "AssumeRole" {
+			issued++
+		}
+	}
+	if issued != 1 {
+		t.Errorf("refresh/%s made %d AssumeRole calls, want 1: each credential expired before the cached one", testRole, issued)
+	}
+	if got := cached(t, f.s, testRole); got.AccessKey != c.AccessKey {
+		t.Errorf("cached %s, want %s kept (it outlives the answer)", got.AccessKey, c.AccessKey)
+	}
+	if st["last_error"] != nil && st["last_error"] != "" || st["failed_cycles"] != 0 {
+		t.Errorf("status last_error=%v failed_cycles=%v, want no failure: the cached credential is the better one", st["last_error"], st["failed_cycles"])
+	}
+	next, ok := f.b.refresher.plannedAt(roleKey(testRole))
+	if due := c.expires().Add(-c.refreshMargin(defaultRefreshFraction)); !ok || next.Before(due) {
+		t.Errorf("next cycle at %v (planned %v), want at the cached credential's own due time, %v or after", next, ok, due)
+	}
+	sc := scrapeMetrics(t, f.b, f.s, "")
+	sc.want("aws_resilient_credentials_rejected_total", map[string]string{"reason": "older_than_cached"}, 1)
+}

@@ -27,6 +27,13 @@ const expirationTolerance = 15 * time.Minute
 // while it ran: what it fetched belongs to a definition that is gone.
 var errRoleChanged = errors.New("role changed during refresh")
 
+// errCachedOutlives: commitSuccess kept the cached credential, which
+// expires after the one the cycle fetched (AWS's clock stepped back since
+// it was issued, or a fallback's clock is behind): the cycle ends keeping
+// it (refresher.keepCached), as another call could only fetch one that
+// loses to it again.
+var errCachedOutlives = errors.New("STS returned a credential expiring before the cached one")
+
 // roleStates is the one owner of per-role state. Storage is the truth; the
 // mirror here is a cache of roles/, cache/ and status/ that lets a cached
 // creds read cost one map lookup. Nothing else changes the mirror, the
@@ -281,6 +288,24 @@ func (r *roleStates) peek(key credKey) *roleState {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.m[key]
+}
+
+// currentBy is current for a caller with a time budget: a role that is not
+// mirrored (or marked for reload) is read from storage only while this
+// owner's clock is before deadline (a zero deadline: always). Past it,
+// read is false and nothing is read.
+func (r *roleStates) currentBy(ctx context.Context, s logical.Storage, key credKey, deadline time.Time) (rs *roleState, read bool, err error) {
+	r.mu.RLock()
+	rs = r.m[key]
+	r.mu.RUnlock()
+	if rs != nil && !rs.stale {
+		return rs, true, nil
+	}
+	if !deadline.IsZero() && !r.now().Before(deadline) {
+		return nil, false, nil
+	}
+	rs, err = r.current(ctx, s, key)
+	return rs, err == nil, err
 }
 
 // current returns the role's state, reading storage when it is not mirrored
@@ -742,7 +767,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 		return errRoleChanged
 	}
 	if rs.cred != nil && cred.expiresBefore(rs.cred) {
-		return &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
+		return errCachedOutlives
 	}
 	if rs.use != nil {
 		st.LastRead, st.LoginMount = rs.use.last(), rs.use.loginMount()

@@ -43,6 +43,7 @@ var metricsFamilies = []string{
 	"aws_resilient_budget_refused_calls_total",
 	"aws_resilient_roles_defined",
 	"aws_resilient_roles_cached",
+	"aws_resilient_roles_unloaded",
 	"aws_resilient_roles",
 	"aws_resilient_refresher_running",
 	"aws_resilient_refresh_overdue_seconds",

@@ -16,7 +16,8 @@
 # changes, config/rotate-root) and clients (readers of role-scoped and
 # entity-scoped roles through the HTTP API with their own tokens, a Vault
 # Agent rendering a shared-credentials file, the awscli calling STS with it). Every operation is recorded in
-# OUT/history.jsonl and every STS and IAM call in OUT/calls.jsonl; then
+# OUT/history.jsonl and every STS and IAM call in OUT/calls.jsonl (Vault
+# Agent's whole log in OUT/agent.log); then
 # cmd/soak-check proves the guarantees offline and prints the figures
 # (OUT/report.txt). Exits non-zero when a rule is broken.
 #

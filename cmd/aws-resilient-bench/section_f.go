@@ -79,7 +79,8 @@ type startResult struct {
 	How   string `json:"how"`
 	Roles int    `json:"roles"`
 	// Polled: the metrics path was read every 100 ms during the start;
-	// each read loads the roles it finds unloaded, as the reconciler does.
+	// each read loads roles it finds unloaded, as the reconciler does (for
+	// 200 ms at most since scrapeLoadBudget).
 	Polled bool `json:"polled"`
 	// CallSecs is the reload call, or the restart through unseal to active.
 	CallSecs float64 `json:"call_seconds"`
@@ -503,10 +504,12 @@ func readProbe(a *api, path string, t0 time.Time, timeout time.Duration) (secs f
 
 // gaugeWait is what polling the gauge saw: when the read that showed every
 // role answered (Secs, -1 never), and the first read that answered at all,
-// with the value it showed. A read of the metrics path loads every role it
-// finds unloaded before it reads the gauge, so on a cold mirror the first
-// answer comes no sooner than a full load of the mount: FirstValue tells
-// whether the roles were already scheduled when it did.
+// with the value it showed. Until the plugin's scrapeLoadBudget a read of
+// the metrics path loaded every role it found unloaded before it read the
+// gauge, so on a cold mirror the first answer came no sooner than a full
+// load of the mount; since, with metrics_max_roles below the roles (as the
+// section sets it), a read answers after 200 ms of loading at most.
+// FirstValue tells whether the roles were already scheduled when it did.
 type gaugeWait struct {
 	Secs       float64 `json:"seconds"`
 	FirstSecs  float64 `json:"first_answer_seconds"`

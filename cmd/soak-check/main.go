@@ -29,11 +29,12 @@ func main() {
 	flag.DurationVar(&cfg.MinIssueGap, "min-issue-gap", 10*time.Second, "two credentials for one session closer than this, with nothing calling for one, are a duplicate")
 	flag.DurationVar(&cfg.RenderInterval, "render-interval", 30*time.Second, "how long Vault Agent's file may hold an expired credential")
 	flag.DurationVar(&cfg.PropagationGrace, "propagation-grace", 30*time.Second, "how long after a rotation InvalidClientTokenId is IAM's eventual consistency")
-	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (minServeValidity: a read returning less is served_min_validity's violation; a cached credential with less is not available)")
+	flag.DurationVar(&cfg.MinValidity, "min-validity", time.Second, "the least remaining validity the plugin serves (minServeValidity: a read returning less is served_min_validity's violation; a cached credential with less than it plus -min-validity-tolerance at a read's answer is not surely servable)")
 	// The plugin judges by its estimate of AWS's clock, the middle of the
 	// offsets its samples allow (Date has whole seconds): half a second.
 	flag.DurationVar(&cfg.MinValidityTolerance, "min-validity-tolerance", 500*time.Millisecond, "how far the plugin's estimate of AWS's clock may be off while it judges the minimum validity by it")
 	flag.StringVar(&cfg.AgentRole, "agent-role", "soak-0", "the role Vault Agent renders, for agent_file samples that name none")
+	flag.StringVar(&cfg.AgentNode, "agent-node", "", "the node Vault Agent talks to, for agent_file samples that name none (histories before the soak recorded it)")
 	flag.DurationVar(&cfg.Skew, "skew", 100*time.Millisecond, "tolerated clock difference between the history and the call log")
 	flag.DurationVar(&cfg.DeposedAllowance, "deposed-allowance", 10*time.Second, "how long after a node lost the active role one of its STS calls may still reach STS (Vault telling the plugin, a call on the wire)")
 	// A call the cut-off node had sent before the cut reaches the emulator
@@ -52,7 +53,8 @@ func main() {
 	// less a loaded host's timer lateness: an attempt that woke just after
 	// its block still makes its call.
 	flag.DurationVar(&cfg.MinBlock, "min-block", 1200*time.Millisecond, "the shortest retry block the run configures, less timer lateness: three calls of one session through one listener within less are two attempts in one block")
-	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it)")
+	flag.DurationVar(&cfg.StatePoll, "state-poll", 200*time.Millisecond, "how often the soak polled every node's health (an unscheduled event's window opens two polls before the answer that showed it, and -step-down-lag more)")
+	flag.DurationVar(&cfg.StepDownLag, "step-down-lag", 2*time.Second, "how long a node losing the active role may still answer sys/health as active while requests through it fail (Vault's step-down teardown)")
 	svg := flag.String("svg", "", "also draw the timeline (faults, failed reads, unavailability, RSS) into this SVG file")
 	parse := flag.String("parse-duration", "", "print the duration in whole seconds and exit (for scripts/soak.sh)")
 	flag.Parse()

@@ -66,8 +66,10 @@ type Config struct {
 	// this, with no role change, rotation or process fault between them,
 	// are a duplicate issuance.
 	MinIssueGap time.Duration
-	// RenderInterval is how long Vault Agent's file may still hold a
-	// credential after it expired (its re-render interval).
+	// RenderInterval is how long Vault Agent's file may still hold an
+	// expired credential after the plugin served a newer one, or after
+	// the later instant a real agent would first have got it
+	// (check_agent.go): the sampler's period and the agent's retries.
 	RenderInterval time.Duration
 	// PropagationGrace is how long after a rotation a call refused with
 	// InvalidClientTokenId is still IAM's eventual consistency.
@@ -76,12 +78,17 @@ type Config struct {
 	// emulator's timestamps (one host: milliseconds).
 	Skew time.Duration
 	// MinValidity is the least remaining validity the plugin serves
-	// (minServeValidity, 1 s): a credential with less left is not "valid
-	// cached" for the availability rule.
+	// (minServeValidity, 1 s): with MinValidityTolerance, it bounds what
+	// the plugin must serve (available_while_cached) and what it must not
+	// (served_min_validity): check_clock.go's surelyServable and tooShort.
 	MinValidity time.Duration
 	// AgentRole is the role whose credential Vault Agent renders, for
 	// agent_file samples that do not name one.
 	AgentRole string
+	// AgentNode is the node Vault Agent talks to, for agent_file samples
+	// that do not name one (histories before the sampler recorded it);
+	// "": reads through the agent's node excuse nothing.
+	AgentNode string
 	// DeposedAllowance is how long after a node lost the active role (as
 	// first seen: it answered as no longer active, or another node
 	// answered as active) one of its STS or IAM calls may still reach STS,
@@ -118,8 +125,15 @@ type Config struct {
 	MinValidityTolerance time.Duration
 	// StatePoll is how often the driver polls every node's health (the
 	// node_state ops): an unscheduled event's window opens two polls
-	// before the first answer that showed it.
+	// before the first answer that showed it, and StepDownLag more.
 	StatePoll time.Duration
+	// StepDownLag is how long a node losing the active role may still
+	// answer sys/health as active while requests through it already fail:
+	// Vault marks itself a standby only once its step-down's teardown (the
+	// mounts' cleanup, the plugin's Clean) is over. The one-hour soak
+	// (seed 7) saw reads fail "internal error" 1.3 s before node3 first
+	// answered standby. Zero: the polls alone.
+	StepDownLag time.Duration
 }
 
 // Violation is one broken rule, with the records that show it.
@@ -197,6 +211,9 @@ type Report struct {
 	// LateServed the credentials of those that were served all the same.
 	Exchanges, LateAnswers int
 	LateServed             []LateAnswer
+	// Agent is what agent_file_fresh found in Vault Agent's file
+	// (check_agent.go).
+	Agent AgentFile
 }
 
 // NodeSpan is a stretch of time a node held the active role; End is zero
@@ -500,8 +517,9 @@ func (c *checker) changedBetween(role string, from, to time.Time) bool {
 }
 
 // checkAvailability: a read that failed while its credential's last
-// served value was still valid, the role unchanged since, is a violation
-// unless a kill or restart explains it.
+// served value was surely servable throughout the read (surelyServable:
+// the margin the plugin's own clock error takes), the role unchanged
+// since, is a violation unless a kill or restart explains it.
 func (c *checker) checkAvailability() {
 	type cred struct{ role, entity string }
 	last := map[cred]Op{}
@@ -527,7 +545,7 @@ func (c *checker) checkAvailability() {
 			continue
 		}
 		good, ok := last[k]
-		if !ok || !c.validFor(good.Expiration, r.Invoke, r.Return, c.cfg.MinValidity) || c.changedBetween(r.Role, good.Invoke, r.Return) {
+		if !ok || !c.surelyServable(good, r.Invoke, r.Return) || c.changedBetween(r.Role, good.Invoke, r.Return) {
 			c.rep.ColdFailures++
 			continue
 		}
@@ -741,37 +759,6 @@ func (c *checker) checkIAM() {
 		if !settling {
 			c.violate(RuleRootKeyWorks, fmt.Sprintf("a call signed with %s was refused with InvalidClientTokenId outside any rotation's settling time", call.AccessKeyID), nil, []STSCall{call})
 		}
-	}
-}
-
-// checkAgentFile: once the plugin serves a newer credential of the
-// agent's role, the agent's file must not hold an expired one for longer
-// than the render interval. While the plugin has nothing newer to serve (STS
-// down past a credential's life) the agent has nothing to render.
-func (c *checker) checkAgentFile() {
-	for _, o := range c.ops {
-		if o.Kind != KindAgentFile || o.AccessKey == "" || !c.expiredAt(o.Expiration, o.Invoke, o.Return) {
-			continue
-		}
-		role := o.Role
-		if role == "" {
-			role = c.cfg.AgentRole
-		}
-		// The first read of the role that returned a credential newer than
-		// the file's, valid when served.
-		var newer *Op
-		for i := range c.ops {
-			r := &c.ops[i]
-			if r.Kind == KindRead && r.OK && r.Role == role && r.Entity == "" && r.Expiration.After(o.Expiration) &&
-				r.AccessKey != o.AccessKey && (newer == nil || r.Return.Before(newer.Return)) {
-				newer = r
-			}
-		}
-		if newer == nil || !o.Invoke.After(newer.Return.Add(c.cfg.RenderInterval)) {
-			continue
-		}
-		c.violate(RuleAgentFileFresh, fmt.Sprintf("Vault Agent's file still held %s, expired %s before, %s after the plugin served the newer %s (more than the render interval %s)",
-			o.AccessKey, o.Invoke.Sub(o.Expiration).Round(time.Millisecond), o.Invoke.Sub(newer.Return).Round(time.Millisecond), newer.AccessKey, c.cfg.RenderInterval), []Op{*newer, o}, nil)
 	}
 }
 

@@ -123,17 +123,6 @@ func (c *checker) expiredAt(exp, from, to time.Time) bool {
 	return true
 }
 
-// validFor reports whether a credential expiring at exp had min left at
-// from by every clock offsetsDuring allows.
-func (c *checker) validFor(exp, from, to time.Time, min time.Duration) bool {
-	for _, o := range c.offsetsDuring(from, to) {
-		if exp.Sub(from.Add(o)) < min {
-			return false
-		}
-	}
-	return true
-}
-
 // checkClockSteps judges every read made while AWS's clock was not the
 // host's (no_expired_read judges the others) by AWS's clock at the read,
 // and reports each step.
@@ -178,13 +167,72 @@ func (c *checker) checkClockSteps() {
 	}
 }
 
-// checkMinValidity: no read returns a credential with less than
-// MinValidity left (the plugin's minServeValidity, path_creds.go) when it
-// began, by every offset of AWS's clock the plugin may rightly judge by
-// (offsetsDuring), less the error of the plugin's estimate of that clock
-// (MinValidityTolerance) and Skew: the plugin judged later than the read
-// began, so the credential had even less left then. An expired one is
-// no_expired_read's or no_read_expired_aws_clock's.
+// What the plugin may serve, one definition for the two rules that judge
+// it (served_min_validity: nothing it must not serve is served;
+// available_while_cached: nothing it must serve is refused). The plugin
+// serves a credential while it has MinValidity left by its estimate of
+// AWS's clock at the late edge of the estimate's error; that error is up to
+// MinValidityTolerance (Date has whole seconds), more when its samples are
+// few or slow. So a credential is surely servable with MinValidity +
+// MinValidityTolerance left, surely not with less than MinValidity −
+// MinValidityTolerance, and either answer is right between the two.
+//
+// Each bound is judged at the read's instant that favours the plugin: it
+// judged somewhere in [Invoke, Return] (a read that waited on a refresh
+// judges the cached credential again at its end), so a credential is
+// servable only if it was at Return, and too short only if it was at
+// Invoke. Skew covers the driver's and the emulator's timestamps.
+
+// expiryOf returns the earliest and the latest the expiration of the
+// credential a read returned may be. STS wrote it with milliseconds
+// (the issuing call's IssuedExpiration, exact where the call log has it);
+// creds/ answers it in RFC 3339's whole seconds, truncated, so the read's
+// Expiration alone puts it in [Expiration, Expiration+1s).
+func (c *checker) expiryOf(r Op) (lo, hi time.Time) {
+	if iss, ok := c.issued[r.AccessKey]; ok && !iss.IssuedExpiration.IsZero() && !iss.IssuedExpiration.Before(r.Expiration) &&
+		iss.IssuedExpiration.Before(r.Expiration.Add(expirationResolution)) {
+		return iss.IssuedExpiration, iss.IssuedExpiration
+	}
+	return r.Expiration, r.Expiration.Add(expirationResolution - time.Nanosecond)
+}
+
+// expirationResolution is the resolution of the expiration creds/ answers
+// (RFC 3339 without fractions: whole seconds).
+const expirationResolution = time.Second
+
+// surelyServable reports whether the plugin must serve the credential read
+// by good throughout [from, to]: it had MinValidity + MinValidityTolerance
+// left at to, by every offset of AWS's clock the plugin may rightly judge
+// by (offsetsDuring), and the earliest expiration the read allows.
+func (c *checker) surelyServable(good Op, from, to time.Time) bool {
+	lo, _ := c.expiryOf(good)
+	for _, o := range c.offsetsDuring(from, to) {
+		if lo.Sub(to.Add(o)) < c.cfg.MinValidity+c.cfg.MinValidityTolerance+c.cfg.Skew {
+			return false
+		}
+	}
+	return true
+}
+
+// tooShort reports whether the plugin must not have served r: it had less
+// than MinValidity − MinValidityTolerance left when it began, by every
+// offset the plugin may rightly judge by and the latest expiration the read
+// allows; left is what it had by the last of those offsets.
+func (c *checker) tooShort(r Op) (short bool, left time.Duration) {
+	_, hi := c.expiryOf(r)
+	short = true
+	for _, o := range c.offsetsDuring(r.Invoke, r.Return) {
+		left = hi.Sub(r.Invoke.Add(o))
+		if left >= c.cfg.MinValidity-c.cfg.MinValidityTolerance-c.cfg.Skew {
+			short = false
+		}
+	}
+	return short, left
+}
+
+// checkMinValidity: no read returns a credential that was too short to
+// serve (tooShort). An expired one is no_expired_read's or
+// no_read_expired_aws_clock's.
 func (c *checker) checkMinValidity() {
 	if c.cfg.MinValidity <= 0 {
 		return
@@ -193,15 +241,7 @@ func (c *checker) checkMinValidity() {
 		if r.Kind != KindRead || !r.OK || c.expiredAt(r.Expiration, r.Invoke, r.Return) {
 			continue
 		}
-		short := true
-		var left time.Duration
-		for _, o := range c.offsetsDuring(r.Invoke, r.Return) {
-			left = r.Expiration.Sub(r.Invoke.Add(o))
-			if left >= c.cfg.MinValidity-c.cfg.MinValidityTolerance-c.cfg.Skew {
-				short = false
-			}
-		}
-		if short {
+		if short, left := c.tooShort(r); short {
 			c.violate(RuleMinValidity, fmt.Sprintf("a read begun at %s returned %s with %s left by AWS's clock (offsets %v), less than the %s the plugin promises (less %s for its estimate of AWS's clock)",
 				r.Invoke.Format(time.RFC3339Nano), r.AccessKey, left.Round(time.Millisecond), c.offsetsDuring(r.Invoke, r.Return), c.cfg.MinValidity, c.cfg.MinValidityTolerance), []Op{r}, nil)
 		}

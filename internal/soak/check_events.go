@@ -37,16 +37,26 @@ func eventOp(id int64, e Event) Op {
 }
 
 // scheduledAt reports whether a scheduled fault that moves the active node
-// or stops a node (a process fault or a partition) was in force at t, or
-// within its grace after.
-func (c *checker) scheduledAt(t time.Time) bool {
+// or stops a node was in force at t, or within its grace after, for node:
+// a process fault (any node), or a partition that cut node off, or whose
+// heal (the rejoining node's election) it is. A partition leaves the
+// majority's nodes their quorum (raft's pre-vote keeps a cut-off node from
+// deposing them): the majority's active node losing its role while the cut
+// is on is no more the partition's than any election on a loaded host
+// (seen in the one-hour soak, seed 7: an isolate_standby's majority
+// without an active node for 1.4 s, its reads judged as the partition's
+// violations).
+func (c *checker) scheduledAt(node string, t time.Time) bool {
 	for _, f := range c.procFault {
 		if f.ID > 0 && !t.Before(f.Invoke.Add(-c.cfg.Skew)) && !t.After(f.Return.Add(c.graceAfter(f))) {
 			return true
 		}
 	}
 	for _, p := range c.net.partitions {
-		if !t.Before(p.Invoke.Add(-c.cfg.Skew)) && !t.After(p.Return.Add(c.cfg.Grace)) {
+		if t.Before(p.Invoke.Add(-c.cfg.Skew)) || t.After(p.Return.Add(c.cfg.Grace)) {
+			continue
+		}
+		if setOf(p.Nodes)[node] || t.After(p.Return.Add(-c.cfg.Skew)) {
 			return true
 		}
 	}
@@ -59,12 +69,14 @@ func (c *checker) indexEvents() {
 	n := &c.net
 	c.quorumLosses()
 	// A state change is seen up to one poll after it happened, and the
-	// poll's answer may take another: the window opens two polls before
-	// the first answer that showed it.
-	early := 2*c.cfg.StatePoll + c.cfg.Skew
+	// poll's answer may take another; and Vault answers sys/health as
+	// active until its step-down's teardown (the mounts' cleanup, the
+	// plugin's Clean) is over, while requests already fail (StepDownLag).
+	// The window opens that much before the first answer that showed it.
+	early := 2*c.cfg.StatePoll + c.cfg.StepDownLag + c.cfg.Skew
 	var evs []Event
 	for _, s := range n.spans {
-		if s.lost.IsZero() || c.scheduledAt(s.lost) {
+		if s.lost.IsZero() || c.scheduledAt(s.node, s.lost) {
 			continue
 		}
 		// From the node's first answer that was not active (no_answer
@@ -85,7 +97,7 @@ func (c *checker) indexEvents() {
 		st := n.states[node]
 		for i := 0; i < len(st); i++ {
 			o := st[i]
-			if (o.Detail != "sealed" && o.Detail != "down") || c.scheduledAt(o.Invoke) {
+			if (o.Detail != "sealed" && o.Detail != "down") || c.scheduledAt(node, o.Invoke) {
 				continue
 			}
 			end := c.rep.End
@@ -133,7 +145,7 @@ func (c *checker) quorumLosses() {
 				break
 			}
 		}
-		if !s.quorumLost.IsZero() || s.lost.IsZero() || c.scheduledAt(s.lost) {
+		if !s.quorumLost.IsZero() || s.lost.IsZero() || c.scheduledAt(s.node, s.lost) {
 			continue
 		}
 		if o, ok := n.lastLeaving(*s); ok {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 )
 
 // elected is a clean history with an election no fault caused: node1,
@@ -118,5 +119,58 @@ func TestUnscheduledSealIsAnEvent(t *testing.T) {
 	// A partition's election is the partition's.
 	if r := check(partitioned()); len(r.Events) != 0 {
 		t.Errorf("events %+v in a partition's history, want none (the partition caused its election)", r.Events)
+	}
+}
+
+// standbyCut is a clean history around a partition that cuts node3, a
+// standby, off from 20 s to 60 s; node1, active on the majority side,
+// answers standby at 31 (no fault caused it: a loaded host) and active
+// again at 32.4. Reads through the majority fail from 30.2, as the
+// one-hour soak (seed 7) saw them: "internal error" while node1 stepped
+// down, before its health showed it (Vault answers active until its
+// step-down's teardown is over), then "local node not active" until it
+// was re-elected.
+func standbyCut() *h {
+	x := &h{}
+	x.topology()
+	x.state("node1", "active", 0.5).state("node2", "standby", 0.5).state("node3", "standby", 0.5)
+	x.write("a", arnA, 0, 0.1)
+	x.issueFrom(src1, arnA, "vault-a", "ASIA1", 1, 61)
+	x.readVia("node2", "a", "ASIA1", 2, 2.1, 61)
+	x.op(Op{Kind: KindFault, Client: "faults", Fault: FaultPartition, Detail: "isolate_standby", Nodes: []string{"node3"}, Invoke: at(20), Return: at(60), OK: true})
+	x.readVia("node2", "a", "ASIA1", 25, 25.1, 61)
+	x.failVia("node2", "a", 29.6, 29.65, 500)
+	x.failVia("node1", "a", 30.5, 31.1, 500)
+	x.state("node1", "standby", 31)
+	x.failVia("node2", "a", 31.5, 31.6, 500)
+	x.state("node1", "active", 32.4)
+	x.readVia("node1", "a", "ASIA1", 34, 34.1, 61)
+	return x
+}
+
+func TestMajorityElectionDuringAPartitionIsAnEvent(t *testing.T) {
+	c := cfg
+	c.StatePoll = 200 * time.Millisecond
+	c.StepDownLag = 2 * time.Second
+	r := Check(standbyCut().ops, standbyCut().calls, c)
+	var b bytes.Buffer
+	r.Write(&b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("the majority's election during an isolate_standby was judged a violation:\n%s", b.String())
+	}
+	if len(r.Events) != 1 || r.Events[0].Node != "node1" || !r.Events[0].Start.Equal(at(31).Add(-2*c.StatePoll-c.StepDownLag-c.Skew)) || !r.Events[0].End.Equal(at(32.4)) {
+		t.Errorf("events %+v, want node1's loss from two polls and the step-down's lag before 31 to 32.4", r.Events)
+	}
+	if len(r.Unavailable) != 1 || r.Unavailable[0].Fault != EventElection || r.Unavailable[0].Reads != 3 {
+		t.Errorf("unavailable %+v, want the three failed reads named as the unscheduled election's", r.Unavailable)
+	}
+	// A read failing before the window (more than two polls and the lag
+	// before the answer) is still the partition rule's.
+	x := standbyCut()
+	x.failVia("node2", "a", 28.3, 28.4, 500)
+	r = Check(x.ops, x.calls, c)
+	if len(r.Violations) != 1 || r.Violations[0].Rule != RulePartitionServes {
+		r.Write(&b)
+		t.Errorf("a majority read failing at 29.5: want one %s violation:\n%s", RulePartitionServes, b.String())
 	}
 }

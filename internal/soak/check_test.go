@@ -615,3 +615,81 @@ func TestMinValidityAllowsTheClockEstimate(t *testing.T) {
 		t.Errorf("0.3 s left: %v", r.Violations)
 	}
 }
+
+// TestServableJudgedByTheExactExpiration: creds/ answers the expiration
+// in whole seconds, truncated; STS wrote it with milliseconds, and the
+// plugin judges by those. The one-hour soak (seed 7) flagged four reads
+// "with 219-345 ms left" that had 1.17-1.29 s left by the expiration STS
+// issued: the rules judge by the issuing call's expiration, or allow the
+// second the answer drops when the call log lacks it.
+func TestServableJudgedByTheExactExpiration(t *testing.T) {
+	c := cfg
+	c.MinValidityTolerance = 500 * time.Millisecond
+	base := func() *h {
+		x := clean()
+		x.write("d", arnD, 0, 0.1)
+		return x
+	}
+	// As seen: issued to expire at 91.947, answered as 91, read at 90.708.
+	x := base()
+	x.issue(arnD, "vault-d", "ASIA7", 31.947, 91.947)
+	x.read("d", "", "ASIA7", 90.708, 90.858, 91)
+	if r := Check(x.ops, x.calls, c); len(r.Violations) != 0 {
+		t.Errorf("1.239 s left by the issued expiration: %v", r.Violations)
+	}
+	// The same read of a key the call log does not name: the answer's
+	// second may hide up to a second more.
+	x = base()
+	x.issue(arnD, "vault-d", "ASIA7", 31.947, 91.947)
+	x.read("d", "", "ASIA8", 90.708, 90.858, 91)
+	if r := Check(x.ops, x.calls, c); r.ByRule[RuleMinValidity] != 0 {
+		t.Errorf("a key without its call, read 292 ms before its whole second: %v", r.Violations)
+	}
+	// Truly short: issued to expire at 91.2, read at 90.9 (0.3 s left).
+	x = base()
+	x.issue(arnD, "vault-d", "ASIA7", 31.2, 91.2)
+	x.read("d", "", "ASIA7", 90.9, 90.95, 91)
+	if r := Check(x.ops, x.calls, c); r.ByRule[RuleMinValidity] != 1 || len(r.Violations) != 1 ||
+		!strings.Contains(r.Violations[0].Msg, "with 300ms left by AWS's clock") {
+		t.Errorf("0.3 s left by the issued expiration: %v", r.Violations)
+	}
+}
+
+// TestAvailabilityNeedsTheServableMargin: the plugin may refuse a
+// credential with less than MinValidity + MinValidityTolerance left (its
+// clock's error), judged at any instant of the read up to its answer (a
+// read that joined a refresh judges the cached one again when it ends):
+// available_while_cached counts a credential as cached and servable only
+// with that margin at the read's return, the same bound
+// served_min_validity allows from below. Seen in the one-hour soak (seed
+// 7): reads that joined a failing refresh for 0.7-1.6 s with 1.2-2.3 s
+// left when they began, 0.65-0.98 s when they were answered.
+func TestAvailabilityNeedsTheServableMargin(t *testing.T) {
+	c := cfg
+	c.MinValidityTolerance = 500 * time.Millisecond
+	base := func() *h {
+		x := clean()
+		x.write("d", arnD, 0, 0.1)
+		x.issue(arnD, "vault-d", "ASIA7", 32.282, 92.282)
+		x.read("d", "", "ASIA7", 80, 80.1, 92) // answered in whole seconds
+		return x
+	}
+	for _, tc := range []struct {
+		name     string
+		from, to float64
+		want     int
+	}{
+		{"joined a refresh with 2.287 s left, answered with 0.655 s", 89.995, 91.627, 0},
+		{"refused with 1.2 s left: the clock's error may take it", 91.05, 91.08, 0},
+		{"refused with 1.6 s left throughout: servable", 90.6, 90.65, 1},
+		{"refused with 7 s left", 85, 85.1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := base()
+			x.fail("d", tc.from, tc.to, 503)
+			if r := Check(x.ops, x.calls, c); r.ByRule[RuleAvailable] != tc.want || len(r.Violations) != tc.want {
+				t.Errorf("want %d available_while_cached violations, got %v", tc.want, r.Violations)
+			}
+		})
+	}
+}

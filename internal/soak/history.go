@@ -130,7 +130,8 @@ type Op struct {
 	// Value is a sample's value (RSS in bytes).
 	Value float64 `json:"value,omitempty"`
 	// Node is the node a read went through, whose state a node_state op
-	// records, or whose STS link an sts_link fault breaks.
+	// records, whose STS link an sts_link fault breaks, or that Vault
+	// Agent asks (agent_file).
 	Node string `json:"node,omitempty"`
 	// Nodes are the nodes a partition cut off from the rest (the
 	// minority).
@@ -147,6 +148,9 @@ type Op struct {
 	// answer came).
 	Redirected bool   `json:"redirected,omitempty"`
 	ServedBy   string `json:"served_by,omitempty"`
+	// Wait is how long a successful agent_read set Vault Agent to wait
+	// before its next read: 85-95 % of the lease the plugin gave it.
+	Wait time.Duration `json:"wait,omitempty"`
 	// SourceRole is the source_role a role_write wrote: the hub role
 	// whose credential the role's AssumeRole is signed with ("" for a role
 	// signed with the root key).
@@ -188,6 +192,10 @@ func (o Op) String() string {
 		s += fmt.Sprintf(" file key=%s expires=%s: ok %s", o.AccessKey, o.Expiration.Format("15:04:05"), o.ARN)
 	case o.Kind == KindAWSClient:
 		s += fmt.Sprintf(" file key=%s expires=%s: err=%q", o.AccessKey, o.Expiration.Format("15:04:05"), o.Error)
+	case o.Kind == KindAgentRead && o.OK:
+		s += " next read after " + o.Wait.Round(time.Millisecond).String()
+	case o.Kind == KindAgentRead:
+		s += fmt.Sprintf(" status=%d err=%q", o.Status, o.Error)
 	case o.Kind == KindAgentFile || (o.Kind == KindRead && o.OK):
 		s += fmt.Sprintf(" key=%s expires=%s", o.AccessKey, o.Expiration.Format("15:04:05"))
 	case o.Kind == KindRead:

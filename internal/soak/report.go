@@ -70,6 +70,8 @@ func (r *Report) Write(w io.Writer) {
 			signed(c.Offset), c.Start.Format("15:04:05.000"), c.End.Format("15:04:05.000"), c.End.Sub(c.Start).Round(time.Millisecond), orNever(c.Adopted), orNever(c.Restored), c.Served, c.Reads)
 	}
 	fmt.Fprintf(w, "AWS client          %d calls with Vault Agent's file, failed %d (%d with an expired credential in the file, %d during STS faults)\n", r.AWSCalls, r.AWSFailed, r.AWSExpired, r.AWSDuringFault)
+	fmt.Fprintf(w, "agent file          %d samples held an expired credential; past the render interval after the plugin's newer one, %d excused as the lease the agent got ran on after AWS's clock stepped forward, %d as the agent's node could not answer (its failed reads judged by available_while_cached, partition_serves_cache); the agent's own reads %d, failed %d\n",
+		r.Agent.Expired, r.Agent.ExcusedClock, r.Agent.ExcusedNode, r.Agent.Reads, r.Agent.FailedReads)
 	calls, issued, worst, worstS := 0, 0, 0.0, ""
 	for s, n := range r.STSCalls {
 		calls += n

@@ -65,8 +65,11 @@ var checkConfig = soak.Config{
 	// A call sent before the cut reaches STS in milliseconds (one host).
 	CutAllowance: time.Second,
 	// The rejoining node's first heartbeat and its forwarding found again.
-	HealGrace:   5 * time.Second,
-	StatePoll:   stateEvery,
+	HealGrace: 5 * time.Second,
+	StatePoll: stateEvery,
+	// Vault answers sys/health as active until its step-down's teardown
+	// is over (1.3 s of failing reads before it in the one-hour soak).
+	StepDownLag: 2 * time.Second,
 	CallTimeout: 1600 * time.Millisecond, // callTimeout of the longest block: retry_window 6s / max_retries 3
 	// The shortest block (retry_window 6s / max_retries 4, 1.5 s) less a
 	// loaded host's timer lateness: an attempt that woke just after its
@@ -102,7 +105,8 @@ func (r *recorder) add(o soak.Op) {
 // cluster with the plugin, the STS emulator, and a seeded schedule of
 // overlapping faults, operator actions and readers for SOAK_DURATION; every
 // operation is recorded to SOAK_OUT/history.jsonl, the emulator's calls to
-// SOAK_OUT/calls.jsonl, and the checker's report to SOAK_OUT/report.txt.
+// SOAK_OUT/calls.jsonl, Vault Agent's log to SOAK_OUT/agent.log, and the
+// checker's report to SOAK_OUT/report.txt.
 // The test fails if the checker finds a violation.
 func TestSoak(t *testing.T) {
 	if os.Getenv("SOAK") != "1" {
@@ -185,6 +189,21 @@ func TestSoak(t *testing.T) {
 	}
 
 	run.saveCalls()
+	// The agent's whole log beside the history (test.log keeps only its
+	// last lines), and its reads in the history: each of them, the wait
+	// its lease set and each retry, which agent_file_fresh judges the
+	// file by (check_agent.go).
+	if b, err := os.ReadFile(run.agent.Process.LogPath); err == nil {
+		os.WriteFile(filepath.Join(out, "agent.log"), b, 0o644)
+		reads, err := soak.ParseAgentLog(bytes.NewReader(b), vaulttest.MountPath+"/creds/"+roleName(0), roleName(0), run.agentNode.NodeID())
+		if err != nil {
+			t.Errorf("reading Vault Agent's log: %v", err)
+		}
+		for _, o := range reads {
+			rec.add(o)
+		}
+		t.Logf("Vault Agent's log: %d reads of %s", len(reads), roleName(0))
+	}
 	if rec.err != nil {
 		t.Fatalf("writing the history: %v", rec.err)
 	}
@@ -723,7 +742,9 @@ func (r *run) agentSampler(stop <-chan struct{}) {
 			continue
 		}
 		exp, _ := time.Parse(time.RFC3339, string(m[2]))
-		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Role: roleName(0), Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
+		// The node the agent asks: agent_file_fresh excuses a stale file
+		// while reads through it fail (check_agent.go).
+		r.rec.add(soak.Op{Client: "agent", Kind: soak.KindAgentFile, Role: roleName(0), Node: r.agentNode.NodeID(), Invoke: now, Return: now, AccessKey: string(m[1]), Expiration: exp, OK: true})
 	}
 }
 

@@ -58,7 +58,10 @@ func (s *Server) StartAgent(tb testing.TB, token string, templates []AgentTempla
 	if err := os.WriteFile(cfg, []byte(hcl.String()), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	a.Process = StartProcess(tb, "vault-agent", dir, cleanEnv("HOME="+dir), s.bin, "agent", "-config="+cfg, "-log-level=debug")
+	// trace: consul-template then logs each read of a secret (GET), the
+	// wait the lease it got set before the next one, and each retry with
+	// its backoff, what a stale rendered file is explained by.
+	a.Process = StartProcess(tb, "vault-agent", dir, cleanEnv("HOME="+dir), s.bin, "agent", "-config="+cfg, "-log-level=trace")
 	return a
 }
 
