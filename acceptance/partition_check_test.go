@@ -142,14 +142,15 @@ func TestNetCheckJudgesWhatThePluginPromises(t *testing.T) {
 			t.Errorf("0.3 s left not judged short of the promised second:%s", violations(r))
 		}
 	})
-	// StatePoll: node2, active, loses the role with no fault at 100 (its
-	// first answer not active), well after the heal's grace; a read
-	// through node3 that failed just before that answer (the poll was on
-	// its way) is the event's, not a violation.
+	// StatePoll and StepDownLag: node2, active, loses the role with no
+	// fault at 100 (its first answer not active), well after the heal's
+	// grace; a read through node3 that failed 2.15 s before that answer
+	// (node2 tearing down while it still answered active, then the poll
+	// on its way) is the event's, not a violation.
 	t.Run("an election no fault caused", func(t *testing.T) {
 		x := netIsolated()
 		x.issue("node2", "ASIA4", 66).read("node3", "ASIA4", 75, 126)
-		x.fail("node3", 99.8)
+		x.fail("node3", 97.8)
 		x.state("node2", "standby", 100).state("node3", "active", 101.5)
 		x.read("node3", "ASIA4", 103, 126)
 		r := check(x)
@@ -159,6 +160,23 @@ func TestNetCheckJudgesWhatThePluginPromises(t *testing.T) {
 			}
 		}
 		if len(r.Events) != 1 || r.Events[0].What != soak.EventElection {
+			t.Errorf("events %+v, want node2's loss as an unscheduled election", r.Events)
+		}
+	})
+	// The majority's active node losing its role while the cut is on is
+	// no more the partition's than any election on a loaded host (CI, load
+	// 30: node2 lost it 12 s after it was elected): an event, its reads
+	// excused and named, not partition_serves_cache's violations.
+	t.Run("an election on the majority side during the partition", func(t *testing.T) {
+		x := netIsolated()
+		x.state("node2", "no_answer", 44).state("node2", "standby", 44.5).fail("node3", 44.2).fail("node2", 45).state("node2", "active", 46)
+		r := check(x)
+		for _, rule := range rules {
+			if r.ByRule[rule] != 0 {
+				t.Errorf("%d %s violations:%s", r.ByRule[rule], rule, violations(r))
+			}
+		}
+		if len(r.Events) != 1 || r.Events[0].What != soak.EventElection || r.Events[0].Node != "node2" {
 			t.Errorf("events %+v, want node2's loss as an unscheduled election", r.Events)
 		}
 	})

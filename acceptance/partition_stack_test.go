@@ -62,6 +62,10 @@ var netCheck = soak.Config{
 	// it only Skew before, and failed reads just before the poll saw the
 	// loss would be violations.
 	StatePoll: netStateEvery,
+	// Vault answers sys/health as active until its step-down's teardown
+	// is over while requests through it already fail (the soak's 2 s, for
+	// 1.3 s seen); zero would judge those reads as violations.
+	StepDownLag: 2 * time.Second,
 	// Not judged here (zero): CallTimeout needs the link proxy's exchange
 	// log, which check does not pass (TestPartitionSlowSTSLink checks
 	// late answers itself); MinBlock (one_attempt_per_block) judges STS's
