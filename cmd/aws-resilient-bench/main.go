@@ -51,6 +51,12 @@
 //	   credential at each hop (target 1.000), target calls signed by the
 //	   hub's current credential, refresh spread, and the cached read of a
 //	   target against a flat role's (a Vault server of its own)
+//	j  a hub outage behind its targets (issue 44): a hub with
+//	   -outage-targets targets and a hub alone, both throttled (retryable)
+//	   for -outage-duration while every target is read: each hub's STS
+//	   calls per retry block (target <= 1.0, and no more than the hub
+//	   alone) and the target reads served while the target's own
+//	   credential was valid (target: all) (a Vault server of its own)
 //
 // Charts (PNG) and the raw figures (results.json) go to -out. The bench
 // never fails on a missed target; it exits non-zero only when it cannot
@@ -143,7 +149,7 @@ func main() {
 		return
 	}
 	var o options
-	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h,i", "comma-separated sections to run")
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h,i,j", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.StringVar(&o.doc, "doc", "", "after a run of every section, replace the table between the markers of this file (BENCHMARKS.md's \"Latest run\") with this run's")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
@@ -312,7 +318,7 @@ func (r *run) all() {
 	r.results["options"] = fmt.Sprintf("%+v", r.o)
 	r.logf("building the plugin and emulator, starting Vault")
 	vaulttest.EmulatorBin(r.tb)
-	// Sections e, f, g, h and i start servers of their own.
+	// Sections e, f, g, h, i and j start servers of their own.
 	if r.want("a") || r.want("b") || r.want("c") || r.want("d") {
 		r.vault, r.api = r.startVault()
 	}
@@ -343,6 +349,9 @@ func (r *run) all() {
 	}
 	if r.want("i") {
 		r.sectionI()
+	}
+	if r.want("j") {
+		r.sectionJ()
 	}
 
 	var head strings.Builder
@@ -387,7 +396,7 @@ func (r *run) updateDoc(table string) {
 }
 
 // allSections are the sections a full run has.
-var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
+var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
 
 // ran returns the sections this run measured, in order.
 func (r *run) ran() []string {
