@@ -114,6 +114,9 @@ type options struct {
 	logLevel       string
 	readStorage    string
 	pprof          bool
+	// basePlugin is a second plugin binary section a mounts and reads
+	// beside the plugin (the plugin before a change); baseCommit names it.
+	basePlugin, baseCommit string
 
 	roles            int
 	scaleBaseline    int
@@ -158,6 +161,8 @@ func main() {
 	flag.DurationVar(&o.dur, "duration", 4*time.Second, "a: measured duration of each run")
 	flag.StringVar(&o.readStorage, "read-storage", "dev", "a: Vault for the read comparison: dev (in-memory, shared with b-d), raft or file (a server of its own)")
 	flag.BoolVar(&o.pprof, "pprof", false, "a: save a CPU profile of Vault during each read's first round to -out (vault-cpu-<read>.pprof)")
+	flag.StringVar(&o.basePlugin, "base-plugin", os.Getenv("PLUGIN_BASE_BIN"), "a: also mount this plugin binary (built with -ldflags \"-X main.version="+vaulttest.DefaultPluginVersion+"\") and read it in the same rounds as the plugin, with the ratio of the two (scripts/bench.sh sets it from PLUGIN_BASE_REF)")
+	flag.StringVar(&o.baseCommit, "base-commit", os.Getenv("PLUGIN_BASE_COMMIT"), "a: the name -base-plugin is reported under (its commit; default: the file's name)")
 	flag.DurationVar(&o.latency, "sts-latency", 50*time.Millisecond, "a, d: emulated STS latency (d: the cold-read p50 target is within 10 ms of it)")
 	flag.IntVar(&o.steadyRoles, "steady-roles", 100, "b: roles")
 	flag.DurationVar(&o.steadyLife, "steady-lifetime", 15*time.Second, "b: credential lifetime (emulator max_lifetime)")

@@ -419,3 +419,62 @@ func TestVerdictsJ(t *testing.T) {
 	_, rows = judge(base, nil)
 	wantResult(t, "no reads", result(t, rows, "served while the target's own credential is valid"), "MISS")
 }
+
+// Section a's side-by-side rows: a chained target's cached read against
+// the plain role's (issue 44) and the plugin against a base build (issue
+// 43), both judged by baseVerdict: at least 0.95x the throughput per
+// round, at most 1/0.95 the plugin CPU per read. The passing figures are
+// section i's 2026-12-05 run (1495 against 1414 req/s, 261 against 257 us).
+func TestVerdictsASameRounds(t *testing.T) {
+	lr := func(name string, errors int, rps ...float64) bench.LoadResult {
+		return bench.LoadResult{Name: name, RoundRPS: rps, Errors: errors}
+	}
+	cpu := func(us int) map[string]time.Duration {
+		return map[string]time.Duration{"vault": 500 * time.Microsecond, "plugin": time.Duration(us) * time.Microsecond}
+	}
+	plain := lr("aws-resilient creds read", 0, 1414, 1400, 1450)
+	for _, tc := range []struct {
+		name    string
+		chained bench.LoadResult
+		us      int
+		want    string
+	}{
+		{"section i's figures", lr("chained", 0, 1495, 1480, 1500), 261, "PASS"},
+		{"0.90x the plain role", lr("chained", 0, 1273, 1260, 1305), 257, "MISS"},
+		{"0.96x the plain role", lr("chained", 0, 1357, 1344, 1392), 257, "PASS"},
+		{"CPU 1.10x", lr("chained", 0, 1414, 1400, 1450), 283, "MISS"},
+		{"with errors", lr("chained", 1, 1414, 1400, 1450), 257, "MISS"},
+	} {
+		row := sameRoundsRow(tc.chained, plain, cpu(tc.us), cpu(257), "plain role")
+		wantResult(t, tc.name, row.Result, tc.want)
+		if !strings.Contains(row.Target, ">= 0.95x plain role") || !strings.Contains(row.Metric, "chained vs aws-resilient creds read, same rounds") {
+			t.Errorf("%s: row %q, target %q", tc.name, row.Metric, row.Target)
+		}
+	}
+}
+
+// TestSwappedRounds: every other round of section a reads the base build
+// before the plugin and the chained target before the plain role.
+func TestSwappedRounds(t *testing.T) {
+	var targets []readTarget
+	for _, k := range []string{"kv", "plugin", "plugin_nolease", "base", "base_nolease", "chained", "null"} {
+		targets = append(targets, readTarget{key: k})
+	}
+	keys := func(ts []readTarget) string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.key)
+		}
+		return strings.Join(out, ",")
+	}
+	pairs := [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}, {"plugin", "chained"}}
+	if got, want := keys(swapped(targets, pairs)), "kv,base,base_nolease,chained,plugin_nolease,plugin,null"; got != want {
+		t.Errorf("with a base build: %s, want %s", got, want)
+	}
+	if got, want := keys(swapped(append(targets[:3:3], targets[5:]...), pairs)), "kv,chained,plugin_nolease,plugin,null"; got != want {
+		t.Errorf("without: %s, want %s", got, want)
+	}
+	if keys(targets) != "kv,plugin,plugin_nolease,base,base_nolease,chained,null" {
+		t.Errorf("swapped changed its argument: %s", keys(targets))
+	}
+}
