@@ -9,7 +9,9 @@
 //	   creds vs a KV v1 read vs Vault's built-in aws engine (assumed_role,
 //	   STS at the emulator with 50 ms latency), plus reads that split the
 //	   plugin's cost: KV with leases, and a "null" external plugin (the
-//	   bench binary itself) read with and without a lease
+//	   bench binary itself) read with and without a lease; a chained
+//	   target's read beside the plain role's; with -base-plugin, the
+//	   plugin before a change beside the plugin, in the same rounds
 //	b  steady state: STS calls per credential over many short lifetimes
 //	c  herd: 1000 roles due at once against an STS limited to 20 req/s,
 //	   and the same herd under two baseline policies played by the driver
