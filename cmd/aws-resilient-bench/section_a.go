@@ -135,7 +135,7 @@ func (r *run) sectionA() {
 			// Every other round reads the base build before the plugin,
 			// and the chained target before the plain role, so that
 			// neither of a pair always follows the other.
-			order = swapped(targets, [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}, {"plugin", "chained"}})
+			order = swapped(targets, oddRoundSwaps)
 		}
 		for _, t := range order {
 			if cpuSum[t.key] == nil {
@@ -361,6 +361,11 @@ func sameRoundsRow(p, b bench.LoadResult, pcpu, bcpu map[string]time.Duration, v
 		Target: fmt.Sprintf(">= %.2fx %s, CPU <= %.2fx", baseTarget, versus, 1/baseTarget),
 		Result: baseVerdict(p, b, pcpu, bcpu)}
 }
+
+// oddRoundSwaps are the reads every other round of section a exchanges,
+// in order: the base build goes before the plugin, and the chained target
+// before the plain role.
+var oddRoundSwaps = [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}, {"plugin", "chained"}}
 
 // swapped returns targets with each pair of keys exchanged in place, in
 // order (a pair whose keys are not both there is skipped).

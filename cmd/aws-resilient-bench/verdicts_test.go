@@ -377,22 +377,37 @@ func TestVerdictsJ(t *testing.T) {
 	wantResult(t, "the hub's own schedule", result(t, rows, "hub STS calls per retry block"), "PASS")
 	wantResult(t, "every expected read served", result(t, rows, "served while the target's own credential is valid"), "PASS")
 
-	// Amplified: once a block from the first failure (the budget's
-	// ceiling, 1.0) where the hub alone makes six calls.
+	// Once a block from the first failure, 16 calls in 16 blocks: the
+	// budget's ceiling, 1.0.
 	var every []int
 	for m := 20000; m < 100000; m += 5000 {
-		every = append(every, m+1000)
+		every = append(every, m)
 	}
-	amp := append(cycles("hub", every...), base[len(own):]...)
-	_, rows = judge(amp, reads)
-	wantResult(t, "once a block, alone six", result(t, rows, "hub STS calls per retry block"), "MISS")
-	// Twice a block, both hubs alike: over 1.0 whatever the hub alone does.
+	res, rows = judge(append(cycles("hub", every...), cycles("hub-alone", every...)...), reads)
+	if res.Hub.PerBlock != 1.0 {
+		t.Fatalf("16 calls in 16 blocks: %.3f per block", res.Hub.PerBlock)
+	}
+	wantResult(t, "once a block, alone alike", result(t, rows, "hub STS calls per retry block"), "PASS")
+	// One call more (1.06 a block), both hubs alike: over 1.0 whatever the
+	// hub alone does; twice a block likewise.
+	_, rows = judge(append(cycles("hub", append(every, 97000)...), cycles("hub-alone", append(every, 97000)...)...), reads)
+	wantResult(t, "17 calls in 16 blocks", result(t, rows, "hub STS calls per retry block"), "MISS")
 	var twice []int
 	for _, m := range every {
 		twice = append(twice, m, m+2000)
 	}
 	_, rows = judge(append(cycles("hub", twice...), cycles("hub-alone", twice...)...), reads)
 	wantResult(t, "twice a block", result(t, rows, "hub STS calls per retry block"), "MISS")
+	// Amplified: once a block where the hub alone makes six calls (its
+	// own schedule): within the ceiling, yet the targets multiplied it.
+	amp := append(cycles("hub", every...), base[len(own):]...)
+	_, rows = judge(amp, reads)
+	wantResult(t, "once a block, alone six", result(t, rows, "hub STS calls per retry block"), "MISS")
+	// Alone's six plus one cycle's three: the jitter's allowance.
+	_, rows = judge(append(cycles("hub", append(own, 80000, 85000, 90000)...), base[len(own):]...), reads)
+	wantResult(t, "one cycle more than alone", result(t, rows, "hub STS calls per retry block"), "PASS")
+	_, rows = judge(append(cycles("hub", append(own, 80000, 85000, 90000, 95000)...), base[len(own):]...), reads)
+	wantResult(t, "four more than alone", result(t, rows, "hub STS calls per retry block"), "MISS")
 	// A hub call that succeeded: the fault did not hold, nothing was judged.
 	_, rows = judge(append(base, okCall("hub", 70000)), reads)
 	wantResult(t, "the hub answered", result(t, rows, "hub STS calls per retry block"), "MISS")
@@ -467,7 +482,7 @@ func TestSwappedRounds(t *testing.T) {
 		}
 		return strings.Join(out, ",")
 	}
-	pairs := [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}, {"plugin", "chained"}}
+	pairs := oddRoundSwaps
 	if got, want := keys(swapped(targets, pairs)), "kv,base,base_nolease,chained,plugin_nolease,plugin,null"; got != want {
 		t.Errorf("with a base build: %s, want %s", got, want)
 	}
