@@ -13,10 +13,11 @@
 # Not run by CI, and a missed target never fails it: the exit status is
 # non-zero only when the bench cannot run (CI runs the verdicts on recorded
 # figures instead: cmd/aws-resilient-bench's tests). A full run takes about
-# 33 minutes on 2 idle cores (section f, scale, about 6 of them at its
+# 38 minutes on 2 idle cores (section f, scale, about 6 of them at its
 # default -roles 2000; section g, per-entity credentials, about 7 with its
-# second size; section i, chaining, about 7; section e about 4); it needs
-# the pinned Vault
+# second size; section i, chaining, about 7; section j, a hub outage
+# behind 1 000 targets, about 5; section e about 4); it needs the pinned
+# Vault
 # (scripts/vault.sh builds it once).
 #
 # Environment:
@@ -25,7 +26,9 @@
 #               engineer has not committed yet is then not measured
 #   PLUGIN_BASE_REF  section a also mounts the plugin built from this commit
 #               and reads it in the same rounds: a change's cost to the
-#               cached read, side by side (e.g. PLUGIN_BASE_REF=HEAD~5)
+#               cached read, side by side (e.g. PLUGIN_BASE_REF=HEAD~5);
+#               the driver's -base-plugin PATH does the same with a binary
+#               built elsewhere (-ldflags "-X main.version=v0.1.0-dev")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

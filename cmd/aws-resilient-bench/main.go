@@ -9,7 +9,9 @@
 //	   creds vs a KV v1 read vs Vault's built-in aws engine (assumed_role,
 //	   STS at the emulator with 50 ms latency), plus reads that split the
 //	   plugin's cost: KV with leases, and a "null" external plugin (the
-//	   bench binary itself) read with and without a lease
+//	   bench binary itself) read with and without a lease; a chained
+//	   target's read beside the plain role's; with -base-plugin, the
+//	   plugin before a change beside the plugin, in the same rounds
 //	b  steady state: STS calls per credential over many short lifetimes
 //	c  herd: 1000 roles due at once against an STS limited to 20 req/s,
 //	   and the same herd under two baseline policies played by the driver
@@ -51,6 +53,12 @@
 //	   credential at each hop (target 1.000), target calls signed by the
 //	   hub's current credential, refresh spread, and the cached read of a
 //	   target against a flat role's (a Vault server of its own)
+//	j  a hub outage behind its targets (issue 44): a hub with
+//	   -outage-targets targets and a hub alone, both throttled (retryable)
+//	   for -outage-duration while every target is read: each hub's STS
+//	   calls per retry block (target <= 1.0, and no more than the hub
+//	   alone) and the target reads served while the target's own
+//	   credential was valid (target: all) (a Vault server of its own)
 //
 // Charts (PNG) and the raw figures (results.json) go to -out. The bench
 // never fails on a missed target; it exits non-zero only when it cannot
@@ -108,6 +116,9 @@ type options struct {
 	logLevel       string
 	readStorage    string
 	pprof          bool
+	// basePlugin is a second plugin binary section a mounts and reads
+	// beside the plugin (the plugin before a change); baseCommit names it.
+	basePlugin, baseCommit string
 
 	roles            int
 	scaleBaseline    int
@@ -143,7 +154,7 @@ func main() {
 		return
 	}
 	var o options
-	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h,i", "comma-separated sections to run")
+	flag.StringVar(&o.sections, "sections", "a,b,c,d,e,f,g,h,i,j", "comma-separated sections to run")
 	flag.StringVar(&o.out, "out", "docs/bench", "directory for the PNG charts, results.json and table.txt")
 	flag.StringVar(&o.doc, "doc", "", "after a run of every section, replace the table between the markers of this file (BENCHMARKS.md's \"Latest run\") with this run's")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "a: concurrent readers")
@@ -152,6 +163,8 @@ func main() {
 	flag.DurationVar(&o.dur, "duration", 4*time.Second, "a: measured duration of each run")
 	flag.StringVar(&o.readStorage, "read-storage", "dev", "a: Vault for the read comparison: dev (in-memory, shared with b-d), raft or file (a server of its own)")
 	flag.BoolVar(&o.pprof, "pprof", false, "a: save a CPU profile of Vault during each read's first round to -out (vault-cpu-<read>.pprof)")
+	flag.StringVar(&o.basePlugin, "base-plugin", os.Getenv("PLUGIN_BASE_BIN"), "a: also mount this plugin binary (built with -ldflags \"-X main.version="+vaulttest.DefaultPluginVersion+"\") and read it in the same rounds as the plugin, with the ratio of the two (scripts/bench.sh sets it from PLUGIN_BASE_REF)")
+	flag.StringVar(&o.baseCommit, "base-commit", os.Getenv("PLUGIN_BASE_COMMIT"), "a: the name -base-plugin is reported under (its commit; default: the file's name)")
 	flag.DurationVar(&o.latency, "sts-latency", 50*time.Millisecond, "a, d: emulated STS latency (d: the cold-read p50 target is within 10 ms of it)")
 	flag.IntVar(&o.steadyRoles, "steady-roles", 100, "b: roles")
 	flag.DurationVar(&o.steadyLife, "steady-lifetime", 15*time.Second, "b: credential lifetime (emulator max_lifetime)")
@@ -312,7 +325,7 @@ func (r *run) all() {
 	r.results["options"] = fmt.Sprintf("%+v", r.o)
 	r.logf("building the plugin and emulator, starting Vault")
 	vaulttest.EmulatorBin(r.tb)
-	// Sections e, f, g, h and i start servers of their own.
+	// Sections e, f, g, h, i and j start servers of their own.
 	if r.want("a") || r.want("b") || r.want("c") || r.want("d") {
 		r.vault, r.api = r.startVault()
 	}
@@ -343,6 +356,9 @@ func (r *run) all() {
 	}
 	if r.want("i") {
 		r.sectionI()
+	}
+	if r.want("j") {
+		r.sectionJ()
 	}
 
 	var head strings.Builder
@@ -387,7 +403,7 @@ func (r *run) updateDoc(table string) {
 }
 
 // allSections are the sections a full run has.
-var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
+var allSections = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
 
 // ran returns the sections this run measured, in order.
 func (r *run) ran() []string {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/bench"
@@ -41,6 +42,14 @@ func (r *run) sectionA() {
 	if s, err := a.read(vaulttest.MountPath + "/creds/bench-nolease"); err != nil || s.LeaseID != "" {
 		tb.Fatalf("lease=false role: err %v, lease id set %v", err, s != nil && s.LeaseID != "")
 	}
+	// A chained target (source_role, issue 35) of a hub on the same mount:
+	// once cached, its read is the plain role's (issue 44 asks that it
+	// stay so).
+	must(tb, a.write(vaulttest.MountPath+"/roles/bench-hub", map[string]any{"credential_type": "assumed_role", "role_arn": roleARN("bench-hub")}))
+	must(tb, a.write(vaulttest.MountPath+"/roles/bench-chained", map[string]any{"credential_type": "assumed_role", "role_arn": roleARN("bench-chained"), "source_role": "bench-hub"}))
+	if _, err := a.read(vaulttest.MountPath + "/creds/bench-chained"); err != nil {
+		tb.Fatalf("chained target: %v", err)
+	}
 
 	must(tb, a.write("sys/mounts/kv", map[string]any{"type": "kv", "options": map[string]any{"version": "1"}}))
 	must(tb, a.write("kv/bench", cred.Data))
@@ -73,6 +82,7 @@ func (r *run) sectionA() {
 		{"kv", "KV v1 read", "kv/bench"},
 		{"plugin", "aws-resilient creds read", vaulttest.MountPath + "/creds/bench"},
 		{"plugin_nolease", "aws-resilient creds read, lease=false", vaulttest.MountPath + "/creds/bench-nolease"},
+		{"chained", "aws-resilient creds read, chained target", vaulttest.MountPath + "/creds/bench-chained"},
 		{"kv_leased", "KV v1 read, leased_passthrough", "kv-leased/bench"},
 		{"null", "null external plugin read", "null/data"},
 		{"null_leased", "null external plugin read, leased", "null/leased"},
@@ -121,10 +131,11 @@ func (r *run) sectionA() {
 	cpuSum := map[string]map[string]time.Duration{}
 	for round := 0; round < r.o.rounds; round++ {
 		order := targets
-		if base != "" && round%2 == 1 {
-			// Every other round reads the base build first, so that neither
-			// build always follows the other.
-			order = append([]readTarget{targets[0], targets[3], targets[4], targets[1], targets[2]}, targets[5:]...)
+		if round%2 == 1 {
+			// Every other round reads the base build before the plugin,
+			// and the chained target before the plain role, so that
+			// neither of a pair always follows the other.
+			order = swapped(targets, oddRoundSwaps)
 		}
 		for _, t := range order {
 			if cpuSum[t.key] == nil {
@@ -195,7 +206,7 @@ func (r *run) sectionA() {
 	if r.o.concurrency != 1 {
 		single = map[string]bench.LoadResult{}
 		one := bench.NewHTTPClient(1)
-		for _, t := range []readTarget{targets[1], targets[2], targets[len(targets)-1]} {
+		for _, t := range []readTarget{byKey(targets, "plugin"), byKey(targets, "plugin_nolease"), byKey(targets, "builtin")} {
 			lr := bench.Load(bg, one, t.name, vault.Addr+"/v1/"+t.path, vault.RootToken(), 1, r.o.warmup, r.o.dur)
 			single[t.key] = lr
 			r.logf("a: %-36s %8.0f req/s  p50 %s  p99 %s  (c=1)", t.name, lr.RPS(), ms(lr.Quantile(0.5)), ms(lr.Quantile(0.99)))
@@ -249,6 +260,9 @@ func (r *run) sectionA() {
 				Ratio: fmt.Sprintf("%.1fx", p1.RPS()/b1.RPS())})
 		}
 	}
+	rc := row("chained", " [source_role, cached]")
+	rc.Ratio = fmt.Sprintf("%.2fx KV", ratio("chained", "kv"))
+	r.table.Add(rc)
 	rl := row("kv_leased", " [cost of a lease]")
 	rl.Ratio = fmt.Sprintf("%.2fx KV", ratio("kv_leased", "kv"))
 	r.table.Add(rl)
@@ -260,20 +274,24 @@ func (r *run) sectionA() {
 
 	// The plugin's own cost of a read, against the floor of any external
 	// plugin and, with a base build, against the plugin before the change.
-	for _, p := range [][2]string{{"plugin", "null_leased"}, {"plugin_nolease", "null"}} {
+	for _, p := range [][2]string{{"plugin", "null_leased"}, {"plugin_nolease", "null"}, {"chained", "null_leased"}} {
 		r.table.Add(bench.Row{Section: "a", Metric: fmt.Sprintf("%s vs %s, same rounds", res[p[0]].Name, res[p[1]].Name),
 			Value:  fmt.Sprintf("plugin CPU/read %dus vs %dus", pluginCPU(cpuPerRead[p[0]]).Microseconds(), pluginCPU(cpuPerRead[p[1]]).Microseconds()),
 			Ratio:  fmt.Sprintf("%.2fx", ratio(p[0], p[1])),
 			Target: fmt.Sprintf(">= %.2fx null", nullTarget), Result: nullVerdict(res[p[0]], res[p[1]])})
 	}
+	// A chained target's cached read against the plain role's, in the
+	// same rounds (and against the null plugin's above): the read does not
+	// touch the hub.
+	r.table.Add(sameRoundsRow(res["chained"], res["plugin"], cpuPerRead["chained"], cpuPerRead["plugin"], "plain role"))
 	if base != "" {
+		for _, key := range []string{"base", "base_nolease"} {
+			rw := row(key, "")
+			rw.Ratio = fmt.Sprintf("%.2fx KV", ratio(key, "kv"))
+			r.table.Add(rw)
+		}
 		for _, p := range [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}} {
-			r.table.Add(bench.Row{Section: "a", Metric: fmt.Sprintf("%s vs %s, same rounds", res[p[0]].Name, res[p[1]].Name),
-				Value: fmt.Sprintf("plugin CPU/read %dus vs %dus (%.2fx)", pluginCPU(cpuPerRead[p[0]]).Microseconds(), pluginCPU(cpuPerRead[p[1]]).Microseconds(),
-					cpuRatio(cpuPerRead[p[0]], cpuPerRead[p[1]])),
-				Ratio:  fmt.Sprintf("%.2fx", ratio(p[0], p[1])),
-				Target: fmt.Sprintf(">= %.2fx base, CPU <= %.2fx", baseTarget, 1/baseTarget),
-				Result: baseVerdict(res[p[0]], res[p[1]], cpuPerRead[p[0]], cpuPerRead[p[1]])})
+			r.table.Add(sameRoundsRow(res[p[0]], res[p[1]], cpuPerRead[p[0]], cpuPerRead[p[1]], "base"))
 		}
 	}
 
@@ -330,6 +348,44 @@ const (
 	nullTarget    = 0.9
 	baseTarget    = 0.95
 )
+
+// sameRoundsRow compares the read p with the read b measured in the same
+// rounds: both throughputs and plugin CPU per read, their ratios, and
+// whether p is unchanged from b (baseVerdict); versus names b in the
+// target.
+func sameRoundsRow(p, b bench.LoadResult, pcpu, bcpu map[string]time.Duration, versus string) bench.Row {
+	return bench.Row{Section: "a", Metric: fmt.Sprintf("%s vs %s, same rounds", p.Name, b.Name),
+		Value: fmt.Sprintf("%.0f vs %.0f req/s, plugin CPU/read %dus vs %dus (%.2fx)", p.RPS(), b.RPS(),
+			pluginCPU(pcpu).Microseconds(), pluginCPU(bcpu).Microseconds(), cpuRatio(pcpu, bcpu)),
+		Ratio:  fmt.Sprintf("%.2fx", roundRatio(p, b)),
+		Target: fmt.Sprintf(">= %.2fx %s, CPU <= %.2fx", baseTarget, versus, 1/baseTarget),
+		Result: baseVerdict(p, b, pcpu, bcpu)}
+}
+
+// oddRoundSwaps are the reads every other round of section a exchanges,
+// in order: the base build goes before the plugin, and the chained target
+// before the plain role.
+var oddRoundSwaps = [][2]string{{"plugin", "base"}, {"plugin_nolease", "base_nolease"}, {"plugin", "chained"}}
+
+// swapped returns targets with each pair of keys exchanged in place, in
+// order (a pair whose keys are not both there is skipped).
+func swapped(targets []readTarget, pairs [][2]string) []readTarget {
+	out := slices.Clone(targets)
+	idx := func(key string) int {
+		return slices.IndexFunc(out, func(t readTarget) bool { return t.key == key })
+	}
+	for _, p := range pairs {
+		if i, j := idx(p[0]), idx(p[1]); i >= 0 && j >= 0 {
+			out[i], out[j] = out[j], out[i]
+		}
+	}
+	return out
+}
+
+// byKey returns the target with the given key.
+func byKey(targets []readTarget, key string) readTarget {
+	return targets[slices.IndexFunc(targets, func(t readTarget) bool { return t.key == key })]
+}
 
 // pluginCPU is the CPU per read of whichever plugin process served it.
 func pluginCPU(cpu map[string]time.Duration) time.Duration {
@@ -397,12 +453,12 @@ const (
 	baseCommand = "aws-resilient-base"
 )
 
-// mountBase mounts the plugin built from another commit
-// ($PLUGIN_BASE_BIN, set by scripts/bench.sh from PLUGIN_BASE_REF) at
+// mountBase mounts the plugin built from another commit (-base-plugin,
+// which scripts/bench.sh sets from PLUGIN_BASE_REF through $PLUGIN_BASE_BIN) at
 // baseMount, against emu, with the two roles section a reads, each read
 // once; it returns the base's commit, or "" when there is no base build.
 func (r *run) mountBase(s *vaulttest.Server, a *api, emu *vaulttest.Emulator) string {
-	bin := os.Getenv("PLUGIN_BASE_BIN")
+	bin := r.o.basePlugin
 	if bin == "" {
 		return ""
 	}
@@ -419,9 +475,9 @@ func (r *run) mountBase(s *vaulttest.Server, a *api, emu *vaulttest.Emulator) st
 		_, err := a.read(baseMount + "/creds/" + role)
 		must(tb, err)
 	}
-	commit := os.Getenv("PLUGIN_BASE_COMMIT")
+	commit := r.o.baseCommit
 	if commit == "" {
-		commit = "?"
+		commit = filepath.Base(bin)
 	}
 	r.results["plugin_base_commit"] = commit
 	return commit

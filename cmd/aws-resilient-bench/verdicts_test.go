@@ -332,3 +332,164 @@ func TestVerdictsH(t *testing.T) {
 	wantResult(t, "not replaced", result(t, rows, "replaced before expiry"), "MISS")
 	wantResult(t, "a failed read", result(t, rows, "failed healthy reads"), "MISS")
 }
+
+// Section j: a throttled hub behind its targets: calls per retry block
+// (at most 1.0, and no more than the hub alone up to one cycle), target
+// reads served while the target's own credential is valid.
+func TestVerdictsJ(t *testing.T) {
+	const life = 120 * time.Second
+	start, end := t0, t0.Add(100*time.Second)
+	o := outageOptions{targets: 1, life: life, dur: end.Sub(start), readEvery: 5 * time.Second}
+	spoke := roleARN("spoke-0000")
+	okCall := func(role string, ms int) vaulttest.EmulatorCall {
+		c := call(role, ms, "ok")
+		c.IssuedExpiration = at(ms).Add(life)
+		return c
+	}
+	// A hub's own schedule from its first failure at 20 s: a cycle of
+	// three (one a block), a pause, another cycle.
+	cycles := func(role string, ms ...int) []vaulttest.EmulatorCall {
+		var out []vaulttest.EmulatorCall
+		for _, m := range ms {
+			out = append(out, call(role, m, "Throttling"))
+		}
+		return out
+	}
+	own := []int{20000, 26000, 31000, 50000, 56000, 61000}
+	base := append(cycles("hub", own...), cycles("hub-alone", own...)...)
+	base = append(base, okCall("hub", -30000), okCall("hub-alone", -30000), okCall("spoke-0000", -20000), okCall("spoke-0000", 40000))
+	read := func(ms int, ok bool) outageRead {
+		return outageRead{ARN: spoke, Start: at(ms), End: at(ms + 20), OK: ok, Exp: at(ms).Add(time.Minute)}
+	}
+	// The first credential ends at 100 s, the second (held from 41 s) at
+	// 160 s: every read in the outage is expected.
+	reads := []outageRead{read(5000, true), read(45000, true), read(95000, true)}
+	judge := func(calls []vaulttest.EmulatorCall, reads []outageRead) (outageResult, []bench.Row) {
+		res := outageResult{Targets: 1, Block: 5 * time.Second}
+		outageFromCalls(&res, calls, reads, roleARN("hub"), roleARN("hub-alone"), []string{spoke}, start, end)
+		return res, outageRows(o, res)
+	}
+	res, rows := judge(base, reads)
+	if res.Hub.Calls != 6 || res.Hub.Span != 80*time.Second || res.Hub.PerBlock != 6.0/16 || res.Expected != 3 || res.Served != 3 || res.TargetCreds != 1 || res.DarkAtEnd != 0 {
+		t.Fatalf("outageFromCalls = hub %+v, %d of %d served, %d target credentials, %d dark; want 6 calls over 80 s (0.375 a block), 3 of 3, 1, 0",
+			res.Hub, res.Served, res.Expected, res.TargetCreds, res.DarkAtEnd)
+	}
+	wantResult(t, "the hub's own schedule", result(t, rows, "hub STS calls per retry block"), "PASS")
+	wantResult(t, "every expected read served", result(t, rows, "served while the target's own credential is valid"), "PASS")
+
+	// Once a block from the first failure, 16 calls in 16 blocks: the
+	// budget's ceiling, 1.0.
+	var every []int
+	for m := 20000; m < 100000; m += 5000 {
+		every = append(every, m)
+	}
+	res, rows = judge(append(cycles("hub", every...), cycles("hub-alone", every...)...), reads)
+	if res.Hub.PerBlock != 1.0 {
+		t.Fatalf("16 calls in 16 blocks: %.3f per block", res.Hub.PerBlock)
+	}
+	wantResult(t, "once a block, alone alike", result(t, rows, "hub STS calls per retry block"), "PASS")
+	// One call more (1.06 a block), both hubs alike: over 1.0 whatever the
+	// hub alone does; twice a block likewise.
+	_, rows = judge(append(cycles("hub", append(every, 97000)...), cycles("hub-alone", append(every, 97000)...)...), reads)
+	wantResult(t, "17 calls in 16 blocks", result(t, rows, "hub STS calls per retry block"), "MISS")
+	var twice []int
+	for _, m := range every {
+		twice = append(twice, m, m+2000)
+	}
+	_, rows = judge(append(cycles("hub", twice...), cycles("hub-alone", twice...)...), reads)
+	wantResult(t, "twice a block", result(t, rows, "hub STS calls per retry block"), "MISS")
+	// Amplified: once a block where the hub alone makes six calls (its
+	// own schedule): within the ceiling, yet the targets multiplied it.
+	amp := append(cycles("hub", every...), base[len(own):]...)
+	_, rows = judge(amp, reads)
+	wantResult(t, "once a block, alone six", result(t, rows, "hub STS calls per retry block"), "MISS")
+	// Alone's six plus one cycle's three: the jitter's allowance.
+	_, rows = judge(append(cycles("hub", append(own, 80000, 85000, 90000)...), base[len(own):]...), reads)
+	wantResult(t, "one cycle more than alone", result(t, rows, "hub STS calls per retry block"), "PASS")
+	_, rows = judge(append(cycles("hub", append(own, 80000, 85000, 90000, 95000)...), base[len(own):]...), reads)
+	wantResult(t, "four more than alone", result(t, rows, "hub STS calls per retry block"), "MISS")
+	// A hub call that succeeded: the fault did not hold, nothing was judged.
+	_, rows = judge(append(base, okCall("hub", 70000)), reads)
+	wantResult(t, "the hub answered", result(t, rows, "hub STS calls per retry block"), "MISS")
+	// The hub never failed (no outage seen).
+	_, rows = judge(base[2*len(own):], reads)
+	wantResult(t, "no failed hub call", result(t, rows, "hub STS calls per retry block"), "MISS")
+
+	// A read refused while the target's credential was valid.
+	_, rows = judge(base, []outageRead{read(5000, true), read(45000, false), read(95000, true)})
+	wantResult(t, "a valid target refused", result(t, rows, "served while the target's own credential is valid"), "MISS")
+	// Without the second credential, the read at 95 s comes after the
+	// first one's end (less the margin): refused, and not expected.
+	res, rows = judge(base[:len(base)-1], []outageRead{read(5000, true), read(45000, true), read(99000, false)})
+	if res.Expected != 2 || res.After != 1 || res.DarkAtEnd != 1 {
+		t.Errorf("a read after the credential's end: %d expected, %d after, %d dark; want 2, 1, 1", res.Expected, res.After, res.DarkAtEnd)
+	}
+	wantResult(t, "refused after the credential's end", result(t, rows, "served while the target's own credential is valid"), "PASS")
+	// An answer with a credential already expired.
+	dead := read(45000, true)
+	dead.Exp = at(43000)
+	_, rows = judge(base, []outageRead{read(5000, true), dead})
+	wantResult(t, "an expired credential served", result(t, rows, "served while the target's own credential is valid"), "MISS")
+	// No read expected at all.
+	_, rows = judge(base, nil)
+	wantResult(t, "no reads", result(t, rows, "served while the target's own credential is valid"), "MISS")
+}
+
+// Section a's side-by-side rows: a chained target's cached read against
+// the plain role's (issue 44) and the plugin against a base build (issue
+// 43), both judged by baseVerdict: at least 0.95x the throughput per
+// round, at most 1/0.95 the plugin CPU per read. The passing figures are
+// section i's 2026-12-05 run (1495 against 1414 req/s, 261 against 257 us).
+func TestVerdictsASameRounds(t *testing.T) {
+	lr := func(name string, errors int, rps ...float64) bench.LoadResult {
+		return bench.LoadResult{Name: name, RoundRPS: rps, Errors: errors}
+	}
+	cpu := func(us int) map[string]time.Duration {
+		return map[string]time.Duration{"vault": 500 * time.Microsecond, "plugin": time.Duration(us) * time.Microsecond}
+	}
+	plain := lr("aws-resilient creds read", 0, 1414, 1400, 1450)
+	for _, tc := range []struct {
+		name    string
+		chained bench.LoadResult
+		us      int
+		want    string
+	}{
+		{"section i's figures", lr("chained", 0, 1495, 1480, 1500), 261, "PASS"},
+		{"0.90x the plain role", lr("chained", 0, 1273, 1260, 1305), 257, "MISS"},
+		{"0.96x the plain role", lr("chained", 0, 1357, 1344, 1392), 257, "PASS"},
+		{"CPU 1.10x", lr("chained", 0, 1414, 1400, 1450), 283, "MISS"},
+		{"with errors", lr("chained", 1, 1414, 1400, 1450), 257, "MISS"},
+	} {
+		row := sameRoundsRow(tc.chained, plain, cpu(tc.us), cpu(257), "plain role")
+		wantResult(t, tc.name, row.Result, tc.want)
+		if !strings.Contains(row.Target, ">= 0.95x plain role") || !strings.Contains(row.Metric, "chained vs aws-resilient creds read, same rounds") {
+			t.Errorf("%s: row %q, target %q", tc.name, row.Metric, row.Target)
+		}
+	}
+}
+
+// TestSwappedRounds: every other round of section a reads the base build
+// before the plugin and the chained target before the plain role.
+func TestSwappedRounds(t *testing.T) {
+	var targets []readTarget
+	for _, k := range []string{"kv", "plugin", "plugin_nolease", "base", "base_nolease", "chained", "null"} {
+		targets = append(targets, readTarget{key: k})
+	}
+	keys := func(ts []readTarget) string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.key)
+		}
+		return strings.Join(out, ",")
+	}
+	pairs := oddRoundSwaps
+	if got, want := keys(swapped(targets, pairs)), "kv,base,base_nolease,chained,plugin_nolease,plugin,null"; got != want {
+		t.Errorf("with a base build: %s, want %s", got, want)
+	}
+	if got, want := keys(swapped(append(targets[:3:3], targets[5:]...), pairs)), "kv,chained,plugin_nolease,plugin,null"; got != want {
+		t.Errorf("without: %s, want %s", got, want)
+	}
+	if keys(targets) != "kv,plugin,plugin_nolease,base,base_nolease,chained,null" {
+		t.Errorf("swapped changed its argument: %s", keys(targets))
+	}
+}
