@@ -742,7 +742,13 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 		return cycleResult{err: err, outcome: cycleAborted}, nil
 	}
 	if errors.Is(err, errCachedOutlives) {
-		return rf.keepCached(ctx, j, cred), nil
+		if rf.cachedNotDue(j) {
+			return rf.keepCached(ctx, j, cred), nil
+		}
+		// The cached credential is due (or gone) and STS issues only
+		// shorter-lived ones: a retry, on the budget, as for any answer
+		// that cannot be cached.
+		err = &refreshError{Code: "InvalidCredential", Message: "STS returned a credential expiring before the cached one", Retryable: true, rejected: "older_than_cached"}
 	}
 	rerr = classify(err, "")
 	rf.metrics.countRejection(rerr)
@@ -750,6 +756,21 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 		rf.logger().Error("writing cached credential failed", "role", j.key.String(), "error", err)
 	}
 	return cycleResult{}, rerr
+}
+
+// cachedNotDue reports whether the credential cached for j's key is not yet
+// due for its refresh (its due time before jitter, which only adds, is
+// still ahead): only then does keepCached's plan lie in the future. A
+// cached credential already due, outlived by nothing STS now issues (the
+// role's session limit lowered, a fallback's shorter life), leaves the
+// cycle to retry on the budget; planning from it would start the next
+// cycle at once, back to back, for as long as it lives.
+func (rf *refresher) cachedNotDue(j *cycleJob) bool {
+	_, cached, _, ok := rf.state.lookup(j.key)
+	if !ok || cached == nil {
+		return false
+	}
+	return cached.expires().Add(-cached.refreshMargin(j.cfg.RefreshFraction)).After(rf.clock.Now())
 }
 
 // keepCached ends a cycle whose credential expires before the cached one
@@ -958,6 +979,13 @@ func (rf *refresher) attempt(ctx context.Context, key credKey, sess stsSession, 
 		if rerr := rf.canStore(ctx); rerr != nil {
 			// No call: its credential could not be stored.
 			out.err = rerr
+			return out
+		}
+		if now := rf.clock.Now(); now.After(w.blockEnd.Add(lateWake)) {
+			// The write took the attempt past its block (a loaded raft):
+			// a call now would fall in the next block's time, beside
+			// that block's own attempt.
+			out.err = &refreshError{Code: codeBlockElapsed, Message: "the retry block ended while this node confirmed it could store the credential, before any STS call", Retryable: true}
 			return out
 		}
 		d := min(w.timeout, max(w.blockEnd.Sub(rf.clock.Now()), min(w.timeout, minCallTime)))

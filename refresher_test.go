@@ -995,3 +995,110 @@ func TestRefresh_CachedOutlivingTheAnswerEndsTheCycle(t *testing.T) {
 	sc := scrapeMetrics(t, f.b, f.s, "")
 	sc.want("aws_resilient_credentials_rejected_total", map[string]string{"reason": "older_than_cached"}, 1)
 }
+
+// slowProbeStorage holds the probe write (the one before each STS call)
+// while slow is set, until release, then lets it succeed: a busy raft.
+type slowProbeStorage struct {
+	logical.Storage
+	slow    atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (s *slowProbeStorage) Put(ctx context.Context, e *logical.StorageEntry) error {
+	if e.Key == probePath && s.slow.Load() {
+		s.held <- struct{}{}
+		<-s.release
+	}
+	return s.Storage.Put(ctx, e)
+}
+
+// TestRefresher_SlowProbeEndsTheBlock: the write before a call (canStore)
+// took the attempt past its block's end (a loaded raft): it makes no call,
+// since a call starting now would be a second attempt inside the next
+// block's time; the next block's attempt calls. Before, the check of the
+// block's end came before the slot and the write only.
+func TestRefresher_SlowProbeEndsTheBlock(t *testing.T) {
+	lastMs := scriptedRand{func(n int64) int64 { return max(n-int64(time.Millisecond), 0) }}
+	st := &slowProbeStorage{Storage: new(logical.InmemStorage), held: make(chan struct{}, 1), release: make(chan struct{})}
+	f := newFixture(t, fixtureOpts{storage: st, rand: lastMs, refresh: map[string]interface{}{"max_retries": 2, "retry_window": 4}})
+	f.mustReadCreds(testRole)
+	at, ok := f.b.refresher.plannedAt(roleKey(testRole))
+	if !ok {
+		t.Fatal("no cycle planned")
+	}
+	f.drainFlights()
+	f.clock.AdvanceTo(at)
+	fl := f.nextFlight()
+	drawn := at.Add(2*time.Second - time.Millisecond) // 1 ms before its block's end
+	second := drawn.Add(2 * time.Second)
+	waitFor(t, "the first attempt to sleep until its draw", func() bool {
+		next, ok := f.clock.NextSleeper()
+		return ok && next.Equal(drawn)
+	})
+	st.slow.Store(true)
+	f.clock.AdvanceTo(drawn)
+	select {
+	case <-st.held:
+	case <-time.After(clocktest.WaitLimit):
+		t.Fatal("the attempt never wrote its probe")
+	}
+	f.clock.Advance(time.Second) // the write takes a second: the block is over
+	st.slow.Store(false)
+	close(st.release)
+	waitFor(t, "the second attempt to sleep until its draw", func() bool {
+		next, ok := f.clock.NextSleeper()
+		return ok && next.Equal(second)
+	})
+	if calls := f.log.times(); len(calls) != 1 {
+		t.Fatalf("calls at %v, want only the cold read's: the first attempt's write ended past its block", calls)
+	}
+	f.clock.AdvanceTo(second)
+	f.clock.DriveUntil(t, fl.done)
+	if calls := f.log.times(); len(calls) != 2 || !calls[1].Equal(second) || fl.res.outcome != cycleSuccess {
+		t.Fatalf("calls at %v, outcome %q; want the second attempt's at %v, a success", calls, fl.res.outcome, second)
+	}
+}
+
+// TestRefresh_DueCachedCredentialOutlivingShortAnswersRetriesOnTheBudget:
+// the cached credential is due and STS now issues only shorter-lived ones
+// (the role's session limit lowered): keeping the cached one and planning
+// from it would start the next cycle at once, back to back, one call
+// every second or two for as long as it lives (a loaded acceptance run,
+// TestFaultMatrix/shorter-lived-credential). The cycle retries once per
+// block instead, fails InvalidCredential, and the next cycle waits its
+// pause.
+func TestRefresh_DueCachedCredentialOutlivingShortAnswersRetriesOnTheBudget(t *testing.T) {
+	f := newFixture(t, fixtureOpts{refresh: map[string]interface{}{"max_retries": 3, "retry_window": 6}})
+	f.mustReadCreds(testRole)
+	first := cached(t, f.s, testRole).AccessKey
+	at, ok := f.b.refresher.plannedAt(roleKey(testRole))
+	if !ok {
+		t.Fatal("no cycle planned")
+	}
+	f.emu.SetMaxLifetime(5 * time.Second)
+	f.emu.ResetStats()
+	f.drainFlights()
+	f.clock.AdvanceTo(at)
+	fl := f.nextFlight()
+	f.clock.DriveUntil(t, fl.done)
+	issued := 0
+	for _, call := range f.emu.Calls() {
+		if call.Action == "AssumeRole" {
+			issued++
+		}
+	}
+	if issued != 3 {
+		t.Errorf("the due cycle made %d AssumeRole calls, want 3: one per block", issued)
+	}
+	st := f.status(testRole)
+	if le, _ := st["last_error"].(string); !strings.HasPrefix(le, "InvalidCredential") || st["failed_cycles"] != 1 {
+		t.Errorf("status last_error=%v failed_cycles=%v, want InvalidCredential after one failed cycle", st["last_error"], st["failed_cycles"])
+	}
+	if got := cached(t, f.s, testRole); got.AccessKey != first {
+		t.Errorf("cached %s, want %s kept", got.AccessKey, first)
+	}
+	if next, ok := f.b.refresher.plannedAt(roleKey(testRole)); !ok || next.Before(at.Add(6*time.Second)) {
+		t.Errorf("next cycle at %v (planned %v), want at least one retry window after the failed one began (%v)", next, ok, at.Add(6*time.Second))
+	}
+}
