@@ -703,3 +703,62 @@ func (s *clockSource) issuedBy(ct callTimes, c *cacheEntry, asked time.Duration)
 	}
 	s.clocks.issuedSample(s, ct, s.now(), c.Expiration.Add(-asked))
 }
+
+// awsNext is what status/ and the schedule index store of next, a plan on
+// this node's clock for the credential c: the instant of c's endpoint's
+// clock it is by this node's estimate (the middle of it), and true; next
+// itself, and false, when c has none (judged by the local clock). Every
+// node turns it back with its own estimate (statusEntry.nextLocal), never
+// with the writer's.
+func awsNext(c *cacheEntry, next time.Time) (time.Time, bool) {
+	if next.IsZero() || c == nil || c.src == nil {
+		return next, false
+	}
+	offset, _, _ := c.clockAt(c.src.now())
+	return next.Add(offset), true
+}
+
+// fromAWS is the instant at of the credential c's endpoint's clock on
+// this node's, as a plan is made: early by as many whole seconds as this
+// node's estimate may be off beyond clockStepThreshold (a node unsure of
+// AWS's clock plans early, never late; one a second or so off plans where
+// the writer did, which its jitter allows already, so that a restart on a
+// measured clock keeps the recorded plan to the nanosecond).
+func (c *cacheEntry) fromAWS(at time.Time) time.Time {
+	offset, maxErr, _ := c.clockAt(c.src.now())
+	return at.Add(-offset - max(maxErr-clockStepThreshold, 0).Truncate(time.Second))
+}
+
+// nextLocal is the record's next refresh on this node's clock: an AWS
+// instant (NextRefreshAWS) through this node's own estimate of the
+// credential c's endpoint (fromAWS); a record written before, or without a
+// credential to judge by, as it stands (the writer's local time).
+func (st statusEntry) nextLocal(c *cacheEntry) time.Time {
+	if !st.NextRefreshAWS || st.NextRefresh.IsZero() || c == nil || c.src == nil {
+		return st.NextRefresh
+	}
+	return c.fromAWS(st.NextRefresh)
+}
+
+// hintLocal is an instant of AWS's clock from the schedule index (which
+// names no endpoint per entry) on this node's clock: by the estimate of the
+// endpoint this node measured most recently, at its early edge, or as
+// early as an unmeasured clock may be off. A hint only wakes the check of
+// the role's own plan (checkHint), so early costs a read, late nothing
+// worse than the pass.
+func (a *awsClocks) hintLocal(at time.Time) time.Time {
+	if at.IsZero() {
+		return at
+	}
+	now := a.clock.Now()
+	var newest awsclock.Estimate
+	for _, s := range a.all() {
+		if e := s.est.Current(); e.Measured() && e.At.After(newest.At) {
+			newest = e
+		}
+	}
+	if !newest.Measured() {
+		return at.Add(-unmeasuredError)
+	}
+	return at.Add(-newest.Offset - max(newest.ErrorAt(now)-clockStepThreshold, 0).Truncate(time.Second))
+}
