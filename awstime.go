@@ -59,7 +59,29 @@ type awsClocks struct {
 	// to be AWS's clock (issuedSample): by the Date offset dateOffset,
 	// by STS's own issue time issueOffset.
 	onDateNotAWS func(src *clockSource, dateOffset, issueOffset time.Duration)
+	// spawn runs a probe in the background work's goroutines (lifecycle:
+	// Clean cancels and waits for them); nil: no probe after the start's.
+	spawn func(func(context.Context)) bool
+	// prober is the HTTP client probes use, set by startClocks: until
+	// then no probe is asked for (kick).
+	prober atomic.Pointer[http.Client]
+	// probes counts the probes under way (kick), for tests to wait on.
+	probes sync.WaitGroup
 }
+
+// clockFreshAge is how old this node's newest sample of an endpoint's
+// clock may grow while it judges credentials by it before it asks the
+// endpoint again (kick): a step of AWS's clock (an NTP correction on
+// either side) is learned within it even where no STS call is made (a
+// standby serving reads, an active node between refreshes of short
+// credentials). One unsigned request per endpoint per 5 s at most, and
+// only while credentials are judged.
+const clockFreshAge = 5 * time.Second
+
+// confirmProbes bounds the probes one kick makes while an answer that
+// disagreed with the estimate stays unconfirmed (awsclock's odd sample):
+// the first settles it unless the endpoint's clock is moving under it.
+const confirmProbes = 3
 
 // clockStepThreshold is how far an endpoint's offset must move before the
 // plans made on the old one are moved: the estimate's own error is under a
@@ -81,6 +103,11 @@ type clockSource struct {
 	// node and STS (a proxy) dates answers by its own clock; from then on
 	// only STS's own instants are samples of AWS's clock.
 	dateNotAWS atomic.Bool
+	// probing: a probe of this endpoint is under way (kick); again: an
+	// answer asked for one meanwhile, so it goes on.
+	probing, again atomic.Bool
+	// probedAt is when (local Unix nanoseconds) the last probe began.
+	probedAt atomic.Int64
 }
 
 // unmeasuredError is how far this node takes its own clock to be from an
@@ -151,6 +178,11 @@ func (s *clockSource) offset() time.Duration { return s.est.Current().Offset }
 // aheadFraction of the credential's life (lifetime; 0: unbounded).
 func (s *clockSource) judge(now time.Time, lifetime time.Duration) (offset, maxErr time.Duration, basis string) {
 	e := s.est.Current()
+	if !e.Measured() || now.Sub(e.At) > clockFreshAge {
+		// Judging by a clock not heard from lately: ask it again, so that
+		// a step is followed within clockFreshAge, not at the next call.
+		s.clocks.kick(s, false)
+	}
 	if !e.Measured() {
 		return 0, unmeasuredError, clockUnmeasured
 	}
@@ -179,6 +211,13 @@ const aheadFraction = 0.25
 // step, one moves the plans.
 func (a *awsClocks) observe(s *clockSource, sample awsclock.Sample) {
 	before, est, changed := s.est.Observe(sample)
+	if s.est.Unconfirmed() {
+		// One answer cannot move the estimate, but it is a reason to
+		// ask again now: a second that agrees with it (a step) or with
+		// the estimate (a stray answer) settles it in a round trip, not
+		// when the next refresh happens to call.
+		a.kick(s, true)
+	}
 	if !changed || a.onChange == nil || !before.Measured() {
 		return
 	}
@@ -630,26 +669,79 @@ func (a *awsClocks) probe(ctx context.Context, hc *http.Client, urls []string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-			if err != nil {
-				return
-			}
-			sent := a.clock.Now()
-			resp, err := hc.Do(req)
-			received := a.clock.Now()
-			if err != nil {
-				return
-			}
-			_ = resp.Body.Close()
-			if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-				a.observe(src, awsclock.Sample{Sent: sent, Received: received, Date: date})
-			}
+			a.probeOne(ctx, hc, src)
 		}()
 	}
 	wg.Wait()
 }
+
+// probeOne takes the Date of one unsigned request to src (an STS
+// endpoint's URL) as a sample of its clock.
+func (a *awsClocks) probeOne(ctx context.Context, hc *http.Client, src *clockSource) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.name, nil)
+	if err != nil {
+		return
+	}
+	sent := a.clock.Now()
+	resp, err := hc.Do(req)
+	received := a.clock.Now()
+	if err != nil {
+		return
+	}
+	_ = resp.Body.Close()
+	if src.dateNotAWS.Load() {
+		return // a proxy's clock, not AWS's (issuedSample)
+	}
+	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		a.observe(src, awsclock.Sample{Sent: sent, Received: received, Date: date, Unsigned: true})
+	}
+}
+
+// kick probes src again in the background, one probe under way per
+// endpoint: when confirm (an answer just disagreed with the estimate) at
+// once, and on until the disagreement is settled (at most confirmProbes);
+// otherwise (judge: the newest sample is old) at most once per
+// clockFreshAge. Nothing before startClocks set the prober, nor for an
+// endpoint that is no URL.
+func (a *awsClocks) kick(src *clockSource, confirm bool) {
+	hc := a.prober.Load()
+	if hc == nil || a.spawn == nil || !strings.HasPrefix(src.name, "http") {
+		return
+	}
+	now := a.clock.Now()
+	if last := src.probedAt.Load(); !confirm && last != 0 && now.Sub(time.Unix(0, last)) < clockFreshAge {
+		return
+	}
+	if !src.probing.CompareAndSwap(false, true) {
+		if confirm {
+			src.again.Store(true)
+		}
+		return
+	}
+	src.probedAt.Store(now.UnixNano())
+	src.again.Store(false)
+	a.probes.Add(1)
+	done := func() {
+		src.probing.Store(false)
+		a.probes.Done()
+	}
+	if !a.spawn(func(ctx context.Context) {
+		defer done()
+		for range confirmProbes {
+			a.probeOne(ctx, hc, src)
+			if again := src.again.Swap(false); !again && !src.est.Unconfirmed() || ctx.Err() != nil {
+				return
+			}
+		}
+	}) {
+		done()
+	}
+}
+
+// waitProbes waits for the probes under way (tests).
+func (a *awsClocks) waitProbes() { a.probes.Wait() }
 
 // startClocks is what a node does about AWS's clocks as it starts (and so
 // as it becomes the active node, which Vault starts the mount on): it
@@ -662,6 +754,12 @@ func (c *stsClients) startClocks(ctx context.Context, s logical.Storage, logger 
 	if err := c.clocks.load(ctx, s); err != nil {
 		logger.Warn("reading this host's stored estimates of AWS's clock failed; measuring anew", "error", err)
 	}
+	// From now on an endpoint's clock is asked again when an answer
+	// disagrees with it or it is judged by an old sample (kick). Those
+	// probes are a few a minute at most: no connection is kept for them.
+	later := awshttp.NewBuildableClient().GetTransport()
+	later.DisableKeepAlives = true
+	c.clocks.prober.Store(&http.Client{Transport: later, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }})
 	cfg, err := c.readRoot(ctx)
 	if err != nil || cfg == nil {
 		return

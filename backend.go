@@ -187,6 +187,7 @@ func newBackend(opts backendOptions) *backend {
 	// the mirror judges credentials by them (roleStates), the refresher
 	// moves its plans when one steps.
 	clocks := newAWSClocks(b.clock, opts.host)
+	clocks.spawn = b.life.spawn
 	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, clocks, readRoot, opts.wrapSTS)
 	b.rotator = newRotator(rotatorOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,
