@@ -42,9 +42,12 @@ func Factory(ctx context.Context, conf *logical.BackendConfig) (logical.Backend,
 // RunningVersion. The plugin binary passes the version injected at build time.
 func FactoryWithVersion(version string) logical.Factory {
 	return func(ctx context.Context, conf *logical.BackendConfig) (logical.Backend, error) {
+		hostClock, host := testHostClock()
 		return newBackendWith(ctx, conf, backendOptions{
 			version:   version,
 			testHooks: testHooksBuilt && os.Getenv(testHooksEnv) == "1",
+			clock:     hostClock,
+			host:      host,
 		})
 	}
 }
