@@ -181,7 +181,7 @@ func (s *clockSource) judge(now time.Time, lifetime time.Duration) (offset, maxE
 	if !e.Measured() || now.Sub(e.At) > clockFreshAge {
 		// Judging by a clock not heard from lately: ask it again, so that
 		// a step is followed within clockFreshAge, not at the next call.
-		s.clocks.kick(s, false)
+		s.clocks.kick(s, false, now)
 	}
 	if !e.Measured() {
 		return 0, unmeasuredError, clockUnmeasured
@@ -216,7 +216,7 @@ func (a *awsClocks) observe(s *clockSource, sample awsclock.Sample) {
 		// ask again now: a second that agrees with it (a step) or with
 		// the estimate (a stray answer) settles it in a round trip, not
 		// when the next refresh happens to call.
-		a.kick(s, true)
+		a.kick(s, true, a.clock.Now())
 	}
 	if !changed || a.onChange == nil || !before.Measured() {
 		return
@@ -704,14 +704,14 @@ func (a *awsClocks) probeOne(ctx context.Context, hc *http.Client, src *clockSou
 // once, and on until the disagreement is settled (at most confirmProbes);
 // otherwise (judge: the newest sample is old) at most once per
 // clockFreshAge. Nothing before startClocks set the prober, nor for an
-// endpoint that is no URL.
-func (a *awsClocks) kick(src *clockSource, confirm bool) {
-	hc := a.prober.Load()
-	if hc == nil || a.spawn == nil || !strings.HasPrefix(src.name, "http") {
+// endpoint that is no URL. now is this node's time; on the read path
+// (judge) a probe asked for lately costs two atomic loads.
+func (a *awsClocks) kick(src *clockSource, confirm bool, now time.Time) {
+	if last := src.probedAt.Load(); !confirm && last != 0 && now.Sub(time.Unix(0, last)) < clockFreshAge {
 		return
 	}
-	now := a.clock.Now()
-	if last := src.probedAt.Load(); !confirm && last != 0 && now.Sub(time.Unix(0, last)) < clockFreshAge {
+	hc := a.prober.Load()
+	if hc == nil || a.spawn == nil || !strings.HasPrefix(src.name, "http") {
 		return
 	}
 	if !src.probing.CompareAndSwap(false, true) {
@@ -720,7 +720,7 @@ func (a *awsClocks) kick(src *clockSource, confirm bool) {
 		}
 		return
 	}
-	src.probedAt.Store(now.UnixNano())
+	src.probedAt.Store(a.clock.Now().UnixNano()) // not now: a caller may judge at another instant
 	src.again.Store(false)
 	a.probes.Add(1)
 	done := func() {
