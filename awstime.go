@@ -67,6 +67,10 @@ type awsClocks struct {
 	prober atomic.Pointer[http.Client]
 	// probes counts the probes under way (kick), for tests to wait on.
 	probes sync.WaitGroup
+	// freshAge is clockFreshAge; 0 (tests that pin an instant to the
+	// estimate's edge) asks no probe for an old sample, only for an odd
+	// answer.
+	freshAge time.Duration
 }
 
 // clockFreshAge is how old this node's newest sample of an endpoint's
@@ -120,7 +124,7 @@ type clockSource struct {
 const unmeasuredError = awsclock.SigningTolerance
 
 func newAWSClocks(c clock.Clock, host string) *awsClocks {
-	return &awsClocks{clock: c, host: storageHostName(host), sources: map[string]*clockSource{}}
+	return &awsClocks{clock: c, host: storageHostName(host), sources: map[string]*clockSource{}, freshAge: clockFreshAge}
 }
 
 // storageHostName makes a host name a storage key segment.
@@ -178,7 +182,7 @@ func (s *clockSource) offset() time.Duration { return s.est.Current().Offset }
 // aheadFraction of the credential's life (lifetime; 0: unbounded).
 func (s *clockSource) judge(now time.Time, lifetime time.Duration) (offset, maxErr time.Duration, basis string) {
 	e := s.est.Current()
-	if !e.Measured() || now.Sub(e.At) > clockFreshAge {
+	if fresh := s.clocks.freshAge; fresh > 0 && (!e.Measured() || now.Sub(e.At) > fresh) {
 		// Judging by a clock not heard from lately: ask it again, so that
 		// a step is followed within clockFreshAge, not at the next call.
 		s.clocks.kick(s, false, now)
@@ -707,7 +711,7 @@ func (a *awsClocks) probeOne(ctx context.Context, hc *http.Client, src *clockSou
 // endpoint that is no URL. now is this node's time; on the read path
 // (judge) a probe asked for lately costs two atomic loads.
 func (a *awsClocks) kick(src *clockSource, confirm bool, now time.Time) {
-	if last := src.probedAt.Load(); !confirm && last != 0 && now.Sub(time.Unix(0, last)) < clockFreshAge {
+	if last := src.probedAt.Load(); !confirm && last != 0 && now.Sub(time.Unix(0, last)) < a.freshAge {
 		return
 	}
 	hc := a.prober.Load()
@@ -827,15 +831,28 @@ func (c *cacheEntry) fromAWS(at time.Time) time.Time {
 	return at.Add(-offset - max(maxErr-clockStepThreshold, 0).Truncate(time.Second))
 }
 
-// nextLocal is the record's next refresh on this node's clock: an AWS
-// instant (NextRefreshAWS) through this node's own estimate of the
-// credential c's endpoint (fromAWS); a record written before, or without a
-// credential to judge by, as it stands (the writer's local time).
+// nextLocal is the record's next refresh on this node's clock, as this
+// node plans it: an AWS instant (NextRefreshAWS) through this node's own
+// estimate of the credential c's endpoint, at its early edge (fromAWS); a
+// record written before, or without a credential to judge by, as it stands
+// (the writer's local time).
 func (st statusEntry) nextLocal(c *cacheEntry) time.Time {
 	if !st.NextRefreshAWS || st.NextRefresh.IsZero() || c == nil || c.src == nil {
 		return st.NextRefresh
 	}
 	return c.fromAWS(st.NextRefresh)
+}
+
+// nextShown is the record's next refresh on this node's clock as status/
+// and the metrics show a plan this node did not make (a performance
+// standby's, a node whose refresher is not running): by the middle of its
+// estimate, which moves only when the offset does, not with its error.
+func (st statusEntry) nextShown(c *cacheEntry) time.Time {
+	if !st.NextRefreshAWS || st.NextRefresh.IsZero() || c == nil || c.src == nil {
+		return st.NextRefresh
+	}
+	offset, _, _ := c.clockAt(c.src.now())
+	return st.NextRefresh.Add(-offset)
 }
 
 // hintLocal is an instant of AWS's clock from the schedule index (which

@@ -23,7 +23,7 @@ func TestClock_StandbyFollowsAStepByProbing(t *testing.T) {
 	f := clockFixture(t, 0)
 	c := firstCredential(t, f, 0)
 	f.b.refresher.unplan(roleKey(testRole))
-	standby, _ := newTestBackend(t, testOpts{clock: f.clock, storage: f.s, rand: randMin, standby: true})
+	standby, _ := newTestBackend(t, testOpts{clock: f.clock, storage: f.s, rand: randMin, standby: true, clockProbes: true})
 	clocks := standby.clients.awsTime()
 	read := func() (*logical.Response, error) {
 		return standby.HandleRequest(t.Context(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + testRole, Storage: f.s})

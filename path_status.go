@@ -369,7 +369,7 @@ func (rf *refresher) view(active bool) reportView {
 func (v reportView) report(key credKey, rs *roleState) roleReport {
 	now, cfg := v.now, v.cfg
 	cred, st := rs.cred, rs.status()
-	r := roleReport{next: st.nextLocal(cred)}
+	r := roleReport{next: st.nextShown(cred)}
 	if v.active {
 		r.next, _ = v.rf.plannedAt(key)
 	}
