@@ -59,7 +59,33 @@ type awsClocks struct {
 	// to be AWS's clock (issuedSample): by the Date offset dateOffset,
 	// by STS's own issue time issueOffset.
 	onDateNotAWS func(src *clockSource, dateOffset, issueOffset time.Duration)
+	// spawn runs a probe in the background work's goroutines (lifecycle:
+	// Clean cancels and waits for them); nil: no probe after the start's.
+	spawn func(func(context.Context)) bool
+	// prober is the HTTP client probes use, set by startClocks: until
+	// then no probe is asked for (kick).
+	prober atomic.Pointer[http.Client]
+	// probes counts the probes under way (kick), for tests to wait on.
+	probes sync.WaitGroup
+	// freshAge is clockFreshAge; 0 (tests that pin an instant to the
+	// estimate's edge) asks no probe for an old sample, only for an odd
+	// answer.
+	freshAge time.Duration
 }
+
+// clockFreshAge is how old this node's newest sample of an endpoint's
+// clock may grow while it judges credentials by it before it asks the
+// endpoint again (kick): a step of AWS's clock (an NTP correction on
+// either side) is learned within it even where no STS call is made (a
+// standby serving reads, an active node between refreshes of short
+// credentials). One unsigned request per endpoint per 5 s at most, and
+// only while credentials are judged.
+const clockFreshAge = 5 * time.Second
+
+// confirmProbes bounds the probes one kick makes while an answer that
+// disagreed with the estimate stays unconfirmed (awsclock's odd sample):
+// the first settles it unless the endpoint's clock is moving under it.
+const confirmProbes = 3
 
 // clockStepThreshold is how far an endpoint's offset must move before the
 // plans made on the old one are moved: the estimate's own error is under a
@@ -81,6 +107,11 @@ type clockSource struct {
 	// node and STS (a proxy) dates answers by its own clock; from then on
 	// only STS's own instants are samples of AWS's clock.
 	dateNotAWS atomic.Bool
+	// probing: a probe of this endpoint is under way (kick); again: an
+	// answer asked for one meanwhile, so it goes on.
+	probing, again atomic.Bool
+	// probedAt is when (local Unix nanoseconds) the last probe began.
+	probedAt atomic.Int64
 }
 
 // unmeasuredError is how far this node takes its own clock to be from an
@@ -93,7 +124,7 @@ type clockSource struct {
 const unmeasuredError = awsclock.SigningTolerance
 
 func newAWSClocks(c clock.Clock, host string) *awsClocks {
-	return &awsClocks{clock: c, host: storageHostName(host), sources: map[string]*clockSource{}}
+	return &awsClocks{clock: c, host: storageHostName(host), sources: map[string]*clockSource{}, freshAge: clockFreshAge}
 }
 
 // storageHostName makes a host name a storage key segment.
@@ -151,6 +182,11 @@ func (s *clockSource) offset() time.Duration { return s.est.Current().Offset }
 // aheadFraction of the credential's life (lifetime; 0: unbounded).
 func (s *clockSource) judge(now time.Time, lifetime time.Duration) (offset, maxErr time.Duration, basis string) {
 	e := s.est.Current()
+	if fresh := s.clocks.freshAge; fresh > 0 && (!e.Measured() || now.Sub(e.At) > fresh) {
+		// Judging by a clock not heard from lately: ask it again, so that
+		// a step is followed within clockFreshAge, not at the next call.
+		s.clocks.kick(s, false, now)
+	}
 	if !e.Measured() {
 		return 0, unmeasuredError, clockUnmeasured
 	}
@@ -179,6 +215,13 @@ const aheadFraction = 0.25
 // step, one moves the plans.
 func (a *awsClocks) observe(s *clockSource, sample awsclock.Sample) {
 	before, est, changed := s.est.Observe(sample)
+	if s.est.Unconfirmed() {
+		// One answer cannot move the estimate, but it is a reason to
+		// ask again now: a second that agrees with it (a step) or with
+		// the estimate (a stray answer) settles it in a round trip, not
+		// when the next refresh happens to call.
+		a.kick(s, true, a.clock.Now())
+	}
 	if !changed || a.onChange == nil || !before.Measured() {
 		return
 	}
@@ -630,26 +673,79 @@ func (a *awsClocks) probe(ctx context.Context, hc *http.Client, urls []string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-			if err != nil {
-				return
-			}
-			sent := a.clock.Now()
-			resp, err := hc.Do(req)
-			received := a.clock.Now()
-			if err != nil {
-				return
-			}
-			_ = resp.Body.Close()
-			if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-				a.observe(src, awsclock.Sample{Sent: sent, Received: received, Date: date})
-			}
+			a.probeOne(ctx, hc, src)
 		}()
 	}
 	wg.Wait()
 }
+
+// probeOne takes the Date of one unsigned request to src (an STS
+// endpoint's URL) as a sample of its clock.
+func (a *awsClocks) probeOne(ctx context.Context, hc *http.Client, src *clockSource) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.name, nil)
+	if err != nil {
+		return
+	}
+	sent := a.clock.Now()
+	resp, err := hc.Do(req)
+	received := a.clock.Now()
+	if err != nil {
+		return
+	}
+	_ = resp.Body.Close()
+	if src.dateNotAWS.Load() {
+		return // a proxy's clock, not AWS's (issuedSample)
+	}
+	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		a.observe(src, awsclock.Sample{Sent: sent, Received: received, Date: date, Unsigned: true})
+	}
+}
+
+// kick probes src again in the background, one probe under way per
+// endpoint: when confirm (an answer just disagreed with the estimate) at
+// once, and on until the disagreement is settled (at most confirmProbes);
+// otherwise (judge: the newest sample is old) at most once per
+// clockFreshAge. Nothing before startClocks set the prober, nor for an
+// endpoint that is no URL. now is this node's time; on the read path
+// (judge) a probe asked for lately costs two atomic loads.
+func (a *awsClocks) kick(src *clockSource, confirm bool, now time.Time) {
+	if last := src.probedAt.Load(); !confirm && last != 0 && now.Sub(time.Unix(0, last)) < a.freshAge {
+		return
+	}
+	hc := a.prober.Load()
+	if hc == nil || a.spawn == nil || !strings.HasPrefix(src.name, "http") {
+		return
+	}
+	if !src.probing.CompareAndSwap(false, true) {
+		if confirm {
+			src.again.Store(true)
+		}
+		return
+	}
+	src.probedAt.Store(a.clock.Now().UnixNano()) // not now: a caller may judge at another instant
+	src.again.Store(false)
+	a.probes.Add(1)
+	done := func() {
+		src.probing.Store(false)
+		a.probes.Done()
+	}
+	if !a.spawn(func(ctx context.Context) {
+		defer done()
+		for range confirmProbes {
+			a.probeOne(ctx, hc, src)
+			if again := src.again.Swap(false); !again && !src.est.Unconfirmed() || ctx.Err() != nil {
+				return
+			}
+		}
+	}) {
+		done()
+	}
+}
+
+// waitProbes waits for the probes under way (tests).
+func (a *awsClocks) waitProbes() { a.probes.Wait() }
 
 // startClocks is what a node does about AWS's clocks as it starts (and so
 // as it becomes the active node, which Vault starts the mount on): it
@@ -662,6 +758,12 @@ func (c *stsClients) startClocks(ctx context.Context, s logical.Storage, logger 
 	if err := c.clocks.load(ctx, s); err != nil {
 		logger.Warn("reading this host's stored estimates of AWS's clock failed; measuring anew", "error", err)
 	}
+	// From now on an endpoint's clock is asked again when an answer
+	// disagrees with it or it is judged by an old sample (kick). Those
+	// probes are a few a minute at most: no connection is kept for them.
+	later := awshttp.NewBuildableClient().GetTransport()
+	later.DisableKeepAlives = true
+	c.clocks.prober.Store(&http.Client{Transport: later, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }})
 	cfg, err := c.readRoot(ctx)
 	if err != nil || cfg == nil {
 		return
@@ -702,4 +804,76 @@ func (s *clockSource) issuedBy(ct callTimes, c *cacheEntry, asked time.Duration)
 		return
 	}
 	s.clocks.issuedSample(s, ct, s.now(), c.Expiration.Add(-asked))
+}
+
+// awsNext is what status/ and the schedule index store of next, a plan on
+// this node's clock for the credential c: the instant of c's endpoint's
+// clock it is by this node's estimate (the middle of it), and true; next
+// itself, and false, when c has none (judged by the local clock). Every
+// node turns it back with its own estimate (statusEntry.nextLocal), never
+// with the writer's.
+func awsNext(c *cacheEntry, next time.Time) (time.Time, bool) {
+	if next.IsZero() || c == nil || c.src == nil {
+		return next, false
+	}
+	offset, _, _ := c.clockAt(c.src.now())
+	return next.Add(offset), true
+}
+
+// fromAWS is the instant at of the credential c's endpoint's clock on
+// this node's, as a plan is made: early by as many whole seconds as this
+// node's estimate may be off beyond clockStepThreshold (a node unsure of
+// AWS's clock plans early, never late; one a second or so off plans where
+// the writer did, which its jitter allows already, so that a restart on a
+// measured clock keeps the recorded plan to the nanosecond).
+func (c *cacheEntry) fromAWS(at time.Time) time.Time {
+	offset, maxErr, _ := c.clockAt(c.src.now())
+	return at.Add(-offset - max(maxErr-clockStepThreshold, 0).Truncate(time.Second))
+}
+
+// nextLocal is the record's next refresh on this node's clock, as this
+// node plans it: an AWS instant (NextRefreshAWS) through this node's own
+// estimate of the credential c's endpoint, at its early edge (fromAWS); a
+// record written before, or without a credential to judge by, as it stands
+// (the writer's local time).
+func (st statusEntry) nextLocal(c *cacheEntry) time.Time {
+	if !st.NextRefreshAWS || st.NextRefresh.IsZero() || c == nil || c.src == nil {
+		return st.NextRefresh
+	}
+	return c.fromAWS(st.NextRefresh)
+}
+
+// nextShown is the record's next refresh on this node's clock as status/
+// and the metrics show a plan this node did not make (a performance
+// standby's, a node whose refresher is not running): by the middle of its
+// estimate, which moves only when the offset does, not with its error.
+func (st statusEntry) nextShown(c *cacheEntry) time.Time {
+	if !st.NextRefreshAWS || st.NextRefresh.IsZero() || c == nil || c.src == nil {
+		return st.NextRefresh
+	}
+	offset, _, _ := c.clockAt(c.src.now())
+	return st.NextRefresh.Add(-offset)
+}
+
+// hintLocal is an instant of AWS's clock from the schedule index (which
+// names no endpoint per entry) on this node's clock: by the estimate of the
+// endpoint this node measured most recently, at its early edge, or as
+// early as an unmeasured clock may be off. A hint only wakes the check of
+// the role's own plan (checkHint), so early costs a read, late nothing
+// worse than the pass.
+func (a *awsClocks) hintLocal(at time.Time) time.Time {
+	if at.IsZero() {
+		return at
+	}
+	now := a.clock.Now()
+	var newest awsclock.Estimate
+	for _, s := range a.all() {
+		if e := s.est.Current(); e.Measured() && e.At.After(newest.At) {
+			newest = e
+		}
+	}
+	if !newest.Measured() {
+		return at.Add(-unmeasuredError)
+	}
+	return at.Add(-newest.Offset - max(newest.ErrorAt(now)-clockStepThreshold, 0).Truncate(time.Second))
 }

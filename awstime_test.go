@@ -101,9 +101,11 @@ func TestClock_EveryDecisionOnAWSTime(t *testing.T) {
 			got := sc.must("aws_resilient_aws_clock_offset_seconds", map[string]string{"endpoint": "primary"})
 			within(t, "metric aws_resilient_aws_clock_offset_seconds", time.Duration(got*float64(time.Second)), offset, time.Second)
 
-			// STS is down from here: what is served is the cached one.
-			f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+			// STS is unreachable from here (no answer, not even a probe's
+			// Date, refreshes the estimate): what is served is the cached
+			// one.
 			f.b.refresher.unplan(roleKey(testRole))
+			f.emu.Close()
 			// Served while it has minServeValidity left at the late edge of
 			// the estimate (offset + its error, widened by drift since the
 			// last answer), and not 0.1 s after.
@@ -132,25 +134,29 @@ func TestClock_EveryDecisionOnAWSTime(t *testing.T) {
 
 // TestClock_StepMovesPlansAndJudgement: AWS's clock steps 90 s ahead (an
 // NTP correction at AWS, as the plugin would see one). One answer dated
-// by the new clock moves nothing but is allowed for where being late
-// matters; the second confirms it: the credential issued before is judged
-// 90 s shorter, and its refresh plan moves 90 s earlier.
+// by the new clock makes the node ask the endpoint's Date at once, and
+// that second answer confirms it, with one STS call in all: the credential
+// issued before is judged 90 s shorter, and its refresh plan moves 90 s
+// earlier. (TestClock_StrayAnswerSetAsideByProbe: one answer alone moves
+// nothing.)
 func TestClock_StepMovesPlansAndJudgement(t *testing.T) {
 	f := clockFixture(t, 0)
 	c := firstCredential(t, f, 0)
 	before, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	ttlBefore := f.mustReadCreds(testRole).Secret.TTL
 
+	// The first answer dated by the new clock asks the endpoint's Date at
+	// once (an unsigned probe), whose answer confirms the step: no second
+	// STS call is waited for.
 	f.emu.SetClockOffset(90 * time.Second)
-	for i, name := range []string{"other-1", "other-2"} {
-		mustDo(t, f.b, f.s, logical.CreateOperation, "roles/"+name, map[string]interface{}{"role_arn": testRoleARN})
-		if _, err := f.coldCycle(name); err != nil {
-			t.Fatal(err)
-		}
-		at, _ := f.b.refresher.plannedAt(roleKey(testRole))
-		if i == 0 && !at.Equal(before) {
-			t.Fatalf("one answer 90 s ahead moved the plan from %v to %v", before, at)
-		}
+	calls := len(f.emu.Calls())
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/other-1", map[string]interface{}{"role_arn": testRoleARN})
+	if _, err := f.coldCycle("other-1"); err != nil {
+		t.Fatal(err)
+	}
+	f.b.clients.awsTime().waitProbes()
+	if n := len(f.emu.Calls()) - calls; n != 1 {
+		t.Fatalf("%d STS calls, want the one whose answer showed the step", n)
 	}
 	after, _ := f.b.refresher.plannedAt(roleKey(testRole))
 	within(t, "plan moved by", before.Sub(after), 90*time.Second, time.Second)
@@ -380,10 +386,17 @@ func TestClock_CorrectionsOutliveARestart(t *testing.T) {
 		t.Fatalf("plan after the restart %v, %s later than before it", at, at.Sub(planned))
 	}
 
-	// One answer an hour slow (a 503) moves nothing.
+	// One answer an hour slow (a 503) moves nothing; nor does the probe
+	// of the Date it asks for, which agrees with it: unsigned answers
+	// confirm no step beyond what AWS's signing tolerance allows.
 	f.emu.SetClockOffset(-time.Hour)
 	mustDo(t, b, f.s, logical.CreateOperation, "roles/other-3", map[string]interface{}{"role_arn": testRoleARN})
+	probes := f.emu.Probes()
 	_, _ = b.HandleRequest(t.Context(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/other-3", Storage: f.s})
+	b.clients.awsTime().waitProbes()
+	if f.emu.Probes() == probes {
+		t.Fatal("the answer an hour slow asked for no probe; the test needs one")
+	}
 	if off := b.clients.awsTime().lookup(f.emu.URL()).offset(); off < 89*time.Second || off > 91*time.Second {
 		t.Fatalf("one answer an hour slow moved the offset to %s", off)
 	}
@@ -534,7 +547,7 @@ func TestClock_SkewRefusalCountedAsItsOwnOutcome(t *testing.T) {
 
 // TestClock_AWSStepIsNoProxy: when AWS's clock itself steps, the Date and
 // the issue times STS writes move together: the Date stays AWS's, and the
-// step is taken on two answers as before.
+// step is taken on two answers (the call's and its probe's) as before.
 func TestClock_AWSStepIsNoProxy(t *testing.T) {
 	clk := newFakeClock(time.Now().Truncate(time.Second))
 	f := newFixtureWith(t, fixtureOpts{}, clk, startEmulator(t, stsemu.Config{Now: clk.Now, MaxLifetime: time.Hour}))
@@ -548,9 +561,8 @@ func TestClock_AWSStepIsNoProxy(t *testing.T) {
 	read("r0")
 	f.emu.SetClockOffset(2 * time.Minute)
 	read("r1")
-	if off := f.b.clients.awsTime().lookup(f.emu.URL()).offset(); off != 0 {
-		t.Fatalf("one answer of a stepped clock moved the offset to %s", off)
-	}
+	// The probe r1's answer asked for confirms the step.
+	f.b.clients.awsTime().waitProbes()
 	read("r2")
 	clocks := mustDo(t, f.b, f.s, logical.ReadOperation, "config/root", nil).Data["aws_clocks"].(map[string]interface{})
 	v := clocks[f.emu.URL()].(map[string]interface{})

@@ -42,9 +42,12 @@ func Factory(ctx context.Context, conf *logical.BackendConfig) (logical.Backend,
 // RunningVersion. The plugin binary passes the version injected at build time.
 func FactoryWithVersion(version string) logical.Factory {
 	return func(ctx context.Context, conf *logical.BackendConfig) (logical.Backend, error) {
+		hostClock, host := testHostClock()
 		return newBackendWith(ctx, conf, backendOptions{
 			version:   version,
 			testHooks: testHooksBuilt && os.Getenv(testHooksEnv) == "1",
+			clock:     hostClock,
+			host:      host,
 		})
 	}
 }
@@ -79,6 +82,10 @@ type backendOptions struct {
 	host string
 	// wrapIAM, when set, wraps each IAM client a rotation builds.
 	wrapIAM func(api iamAPI) iamAPI
+	// noClockRefresh: no probe of AWS's clock for an old sample
+	// (awsClocks.freshAge), for tests that pin an instant to the edge of
+	// an estimate while the fake clock moves; an odd answer still asks.
+	noClockRefresh bool
 	// passWorkers is how many roles a reconciler pass reconciles at once;
 	// 0 means defaultPassWorkers. The simulation uses 1 to replay exactly.
 	passWorkers int
@@ -190,6 +197,10 @@ func newBackend(opts backendOptions) *backend {
 	// the mirror judges credentials by them (roleStates), the refresher
 	// moves its plans when one steps.
 	clocks := newAWSClocks(b.clock, opts.host)
+	clocks.spawn = b.life.spawn
+	if opts.noClockRefresh {
+		clocks.freshAge = 0
+	}
 	b.clients = newSTSClients(func() time.Time { return b.clock.Now() }, clocks, readRoot, opts.wrapSTS)
 	b.rotator = newRotator(rotatorOwners{
 		clock: b.clock, rand: rnd, storage: storage, logger: logger,

@@ -30,7 +30,9 @@
 //	awstime.go     awsClocks: this node's estimate of each AWS endpoint's
 //	               clock (internal/awsclock), by which every credential is
 //	               judged (cacheEntry.clockAt) and every request signed;
-//	               measured on start, persisted per host (clock/<host>)
+//	               measured on start and again (an unsigned probe) when an
+//	               answer disagrees or its newest sample is old (kick),
+//	               persisted per host (clock/<host>)
 //	client.go      stsClients: the STS client sets built from config/root
 //	               (after a rotation, the old key's as a fallback until it
 //	               is drained) and one per source role's credential

@@ -369,7 +369,7 @@ func (rf *refresher) view(active bool) reportView {
 func (v reportView) report(key credKey, rs *roleState) roleReport {
 	now, cfg := v.now, v.cfg
 	cred, st := rs.cred, rs.status()
-	r := roleReport{next: st.NextRefresh}
+	r := roleReport{next: st.nextShown(cred)}
 	if v.active {
 		r.next, _ = v.rf.plannedAt(key)
 	}
@@ -402,7 +402,13 @@ func formatTime(t time.Time) string {
 
 // statusEntry is the stored status/<name>, written only by the refresher.
 type statusEntry struct {
+	// NextRefresh is when the next cycle is due: an instant of AWS's clock
+	// (the cached credential's endpoint's) when NextRefreshAWS is set, which
+	// every node turns into its own clock with its own estimate
+	// (statusEntry.nextLocal); in a record written before, the writing
+	// node's local time.
 	NextRefresh       time.Time `json:"next_refresh"`
+	NextRefreshAWS    bool      `json:"next_refresh_aws,omitempty"`
 	LastAttempt       time.Time `json:"last_attempt"`
 	LastSuccess       time.Time `json:"last_success"`
 	AttemptsLastCycle int       `json:"attempts_last_cycle"`

@@ -625,11 +625,13 @@ func (r *reconciler) indexWant(idx *passIndex) (want map[string]schedindex.Item,
 		}
 		switch {
 		case planned && checked:
-			var exp time.Time
+			// Instants of AWS's clock, as credIndex.Set writes them.
+			var cred *cacheEntry
 			if rs := r.state.peek(key); rs != nil {
-				exp = rs.cred.expiry()
+				cred = rs.cred
 			}
-			want[key.String()] = schedindex.NewItem(at, exp)
+			next, _ := awsNext(cred, at)
+			want[key.String()] = schedindex.NewItem(next, cred.awsExpiration())
 		case planned:
 			keep[key] = true
 		}

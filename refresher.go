@@ -394,7 +394,13 @@ func (rf *refresher) plannedAt(key credKey) (time.Time, bool) {
 // the cached credential.
 func (rf *refresher) plannedRefresh(rs *roleState) time.Time {
 	if st := rs.status(); !st.NextRefresh.IsZero() {
-		// A success's plan was made on the clock of the node that
+		if st.NextRefreshAWS && rs.cred != nil && rs.cred.src != nil {
+			// An instant of AWS's clock: on this node's by its own
+			// estimate.
+			return st.nextLocal(rs.cred)
+		}
+		// A record written before next refreshes were stored on AWS's
+		// clock holds a plan made on the clock of the node that
 		// committed it; this node's judgement of the credential bounds it
 		// (the latest a jittered plan could be by its own estimate of AWS's
 		// clock), so that a node on a slower clock, or unsure of AWS's,
@@ -716,11 +722,11 @@ func (rf *refresher) commitCredential(ctx context.Context, j *cycleJob, role *ro
 	}
 	next := nextRefreshAfterSuccess(rf.rand, cred, j.cfg.RefreshFraction)
 	st := &statusEntry{
-		NextRefresh:       next,
 		LastAttempt:       j.lastAttempt,
 		LastSuccess:       j.lastAttempt,
 		AttemptsLastCycle: j.attempts,
 	}
+	st.NextRefresh, st.NextRefreshAWS = awsNext(cred, next)
 	j.f.ending.Store(true)
 	err := rf.state.commitSuccess(ctx, rf.storage(), successCommit{key: j.key, gen: j.f.gen, cred: cred, status: st, next: next})
 	if errors.Is(err, errShuttingDown) {
@@ -838,8 +844,9 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 			// retryable failure as after a final one), so it counts as
 			// retryable here whatever it was for the source (AccessDenied).
 			retryable := j.lastErr.Retryable || j.lastErr.Code == codeSourceFailed
-			st.NextRefresh = nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: retryable})
-			return st, st.NextRefresh
+			next := nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: retryable})
+			st.NextRefresh, st.NextRefreshAWS = awsNext(cached, next)
+			return st, next
 		}
 		// A cycle whose every attempt our own limiter refused made no STS
 		// call: nothing upstream failed, and a growing pause would only
@@ -858,8 +865,9 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 		if prev.LastError != "" {
 			st.LastError = prev.LastError
 		}
-		st.NextRefresh = rf.limiter.NextFree(now)
-		return st, st.NextRefresh
+		next := rf.limiter.NextFree(now)
+		st.NextRefresh, st.NextRefreshAWS = awsNext(cached, next)
+		return st, next
 	})
 	if errors.Is(err, errShuttingDown) {
 		return rf.cycleStopped()

@@ -177,7 +177,7 @@ type roleState struct {
 	// okNext and okAttempts then hold the rest of it.
 	fullStatus *statusEntry
 	// okNext is the plain success's NextRefresh in Unix nanoseconds, 0 for
-	// none.
+	// none; okNextAWS its NextRefreshAWS.
 	okNext int64
 	// gen changes whenever the role's definition changes (or the role is
 	// deleted and created again); a cycle carries the gen it started with
@@ -204,6 +204,7 @@ type roleState struct {
 	known bool
 	// okAttempts is the plain success's AttemptsLastCycle.
 	okAttempts uint8
+	okNextAWS  bool
 }
 
 // noStatus is the empty record, shared by every entry that has none yet (a
@@ -221,7 +222,7 @@ func (rs *roleState) status() statusEntry {
 	}
 	st := statusEntry{LastAttempt: rs.cred.IssuedAt, LastSuccess: rs.cred.IssuedAt, AttemptsLastCycle: int(rs.okAttempts)}
 	if rs.okNext != 0 {
-		st.NextRefresh = time.Unix(0, rs.okNext).UTC()
+		st.NextRefresh, st.NextRefreshAWS = time.Unix(0, rs.okNext).UTC(), rs.okNextAWS
 	}
 	return st
 }
@@ -246,7 +247,7 @@ func (rs *roleState) compactStatus() {
 			return // not held exactly by nanoseconds since 1970 in UTC
 		}
 	}
-	rs.fullStatus, rs.okNext, rs.okAttempts = nil, next, uint8(st.AttemptsLastCycle)
+	rs.fullStatus, rs.okNext, rs.okAttempts, rs.okNextAWS = nil, next, uint8(st.AttemptsLastCycle), st.NextRefreshAWS && next != 0
 }
 
 func newRoleStates(planner planner, now func() time.Time, index credIndex, clocks *awsClocks) *roleStates {
@@ -470,7 +471,7 @@ func repairStatus(st *statusEntry, cred *cacheEntry) (*statusEntry, bool) {
 		}
 		fixed.FailedCycles = 0
 		// Whatever was planned was planned for an older credential.
-		fixed.NextRefresh = time.Time{}
+		fixed.NextRefresh, fixed.NextRefreshAWS = time.Time{}, false
 		fixed.LastError = ""
 		fixed.RateLimitedSince = time.Time{}
 		return &fixed, true
@@ -786,7 +787,7 @@ func (r *roleStates) commitSuccess(ctx context.Context, s logical.Storage, c suc
 	r.put(key, &roleState{role: rs.role, cred: &stored, fullStatus: st, gen: gen, statusDirty: dirty, use: rs.use, known: true})
 	r.mu.Unlock()
 	r.planner.planAt(key, next)
-	r.index.Set(ctx, s, key, next, stored.Expiration)
+	r.index.Set(ctx, s, key, next, &stored)
 	return nil
 }
 
@@ -818,7 +819,7 @@ func (r *roleStates) commitFailure(ctx context.Context, s logical.Storage, key c
 	r.put(key, &copied)
 	r.mu.Unlock()
 	r.planner.planAt(key, next)
-	r.index.Set(ctx, s, key, next, rs.cred.awsExpiration())
+	r.index.Set(ctx, s, key, next, rs.cred)
 	return st, rs.cred, next, nil
 }
 

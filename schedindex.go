@@ -34,9 +34,12 @@ type credIndex struct{ *schedindex.Index }
 
 func newCredIndex() credIndex { return credIndex{schedindex.New()} }
 
-// Set records the key's next refresh and credential expiry.
-func (x credIndex) Set(ctx context.Context, s logical.Storage, key credKey, next, exp time.Time) {
-	x.Index.Set(ctx, s, key.String(), next, exp)
+// Set records the key's next refresh, planned at next on this node's
+// clock, and the expiry of its credential c (nil: none), both as instants
+// of AWS's clock (awsNext), which every node reads with its own estimate.
+func (x credIndex) Set(ctx context.Context, s logical.Storage, key credKey, next time.Time, c *cacheEntry) {
+	at, _ := awsNext(c, next)
+	x.Index.Set(ctx, s, key.String(), at, c.awsExpiration())
 }
 
 // Drop removes the key's entry.
@@ -61,13 +64,15 @@ func (rf *refresher) planFromIndex(now time.Time) int {
 	// Add, not Put: a key planned since the start (a read's cycle) keeps
 	// its own plan.
 	n := 0
+	clocks := rf.clients.awsTime()
 	for entry, it := range items {
 		key := parseCredKey(entry)
 		if it.Next().IsZero() {
 			continue
 		}
-		if it.Next().After(now) {
-			if rf.plan.Add(key, it.Next(), dueplan.Hint) {
+		// An instant of AWS's clock, on this node's by its own estimate.
+		if next := clocks.hintLocal(it.Next()); next.After(now) {
+			if rf.plan.Add(key, next, dueplan.Hint) {
 				n++
 			}
 			continue
@@ -123,7 +128,7 @@ func (rf *refresher) checkHint(ctx context.Context, key credKey, f *flight) bool
 	}
 	f.ending.Store(true)
 	rf.planAt(key, at)
-	rf.index.Set(ctx, rf.storage(), key, at, rs.cred.awsExpiration())
+	rf.index.Set(ctx, rf.storage(), key, at, rs.cred)
 	return false
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -38,6 +39,34 @@ func minRotationPeriod() time.Duration {
 	}
 	return defaultMinRotationPeriod
 }
+
+// testHostClockOffsetEnv gives the plugin process a host clock that far
+// from the real one (a Go duration, "-4m"): an acceptance test runs one
+// Vault node's plugin as if its host's clock were off, on one machine.
+// Vault passes its own environment to the plugin, so it is set per node.
+const testHostClockOffsetEnv = "AWS_RESILIENT_TEST_HOST_CLOCK_OFFSET"
+
+// testHostClock is the host clock and host name the environment asks for
+// (nil, "": the real ones). The host is named apart (clock/<host>), as
+// another machine would be: this host's stored estimates are of the real
+// clock, not of the offset one.
+func testHostClock() (clock.Clock, string) {
+	d, err := time.ParseDuration(os.Getenv(testHostClockOffsetEnv))
+	if err != nil || d == 0 {
+		return nil, ""
+	}
+	h, _ := os.Hostname()
+	return offsetClock{d: d}, fmt.Sprintf("%s-clock%s", h, d)
+}
+
+// offsetClock is the real clock read d apart; timers count the same
+// durations.
+type offsetClock struct {
+	clock.Real
+	d time.Duration
+}
+
+func (c offsetClock) Now() time.Time { return time.Now().Add(c.d) }
 
 func testHookPaths(b *backend) []*framework.Path {
 	return []*framework.Path{pathTestStorageFaults(b), pathTestRefresher(b)}

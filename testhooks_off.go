@@ -5,6 +5,7 @@ package awsresilient
 import (
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
 	"github.com/hashicorp/vault/sdk/framework"
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -14,6 +15,9 @@ import (
 const testHooksBuilt = false
 
 func testHookPaths(*backend) []*framework.Path { return nil }
+
+// testHostClock is the real host clock and name (testhooks.go).
+func testHostClock() (clock.Clock, string) { return nil, "" }
 
 // minRotationPeriod is the shortest rotation_period config/root accepts.
 func minRotationPeriod() time.Duration { return defaultMinRotationPeriod }

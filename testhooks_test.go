@@ -4,7 +4,9 @@ package awsresilient
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/vault/sdk/logical"
 )
@@ -90,5 +92,27 @@ func TestHooks_FailRefreshConfigReadsOutlivesTheBackend(t *testing.T) {
 	waitFor(t, "the refresher to start", g.life.running)
 	if _, ok := g.refresher.plannedAt(roleKey(testRole)); !ok {
 		t.Fatal("the refresher started without planning the role")
+	}
+}
+
+// TestHooks_HostClockOffset: AWS_RESILIENT_TEST_HOST_CLOCK_OFFSET gives the
+// plugin's backend a host clock that far off, under a host name of its
+// own (clock/<host>); unset, the real clock and host.
+func TestHooks_HostClockOffset(t *testing.T) {
+	t.Setenv(testHostClockOffsetEnv, "-4m")
+	b, err := FactoryWithVersion(DevVersion)(t.Context(), logical.TestBackendConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := b.(*backend)
+	if d := time.Until(be.clock.Now()); d > -4*time.Minute+time.Second || d < -4*time.Minute-time.Second {
+		t.Fatalf("the backend's clock reads %s from the real one, want -4m", d)
+	}
+	if h := be.clients.awsTime().host; !strings.HasSuffix(h, "-clock-4m0s") {
+		t.Fatalf("host %q: an offset clock is another host's", h)
+	}
+	t.Setenv(testHostClockOffsetEnv, "")
+	if c, h := testHostClock(); c != nil || h != "" {
+		t.Fatalf("without the variable: %v %q, want the real clock and host", c, h)
 	}
 }

@@ -71,6 +71,14 @@ type Sample struct {
 	// Resolution is how far after Date AWS's clock may have been; zero
 	// means the Date header's (Resolution).
 	Resolution time.Duration
+	// Unsigned: the answer to an unsigned request (a probe of the Date),
+	// which proves nothing of what AWS accepts. Taken with another that
+	// agrees it confirms a step only within SigningTolerance of the
+	// estimate in force: further, AWS would refuse the signatures made on
+	// the estimate, and the next signed call's answer says so (a refusal
+	// of the signing time is adopted at once), while a Date that far off
+	// is more likely a proxy's or a cache's than AWS's.
+	Unsigned bool
 }
 
 // SigningTolerance is how far from AWS's clock a request's signing time may
@@ -162,7 +170,16 @@ type Estimator struct {
 	notAWS atomic.Int64
 	// prior: kept holds only the seeded estimate (Seed).
 	prior bool
+	// pending: odd holds a sample no second answer has settled yet
+	// (Unconfirmed); written under mu.
+	pending atomic.Bool
 }
+
+// Unconfirmed reports whether an answer that agreed with none of the
+// estimate's samples is held, waiting for a second to confirm it as a step
+// or for one agreeing with the estimate to set it aside: the moment to ask
+// the clock again rather than wait for the next call to answer.
+func (e *Estimator) Unconfirmed() bool { return e.pending.Load() }
 
 // Seed makes p, a stored estimate (this host's, as persisted before a
 // restart), the estimator's starting point when it has no sample: kept as
@@ -192,6 +209,8 @@ func (e *Estimator) NotAWS() int64 { return e.notAWS.Load() }
 type interval struct {
 	lo, hi time.Duration
 	at     time.Time
+	// unsigned: from an unsigned request's answer (Sample.Unsigned).
+	unsigned bool
 }
 
 // widened is the interval as it stands at now: wider by the drift its
@@ -202,7 +221,7 @@ func (iv interval) widened(now time.Time) interval {
 		return iv
 	}
 	w := d / 1e6 * driftPPM
-	return interval{lo: iv.lo - w, hi: iv.hi + w, at: iv.at}
+	return interval{lo: iv.lo - w, hi: iv.hi + w, at: iv.at, unsigned: iv.unsigned}
 }
 
 // Current returns the estimate: zero, with no samples, before the first.
@@ -235,7 +254,7 @@ func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 		return cur, cur, false
 	}
 	lo, hi := s.Bounds()
-	n := interval{lo: lo, hi: hi, at: s.Received}
+	n := interval{lo: lo, hi: hi, at: s.Received, unsigned: s.Unsigned}
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -261,12 +280,13 @@ func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 	case s.SkewRefused || s.Authoritative:
 		// AWS refused our time, or wrote its own: what we kept is wrong.
 		e.kept = []interval{n}
-	case e.odd != nil && agree([]interval{*e.odd, n}, n.at) && e.withinProof([]interval{*e.odd, n}, n.at):
+	case e.odd != nil && agree([]interval{*e.odd, n}, n.at) && e.withinProof([]interval{*e.odd, n}, n.at) && boundedStep(*e.odd, n, old):
 		// Two in a row agree with each other and not with the rest, and
 		// with what AWS last accepted: a clock stepped.
 		e.kept = []interval{*e.odd, n}
 	default:
 		e.odd = &n
+		e.pending.Store(true)
 		e.refused.Add(1)
 		cur := old
 		ahead := n.hi - cur.Offset
@@ -282,11 +302,25 @@ func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 		return old, cur, false
 	}
 	e.odd = nil
+	e.pending.Store(false)
 	e.prior = e.prior && len(e.kept) == 1 && e.kept[0].at.Before(n.at)
 	est := estimate(e.kept)
 	est.Prior = e.prior
 	e.cur.Store(&est)
 	return old, est, est.Offset != old.Offset || !old.Measured()
+}
+
+// boundedStep reports whether two agreeing answers may move the estimate
+// cur: any step when both came from signed requests (withinProof bounds
+// those), one within SigningTolerance when either is an unsigned
+// request's (Sample.Unsigned).
+func boundedStep(odd, n interval, cur Estimate) bool {
+	if !odd.unsigned && !n.unsigned {
+		return true
+	}
+	lo, hi := intersect([]interval{odd, n}, n.at)
+	d := lo + (hi-lo)/2 - cur.Offset
+	return d <= SigningTolerance && -d <= SigningTolerance
 }
 
 // withinProof reports whether the intervals agree with the bound the

@@ -330,3 +330,53 @@ func TestEstimate_ErrorWidensWithElapsedTime(t *testing.T) {
 		t.Fatalf("before the sample: error %s, want the sample's", got)
 	}
 }
+
+// An answer that agrees with none of the samples is Unconfirmed until a
+// second settles it; two agreeing unsigned answers (probes) confirm a step
+// within SigningTolerance of the estimate, not beyond it, while two
+// answers to signed requests confirm either.
+func TestEstimator_UnsignedStepsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		step     time.Duration
+		unsigned bool
+		moves    bool
+	}{
+		{"probe confirms 90s", 90 * time.Second, true, true},
+		{"probe confirms -4m", -4 * time.Minute, true, true},
+		{"probe does not confirm -1h", -time.Hour, true, false},
+		{"probe does not confirm +6m", 6 * time.Minute, true, false},
+		{"signed answers confirm -1h", -time.Hour, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var e Estimator
+			now := t0
+			e.Add(answer(now, 50*time.Millisecond, 0, 0.5))
+			now = now.Add(time.Second)
+			if e.Unconfirmed() {
+				t.Fatal("unconfirmed with no odd answer")
+			}
+			e.Add(answer(now, 50*time.Millisecond, tc.step, 0.5)) // odd: a call's answer
+			if !e.Unconfirmed() {
+				t.Fatal("an odd answer is not unconfirmed")
+			}
+			now = now.Add(100 * time.Millisecond)
+			s := answer(now, 50*time.Millisecond, tc.step, 0.5)
+			s.Unsigned = tc.unsigned
+			est, _ := e.Add(s)
+			moved := est.Offset-tc.step < 2*time.Second && tc.step-est.Offset < 2*time.Second
+			if moved != tc.moves {
+				t.Fatalf("offset %s after two answers %s off (unsigned %v): moved %v, want %v", est.Offset, tc.step, tc.unsigned, moved, tc.moves)
+			}
+			if e.Unconfirmed() == tc.moves {
+				t.Fatalf("unconfirmed = %v after the second answer, want %v", e.Unconfirmed(), !tc.moves)
+			}
+			// An answer agreeing with the estimate sets the odd one aside.
+			now = now.Add(100 * time.Millisecond)
+			e.Add(answer(now, 50*time.Millisecond, est.Offset, 0.5))
+			if e.Unconfirmed() {
+				t.Fatal("still unconfirmed after an answer agreeing with the estimate")
+			}
+		})
+	}
+}

@@ -21,6 +21,10 @@ type ClusterOptions struct {
 	LogLevel string
 	// Env is extra environment for every server.
 	Env []string
+	// NodeEnv is extra environment for one server each, by index (node i+1),
+	// after Env: Vault passes its environment to its plugins, so a test
+	// gives one node's plugin a test hook (a host clock offset) this way.
+	NodeEnv [][]string
 	// Bin is the Vault binary of every node (default VaultBin: $VAULT_BIN
 	// or the pinned version).
 	Bin string
@@ -93,7 +97,7 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 			ClusterAddr: fmt.Sprintf("https://%s:%d", host, ports[2*i+1]),
 			Dir:         dir,
 			PluginDir:   filepath.Join(dir, "plugins"),
-			opts:        ServerOptions{Storage: "raft", NodeID: fmt.Sprintf("node%d", i+1), LogLevel: opts.LogLevel, Env: opts.Env, Dir: dir},
+			opts:        ServerOptions{Storage: "raft", NodeID: fmt.Sprintf("node%d", i+1), LogLevel: opts.LogLevel, Env: nodeEnv(opts, i), Dir: dir},
 			bin:         bin,
 			client:      &http.Client{Timeout: 90 * time.Second},
 		}
@@ -127,7 +131,7 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 		if opts.Network != nil {
 			procBin, args = opts.Network.Exec(i, bin, args...)
 		}
-		s.Process = StartProcess(tb, "vault-"+s.opts.NodeID, s.Dir, cleanEnv(opts.Env...), procBin, args...)
+		s.Process = StartProcess(tb, "vault-"+s.opts.NodeID, s.Dir, cleanEnv(s.opts.Env...), procBin, args...)
 	}
 
 	first := c.Nodes[0]
@@ -152,6 +156,15 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 	}
 	c.WaitVoters(tb, 90*time.Second)
 	return c
+}
+
+// nodeEnv is node i's extra environment: Env, then NodeEnv[i].
+func nodeEnv(opts ClusterOptions, i int) []string {
+	env := append([]string(nil), opts.Env...)
+	if i < len(opts.NodeEnv) {
+		env = append(env, opts.NodeEnv[i]...)
+	}
+	return env
 }
 
 // clusterNodeHCL is a node's server configuration. The plugin directory is
@@ -303,7 +316,13 @@ func (c *Cluster) SetupPlugin(tb testing.TB, version string, env ...string) {
 	if version == "" {
 		version = DefaultPluginVersion
 	}
-	bin := PluginBin(tb, version)
+	c.SetupPluginBin(tb, PluginBin(tb, version), version, env...)
+}
+
+// SetupPluginBin is SetupPlugin with the plugin binary bin (built for
+// version), such as the test-hook build (PluginBinTestHooks).
+func (c *Cluster) SetupPluginBin(tb testing.TB, bin, version string, env ...string) {
+	tb.Helper()
 	command := PluginBinaryName + "_" + version
 	for _, s := range c.Nodes {
 		s.InstallPlugin(tb, bin, command)
