@@ -115,7 +115,14 @@ func TestHAScript(t *testing.T) {
 	}
 	out, errOut := stdout.String(), stderr.String()
 	show := func() string {
-		return fmt.Sprintf("stdout:\n%s\nstderr (last 80 lines):\n%s", scrub(out), scrub(lastLines(errOut, 80)))
+		// The script's own messages come before the nodes' log tails its
+		// exit prints: both are shown, so Vault's answer to a failed step
+		// is never pushed out by the logs.
+		own, logs, _ := strings.Cut(errOut, "\n--- last lines of ")
+		if logs != "" {
+			logs = "--- last lines of " + logs
+		}
+		return fmt.Sprintf("stdout:\n%s\nstderr, the script's (last 40 lines):\n%s\nstderr, the nodes' logs (last 80 lines):\n%s", scrub(out), scrub(lastLines(own, 40)), scrub(lastLines(logs, 80)))
 	}
 	for _, sec := range secrets {
 		if strings.Contains(out+errOut, sec.value) {

@@ -152,6 +152,29 @@ v() { # v NODE vault-args...: the vault CLI against node NODE
 	shift
 	VAULT_ADDR=$(addr "$n") VAULT_TOKEN=$(cat "$work/token" 2>/dev/null || true) "$vault" "$@"
 }
+# setup NODE vault-args...: a set-up step through node NODE, tried again
+# (up to 20 times, a second apart) while Vault answers that it has no
+# active node to serve it: on a loaded machine raft may hold an election
+# no one asked for while the cluster is being set up. Any other failure
+# ends the script with Vault's message. An enable whose first answer was
+# lost finds its path in use: done.
+setup() {
+	local out try
+	for try in $(seq 1 20); do
+		if out=$(v "$@" 2>&1); then
+			printf '%s\n' "$out"
+			return 0
+		fi
+		case $out in
+		*"path is already in use"*) return 0 ;;
+		*"not active"* | *"active cluster node not found"* | *"no active"* | *"Vault is sealed"* | *"connection refused"*) ;;
+		*) die "vault $1 $2: $out" ;;
+		esac
+		printf 'ha.sh: vault %s: no active node to answer (try %d): %s\n' "$1" "$try" "$out" >&2
+		sleep 1
+	done
+	die "vault $1 $2: $out"
+}
 health() { curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$(addr "$1")/v1/sys/health" || true; }
 # get NODE PATH: GET /v1/PATH with the root token (from a header file, so it
 # never shows in the process list); prints the body, which may hold secrets:
@@ -351,12 +374,12 @@ sha=$(sha256sum "$work/$plugin_bin" | cut -d' ' -f1)
 for n in "${nodes[@]}"; do
 	cp "$work/$plugin_bin" "$work/node$n/plugins/$plugin_bin"
 done
-v 1 plugin register -sha256="$sha" -version="$version" -command="$plugin_bin" secret "$plugin_name"
-v 1 secrets enable -path="$plugin_name" -plugin-version="$version" -allowed-response-headers=Retry-After "$plugin_name"
-v 1 write "$plugin_name/config/root" access_key="$sts_access_key" secret_key="$sts_secret_key" \
+setup 1 plugin register -sha256="$sha" -version="$version" -command="$plugin_bin" secret "$plugin_name"
+setup 1 secrets enable -path="$plugin_name" -plugin-version="$version" -allowed-response-headers=Retry-After "$plugin_name"
+setup 1 write "$plugin_name/config/root" access_key="$sts_access_key" secret_key="$sts_secret_key" \
 	region=us-east-1 sts_endpoint="$sts_url" >/dev/null
-v 1 write "$plugin_name/config/refresh" refresh_fraction="$refresh_fraction" retry_window=6s max_retries=3
-v 1 read "$plugin_name/config/refresh"
+setup 1 write "$plugin_name/config/refresh" refresh_fraction="$refresh_fraction" retry_window=6s max_retries=3
+setup 1 read "$plugin_name/config/refresh"
 
 say "creating $roles roles, reading each once (round robin through the three nodes)"
 role_name() { printf 'ha-%03d' "$1"; }
