@@ -393,8 +393,16 @@ export work plugin_name base_port
 # shellcheck disable=SC2016 # expanded by the inner bash, from the exports
 seq 0 $((roles - 1)) | xargs -P 10 -I{} bash -c '
 	i={}; n=$((i % 3 + 1)); role=$(printf "ha-%03d" "$i")
-	code=$(curl -s -o /dev/null -w "%{http_code}" --max-time 30 -H @"$work/token.hdr" "http://127.0.0.1:$((base_port + 2 * (n - 1)))/v1/$plugin_name/creds/$role")
-	[[ $code == 200 ]] || { echo "reading $role through node$n: HTTP $code" >&2; exit 255; }
+	for try in $(seq 1 20); do
+		code=$(curl -s -o /dev/null -w "%{http_code}" --max-time 30 -H @"$work/token.hdr" "http://127.0.0.1:$((base_port + 2 * (n - 1)))/v1/$plugin_name/creds/$role")
+		[[ $code == 200 ]] && exit 0
+		# 500/503: no active node to answer (an election on a loaded
+		# machine, before any fault of the script): asked again.
+		[[ $code == 500 || $code == 503 ]] || break
+		echo "reading $role through node$n: HTTP $code (try $try; no active node to answer)" >&2
+		sleep 1
+	done
+	echo "reading $role through node$n: HTTP $code" >&2; exit 255
 ' || die "a first read failed"
 fill_end=$(now)
 fill_calls=$(ok_calls)
