@@ -6,7 +6,6 @@ import (
 	"os"
 	"runtime"
 	rtmetrics "runtime/metrics"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,7 +86,7 @@ func TestMemoryProfile(t *testing.T) {
 	// What the storage (and the emulator) alone hold: in Vault, the
 	// server's memory. The profile taken here is the base of the next.
 	hs := int64(liveHeapNow())
-	writeMemProfile(t, out+".base")
+	testtool.WriteHeapProfile(t, out+".base")
 
 	start = time.Now()
 	// The live heap as each GC during the start found it: what the
@@ -115,7 +114,7 @@ func TestMemoryProfile(t *testing.T) {
 		t.Fatalf("%d roles scheduled after the first pass, want %d", got, n)
 	}
 	plugin := int64(liveHeapNow()) - hs
-	writeMemProfile(t, out)
+	testtool.WriteHeapProfile(t, out)
 	t.Logf("%d roles: fill %s, start to every role scheduled %s (in process, in-memory storage)", n, fill.Round(time.Millisecond), started.Round(time.Millisecond))
 	t.Logf("empty mount: %d B of live heap", empty)
 	t.Logf("the filling backend, with every role cached: %d B/role above the empty mount (%.1f MiB)", (filled-hs-empty)/int64(n), float64(filled-hs)/(1<<20))
@@ -123,19 +122,6 @@ func TestMemoryProfile(t *testing.T) {
 	t.Logf("during the start, live heap at a GC above the storage's: at most %.1f MiB; as the start left it (its last GC, none forced by the test) %.1f MiB; %.1f MiB after two GCs forced by the test",
 		float64(peakLive-hs)/(1<<20), float64(lastLive-hs)/(1<<20), float64(plugin)/(1<<20))
 	runtime.KeepAlive(b)
-}
-
-// writeMemProfile writes the heap profile, as of the last GC, to path.
-func writeMemProfile(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // startMemBackend is a production backend on storage, started until its

@@ -70,5 +70,5 @@ func TestHeapPerEntity(t *testing.T) {
 	h1 := liveHeap()
 	t.Logf("%d entities x %d roles: live heap +%d B per entity credential (in-memory storage included: the profile tells the plugin's share apart); fill %s",
 		n, roles, (h1-h0)/uint64(n*roles), time.Since(start))
-	writeHeapProfile(t, out)
+	testtool.WriteHeapProfile(t, out)
 }

@@ -42,5 +42,5 @@ func TestHeapPerRole(t *testing.T) {
 	h2 := liveHeap()
 	t.Logf("live heap: %d B empty; +%d B/role for roles (incl. in-memory storage); +%d B/role once cached (incl. storage); fill %s",
 		h0, (h1-h0)/n, (h2-h1)/n, time.Since(start))
-	writeHeapProfile(t, out)
+	testtool.WriteHeapProfile(t, out)
 }

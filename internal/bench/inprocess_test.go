@@ -3,9 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
-	"runtime/pprof"
 	"testing"
 
 	hclog "github.com/hashicorp/go-hclog"
@@ -93,19 +91,6 @@ func liveHeap() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
-}
-
-// writeHeapProfile writes the heap profile to path.
-func writeHeapProfile(t testing.TB, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // must makes one request and fails the test on an error.

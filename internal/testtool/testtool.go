@@ -17,6 +17,7 @@ package testtool
 import (
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -88,6 +89,19 @@ func Parallel(t testing.TB, n, workers int, each func(i int) error) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// WriteHeapProfile writes the heap profile, as of the last GC, to path.
+func WriteHeapProfile(t testing.TB, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		t.Fatal(err)
 	}
 }
