@@ -36,8 +36,8 @@ const (
 	// says too little to be worth keeping (the AWS SDKs' own skew
 	// correction draws the line at 15 minutes, for signing only).
 	MaxRoundTrip = 30 * time.Second
-	// Keep is how many agreeing samples an estimate is drawn from; the
-	// oldest goes first.
+	// Keep is how many agreeing samples an estimate is drawn from; past
+	// it the one that narrows the estimate least goes (evict).
 	Keep = 8
 	// driftPPM is how fast two clocks may drift apart, in parts per
 	// million: a kept sample's interval widens by that much of its age, so
@@ -273,10 +273,7 @@ func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 	case len(e.kept) == 0:
 		e.kept = []interval{n}
 	case agree(append(e.kept[:len(e.kept):len(e.kept)], n), n.at):
-		e.kept = append(e.kept, n)
-		if len(e.kept) > Keep {
-			e.kept = append(e.kept[:0], e.kept[len(e.kept)-Keep:]...)
-		}
+		e.kept = evict(append(e.kept, n), n.at)
 	case s.SkewRefused || s.Authoritative:
 		// AWS refused our time, or wrote its own: what we kept is wrong.
 		e.kept = []interval{n}
@@ -304,10 +301,36 @@ func (e *Estimator) Observe(s Sample) (before, after Estimate, changed bool) {
 	e.odd = nil
 	e.pending.Store(false)
 	e.prior = e.prior && len(e.kept) == 1 && e.kept[0].at.Before(n.at)
-	est := estimate(e.kept)
+	est := estimate(e.kept, n.at)
 	est.Prior = e.prior
 	e.cur.Store(&est)
 	return old, est, est.Offset != old.Offset || !old.Measured()
+}
+
+// evict drops samples from kept, oldest first, until Keep are left: the
+// widest as they stand at now (widened by their age's drift) of those that
+// bound neither edge of the intersection, so the estimate keeps the
+// narrowest evidence it has. Dropping the newest instead would let a run of
+// slow answers (an STS link at 200 bytes a second, a loaded host) replace
+// the fast ones and widen the error by seconds, refusing credentials that
+// AWS still holds valid; an old narrow sample that still bounds an edge
+// stays until it has widened past a newer one, at the drift's pace.
+func evict(kept []interval, now time.Time) []interval {
+	for len(kept) > Keep {
+		lo, hi := intersect(kept, now)
+		victim, widest := 0, time.Duration(-1)
+		for i, iv := range kept {
+			w := iv.widened(now)
+			if w.lo == lo || w.hi == hi {
+				continue // an edge of the estimate
+			}
+			if width := w.hi - w.lo; width > widest {
+				victim, widest = i, width
+			}
+		}
+		kept = append(kept[:victim], kept[victim+1:]...)
+	}
+	return kept
 }
 
 // boundedStep reports whether two agreeing answers may move the estimate
@@ -351,12 +374,13 @@ func intersect(ivs []interval, now time.Time) (lo, hi time.Duration) {
 	return lo, hi
 }
 
-// estimate is the estimate drawn from kept, which agree: the middle of
-// their intersection, or zero when it holds zero, since then the samples
-// do not show the clocks apart and a correction would only add the
+// estimate is the estimate drawn from kept, which agree, at now (the
+// newest agreeing sample's time, which evict may not have kept): the
+// middle of their intersection, or zero when it holds zero, since then the
+// samples do not show the clocks apart and a correction would only add the
 // header's rounding to a clock that may be right.
-func estimate(kept []interval) Estimate {
-	newest := kept[len(kept)-1].at
+func estimate(kept []interval, now time.Time) Estimate {
+	newest := now
 	lo, hi := intersect(kept, newest)
 	est := Estimate{Samples: len(kept), At: newest}
 	if lo <= 0 && hi >= 0 {

@@ -380,3 +380,41 @@ func TestEstimator_UnsignedStepsBounded(t *testing.T) {
 		})
 	}
 }
+
+// A run of slow answers (a link at 200 bytes a second, a loaded host) does
+// not widen an estimate that fast answers made narrow: the narrowest
+// evidence is kept, not the newest (evict), and only the drift since it
+// widens it. Found by the one-hour soak: chained targets refused with 2 s
+// of life left, the estimate's error grown past a second on slow answers.
+func TestEstimator_SlowAnswersKeepTheNarrowEstimate(t *testing.T) {
+	for _, offset := range []time.Duration{0, 1700 * time.Millisecond, -42 * time.Second} {
+		t.Run(offset.String(), func(t *testing.T) {
+			var e Estimator
+			r := rand.New(rand.NewPCG(7, uint64(offset)))
+			now := t0
+			for range 20 {
+				now = now.Add(time.Duration(r.Int64N(int64(3 * time.Second))))
+				e.Add(answer(now, 5*time.Millisecond, offset, r.Float64()))
+			}
+			fast := e.Current()
+			if fast.Error > 150*time.Millisecond {
+				t.Fatalf("after 20 fast answers the error is %s, want < 150ms", fast.Error)
+			}
+			for i := range 20 {
+				now = now.Add(5 * time.Second)
+				est, _ := e.Add(answer(now, 3*time.Second, offset, r.Float64()))
+				if d := est.Offset - offset; d > est.Error || -d > est.Error {
+					t.Fatalf("slow answer %d: estimate %s ± %s misses the true offset %s", i, est.Offset, est.Error, offset)
+				}
+				// 100 s of slow answers: the fast samples have widened by
+				// at most 500 ppm of their age on either side.
+				if limit := fast.Error + 2*now.Sub(fast.At)/1e6*driftPPM; est.Error > limit {
+					t.Fatalf("slow answer %d: error %s, want at most %s (the fast answers' %s and their drift)", i, est.Error, limit, fast.Error)
+				}
+				if !est.At.Equal(now.Add(3 * time.Second)) {
+					t.Fatalf("slow answer %d: estimate dated %s, want the newest agreeing answer's %s", i, est.At, now.Add(3*time.Second))
+				}
+			}
+		})
+	}
+}
