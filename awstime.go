@@ -222,11 +222,33 @@ func (a *awsClocks) observe(s *clockSource, sample awsclock.Sample) {
 		// when the next refresh happens to call.
 		a.kick(s, true, a.clock.Now())
 	}
-	if !changed || a.onChange == nil || !before.Measured() {
+	if !changed || !before.Measured() {
 		return
 	}
 	if d := est.Offset - before.Offset; d >= clockStepThreshold || -d >= clockStepThreshold {
-		a.onChange(s, before.Offset, est.Offset)
+		a.followStep(s)
+		if a.onChange != nil {
+			a.onChange(s, before.Offset, est.Offset)
+		}
+	}
+}
+
+// followStep asks every other endpoint's clock again at once, after s's
+// offset stepped: AWS has one clock, so a step one endpoint showed is one
+// the others' answers will show, and a credential an endpoint issued is
+// judged by that endpoint's estimate. Without it, a credential a fallback
+// endpoint issued was judged by that endpoint's old estimate until a call
+// or its 5-s probe happened to ask it (the one-hour soak, 2026-12-06
+// 09:26:30: the hub's credential from the fallback served 46 s after AWS
+// had expired it, 0.6 s after the primary's answers showed the +90 s
+// step). An endpoint whose clock did not move (a proxy's) answers one
+// probe that agrees with it, and nothing changes.
+func (a *awsClocks) followStep(s *clockSource) {
+	now := a.clock.Now()
+	for _, o := range a.all() {
+		if o != s {
+			a.kick(o, true, now)
+		}
 	}
 }
 
@@ -846,8 +868,12 @@ func (st statusEntry) nextLocal(c *cacheEntry) time.Time {
 // nextShown is the record's next refresh on this node's clock as status/
 // and the metrics show a plan this node did not make (a performance
 // standby's, a node whose refresher is not running): by the middle of its
-// estimate, which moves only when the offset does, not with its error.
-func (st statusEntry) nextShown(c *cacheEntry) time.Time {
+// estimate, which moves only when the offset does, not with its error;
+// one planned with nothing cached by the clocks' (orphanLocal).
+func (st statusEntry) nextShown(c *cacheEntry, clocks *awsClocks) time.Time {
+	if st.NextRefreshAWS && !st.NextRefresh.IsZero() && c == nil && clocks != nil {
+		return clocks.orphanLocal(st.NextRefresh, true)
+	}
 	if !st.NextRefreshAWS || st.NextRefresh.IsZero() || c == nil || c.src == nil {
 		return st.NextRefresh
 	}
@@ -865,15 +891,49 @@ func (a *awsClocks) hintLocal(at time.Time) time.Time {
 	if at.IsZero() {
 		return at
 	}
-	now := a.clock.Now()
+	newest := a.newest()
+	if !newest.Measured() {
+		return at.Add(-unmeasuredError)
+	}
+	return at.Add(-newest.Offset - max(newest.ErrorAt(a.clock.Now())-clockStepThreshold, 0).Truncate(time.Second))
+}
+
+// newest is the estimate of the endpoint this node measured most recently
+// (none: not measured): AWS's clock where no credential names an endpoint.
+func (a *awsClocks) newest() awsclock.Estimate {
 	var newest awsclock.Estimate
 	for _, s := range a.all() {
 		if e := s.est.Current(); e.Measured() && e.At.After(newest.At) {
 			newest = e
 		}
 	}
-	if !newest.Measured() {
-		return at.Add(-unmeasuredError)
+	return newest
+}
+
+// planOnAWS is awsNext for a plan that may have no credential to date it
+// by (a role whose cycles failed with nothing cached): such a plan is put
+// on AWS's clock by the endpoint this node measured most recently, and
+// every node reads it with its own (orphanLocal), so that a new active
+// node whose host clock differs retries when the writer planned, not
+// minutes off by the two hosts' difference. Before any measurement it
+// stays local, as written before plans were stored on AWS's clock.
+func (a *awsClocks) planOnAWS(c *cacheEntry, next time.Time) (time.Time, bool) {
+	if c != nil || next.IsZero() {
+		return awsNext(c, next)
 	}
-	return at.Add(-newest.Offset - max(newest.ErrorAt(now)-clockStepThreshold, 0).Truncate(time.Second))
+	newest := a.newest()
+	if !newest.Measured() {
+		return next, false
+	}
+	return next.Add(newest.Offset), true
+}
+
+// orphanLocal is a plan planOnAWS put on AWS's clock without a credential,
+// on this node's clock: for planning, at the early edge (hintLocal); for
+// status and the metrics (shown), by the middle of the estimate.
+func (a *awsClocks) orphanLocal(at time.Time, shown bool) time.Time {
+	if !shown {
+		return a.hintLocal(at)
+	}
+	return at.Add(-a.newest().Offset)
 }

@@ -592,3 +592,51 @@ func TestClock_IndexStoresAWSExpirations(t *testing.T) {
 		t.Fatalf("index after a failure: exp %v, want the AWS instant %v (%s apart)", it.Exp(), c.Expiration, c.Expiration.Sub(it.Exp()))
 	}
 }
+
+// TestClock_PlanWithNothingCachedOnAWSClock: a role whose cycles failed
+// with nothing cached has no credential to date its next cycle by; its
+// plan is still stored on AWS's clock (by the endpoint this node measured),
+// so a new active node on a host 4 minutes slow retries when the writer
+// planned, not 4 minutes later by reading the writer's local time as its
+// own.
+func TestClock_PlanWithNothingCachedOnAWSClock(t *testing.T) {
+	f := clockFixture(t, 0)
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+	if resp, err := f.coldCycle(testRole); err == nil && !resp.IsError() {
+		t.Fatal("a read succeeded with STS down: the test needs a failed cycle")
+	}
+	if cached(t, f.s, testRole) != nil {
+		t.Fatal("something cached after a failed cycle")
+	}
+	planned, ok := f.b.refresher.plannedAt(roleKey(testRole))
+	if !ok {
+		t.Fatal("no retry planned after the failed cycle")
+	}
+	var st statusEntry
+	if found, err := readJSON(t.Context(), f.s, statusPrefix+testRole, "status", &st); err != nil || !found {
+		t.Fatalf("status not stored: found=%v err=%v", found, err)
+	}
+	if !st.NextRefreshAWS {
+		t.Fatalf("next refresh %s stored on the writer's clock, want AWS's", st.NextRefresh)
+	}
+	within(t, "the stored next refresh less the planned one", st.NextRefresh.Sub(planned), 0, time.Second)
+
+	other := failover(t, f, -4*time.Minute)
+	at, ok := other.refresher.plannedAt(roleKey(testRole))
+	if !ok {
+		t.Fatal("the new node planned no retry")
+	}
+	// On the shared clock (its host reads 4 minutes behind): when the
+	// writer planned, or up to a second early (hintLocal's early edge).
+	if d := at.Add(4 * time.Minute).Sub(planned); d > 0 || d < -2*time.Second {
+		t.Fatalf("the new node retries %s from the writer's plan, want at it or up to 2 s early", d)
+	}
+	// A standby on that host shows the plan on its own clock.
+	sb, _ := newTestBackend(t, testOpts{clock: f.clock, storage: f.s, rand: randMin, hostOffset: -4 * time.Minute, standby: true})
+	got := mustDo(t, sb, f.s, logical.ReadOperation, "status/"+testRole, nil).Data
+	shown, err := time.Parse(time.RFC3339Nano, fmt.Sprint(got["next_refresh"]))
+	if err != nil {
+		t.Fatalf("the standby's next_refresh %v: %v", got["next_refresh"], err)
+	}
+	within(t, "the standby's next_refresh on the shared clock less the writer's plan", shown.Add(4*time.Minute).Sub(planned), 0, time.Second)
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/stsemu"
 	"github.com/hashicorp/vault/sdk/logical"
 )
 
@@ -118,5 +119,58 @@ func TestClock_StrayAnswerSetAsideByProbe(t *testing.T) {
 	}
 	if at, _ := f.b.refresher.plannedAt(roleKey(testRole)); !at.Equal(before) {
 		t.Fatalf("a stray answer moved the plan from %v to %v", before, at)
+	}
+}
+
+// TestClock_StepOnOneEndpointProbesTheOthers: AWS has one clock. When the
+// primary endpoint's answers show it stepped, the node asks the fallback
+// endpoint's clock at once, so a credential the fallback issued is judged
+// by the step too, not by the fallback's estimate from before it (the
+// one-hour soak, 09:26:30: the hub's credential from the fallback was
+// served 46 s after AWS had expired it, 0.6 s after the primary's answers
+// showed a +90 s step; no call had gone to the fallback since).
+func TestClock_StepOnOneEndpointProbesTheOthers(t *testing.T) {
+	f := clockFixture(t, 0)
+	firstCredential(t, f, 0)
+	fallback := startEmulator(t, stsemu.Config{Now: f.clock.Now, MaxLifetime: 10 * time.Minute})
+	mustDo(t, f.b, f.s, logical.UpdateOperation, "config/root", map[string]interface{}{"sts_fallback_endpoints": fallback.URL()})
+	f.emu.SetFaults(alwaysFail(stsemu.FaultServiceUnavailable))
+	f.clock.Advance(time.Minute)
+	f.refresh(testRole)
+	c := cached(t, f.s, testRole)
+	if c.ClockSource != fallback.URL() {
+		t.Fatalf("cached credential from %q, want the fallback's (%s): the test needs one", c.ClockSource, fallback.URL())
+	}
+	f.b.refresher.unplan(roleKey(testRole)) // only the read below judges it
+	f.emu.SetFaults(stsemu.FaultPlan{})
+	clocks := f.b.clients.awsTime()
+	clocks.waitProbes()
+
+	// AWS's clock steps 90 s ahead while the fallback's credential has
+	// 60 s left: AWS has expired it. Only the primary is called.
+	f.clock.AdvanceTo(c.Expiration.Add(-60 * time.Second))
+	if now := cached(t, f.s, testRole); now.AccessKey != c.AccessKey {
+		t.Fatalf("cached %s, want still the fallback's %s", now.AccessKey, c.AccessKey)
+	}
+	f.emu.SetClockOffset(90 * time.Second)
+	fallback.SetClockOffset(90 * time.Second)
+	fallbackProbes := fallback.Probes()
+	mustDo(t, f.b, f.s, logical.CreateOperation, "roles/other", map[string]interface{}{"role_arn": testRoleARN})
+	if _, err := f.coldCycle("other"); err != nil {
+		t.Fatal(err)
+	}
+	clocks.waitProbes()
+	if off := clocks.lookup(f.emu.URL()).offset(); off < 89*time.Second || off > 91*time.Second {
+		t.Fatalf("the primary's offset %s after its answers, want 90s: the test needs the step seen there", off)
+	}
+	if n := fallback.Probes() - fallbackProbes; n < 1 {
+		t.Fatal("the fallback's clock was not asked after the primary's stepped")
+	}
+	if off := clocks.lookup(fallback.URL()).offset(); off < 89*time.Second || off > 91*time.Second {
+		t.Fatalf("the fallback's offset %s after the primary's step, want 90s", off)
+	}
+	resp, err := f.coldCycle(testRole)
+	if err == nil && !resp.IsError() && resp.Data["access_key"] == c.AccessKey {
+		t.Fatalf("served %v, which AWS expired 30 s ago, judged by the fallback's clock from before the step", c.AccessKey)
 	}
 }

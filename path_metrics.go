@@ -141,7 +141,7 @@ func (v reportView) refreshOverdue(key credKey, rs *roleState, r roleReport) tim
 		if v.rf.inHand(key) || !rs.warm() {
 			return 0
 		}
-		due = rs.status().nextShown(rs.cred)
+		due = rs.status().nextShown(rs.cred, v.clocks)
 		if due.IsZero() && rs.cred != nil {
 			due = rs.cred.expires().Add(-rs.cred.refreshMargin(cfg.RefreshFraction))
 		}

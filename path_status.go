@@ -350,13 +350,15 @@ type reportView struct {
 	cfgKnown   bool
 	active     bool
 	refreshing bool
+	// clocks date the plans recorded with nothing cached (nextShown).
+	clocks *awsClocks
 }
 
 // view returns the refresher's report view as of now; active says whether
 // this node is the one to refresh (WriteSafeReplicationState).
 func (rf *refresher) view(active bool) reportView {
 	cfg := rf.settings.policy()
-	return reportView{rf: rf, now: rf.clock.Now(), cfg: cfg, cfgKnown: rf.settings.known(), active: active, refreshing: active && rf.life.running()}
+	return reportView{rf: rf, now: rf.clock.Now(), cfg: cfg, cfgKnown: rf.settings.known(), active: active, refreshing: active && rf.life.running(), clocks: rf.clients.awsTime()}
 }
 
 // report derives a role's state from its mirrored entry and this node's
@@ -369,7 +371,7 @@ func (rf *refresher) view(active bool) reportView {
 func (v reportView) report(key credKey, rs *roleState) roleReport {
 	now, cfg := v.now, v.cfg
 	cred, st := rs.cred, rs.status()
-	r := roleReport{next: st.nextShown(cred)}
+	r := roleReport{next: st.nextShown(cred, v.clocks)}
 	if v.active {
 		r.next, _ = v.rf.plannedAt(key)
 	}

@@ -399,6 +399,10 @@ func (rf *refresher) plannedRefresh(rs *roleState) time.Time {
 			// estimate.
 			return st.nextLocal(rs.cred)
 		}
+		if st.NextRefreshAWS && rs.cred == nil {
+			// The same, planned with nothing cached (planOnAWS).
+			return rf.clients.awsTime().orphanLocal(st.NextRefresh, false)
+		}
 		// A record written before next refreshes were stored on AWS's
 		// clock holds a plan made on the clock of the node that
 		// committed it; this node's judgement of the credential bounds it
@@ -797,11 +801,12 @@ func (rf *refresher) keepCached(ctx context.Context, j *cycleJob, fresh *cacheEn
 			LastSuccess:       prev.LastSuccess,
 			AttemptsLastCycle: j.attempts,
 		}
-		st.NextRefresh = rf.clock.Now()
+		next := rf.clock.Now()
 		if cached != nil {
-			st.NextRefresh = nextRefreshAfterSuccess(rf.rand, cached, j.cfg.RefreshFraction)
+			next = nextRefreshAfterSuccess(rf.rand, cached, j.cfg.RefreshFraction)
 		}
-		return st, st.NextRefresh
+		st.NextRefresh, st.NextRefreshAWS = rf.clients.awsTime().planOnAWS(cached, next)
+		return st, next
 	})
 	if errors.Is(err, errShuttingDown) {
 		return rf.cycleStopped()
@@ -845,7 +850,7 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 			// retryable here whatever it was for the source (AccessDenied).
 			retryable := j.lastErr.Retryable || j.lastErr.Code == codeSourceFailed
 			next := nextRefreshAfterFailure(rf.rand, failedCycle{now: now, start: j.start, failed: st.FailedCycles, window: j.cfg.RetryWindow, cached: cached, retryable: retryable})
-			st.NextRefresh, st.NextRefreshAWS = awsNext(cached, next)
+			st.NextRefresh, st.NextRefreshAWS = rf.clients.awsTime().planOnAWS(cached, next)
 			return st, next
 		}
 		// A cycle whose every attempt our own limiter refused made no STS
@@ -866,7 +871,7 @@ func (rf *refresher) commitCycleFailure(ctx context.Context, j *cycleJob) cycleR
 			st.LastError = prev.LastError
 		}
 		next := rf.limiter.NextFree(now)
-		st.NextRefresh, st.NextRefreshAWS = awsNext(cached, next)
+		st.NextRefresh, st.NextRefreshAWS = rf.clients.awsTime().planOnAWS(cached, next)
 		return st, next
 	})
 	if errors.Is(err, errShuttingDown) {
