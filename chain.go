@@ -691,14 +691,32 @@ func (rf *refresher) sourceCredential(ctx context.Context, name string) (*source
 	if t.try != nil {
 		try, passed = t.try.failed, t.try.passed
 	}
+	const (
+		sourceDone = iota
+		sourceAttemptFailed
+		sourceNoSlot
+		stopped
+	)
+	var woke int
+	rf.parked.onSource.Add(1)
 	select {
 	case <-t.f.done:
+		woke = sourceDone
 	case <-try:
-		return rf.lastResort(name, gen, sourceErr(name, t.try.fail.err))
+		woke = sourceAttemptFailed
 	case <-passed:
+		woke = sourceNoSlot
+	case <-ctx.Done():
+		woke = stopped
+	}
+	rf.parked.onSource.Add(-1)
+	switch woke {
+	case sourceAttemptFailed:
+		return rf.lastResort(name, gen, sourceErr(name, t.try.fail.err))
+	case sourceNoSlot:
 		return rf.lastResort(name, gen, &refreshError{Code: codeRateLimited, Retryable: true, Message: fmt.Sprintf(
 			"source role %q: its refresh got no STS call slot before the end of its retry block (sts_rate_limit)", name)})
-	case <-ctx.Done():
+	case stopped:
 		return nil, errShuttingDown // the cycle stops: runCycle sees ctx
 	}
 	res := t.f.res

@@ -466,7 +466,24 @@ func newFixtureWith(t *testing.T, o fixtureOpts, clk *clocktest.Fake, emu *stsem
 	flights := make(chan *flight, 10000)
 	b, s := newTestBackend(t, testOpts{
 		clock: clk, rand: o.rand, wrapSTS: wrap, testHooks: o.testHooks, storage: o.storage, logger: o.logger, entities: o.entities,
-		onFlight: func(_ credKey, fl *flight) { flights <- fl },
+		onFlight: func(_ credKey, fl *flight) {
+			// Called under the flights' lock: never block it. A test that
+			// lets more than the buffer's cycles start unread (a hub
+			// behind 1 000 targets for 40 minutes) reads only the newest,
+			// if any; blocking here deadlocked it whenever a run started
+			// more than 10 000.
+			for {
+				select {
+				case flights <- fl:
+					return
+				default:
+					select {
+					case <-flights:
+					default:
+					}
+				}
+			}
+		},
 	})
 	f := &fixture{t: t, b: b, s: s, clock: clk, emu: emu, log: log, flights: flights}
 	mustDo(t, b, s, logical.UpdateOperation, "config/root", map[string]interface{}{

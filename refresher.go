@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws-resilient/vault-plugin-secrets-aws-resilient/internal/clock"
@@ -63,6 +64,8 @@ type cycleResult struct {
 type refresher struct {
 	clock clock.Clock
 	rand  randSource
+	// parked: the cycles waiting on time or on a source (sleepUntil).
+	parked parkedCycles
 	// storage is the mount's storage view, read at each call: the backend
 	// gets it after construction. logger likewise (Setup sets it).
 	storage func() logical.Storage
@@ -99,7 +102,17 @@ func (rf *refresher) stop() { rf.plan.Stop() }
 // sleepUntil waits on the refresher's clock until t, until hurry is
 // closed, or until ctx is done (clock.SleepUntil).
 func (rf *refresher) sleepUntil(ctx context.Context, t time.Time, hurry <-chan struct{}) error {
-	return clock.SleepUntil(ctx, rf.clock, t, hurry)
+	return clock.SleepUntilCounted(ctx, rf.clock, t, hurry, &rf.parked.asleep)
+}
+
+// parkedCycles counts the refresh cycles' goroutines that wait on nothing
+// but time or another cycle: asleep on the refresher's clock (sleepUntil,
+// counted once its timer exists), or waiting on a source role's cycle
+// (sourceCredential). Two atomic adds per wait; tests on the fake clock
+// move it only once every running cycle is parked, so that a cycle slowed
+// by a loaded machine is not overtaken by the clock (settleClock).
+type parkedCycles struct {
+	asleep, onSource atomic.Int64
 }
 
 // launchCycle is the flights' launch: it starts f's cycle on a goroutine

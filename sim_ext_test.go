@@ -427,7 +427,7 @@ func (s *sim) checkPass() {
 // the read began or when it ended (a read may overlap a role change): a
 // lease whose TTL is the credential's remaining validity, or, for
 // lease=false, no lease and the ttl and rotation_period fields.
-func (s *sim) checkLease(node, name, entityID string, resp *logical.Response, exp, start, end time.Time, roles ...*roleEntry) {
+func (s *sim) checkLease(node, name, entityID string, resp *logical.Response, exp, start, end time.Time, errBefore time.Duration, roles ...*roleEntry) {
 	s.fig.checks++
 	_, hasTTL := resp.Data["ttl"]
 	_, hasRot := resp.Data["rotation_period"]
@@ -453,12 +453,13 @@ func (s *sim) checkLease(node, name, entityID string, resp *logical.Response, ex
 			if resp.Secret != nil {
 				// Whole seconds of what was left when the handler read the
 				// clock, somewhere between start and end, at the late edge
-				// of the node's estimate of AWS's clock (never late).
+				// of the node's estimate of AWS's clock (never late), as
+				// wide as it was when the read began or when it ended.
 				b := s.b
 				if node == "standby" {
 					b = s.standby
 				}
-				if ttl := resp.Secret.TTL; ttl <= 0 || ttl < exp.Sub(end)-time.Second-nodeClockError(b, end) {
+				if ttl := resp.Secret.TTL; ttl <= 0 || ttl < exp.Sub(end)-time.Second-max(errBefore, nodeClockError(b, end)) {
 					s.failf("%s served creds/%s with a lease of %v, the credential has %v left", node, name, ttl, exp.Sub(end))
 				}
 			} else if ttl, _ := resp.Data["ttl"].(int64); ttl < 1 || time.Duration(ttl)*time.Second >= exp.Sub(start)+time.Second {

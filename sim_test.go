@@ -530,9 +530,10 @@ func (s *sim) readStandby(name string) {
 func (s *sim) readStandbyCreds(name, entityID string) {
 	before, _ := getRole(context.Background(), s.mem, name)
 	start := s.clk.Now()
+	errBefore := nodeClockError(s.standby, start)
 	resp, err := s.standby.HandleRequest(context.Background(), &logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, Storage: s.sStore, EntityID: entityID})
 	if err == nil && !resp.IsError() {
-		s.checkServed(name, entityID, resp, "standby", start, before)
+		s.checkServed(name, entityID, resp, "standby", start, errBefore, before)
 	} else if err != nil && err != logical.ErrReadOnly && !strings.Contains(err.Error(), "injected storage failure") {
 		s.failf("standby read creds/%s: %v", name, err)
 	}
@@ -809,13 +810,16 @@ func (s *sim) drive(done <-chan struct{}) {
 
 // settle lets every cycle that is running or due finish, on every mount.
 func (s *sim) settle() {
-	settleClock(s.clk, func() (n int) {
+	settleClock(s.clk, func() (n, parked int) {
+		asleep := 0
 		for _, m := range s.all {
 			m.b.flights.mu.Lock()
 			n += len(m.b.flights.m)
 			m.b.flights.mu.Unlock()
+			parked += int(m.b.refresher.parked.onSource.Load())
+			asleep += int(m.b.refresher.parked.asleep.Load())
 		}
-		return n
+		return n, parked + min(asleep, s.clk.Sleepers())
 	}, func(msg string) { s.failf("%s", msg) })
 }
 
@@ -823,12 +827,13 @@ func (s *sim) readCreds(name string) {
 	entityID := s.pickEntity()
 	before, _ := getRole(context.Background(), s.mem, name)
 	start := s.clk.Now()
+	errBefore := nodeClockError(s.b, start)
 	resp, err := s.drivenReq(&logical.Request{Operation: logical.ReadOperation, Path: "creds/" + name, EntityID: entityID})
 	s.logf("read creds/%s as %q: %s", name, entityID, outcome(resp, err))
 	if err != nil || resp.IsError() {
 		return
 	}
-	s.checkServed(name, entityID, resp, "active", start, before)
+	s.checkServed(name, entityID, resp, "active", start, errBefore, before)
 }
 
 // checkServed checks a credential a node served: complete, unexpired, really
@@ -837,8 +842,11 @@ func (s *sim) readCreds(name string) {
 // driver moves the clock while a driven request runs (to the next sleeping
 // goroutine's time), also between the moment the handler read the clock and
 // its return, so validity and lease are checked as of the request's start,
-// not the clock after it.
-func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string, served time.Time, before *roleEntry) {
+// not the clock after it. errBefore is the node's clock error as the request
+// began (nodeClockError): an answer arriving meanwhile (a probe, a
+// background cycle's) may narrow the estimate after the handler judged by
+// the wider one.
+func (s *sim) checkServed(name, entityID string, resp *logical.Response, node string, served time.Time, errBefore time.Duration, before *roleEntry) {
 	s.fig.served++
 	now := served
 	d := resp.Data
@@ -896,7 +904,7 @@ func (s *sim) checkServed(name, entityID string, resp *logical.Response, node st
 		s.fig.entityServed++
 	}
 	s.fig.checks += 5
-	s.checkLease(node, name, entityID, resp, exp, served, s.clk.Now(), before, after)
+	s.checkLease(node, name, entityID, resp, exp, served, s.clk.Now(), errBefore, before, after)
 }
 
 // check verifies every invariant against the truth in storage.

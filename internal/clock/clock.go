@@ -11,6 +11,7 @@ package clock
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +54,14 @@ func (r realTimer) Stop() bool          { return r.t.Stop() }
 // closed: tests that count pending timers rely on that. A nil hurry never
 // fires.
 func SleepUntil(ctx context.Context, c Clock, t time.Time, hurry <-chan struct{}) error {
+	return SleepUntilCounted(ctx, c, t, hurry, nil)
+}
+
+// SleepUntilCounted is SleepUntil that, when asleep is not nil, counts
+// itself in asleep from the moment its timer exists until it wakes: tests
+// on a fake clock move it only when every goroutine that matters is asleep
+// on it, not while one is still on its way to its timer.
+func SleepUntilCounted(ctx context.Context, c Clock, t time.Time, hurry <-chan struct{}, asleep *atomic.Int64) error {
 	d := t.Sub(c.Now())
 	if d <= 0 {
 		return ctx.Err()
@@ -63,6 +72,10 @@ func SleepUntil(ctx context.Context, c Clock, t time.Time, hurry <-chan struct{}
 	default:
 	}
 	tm := c.NewTimer(d)
+	if asleep != nil {
+		asleep.Add(1)
+		defer asleep.Add(-1)
+	}
 	select {
 	case <-tm.C():
 		return nil
