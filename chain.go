@@ -508,13 +508,6 @@ func namesList(names []string) string {
 	return fmt.Sprintf("%d %s (%s%s)", len(names), noun, strings.Join(shown, ", "), more)
 }
 
-// sourceSigner is the source role's credential a chained role's client
-// signs with.
-type sourceSigner struct {
-	role string
-	cred *cacheEntry
-}
-
 // sourceFit reports whether a source's credential may sign a target's
 // call at now without asking for the source's refresh first: valid, and
 // not yet due for its own refresh (more than refresh_fraction of its

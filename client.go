@@ -46,9 +46,6 @@ type stsEndpoint struct {
 	// clock is the endpoint's clock (awsClocks): its answers are sampled,
 	// its requests signed on it, and its credentials judged by it.
 	clock *clockSource
-	// source, for a chained role's client, is the source role's cached
-	// credential it signs with (chain.go); nil for config/root's.
-	source *sourceSigner
 }
 
 // keySwitchGrace is how long after a rotation switched config/root's key an
@@ -300,10 +297,6 @@ func (c *stsClients) acquireSource(ctx context.Context, name string, cred *cache
 	set, err = c.buildSet(ctx, cfg, aws.Credentials{AccessKeyID: cred.AccessKey, SecretAccessKey: cred.SecretKey, SessionToken: cred.sessionToken()}, time.Time{})
 	if err != nil {
 		return nil, nil, err
-	}
-	signer := &sourceSigner{role: name, cred: cred}
-	for _, ep := range set.eps {
-		ep.source = signer
 	}
 	c.retireLocked(c.sources[name])
 	if c.sources == nil {
