@@ -217,16 +217,22 @@ func (f *fixture) settle() {
 	f.t.Helper()
 	settleClock(f.clock, func() (n, parked int) {
 		f.b.flights.view(func(m map[credKey]*flight) { n = len(m) })
-		return n, f.b.refresher.parked.count(f.clock)
+		return n, parkedOn(f.clock, f.b.refresher)
 	}, func(msg string) { f.t.Fatal(msg) })
 }
 
-// count is how many cycles are parked (refresher.parked) as the fake clock
-// clk sees them: a cycle whose timer clk fired is running, or about to,
-// though it has not taken itself off asleep yet; so no more asleep than clk
-// has sleepers (every sleeper on clk in these tests is a cycle's).
-func (p *parkedCycles) count(clk *clocktest.Fake) int {
-	return int(p.onSource.Load()) + min(int(p.asleep.Load()), clk.Sleepers())
+// parkedOn is how many of the refreshers' cycles are parked
+// (refresher.parked) as the fake clock clk sees them: a cycle whose timer
+// clk fired is running, or about to, though it has not taken itself off
+// asleep yet; so no more asleep than clk has sleepers (every sleeper on clk
+// in these tests is a cycle's).
+func parkedOn(clk *clocktest.Fake, rfs ...*refresher) int {
+	onSource, asleep := 0, 0
+	for _, rf := range rfs {
+		onSource += int(rf.parked.onSource.Load())
+		asleep += int(rf.parked.asleep.Load())
+	}
+	return onSource + min(asleep, clk.Sleepers())
 }
 
 // settleClock moves clk from one sleeping goroutine's timer to the next

@@ -811,15 +811,14 @@ func (s *sim) drive(done <-chan struct{}) {
 // settle lets every cycle that is running or due finish, on every mount.
 func (s *sim) settle() {
 	settleClock(s.clk, func() (n, parked int) {
-		asleep := 0
+		rfs := make([]*refresher, 0, len(s.all))
 		for _, m := range s.all {
 			m.b.flights.mu.Lock()
 			n += len(m.b.flights.m)
 			m.b.flights.mu.Unlock()
-			parked += int(m.b.refresher.parked.onSource.Load())
-			asleep += int(m.b.refresher.parked.asleep.Load())
+			rfs = append(rfs, m.b.refresher)
 		}
-		return n, parked + min(asleep, s.clk.Sleepers())
+		return n, parkedOn(s.clk, rfs...)
 	}, func(msg string) { s.failf("%s", msg) })
 }
 
